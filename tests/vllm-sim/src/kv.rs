@@ -19,7 +19,7 @@ pub type BlockId = u32;
 const NIL: u32 = u32::MAX;
 
 /// Hash of the first block's parent.
-pub const ROOT_HASH: u64 = 0x5EED_0F_B10C;
+pub const ROOT_HASH: u64 = 0x005E_ED0F_B10C;
 
 /// Chained hash of one full block.
 pub fn block_hash(parent: u64, tokens: &[u32]) -> u64 {

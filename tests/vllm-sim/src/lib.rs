@@ -7,7 +7,9 @@
 //!   speaks vLLM's OpenAI API, `/metrics` and DP-rank header.
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod engine;
 pub mod kv;
+pub mod server;
 pub mod timing;
 pub mod tokenizer;

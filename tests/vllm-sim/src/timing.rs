@@ -162,8 +162,10 @@ mod tests {
 
     #[test]
     fn mixed_step_overlap() {
-        let mut m = TimingModel::default();
-        m.decode_throughput_alpha = 0.0;
+        let mut m = TimingModel {
+            decode_throughput_alpha: 0.0,
+            ..Default::default()
+        };
         assert_eq!(m.mixed_step_seconds(1.0, 0.5), 1.5);
         m.decode_throughput_alpha = 1.0;
         assert_eq!(m.mixed_step_seconds(1.0, 0.5), 1.0);

@@ -62,6 +62,21 @@ impl EngineParams {
         self.num_gpu_blocks * self.block_size
     }
 
+    /// Checks a request against the engine's limits before it is submitted.
+    pub fn check(&self, prompt_len: usize, max_tokens: u32) -> Result<(), String> {
+        if prompt_len == 0 {
+            return Err("the prompt is empty".into());
+        }
+        let total = prompt_len + max_tokens as usize;
+        if total > self.max_model_len {
+            return Err(format!(
+                "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
+                self.max_model_len, total, prompt_len, max_tokens
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks the shape; the error names the flag.
     pub fn validate(&self) -> Result<(), String> {
         if self.block_size == 0 {
@@ -197,21 +212,6 @@ impl Engine {
             None if !self.waiting.is_empty() || !self.running.is_empty() => Some(self.clock),
             None => None,
         }
-    }
-
-    /// Checks a request against the engine's limits before it is submitted.
-    pub fn check(&self, prompt_len: usize, max_tokens: u32) -> Result<(), String> {
-        if prompt_len == 0 {
-            return Err("the prompt is empty".into());
-        }
-        let total = prompt_len + max_tokens as usize;
-        if total > self.params.max_model_len {
-            return Err(format!(
-                "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
-                self.params.max_model_len, total, prompt_len, max_tokens
-            ));
-        }
-        Ok(())
     }
 
     /// Adds a request at time `now` (at or after the engine's clock). It joins the next step.

@@ -268,7 +268,7 @@ fn abort_frees_blocks_mid_step() {
 
 #[test]
 fn requests_beyond_max_model_len_are_refused() {
-    let e = Engine::new(params(64));
+    let e = params(64);
     assert!(
         e.check(1000, 100)
             .unwrap_err()

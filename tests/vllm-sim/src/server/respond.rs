@@ -1,0 +1,204 @@
+//! Response bodies: non-streaming JSON and the SSE stream, in vLLM's OpenAI shapes.
+//!
+//! Owns how engine messages become bytes on the wire, including the usage object and the
+//! injected mid-stream failure; it never decides scheduling.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame};
+use tokio::sync::mpsc;
+
+use super::openai::Endpoint;
+use super::rank::{RankMsg, Submission};
+use crate::engine::Outcome;
+use crate::tokenizer::output_token_text;
+
+/// Everything a response needs to name itself.
+#[derive(Debug, Clone)]
+pub struct RespCtx {
+    pub id: String,
+    pub created: u64,
+    /// The model name as a JSON string literal (quotes included).
+    pub model_json: Arc<str>,
+    pub endpoint: Endpoint,
+    pub output_seed: u64,
+}
+
+impl RespCtx {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Completion, _) => "text_completion",
+        }
+    }
+
+    fn head(&self, chunk: bool) -> String {
+        format!(
+            r#"{{"id":"{}","object":"{}","created":{},"model":{}"#,
+            self.id,
+            self.object(chunk),
+            self.created,
+            self.model_json
+        )
+    }
+
+    /// The whole generated text.
+    pub fn text(&self, tokens: u32) -> String {
+        (0..tokens)
+            .map(|i| output_token_text(self.output_seed, i))
+            .collect()
+    }
+}
+
+/// The usage object (`prompt_tokens_details.cached_tokens` always present).
+pub fn usage_json(prompt: usize, completion: u32, cached: usize) -> String {
+    format!(
+        r#"{{"prompt_tokens":{prompt},"total_tokens":{},"completion_tokens":{completion},"prompt_tokens_details":{{"cached_tokens":{cached}}}}}"#,
+        prompt + completion as usize
+    )
+}
+
+/// The non-streaming response.
+pub fn full_json(ctx: &RespCtx, o: &Outcome) -> String {
+    let text = serde_json::Value::String(ctx.text(o.completion_tokens)).to_string();
+    let reason = o.reason.as_str();
+    let choice = match ctx.endpoint {
+        Endpoint::Chat => format!(
+            r#"{{"index":0,"message":{{"role":"assistant","content":{text},"tool_calls":[]}},"logprobs":null,"finish_reason":"{reason}","stop_reason":null}}"#
+        ),
+        Endpoint::Completion => format!(
+            r#"{{"index":0,"text":{text},"logprobs":null,"finish_reason":"{reason}","stop_reason":null}}"#
+        ),
+    };
+    format!(
+        r#"{},"choices":[{choice}],"usage":{}}}"#,
+        ctx.head(false),
+        usage_json(o.prompt_tokens, o.completion_tokens, o.cached_tokens)
+    )
+}
+
+/// SSE stream of one request. Dropping it before the end aborts the request in the engine.
+pub struct SseBody {
+    pub ctx: RespCtx,
+    pub rx: mpsc::UnboundedReceiver<RankMsg>,
+    pub submission: Submission,
+    pub include_usage: bool,
+    pub continuous_usage: bool,
+    pub prompt_tokens: usize,
+    /// Cut the connection after this many tokens (failure injection).
+    pub fail_after: Option<u32>,
+    pub sent: u32,
+    pub finished: bool,
+    pub buf: VecDeque<Bytes>,
+}
+
+/// The error that cuts a stream on purpose.
+#[derive(Debug, thiserror::Error)]
+#[error("injected failure after {0} tokens")]
+pub struct InjectedFailure(pub u32);
+
+impl SseBody {
+    fn chunk(&self, delta: &str, reason: Option<&str>, usage: Option<String>) -> String {
+        let reason = reason.map_or("null".to_string(), |r| format!("\"{r}\""));
+        let choice = match self.ctx.endpoint {
+            Endpoint::Chat => {
+                format!(r#"{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{reason}}}"#)
+            }
+            Endpoint::Completion => format!(
+                r#"{{"index":0,"text":{delta},"logprobs":null,"finish_reason":{reason},"stop_reason":null}}"#
+            ),
+        };
+        let usage = usage
+            .map(|u| format!(r#","usage":{u}"#))
+            .unwrap_or_default();
+        format!(
+            "data: {},\"choices\":[{choice}]{usage}}}\n\n",
+            self.ctx.head(true)
+        )
+    }
+
+    fn token_frame(&mut self, index: u32, out: &mut String) {
+        let text = output_token_text(self.ctx.output_seed, index);
+        let delta = match self.ctx.endpoint {
+            Endpoint::Chat if index == 0 => format!(r#"{{"role":"assistant","content":"{text}"}}"#),
+            Endpoint::Chat => format!(r#"{{"content":"{text}"}}"#),
+            Endpoint::Completion => format!("\"{text}\""),
+        };
+        let usage = self
+            .continuous_usage
+            .then(|| usage_json(self.prompt_tokens, index + 1, 0));
+        out.push_str(&self.chunk(&delta, None, usage));
+        self.sent += 1;
+    }
+
+    fn done_frame(&mut self, o: &Outcome, out: &mut String) {
+        let empty = match self.ctx.endpoint {
+            Endpoint::Chat => "{}",
+            Endpoint::Completion => "\"\"",
+        };
+        out.push_str(&self.chunk(empty, Some(o.reason.as_str()), None));
+        if self.include_usage {
+            out.push_str(&format!(
+                "data: {},\"choices\":[],\"usage\":{}}}\n\n",
+                self.ctx.head(true),
+                usage_json(o.prompt_tokens, o.completion_tokens, o.cached_tokens)
+            ));
+        }
+        out.push_str("data: [DONE]\n\n");
+        self.finished = true;
+        self.submission.finish();
+    }
+}
+
+impl HttpBody for SseBody {
+    type Data = Bytes;
+    type Error = InjectedFailure;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if let Some(b) = this.buf.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(b))));
+        }
+        if this.finished {
+            return Poll::Ready(None);
+        }
+        let mut out = String::new();
+        // Drain everything the engine produced so far into one frame.
+        loop {
+            let msg = match this.rx.poll_recv(cx) {
+                Poll::Ready(Some(m)) => m,
+                // The rank dropped the request without finishing it: cut the stream.
+                Poll::Ready(None) => return Poll::Ready(Some(Err(InjectedFailure(this.sent)))),
+                Poll::Pending if out.is_empty() => return Poll::Pending,
+                Poll::Pending => break,
+            };
+            if let Some(n) = this.fail_after
+                && this.sent >= n
+            {
+                if !out.is_empty() {
+                    this.buf.push_back(Bytes::from(std::mem::take(&mut out)));
+                }
+                return match this.buf.pop_front() {
+                    Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                    None => Poll::Ready(Some(Err(InjectedFailure(this.sent)))),
+                };
+            }
+            match msg {
+                RankMsg::Token { index } => this.token_frame(index, &mut out),
+                RankMsg::Done(o) => {
+                    this.done_frame(&o, &mut out);
+                    break;
+                }
+            }
+        }
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))))
+    }
+}

@@ -295,6 +295,7 @@ impl Engine {
                 )
             };
             let mut self_preempted = false;
+            let mut shifted = false;
             loop {
                 if let Some(new) = self.pool.allocate(need) {
                     self.seqs
@@ -315,16 +316,20 @@ impl Engine {
                 }
                 self.preempt(victim);
                 preempted_any = true;
+                shifted = true;
             }
             if self_preempted {
                 preempted_any = true;
                 // `running[i]` is now the next sequence.
                 continue;
             }
-            let i_now = self.running.iter().position(|r| *r == id).unwrap_or(i);
+            if shifted {
+                // A victim before `i` (priority policy) moves this sequence left.
+                i = self.running.iter().position(|r| *r == id).unwrap_or(i);
+            }
             scheduled.push((id, k));
             budget -= k;
-            i = i_now + 1;
+            i += 1;
         }
 
         // Then waiting sequences, in queue order, while nothing was preempted in this step.

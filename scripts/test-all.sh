@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every check and test of the project: formatting, clippy, the Rust suites, and the Python
+# suites that drive our binaries with real clients (the OpenAI SDK, vllm-router 0.1.17).
+#
+# Environment:
+#   CARGO_TARGET_DIR   where cargo builds (default: ./target)
+#   PROGSCHED_VENV     Python virtualenv for the client-side tests
+#                      (default: $HOME/.cache/progsched/venv; created and filled on first use)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, -D warnings)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo build (binaries used by the Python suites)"
+cargo build --workspace --locked --bins
+
+step "cargo test"
+cargo test --workspace --locked
+
+step "python venv"
+venv="${PROGSCHED_VENV:-$HOME/.cache/progsched/venv}"
+req=tests/python/requirements.txt
+stamp="$venv/.requirements.sha256"
+want=$(sha256sum "$req" | cut -d' ' -f1)
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+  echo "$want" > "$stamp"
+fi
+
+step "pytest tests/python"
+PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest tests/python -q -p no:cacheprovider

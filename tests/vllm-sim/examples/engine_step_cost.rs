@@ -9,15 +9,29 @@ use vllm_sim::engine::{Engine, EngineParams, SeqRequest};
 use vllm_sim::timing::TimingModel;
 
 fn prompt(seed: u32, len: u32) -> Vec<u32> {
-    (0..len).map(|i| seed.wrapping_mul(2_654_435_761).wrapping_add(i)).collect()
+    (0..len)
+        .map(|i| seed.wrapping_mul(2_654_435_761).wrapping_add(i))
+        .collect()
 }
 
 fn main() {
     // 256 sequences of 1,000 prompt tokens decoding 2,000 tokens each.
-    let params = EngineParams { num_gpu_blocks: 65_536, max_num_seqs: 256, ..Default::default() };
+    let params = EngineParams {
+        num_gpu_blocks: 65_536,
+        max_num_seqs: 256,
+        ..Default::default()
+    };
     let mut e = Engine::new(params);
     for s in 0..256 {
-        e.submit(SeqRequest { prompt: prompt(s, 1000), max_tokens: 2000, priority: 0, output_seed: u64::from(s) }, 0.0);
+        e.submit(
+            SeqRequest {
+                prompt: prompt(s, 1000),
+                max_tokens: 2000,
+                priority: 0,
+                output_seed: u64::from(s),
+            },
+            0.0,
+        );
     }
     let mut ev = Vec::new();
     // Prefill (chunked: 8,192 tokens a step) until every sequence decodes.
@@ -36,17 +50,32 @@ fn main() {
     }
     let per_step = start.elapsed().as_secs_f64() / f64::from(steps);
     assert_eq!(e.load().running, 256, "still decoding");
-    println!("engine step with 256 running sequences: {:.1} µs (wall) per step, {:.0} ns per sequence-token", per_step * 1e6, per_step * 1e9 / 256.0);
+    println!(
+        "engine step with 256 running sequences: {:.1} µs (wall) per step, {:.0} ns per sequence-token",
+        per_step * 1e6,
+        per_step * 1e9 / 256.0
+    );
 
     // 1-token requests with zero step time, 64 at a time.
-    let params = EngineParams { timing: TimingModel::zero(), ..Default::default() };
+    let params = EngineParams {
+        timing: TimingModel::zero(),
+        ..Default::default()
+    };
     let mut e = Engine::new(params);
     let n = 200_000u32;
     let start = Instant::now();
     let mut done = 0u32;
     while done < n {
         for i in 0..64 {
-            e.submit(SeqRequest { prompt: prompt(done + i, 32), max_tokens: 1, priority: 0, output_seed: 1 }, 0.0);
+            e.submit(
+                SeqRequest {
+                    prompt: prompt(done + i, 32),
+                    max_tokens: 1,
+                    priority: 0,
+                    output_seed: 1,
+                },
+                0.0,
+            );
         }
         e.advance(0.0, &mut ev);
         ev.clear();

@@ -1,0 +1,397 @@
+//! Command line: vllm-router-compatible flags plus ours, merged over the `--config` file.
+//!
+//! Owns flag definitions and the merge rule (flags override the file); it never starts anything.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+
+use super::{
+    AgenticContextMode, ConfigError, LogFormat, PolicyKind, ProgramSchedulingConfig, RouterConfig,
+    WorkerConfig,
+};
+
+/// program-router: OpenAI-compatible router over vLLM data-parallel ranks.
+#[derive(Debug, Parser)]
+#[command(
+    name = "program-router",
+    version,
+    about,
+    args_conflicts_with_subcommands = false
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub flags: Flags,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Inspect the configuration without starting the router.
+    Config {
+        #[command(subcommand)]
+        what: ConfigCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the effective configuration (file + flags + defaults) as JSON.
+    Print,
+    /// Print the JSON Schema of the configuration file.
+    Schema,
+}
+
+/// Log levels as vllm-router spells them, plus `trace` and `warn`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Warning,
+    Error,
+    Critical,
+}
+
+impl LogLevel {
+    fn filter(self) -> &'static str {
+        match self {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn | LogLevel::Warning => "warn",
+            LogLevel::Error | LogLevel::Critical => "error",
+        }
+    }
+}
+
+/// Every flag is optional: a flag that is given overrides the file, one that is not leaves it.
+#[derive(Debug, Default, Args)]
+pub struct Flags {
+    /// JSON RouterConfig file; watched and hot-reloaded (see `config schema`).
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub host: Option<String>,
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Worker base URLs (each expands into --intra-node-data-parallel-size ranks).
+    #[arg(long, num_args = 1..)]
+    pub worker_urls: Option<Vec<String>>,
+    #[arg(long)]
+    pub intra_node_data_parallel_size: Option<u32>,
+    #[arg(long, value_enum)]
+    pub policy: Option<PolicyKind>,
+    /// Bearer token sent to workers.
+    #[arg(long, env = "PROGRAM_ROUTER_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    #[arg(long)]
+    pub prometheus_host: Option<String>,
+    #[arg(long)]
+    pub prometheus_port: Option<u16>,
+    #[arg(long)]
+    pub request_timeout_secs: Option<f64>,
+    #[arg(long)]
+    pub max_payload_size: Option<u64>,
+    #[arg(long)]
+    pub drain_timeout_secs: Option<f64>,
+    #[arg(long)]
+    pub cache_threshold: Option<f64>,
+    #[arg(long)]
+    pub balance_abs_threshold: Option<u64>,
+    #[arg(long)]
+    pub balance_rel_threshold: Option<f64>,
+    #[arg(long)]
+    pub max_tree_size: Option<u64>,
+    #[arg(long)]
+    pub health_failure_threshold: Option<u32>,
+    #[arg(long)]
+    pub health_success_threshold: Option<u32>,
+    #[arg(long)]
+    pub health_check_timeout_secs: Option<f64>,
+    #[arg(long)]
+    pub health_check_interval_secs: Option<f64>,
+    #[arg(long)]
+    pub health_check_endpoint: Option<String>,
+    #[arg(long)]
+    pub retry_max_retries: Option<u32>,
+    #[arg(long)]
+    pub retry_initial_backoff_ms: Option<u64>,
+    #[arg(long)]
+    pub retry_max_backoff_ms: Option<u64>,
+    #[arg(long)]
+    pub retry_backoff_multiplier: Option<f64>,
+    #[arg(long)]
+    pub retry_jitter_factor: Option<f64>,
+    /// Same as --retry-max-retries 1.
+    #[arg(long)]
+    pub disable_retries: bool,
+    #[arg(long)]
+    pub cb_failure_threshold: Option<u32>,
+    #[arg(long)]
+    pub cb_success_threshold: Option<u32>,
+    #[arg(long)]
+    pub cb_timeout_duration_secs: Option<f64>,
+    #[arg(long)]
+    pub cb_window_duration_secs: Option<f64>,
+    #[arg(long)]
+    pub disable_circuit_breaker: bool,
+    /// How `vllm_xargs.agentic_context` is forwarded.
+    #[arg(long, value_enum)]
+    pub agentic_context: Option<AgenticContextMode>,
+    /// Backend `/metrics` poll interval.
+    #[arg(long)]
+    pub metrics_interval_secs: Option<f64>,
+    #[arg(long, value_enum)]
+    pub log_level: Option<LogLevel>,
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Turn on Program scheduling (every field defaulted unless the JSON below overrides it).
+    #[arg(long)]
+    pub enable_program_scheduling: bool,
+    /// JSON object overriding Program scheduling defaults; needs --enable-program-scheduling.
+    #[arg(long)]
+    pub program_scheduling_config_json: Option<String>,
+}
+
+/// Reads a RouterConfig file; errors name the file and the offending field path.
+pub fn load_file(path: &Path) -> Result<RouterConfig, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        ConfigError::new("--config", format!("cannot read {}: {e}", path.display()))
+    })?;
+    parse_config(&bytes)
+        .map_err(|e| ConfigError::new(e.field, format!("{} (in {})", e.message, path.display())))
+}
+
+/// Parses RouterConfig JSON; the error's field is the JSON path of the problem.
+pub fn parse_config(bytes: &[u8]) -> Result<RouterConfig, ConfigError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        ConfigError::new(
+            if path == "." { "config".into() } else { path },
+            e.into_inner().to_string(),
+        )
+    })
+}
+
+impl Flags {
+    /// The effective configuration: `file` (or defaults) with every given flag applied, validated.
+    pub fn effective(&self, file: Option<RouterConfig>) -> Result<RouterConfig, ConfigError> {
+        let mut c = file.unwrap_or_default();
+        macro_rules! set {
+            ($flag:expr => $field:expr) => {
+                if let Some(v) = $flag.clone() {
+                    $field = v;
+                }
+            };
+        }
+        set!(self.host => c.host);
+        set!(self.port => c.port);
+        if let Some(urls) = &self.worker_urls {
+            c.workers = urls
+                .iter()
+                .map(|u| WorkerConfig {
+                    url: u.clone(),
+                    dp_rank: None,
+                })
+                .collect();
+        }
+        set!(self.intra_node_data_parallel_size => c.intra_node_data_parallel_size);
+        set!(self.policy => c.policy.kind);
+        if let Some(k) = &self.api_key {
+            c.api_key = Some(k.clone());
+        }
+        set!(self.prometheus_host => c.prometheus_host);
+        if let Some(p) = self.prometheus_port {
+            c.prometheus_port = Some(p);
+        }
+        set!(self.request_timeout_secs => c.limits.request_timeout_secs);
+        set!(self.max_payload_size => c.limits.max_payload_size);
+        set!(self.drain_timeout_secs => c.limits.drain_timeout_secs);
+        set!(self.cache_threshold => c.policy.cache_threshold);
+        set!(self.balance_abs_threshold => c.policy.balance_abs_threshold);
+        set!(self.balance_rel_threshold => c.policy.balance_rel_threshold);
+        set!(self.max_tree_size => c.policy.max_tree_size);
+        set!(self.health_failure_threshold => c.health.failure_threshold);
+        set!(self.health_success_threshold => c.health.success_threshold);
+        set!(self.health_check_timeout_secs => c.health.timeout_secs);
+        set!(self.health_check_interval_secs => c.health.interval_secs);
+        set!(self.health_check_endpoint => c.health.endpoint);
+        set!(self.retry_max_retries => c.retry.max_retries);
+        set!(self.retry_initial_backoff_ms => c.retry.initial_backoff_ms);
+        set!(self.retry_max_backoff_ms => c.retry.max_backoff_ms);
+        set!(self.retry_backoff_multiplier => c.retry.backoff_multiplier);
+        set!(self.retry_jitter_factor => c.retry.jitter_factor);
+        if self.disable_retries {
+            c.retry.max_retries = 1;
+        }
+        set!(self.cb_failure_threshold => c.circuit_breaker.failure_threshold);
+        set!(self.cb_success_threshold => c.circuit_breaker.success_threshold);
+        set!(self.cb_timeout_duration_secs => c.circuit_breaker.timeout_duration_secs);
+        set!(self.cb_window_duration_secs => c.circuit_breaker.window_duration_secs);
+        if self.disable_circuit_breaker {
+            c.circuit_breaker.enabled = false;
+        }
+        set!(self.agentic_context => c.agentic_context);
+        set!(self.metrics_interval_secs => c.observation.interval_secs);
+        if let Some(l) = self.log_level {
+            c.log_level = l.filter().into();
+        }
+        set!(self.log_format => c.log_format);
+        match (
+            &self.program_scheduling_config_json,
+            self.enable_program_scheduling,
+        ) {
+            (Some(_), false) => {
+                return Err(ConfigError::new(
+                    "--program-scheduling-config-json",
+                    "is only accepted together with --enable-program-scheduling",
+                ));
+            }
+            (Some(json), true) => {
+                let de = &mut serde_json::Deserializer::from_str(json);
+                let ps: ProgramSchedulingConfig =
+                    serde_path_to_error::deserialize(de).map_err(|e| {
+                        let path = e.path().to_string();
+                        let field = if path == "." {
+                            "program_scheduling".to_string()
+                        } else {
+                            format!("program_scheduling.{path}")
+                        };
+                        ConfigError::new(field, e.into_inner().to_string())
+                    })?;
+                c.program_scheduling = Some(ps);
+            }
+            (None, true) => {
+                if c.program_scheduling.is_none() {
+                    c.program_scheduling = Some(ProgramSchedulingConfig::default());
+                }
+            }
+            (None, false) => {}
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Loads `--config` (if any) and applies the flags.
+    pub fn load(&self) -> Result<RouterConfig, ConfigError> {
+        let file = self.config.as_deref().map(load_file).transpose()?;
+        self.effective(file)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Flags {
+        let mut v = vec!["program-router"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).expect("parse").flags
+    }
+
+    #[test]
+    fn vllm_router_flags_are_accepted() {
+        let c = flags(&[
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "3001",
+            "--worker-urls",
+            "http://w0:8000",
+            "http://w1:8000",
+            "--intra-node-data-parallel-size",
+            "2",
+            "--policy",
+            "consistent_hash",
+            "--api-key",
+            "k",
+            "--prometheus-host",
+            "0.0.0.0",
+            "--prometheus-port",
+            "29000",
+            "--request-timeout-secs",
+            "60",
+            "--max-payload-size",
+            "1000",
+            "--health-check-interval-secs",
+            "5",
+            "--retry-max-retries",
+            "3",
+            "--cb-failure-threshold",
+            "4",
+            "--disable-circuit-breaker",
+            "--log-level",
+            "warning",
+            "--enable-program-scheduling",
+            "--program-scheduling-config-json",
+            r#"{"global_queue":true}"#,
+        ])
+        .effective(None)
+        .expect("valid");
+        assert_eq!(c.targets().len(), 4);
+        assert_eq!(c.policy.kind, PolicyKind::ConsistentHash);
+        assert_eq!(c.log_level, "warn");
+        assert!(!c.circuit_breaker.enabled);
+        assert!(c.program_scheduling.expect("enabled").global_queue);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let file = parse_config(br#"{"port": 1234, "policy": {"kind": "random"}, "workers": [{"url": "http://a:1", "dp_rank": 3}]}"#)
+            .expect("file");
+        let c = flags(&["--port", "999"])
+            .effective(Some(file))
+            .expect("valid");
+        assert_eq!(c.port, 999);
+        assert_eq!(c.policy.kind, PolicyKind::Random);
+        assert_eq!(c.targets()[0].id(), "http://a:1@3");
+    }
+
+    #[test]
+    fn program_json_without_the_switch_names_both_flags() {
+        let e = flags(&["--program-scheduling-config-json", "{}"])
+            .effective(None)
+            .expect_err("error");
+        assert!(e.to_string().contains("--program-scheduling-config-json"));
+        assert!(e.to_string().contains("--enable-program-scheduling"));
+    }
+
+    #[test]
+    fn enable_alone_uses_every_default() {
+        let c = flags(&["--enable-program-scheduling"])
+            .effective(None)
+            .expect("valid");
+        assert_eq!(
+            c.program_scheduling,
+            Some(ProgramSchedulingConfig::default())
+        );
+        assert_eq!(
+            flags(&[])
+                .effective(None)
+                .expect("valid")
+                .program_scheduling,
+            None
+        );
+    }
+
+    #[test]
+    fn json_errors_name_the_nested_field() {
+        let e = flags(&[
+            "--enable-program-scheduling",
+            "--program-scheduling-config-json",
+            r#"{"prefill_cost_model":{"intercept_seconds":"x"}}"#,
+        ])
+        .effective(None)
+        .expect_err("type error");
+        assert_eq!(
+            e.field,
+            "program_scheduling.prefill_cost_model.intercept_seconds"
+        );
+        let e = parse_config(br#"{"limits":{"max_payload_size":-1}}"#).expect_err("negative");
+        assert_eq!(e.field, "limits.max_payload_size");
+    }
+}

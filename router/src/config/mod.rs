@@ -1,0 +1,584 @@
+//! The router's typed configuration: defaults, validation, targets, and its content hash.
+//!
+//! Owns `RouterConfig` (the JSON accepted by `--config`, with a JSON Schema) and the rules that make
+//! it valid; CLI merging lives in [`cli`], file watching in [`watch`]. Every error names the field.
+
+pub mod cli;
+pub mod program;
+pub mod watch;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use program::ProgramSchedulingConfig;
+
+/// An invalid configuration value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ConfigError {
+    pub field: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// One backend endpoint: a vLLM API server URL and, optionally, the GLOBAL DP rank to pin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Base URL, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// GLOBAL DP rank sent as `X-data-parallel-rank`. Without it the URL expands into ranks
+    /// `0..intra_node_data_parallel_size` (or one unpinned target when that size is 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_rank: Option<u32>,
+}
+
+/// Request-level policy for requests without Program identity.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum PolicyKind {
+    RoundRobin,
+    Random,
+    ConsistentHash,
+    PowerOfTwo,
+    #[default]
+    CacheAware,
+}
+
+impl PolicyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::Random => "random",
+            PolicyKind::ConsistentHash => "consistent_hash",
+            PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::CacheAware => "cache_aware",
+        }
+    }
+}
+
+/// Policy selection and the cache-aware policy's knobs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    pub kind: PolicyKind,
+    /// cache_aware: minimum matched fraction of the prompt to follow the cache.
+    pub cache_threshold: f64,
+    /// cache_aware: balance when max_load − min_load > this ...
+    pub balance_abs_threshold: u64,
+    /// ... and max_load > min_load × this.
+    pub balance_rel_threshold: f64,
+    /// cache_aware: prompt bytes remembered per target (memory bound).
+    pub max_tree_size: u64,
+    /// consistent_hash: virtual nodes per target.
+    pub virtual_nodes: u32,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            kind: PolicyKind::default(),
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+            max_tree_size: 32 * 1024 * 1024,
+            virtual_nodes: 160,
+        }
+    }
+}
+
+/// What happens to `vllm_xargs.agentic_context` on its way to the backend.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum AgenticContextMode {
+    /// Remove it (stock vLLM rejects a nested object in `vllm_xargs`).
+    #[default]
+    Strip,
+    /// Forward it as a JSON string (accepted by stock vLLM).
+    JsonString,
+    /// Forward it unchanged (engines that understand Program context).
+    Passthrough,
+}
+
+/// Backend health checks (per base URL).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    pub failure_threshold: u32,
+    pub success_threshold: u32,
+    pub timeout_secs: f64,
+    pub interval_secs: f64,
+    pub endpoint: String,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            failure_threshold: 3,
+            success_threshold: 2,
+            timeout_secs: 5.0,
+            interval_secs: 60.0,
+            endpoint: "/health".into(),
+        }
+    }
+}
+
+/// Retries of requests that failed before any byte reached the client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Attempts in total, the first included (1 = no retry).
+    pub max_retries: u32,
+    pub initial_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+    pub backoff_multiplier: f64,
+    pub jitter_factor: f64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_retries: 5,
+            initial_backoff_ms: 50,
+            max_backoff_ms: 30_000,
+            backoff_multiplier: 1.5,
+            jitter_factor: 0.2,
+        }
+    }
+}
+
+/// Circuit breaker per target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct CircuitBreakerConfig {
+    pub enabled: bool,
+    /// Failures within the window that open the circuit.
+    pub failure_threshold: u32,
+    /// Successes in half-open state that close it again.
+    pub success_threshold: u32,
+    /// How long an open circuit rejects before probing (half-open).
+    pub timeout_duration_secs: f64,
+    /// Window over which failures are counted.
+    pub window_duration_secs: f64,
+}
+
+impl Default for CircuitBreakerConfig {
+    fn default() -> Self {
+        CircuitBreakerConfig {
+            enabled: true,
+            failure_threshold: 10,
+            success_threshold: 3,
+            timeout_duration_secs: 60.0,
+            window_duration_secs: 120.0,
+        }
+    }
+}
+
+/// Limits and timeouts of the data plane.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest accepted request body (413 above).
+    pub max_payload_size: u64,
+    /// Longest a request may take, response headers and body together (504 before headers).
+    pub request_timeout_secs: f64,
+    /// On SIGTERM, how long in-flight requests may take to finish.
+    pub drain_timeout_secs: f64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_payload_size: 512 * 1024 * 1024,
+            request_timeout_secs: 1800.0,
+            drain_timeout_secs: 30.0,
+        }
+    }
+}
+
+/// Polling of each backend's `/metrics` (waiting/running/KV usage per rank).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ObservationConfig {
+    /// Poll interval; an observation older than 3 intervals is stale.
+    pub interval_secs: f64,
+}
+
+impl Default for ObservationConfig {
+    fn default() -> Self {
+        ObservationConfig { interval_secs: 1.0 }
+    }
+}
+
+/// Log output.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The whole router configuration (`--config FILE`, JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    pub host: String,
+    pub port: u16,
+    /// Prometheus listener; `null` port disables it.
+    pub prometheus_host: String,
+    pub prometheus_port: Option<u16>,
+    pub workers: Vec<WorkerConfig>,
+    /// DP ranks behind each worker URL that has no explicit `dp_rank`.
+    pub intra_node_data_parallel_size: u32,
+    /// Bearer token sent to workers (requests and `/metrics` polls).
+    pub api_key: Option<String>,
+    pub policy: PolicyConfig,
+    pub agentic_context: AgenticContextMode,
+    /// Ask the backend for usage on streamed requests so the router can account tokens; the extra
+    /// usage chunk is removed before it reaches a client that did not ask for it.
+    pub inject_stream_usage: bool,
+    pub limits: LimitsConfig,
+    pub health: HealthConfig,
+    pub retry: RetryConfig,
+    pub circuit_breaker: CircuitBreakerConfig,
+    pub observation: ObservationConfig,
+    /// Program scheduling; absent or null = disabled.
+    pub program_scheduling: Option<ProgramSchedulingConfig>,
+    pub log_level: String,
+    pub log_format: LogFormat,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            host: "127.0.0.1".into(),
+            port: 30000,
+            prometheus_host: "127.0.0.1".into(),
+            prometheus_port: Some(29000),
+            workers: Vec::new(),
+            intra_node_data_parallel_size: 1,
+            api_key: None,
+            policy: PolicyConfig::default(),
+            agentic_context: AgenticContextMode::default(),
+            inject_stream_usage: true,
+            limits: LimitsConfig::default(),
+            health: HealthConfig::default(),
+            retry: RetryConfig::default(),
+            circuit_breaker: CircuitBreakerConfig::default(),
+            observation: ObservationConfig::default(),
+            program_scheduling: None,
+            log_level: "info".into(),
+            log_format: LogFormat::default(),
+        }
+    }
+}
+
+/// A concrete routing target: a base URL and the GLOBAL DP rank pinned on it (if any).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TargetSpec {
+    pub url: String,
+    pub dp_rank: Option<u32>,
+}
+
+impl TargetSpec {
+    /// Stable id, as vllm-router names targets: `url@rank`, or the URL alone.
+    pub fn id(&self) -> String {
+        match self.dp_rank {
+            Some(r) => format!("{}@{r}", self.url),
+            None => self.url.clone(),
+        }
+    }
+}
+
+fn positive(field: &str, v: f64) -> Result<(), ConfigError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            field,
+            format!("must be finite and > 0 (got {v})"),
+        ))
+    }
+}
+
+impl RouterConfig {
+    /// Checks every field; the error names it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.intra_node_data_parallel_size == 0 {
+            return Err(ConfigError::new(
+                "intra_node_data_parallel_size",
+                "must be >= 1",
+            ));
+        }
+        for (i, w) in self.workers.iter().enumerate() {
+            let uri: http::Uri = w.url.parse().map_err(|e| {
+                ConfigError::new(format!("workers[{i}].url"), format!("not a URL: {e}"))
+            })?;
+            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                return Err(ConfigError::new(
+                    format!("workers[{i}].url"),
+                    format!("must be an http:// URL with a host (got {:?})", w.url),
+                ));
+            }
+            if uri.query().is_some() {
+                return Err(ConfigError::new(
+                    format!("workers[{i}].url"),
+                    "must not have a query",
+                ));
+            }
+        }
+        let targets = self.targets();
+        let mut seen = std::collections::BTreeSet::new();
+        for t in &targets {
+            if !seen.insert(t.clone()) {
+                return Err(ConfigError::new(
+                    "workers",
+                    format!("target {} is listed twice", t.id()),
+                ));
+            }
+        }
+        let p = &self.policy;
+        if !(0.0..=1.0).contains(&p.cache_threshold) {
+            return Err(ConfigError::new(
+                "policy.cache_threshold",
+                "must be within [0, 1]",
+            ));
+        }
+        if !p.balance_rel_threshold.is_finite() || p.balance_rel_threshold < 1.0 {
+            return Err(ConfigError::new(
+                "policy.balance_rel_threshold",
+                "must be >= 1",
+            ));
+        }
+        if p.virtual_nodes == 0 {
+            return Err(ConfigError::new("policy.virtual_nodes", "must be >= 1"));
+        }
+        if p.max_tree_size == 0 {
+            return Err(ConfigError::new("policy.max_tree_size", "must be > 0"));
+        }
+        if self.limits.max_payload_size == 0 {
+            return Err(ConfigError::new("limits.max_payload_size", "must be > 0"));
+        }
+        positive(
+            "limits.request_timeout_secs",
+            self.limits.request_timeout_secs,
+        )?;
+        if !self.limits.drain_timeout_secs.is_finite() || self.limits.drain_timeout_secs < 0.0 {
+            return Err(ConfigError::new(
+                "limits.drain_timeout_secs",
+                "must be >= 0",
+            ));
+        }
+        let h = &self.health;
+        positive("health.timeout_secs", h.timeout_secs)?;
+        positive("health.interval_secs", h.interval_secs)?;
+        if h.failure_threshold == 0 || h.success_threshold == 0 {
+            return Err(ConfigError::new(
+                "health.failure_threshold",
+                "thresholds must be >= 1",
+            ));
+        }
+        if !h.endpoint.starts_with('/') {
+            return Err(ConfigError::new("health.endpoint", "must start with '/'"));
+        }
+        let r = &self.retry;
+        if r.max_retries == 0 {
+            return Err(ConfigError::new(
+                "retry.max_retries",
+                "must be >= 1 (attempts in total)",
+            ));
+        }
+        if !r.backoff_multiplier.is_finite() || r.backoff_multiplier < 1.0 {
+            return Err(ConfigError::new("retry.backoff_multiplier", "must be >= 1"));
+        }
+        if !(0.0..=1.0).contains(&r.jitter_factor) {
+            return Err(ConfigError::new(
+                "retry.jitter_factor",
+                "must be within [0, 1]",
+            ));
+        }
+        if r.initial_backoff_ms > r.max_backoff_ms {
+            return Err(ConfigError::new(
+                "retry.initial_backoff_ms",
+                "must be <= retry.max_backoff_ms",
+            ));
+        }
+        let cb = &self.circuit_breaker;
+        if cb.failure_threshold == 0 || cb.success_threshold == 0 {
+            return Err(ConfigError::new(
+                "circuit_breaker.failure_threshold",
+                "thresholds must be >= 1",
+            ));
+        }
+        positive(
+            "circuit_breaker.timeout_duration_secs",
+            cb.timeout_duration_secs,
+        )?;
+        positive(
+            "circuit_breaker.window_duration_secs",
+            cb.window_duration_secs,
+        )?;
+        positive("observation.interval_secs", self.observation.interval_secs)?;
+        if let Some(ps) = &self.program_scheduling {
+            ps.validate()?;
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log_level)
+            .map_err(|e| ConfigError::new("log_level", e.to_string()))?;
+        Ok(())
+    }
+
+    /// Expands `workers` into concrete targets (sorted, for a stable order).
+    pub fn targets(&self) -> Vec<TargetSpec> {
+        let mut out = Vec::new();
+        for w in &self.workers {
+            let url = w.url.trim_end_matches('/').to_string();
+            match (w.dp_rank, self.intra_node_data_parallel_size) {
+                (Some(r), _) => out.push(TargetSpec {
+                    url,
+                    dp_rank: Some(r),
+                }),
+                (None, 1) => out.push(TargetSpec { url, dp_rank: None }),
+                (None, n) => out.extend((0..n).map(|r| TargetSpec {
+                    url: url.clone(),
+                    dp_rank: Some(r),
+                })),
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Content hash of the effective configuration (hex), reported on `/status`.
+    pub fn hash(&self) -> String {
+        let canonical = serde_json::to_vec(self).unwrap_or_default();
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in canonical {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
+
+    /// The JSON Schema of the configuration file.
+    pub fn schema() -> serde_json::Value {
+        serde_json::to_value(schemars::schema_for!(RouterConfig)).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        RouterConfig::default()
+            .validate()
+            .expect("defaults are valid");
+    }
+
+    #[test]
+    fn intra_node_dp_expands_urls_and_explicit_ranks_win() {
+        let c = RouterConfig {
+            workers: vec![
+                WorkerConfig {
+                    url: "http://a:8000/".into(),
+                    dp_rank: None,
+                },
+                WorkerConfig {
+                    url: "http://b:8000".into(),
+                    dp_rank: Some(6),
+                },
+            ],
+            intra_node_data_parallel_size: 2,
+            ..Default::default()
+        };
+        let ids: Vec<_> = c.targets().iter().map(TargetSpec::id).collect();
+        assert_eq!(
+            ids,
+            ["http://a:8000@0", "http://a:8000@1", "http://b:8000@6"]
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let dup = RouterConfig {
+            workers: vec![
+                WorkerConfig {
+                    url: "http://a:1".into(),
+                    dp_rank: Some(0),
+                },
+                WorkerConfig {
+                    url: "http://a:1".into(),
+                    dp_rank: Some(0),
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(dup.validate().expect_err("dup").field, "workers");
+        let bad_url = RouterConfig {
+            workers: vec![WorkerConfig {
+                url: "ftp://x".into(),
+                dp_rank: None,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(bad_url.validate().expect_err("url").field, "workers[0].url");
+        let mut c = RouterConfig::default();
+        c.retry.max_retries = 0;
+        assert_eq!(c.validate().expect_err("retry").field, "retry.max_retries");
+        let c = RouterConfig {
+            program_scheduling: Some(ProgramSchedulingConfig {
+                low_watermark_ratio: 2.0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            c.validate().expect_err("ps").field,
+            "program_scheduling.high_watermark_ratio"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let e = serde_json::from_str::<RouterConfig>(r#"{"polcy":{}}"#).expect_err("unknown");
+        assert!(e.to_string().contains("polcy"), "{e}");
+    }
+
+    #[test]
+    fn schema_names_every_top_level_field() {
+        let s = RouterConfig::schema();
+        let props = s["properties"].as_object().expect("properties");
+        let value = serde_json::to_value(RouterConfig::default()).expect("json");
+        for k in value.as_object().expect("object").keys() {
+            assert!(props.contains_key(k), "schema lacks {k}");
+        }
+    }
+
+    #[test]
+    fn hash_changes_with_content() {
+        let a = RouterConfig::default();
+        let mut b = a.clone();
+        b.port = 1;
+        assert_ne!(a.hash(), b.hash());
+        assert_eq!(a.hash(), RouterConfig::default().hash());
+    }
+}

@@ -1,0 +1,389 @@
+//! `program_scheduling`: every field of the reference spec, with its default and constraint.
+//!
+//! Owns the typed configuration and its validation only; the scheduler that acts on it lives in
+//! `crate::program` (a later issue). Field names, defaults and the deprecated input alias
+//! `token_capacity_per_target` follow the spec so that a vllm-router JSON config loads unchanged.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// Which request inputs opt a request into Program scheduling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+pub enum EnableKey {
+    /// Only the canonical `vllm_xargs.agentic_context`.
+    #[default]
+    #[serde(rename = "vllm_xargs.agentic_context")]
+    AgenticContext,
+    /// Also `agent_hint`, Claude Code / Codex / OpenCode headers and `x-session-id`.
+    #[serde(rename = "auto")]
+    Auto,
+}
+
+/// Order of Rank-local resume candidates within one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ResumeOrder {
+    #[default]
+    Mru,
+    Fcfs,
+}
+
+/// Initial home Rank of a new Program generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BindingStrategy {
+    #[default]
+    ConsistentHash,
+    ProgramRoundRobin,
+    LeastProgramCount,
+    ReasoningTokenBalance,
+    CacheAware,
+}
+
+/// Cold-prefill cost model (seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrefillCostModel {
+    pub intercept_seconds: f64,
+    pub linear_seconds_per_1k_tokens: f64,
+    pub quadratic_seconds_per_1k_tokens_squared: f64,
+    /// Retained decode throughput while prefill is mixed into the batch, within [0, 1].
+    pub decode_throughput_alpha: f64,
+}
+
+impl Default for PrefillCostModel {
+    fn default() -> Self {
+        PrefillCostModel {
+            intercept_seconds: 0.066_000_619_071_329_26,
+            linear_seconds_per_1k_tokens: 0.057_020_240_121_666_13,
+            quadratic_seconds_per_1k_tokens_squared: 0.004_405_734_793_797_847_5,
+            decode_throughput_alpha: 0.15,
+        }
+    }
+}
+
+/// Decode throughput surface (seconds per step).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct DecodeThroughputModel {
+    pub fixed_step_seconds: f64,
+    pub batch_step_seconds_per_request: f64,
+    pub context_step_seconds_per_token: f64,
+}
+
+impl Default for DecodeThroughputModel {
+    fn default() -> Self {
+        DecodeThroughputModel {
+            fixed_step_seconds: 0.010_635_218_423_115_973,
+            batch_step_seconds_per_request: 0.000_419_280_369_883_478_4,
+            context_step_seconds_per_token: 1.420_458_414_996_201e-7,
+        }
+    }
+}
+
+/// Program scheduling configuration (`RouterConfig.program_scheduling`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProgramSchedulingConfig {
+    pub program_scheduling_enable_key: EnableKey,
+    pub binding_only: bool,
+    pub global_queue: bool,
+    pub resume_order: ResumeOrder,
+    pub cross_rank_headroom_ratio: f64,
+    pub binding_strategy: BindingStrategy,
+    pub hash_virtual_nodes: u32,
+    /// Logical KV-token capacity of each DP rank; null falls back to the Program-count guard.
+    #[serde(alias = "token_capacity_per_target")]
+    pub token_capacity_per_dp_rank: Option<u64>,
+    pub max_active_programs_per_target: u32,
+    pub metrics_interval_seconds: f64,
+    pub admission_waiting_request_threshold: u32,
+    pub queue_timeout_seconds: f64,
+    pub force_resume_timeout_seconds: f64,
+    pub paused_retention_ttl_seconds: f64,
+    pub shared_prefix_freshness_warmup_seconds: f64,
+    pub shared_prefix_freshness_kv_turnovers: f64,
+    pub decode_buffer_tokens: u64,
+    pub max_acting_ttl_seconds: f64,
+    pub high_watermark_ratio: f64,
+    pub low_watermark_ratio: f64,
+    pub max_segment_rounds: u32,
+    pub stats_window_size: u32,
+    pub enable_batch_gain_admission: bool,
+    pub prefill_cost_model: PrefillCostModel,
+    pub decode_throughput_model: DecodeThroughputModel,
+}
+
+impl Default for ProgramSchedulingConfig {
+    fn default() -> Self {
+        ProgramSchedulingConfig {
+            program_scheduling_enable_key: EnableKey::default(),
+            binding_only: false,
+            global_queue: false,
+            resume_order: ResumeOrder::default(),
+            cross_rank_headroom_ratio: 1.2,
+            binding_strategy: BindingStrategy::default(),
+            hash_virtual_nodes: 160,
+            token_capacity_per_dp_rank: None,
+            max_active_programs_per_target: 64,
+            metrics_interval_seconds: 1.0,
+            admission_waiting_request_threshold: 1,
+            queue_timeout_seconds: 600.0,
+            force_resume_timeout_seconds: 300.0,
+            paused_retention_ttl_seconds: 1800.0,
+            shared_prefix_freshness_warmup_seconds: 100.0,
+            shared_prefix_freshness_kv_turnovers: 2.0,
+            decode_buffer_tokens: 100,
+            max_acting_ttl_seconds: 10.0,
+            high_watermark_ratio: 1.0,
+            low_watermark_ratio: 1.0,
+            max_segment_rounds: 14,
+            stats_window_size: 100,
+            enable_batch_gain_admission: true,
+            prefill_cost_model: PrefillCostModel::default(),
+            decode_throughput_model: DecodeThroughputModel::default(),
+        }
+    }
+}
+
+fn err(field: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::new(format!("program_scheduling.{field}"), message)
+}
+
+fn finite_min(field: &str, v: f64, min: f64, strict: bool) -> Result<(), ConfigError> {
+    let ok = v.is_finite() && if strict { v > min } else { v >= min };
+    if ok {
+        Ok(())
+    } else {
+        let op = if strict { ">" } else { ">=" };
+        Err(err(
+            field,
+            format!("must be finite and {op} {min} (got {v})"),
+        ))
+    }
+}
+
+impl ProgramSchedulingConfig {
+    /// Checks every constraint of the spec; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        finite_min(
+            "cross_rank_headroom_ratio",
+            self.cross_rank_headroom_ratio,
+            0.0,
+            false,
+        )?;
+        if self.hash_virtual_nodes == 0 {
+            return Err(err("hash_virtual_nodes", "must be >= 1"));
+        }
+        if self.token_capacity_per_dp_rank == Some(0) {
+            return Err(err("token_capacity_per_dp_rank", "must be > 0 or null"));
+        }
+        if self.max_active_programs_per_target == 0 {
+            return Err(err("max_active_programs_per_target", "must be >= 1"));
+        }
+        finite_min(
+            "metrics_interval_seconds",
+            self.metrics_interval_seconds,
+            0.0,
+            true,
+        )?;
+        finite_min(
+            "queue_timeout_seconds",
+            self.queue_timeout_seconds,
+            0.0,
+            true,
+        )?;
+        finite_min(
+            "force_resume_timeout_seconds",
+            self.force_resume_timeout_seconds,
+            0.0,
+            true,
+        )?;
+        if self.force_resume_timeout_seconds > self.queue_timeout_seconds {
+            return Err(err(
+                "force_resume_timeout_seconds",
+                format!(
+                    "must be <= queue_timeout_seconds ({} > {})",
+                    self.force_resume_timeout_seconds, self.queue_timeout_seconds
+                ),
+            ));
+        }
+        finite_min(
+            "paused_retention_ttl_seconds",
+            self.paused_retention_ttl_seconds,
+            0.0,
+            true,
+        )?;
+        finite_min(
+            "shared_prefix_freshness_warmup_seconds",
+            self.shared_prefix_freshness_warmup_seconds,
+            0.0,
+            true,
+        )?;
+        finite_min(
+            "shared_prefix_freshness_kv_turnovers",
+            self.shared_prefix_freshness_kv_turnovers,
+            0.0,
+            true,
+        )?;
+        finite_min(
+            "max_acting_ttl_seconds",
+            self.max_acting_ttl_seconds,
+            0.0,
+            false,
+        )?;
+        finite_min("low_watermark_ratio", self.low_watermark_ratio, 0.0, true)?;
+        finite_min("high_watermark_ratio", self.high_watermark_ratio, 0.0, true)?;
+        if self.high_watermark_ratio < self.low_watermark_ratio {
+            return Err(err(
+                "high_watermark_ratio",
+                format!(
+                    "must be >= low_watermark_ratio ({} < {})",
+                    self.high_watermark_ratio, self.low_watermark_ratio
+                ),
+            ));
+        }
+        if self.max_segment_rounds == 0 {
+            return Err(err("max_segment_rounds", "must be >= 1"));
+        }
+        if self.stats_window_size == 0 {
+            return Err(err("stats_window_size", "must be >= 1"));
+        }
+        if self.binding_strategy == BindingStrategy::ReasoningTokenBalance
+            && self.token_capacity_per_dp_rank.is_none()
+        {
+            return Err(err(
+                "binding_strategy",
+                "reasoning_token_balance requires token_capacity_per_dp_rank",
+            ));
+        }
+        let p = &self.prefill_cost_model;
+        finite_min(
+            "prefill_cost_model.intercept_seconds",
+            p.intercept_seconds,
+            0.0,
+            false,
+        )?;
+        finite_min(
+            "prefill_cost_model.linear_seconds_per_1k_tokens",
+            p.linear_seconds_per_1k_tokens,
+            0.0,
+            false,
+        )?;
+        finite_min(
+            "prefill_cost_model.quadratic_seconds_per_1k_tokens_squared",
+            p.quadratic_seconds_per_1k_tokens_squared,
+            0.0,
+            false,
+        )?;
+        if !p.decode_throughput_alpha.is_finite()
+            || !(0.0..=1.0).contains(&p.decode_throughput_alpha)
+        {
+            return Err(err(
+                "prefill_cost_model.decode_throughput_alpha",
+                format!("must be within [0, 1] (got {})", p.decode_throughput_alpha),
+            ));
+        }
+        let d = &self.decode_throughput_model;
+        finite_min(
+            "decode_throughput_model.fixed_step_seconds",
+            d.fixed_step_seconds,
+            0.0,
+            true,
+        )?;
+        finite_min(
+            "decode_throughput_model.batch_step_seconds_per_request",
+            d.batch_step_seconds_per_request,
+            0.0,
+            false,
+        )?;
+        finite_min(
+            "decode_throughput_model.context_step_seconds_per_token",
+            d.context_step_seconds_per_token,
+            0.0,
+            false,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<ProgramSchedulingConfig, String> {
+        let c: ProgramSchedulingConfig = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        c.validate().map_err(|e| e.to_string())?;
+        Ok(c)
+    }
+
+    #[test]
+    fn empty_object_is_every_default() {
+        assert_eq!(
+            parse("{}").expect("valid"),
+            ProgramSchedulingConfig::default()
+        );
+    }
+
+    #[test]
+    fn the_specs_calibrated_example_loads() {
+        let c = parse(
+            r#"{"program_scheduling_enable_key":"vllm_xargs.agentic_context","global_queue":true,
+            "resume_order":"mru","token_capacity_per_dp_rank":266864,"metrics_interval_seconds":1.0,
+            "prefill_cost_model":{"intercept_seconds":0.066,"linear_seconds_per_1k_tokens":0.057,
+            "quadratic_seconds_per_1k_tokens_squared":0.0044,"decode_throughput_alpha":0.15},
+            "decode_throughput_model":{"fixed_step_seconds":0.0106,"batch_step_seconds_per_request":0.00042,
+            "context_step_seconds_per_token":1.42e-7}}"#,
+        )
+        .expect("valid");
+        assert!(c.global_queue);
+        assert_eq!(c.token_capacity_per_dp_rank, Some(266_864));
+    }
+
+    #[test]
+    fn deprecated_alias_is_accepted_and_never_emitted() {
+        let c = parse(r#"{"token_capacity_per_target": 4096}"#).expect("alias");
+        assert_eq!(c.token_capacity_per_dp_rank, Some(4096));
+        let out = serde_json::to_string(&c).expect("serialize");
+        assert!(out.contains("\"token_capacity_per_dp_rank\":4096"));
+        assert!(!out.contains("token_capacity_per_target"));
+    }
+
+    #[test]
+    fn invalid_values_name_the_field() {
+        let cases = [
+            (
+                r#"{"low_watermark_ratio":0.9,"high_watermark_ratio":0.8}"#,
+                "high_watermark_ratio",
+            ),
+            (
+                r#"{"binding_strategy":"reasoning_token_balance"}"#,
+                "binding_strategy",
+            ),
+            (
+                r#"{"force_resume_timeout_seconds":700}"#,
+                "force_resume_timeout_seconds",
+            ),
+            (
+                r#"{"prefill_cost_model":{"decode_throughput_alpha":1.5}}"#,
+                "decode_throughput_alpha",
+            ),
+            (
+                r#"{"decode_throughput_model":{"fixed_step_seconds":0}}"#,
+                "fixed_step_seconds",
+            ),
+            (
+                r#"{"metrics_interval_seconds":0}"#,
+                "metrics_interval_seconds",
+            ),
+            (r#"{"resume_order":"lifo"}"#, "unknown variant"),
+            (r#"{"no_such_field":1}"#, "no_such_field"),
+        ];
+        for (json, want) in cases {
+            let e = parse(json).expect_err(json);
+            assert!(e.contains(want), "{json}: {e}");
+        }
+    }
+}

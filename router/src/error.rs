@@ -1,0 +1,85 @@
+//! OpenAI-style errors the router answers with: `{"error":{"message","type","code"}}`.
+//!
+//! Owns the mapping from each router failure to its HTTP status and error code; the `code` is
+//! also the bounded `error` label of `vllm_router_request_errors_total`.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::server::{Body, full};
+
+/// A request the router answers itself.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// Stable machine-readable code (bounded set).
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    pub fn too_large(limit: u64) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("request body is larger than the limit of {limit} bytes"),
+        )
+    }
+
+    pub fn no_target() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_healthy_target",
+            "no healthy target is available",
+        )
+    }
+
+    pub fn upstream_timeout(secs: f64) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_timeout",
+            format!("the backend did not answer within {secs} s"),
+        )
+    }
+
+    pub fn upstream(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, "upstream_error", message)
+    }
+
+    /// OpenAI error `type` for the status.
+    pub fn kind(&self) -> &'static str {
+        match self.status.as_u16() {
+            400 | 404 | 405 | 413 => "invalid_request_error",
+            429 => "rate_limit_error",
+            503 => "service_unavailable",
+            504 => "timeout",
+            _ => "api_error",
+        }
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let body = serde_json::json!({
+            "error": { "message": self.message, "type": self.kind(), "code": self.code }
+        });
+        let mut r = Response::new(full(Bytes::from(body.to_string())));
+        *r.status_mut() = self.status;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    }
+}

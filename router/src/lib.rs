@@ -1,0 +1,16 @@
+//! program-router: an OpenAI-compatible router over vLLM data-parallel ranks.
+//!
+//! Layers: [`config`] (typed config, CLI, file watch) → [`server`] (HTTP front) → [`policies`]
+//! (request-level placement) → [`proxy`] (forwarding, retries, streaming relay) over
+//! [`workers`] (targets, health, breakers), with [`observe`] for metrics in both directions.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod error;
+pub mod observe;
+pub mod policies;
+pub mod proxy;
+pub mod run;
+pub mod server;
+pub mod state;
+pub mod workers;

@@ -1,0 +1,206 @@
+//! The router's own Prometheus series, named like vllm-router's where the meaning matches.
+//!
+//! Owns the registry and metric handles. Labels are bounded: `route` (a fixed set), `worker` (the
+//! configured targets; removed when a target is removed), `outcome`/`error`/`class` (enums).
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// All router metrics.
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: IntCounterVec,
+    pub request_duration: HistogramVec,
+    pub request_errors: IntCounterVec,
+    pub retries: IntCounterVec,
+    pub upstream_responses: IntCounterVec,
+    pub running: IntGaugeVec,
+    pub worker_health: IntGaugeVec,
+    pub cb_state: IntGaugeVec,
+    pub cb_outcomes: IntCounterVec,
+    pub active_workers: IntGauge,
+    pub tokens: IntCounterVec,
+    pub ttfb: Histogram,
+    pub config_reloads: IntCounterVec,
+}
+
+const DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0,
+    90.0, 120.0, 180.0, 240.0,
+];
+
+impl Metrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m;
+                registry.register(Box::new(m.clone()))?;
+                m
+            }};
+        }
+        Ok(Metrics {
+            requests: reg!(IntCounterVec::new(
+                Opts::new("vllm_router_requests_total", "Requests received, by route."),
+                &["route"]
+            )?),
+            request_duration: reg!(HistogramVec::new(
+                HistogramOpts::new(
+                    "vllm_router_request_duration_seconds",
+                    "Time from request received to response finished, by route."
+                )
+                .buckets(DURATION_BUCKETS.to_vec()),
+                &["route"]
+            )?),
+            request_errors: reg!(IntCounterVec::new(
+                Opts::new(
+                    "vllm_router_request_errors_total",
+                    "Requests answered with a router error, by route and error."
+                ),
+                &["route", "error"]
+            )?),
+            retries: reg!(IntCounterVec::new(
+                Opts::new(
+                    "vllm_router_retries_total",
+                    "Upstream attempts retried on another attempt, by route."
+                ),
+                &["route"]
+            )?),
+            upstream_responses: reg!(IntCounterVec::new(
+                Opts::new(
+                    "vllm_router_upstream_responses_total",
+                    "Upstream responses by worker and status class."
+                ),
+                &["worker", "class"]
+            )?),
+            running: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "vllm_router_running_requests",
+                    "Requests in flight to each worker."
+                ),
+                &["worker"]
+            )?),
+            worker_health: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "vllm_router_worker_health",
+                    "1 when the worker passes health checks."
+                ),
+                &["worker"]
+            )?),
+            cb_state: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "vllm_router_cb_state",
+                    "Circuit breaker state: 0 closed, 1 open, 2 half-open."
+                ),
+                &["worker"]
+            )?),
+            cb_outcomes: reg!(IntCounterVec::new(
+                Opts::new(
+                    "vllm_router_cb_outcomes_total",
+                    "Outcomes recorded by each worker's circuit breaker."
+                ),
+                &["worker", "outcome"]
+            )?),
+            active_workers: reg!(IntGauge::new(
+                "vllm_router_active_workers",
+                "Configured targets."
+            )?),
+            tokens: reg!(IntCounterVec::new(
+                Opts::new(
+                    "vllm_router_tokens_total",
+                    "Tokens reported in upstream usage, by worker and kind."
+                ),
+                &["worker", "kind"]
+            )?),
+            ttfb: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "vllm_router_upstream_header_seconds",
+                    "Time from dispatch to upstream response headers (time to first byte)."
+                )
+                .buckets(DURATION_BUCKETS.to_vec())
+            )?),
+            config_reloads: reg!(IntCounterVec::new(
+                Opts::new(
+                    "vllm_router_config_reloads_total",
+                    "Configuration reloads by result."
+                ),
+                &["result"]
+            )?),
+            registry,
+        })
+    }
+
+    /// Forgets every series of a removed target.
+    pub fn remove_worker(&self, worker: &str) {
+        let _ = self.running.remove_label_values(&[worker]);
+        let _ = self.worker_health.remove_label_values(&[worker]);
+        let _ = self.cb_state.remove_label_values(&[worker]);
+        for outcome in ["success", "failure"] {
+            let _ = self.cb_outcomes.remove_label_values(&[worker, outcome]);
+        }
+        for class in ["2xx", "4xx", "5xx", "other"] {
+            let _ = self
+                .upstream_responses
+                .remove_label_values(&[worker, class]);
+        }
+        for kind in ["prompt", "cached", "completion"] {
+            let _ = self.tokens.remove_label_values(&[worker, kind]);
+        }
+    }
+
+    /// Text exposition.
+    pub fn render(&self) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(8192);
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!(error = %e, "metrics encoding failed");
+        }
+        buf
+    }
+}
+
+/// Per-target handles, resolved once so the request path does no label lookups.
+#[derive(Clone)]
+pub struct TargetMetrics {
+    pub running: IntGauge,
+    pub health: IntGauge,
+    pub cb_state: IntGauge,
+    pub cb_success: IntCounter,
+    pub cb_failure: IntCounter,
+    pub class_2xx: IntCounter,
+    pub class_4xx: IntCounter,
+    pub class_5xx: IntCounter,
+    pub class_other: IntCounter,
+    pub prompt_tokens: IntCounter,
+    pub cached_tokens: IntCounter,
+    pub completion_tokens: IntCounter,
+}
+
+impl TargetMetrics {
+    pub fn new(m: &Metrics, worker: &str) -> Self {
+        TargetMetrics {
+            running: m.running.with_label_values(&[worker]),
+            health: m.worker_health.with_label_values(&[worker]),
+            cb_state: m.cb_state.with_label_values(&[worker]),
+            cb_success: m.cb_outcomes.with_label_values(&[worker, "success"]),
+            cb_failure: m.cb_outcomes.with_label_values(&[worker, "failure"]),
+            class_2xx: m.upstream_responses.with_label_values(&[worker, "2xx"]),
+            class_4xx: m.upstream_responses.with_label_values(&[worker, "4xx"]),
+            class_5xx: m.upstream_responses.with_label_values(&[worker, "5xx"]),
+            class_other: m.upstream_responses.with_label_values(&[worker, "other"]),
+            prompt_tokens: m.tokens.with_label_values(&[worker, "prompt"]),
+            cached_tokens: m.tokens.with_label_values(&[worker, "cached"]),
+            completion_tokens: m.tokens.with_label_values(&[worker, "completion"]),
+        }
+    }
+
+    pub fn status(&self, status: u16) {
+        match status {
+            200..=299 => self.class_2xx.inc(),
+            400..=499 => self.class_4xx.inc(),
+            500..=599 => self.class_5xx.inc(),
+            _ => self.class_other.inc(),
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! Observation: the router's own metrics and what it reads from backends' `/metrics`.
+
+pub mod metrics;
+pub mod scrape;

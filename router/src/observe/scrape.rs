@@ -1,0 +1,130 @@
+//! Reads the few vLLM series the router needs from a backend's Prometheus text exposition.
+//!
+//! Owns a tolerant line scanner for `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+//! `vllm:kv_cache_usage_perc` (or the older `vllm:gpu_cache_usage_perc`) and
+//! `vllm:cache_config_info`, keyed by the `engine` label (the DP rank; missing means 0). It skips
+//! every other line, whatever its shape, so that new vLLM series or format details never break
+//! observation; general-purpose parsers reject whole expositions on one unfamiliar line.
+
+use rustc_hash::FxHashMap;
+
+/// What one rank reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineSample {
+    pub running: f64,
+    pub waiting: f64,
+    pub kv_usage: f64,
+    /// num_gpu_blocks × block_size from `vllm:cache_config_info`, when present.
+    pub token_capacity: Option<u64>,
+}
+
+/// Parses an exposition into samples per engine (DP rank).
+pub fn parse_vllm_metrics(text: &str) -> FxHashMap<u32, EngineSample> {
+    let mut out: FxHashMap<u32, EngineSample> = FxHashMap::default();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((name, labels, value)) = split_sample(line) else {
+            continue;
+        };
+        let field = match name {
+            "vllm:num_requests_running" => 0,
+            "vllm:num_requests_waiting" => 1,
+            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => 2,
+            "vllm:cache_config_info" => 3,
+            _ => continue,
+        };
+        let engine = label(labels, "engine")
+            .and_then(|e| e.parse::<u32>().ok())
+            .unwrap_or(0);
+        let s = out.entry(engine).or_default();
+        match field {
+            0 => s.running = value,
+            1 => s.waiting = value,
+            2 => s.kv_usage = value,
+            _ => {
+                let blocks = label(labels, "num_gpu_blocks").and_then(|v| v.parse::<u64>().ok());
+                let size = label(labels, "block_size").and_then(|v| v.parse::<u64>().ok());
+                if let (Some(b), Some(z)) = (blocks, size) {
+                    s.token_capacity = Some(b * z);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `name{labels} value [timestamp]` → (name, labels, value).
+fn split_sample(line: &str) -> Option<(&str, &str, f64)> {
+    let (name, rest) = match line.find('{') {
+        Some(i) => {
+            let end = line[i..].rfind('}')? + i;
+            (&line[..i], (&line[i + 1..end], &line[end + 1..]))
+        }
+        None => {
+            let i = line.find(char::is_whitespace)?;
+            (&line[..i], ("", &line[i..]))
+        }
+    };
+    let value = rest.1.split_whitespace().next()?.parse::<f64>().ok()?;
+    Some((name.trim(), rest.0, value))
+}
+
+/// The value of label `key` in `a="x",b="y"` (values without escaped quotes, as vLLM emits).
+fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    let mut rest = labels;
+    while !rest.is_empty() {
+        let eq = rest.find('=')?;
+        let k = rest[..eq].trim().trim_start_matches(',').trim();
+        let after = rest[eq + 1..].trim_start().strip_prefix('"')?;
+        let close = after.find('"')?;
+        if k == key {
+            return Some(&after[..close]);
+        }
+        rest = &after[close + 1..];
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_per_engine_series_and_capacity() {
+        let text = r#"
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+vllm:num_requests_waiting{model_name="m",engine="1"} 7
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="1000",model_name="m"} 1.0
+vllm:prompt_tokens_total{engine="0",model_name="m"} 123 1700000000
+some_weird{line
+vllm:time_to_first_token_seconds_bucket{le="+Inf",engine="0"} 5
+"#;
+        let m = parse_vllm_metrics(text);
+        assert_eq!(m[&0].running, 3.0);
+        assert_eq!(
+            m[&1],
+            EngineSample {
+                running: 1.0,
+                waiting: 7.0,
+                kv_usage: 0.25,
+                token_capacity: Some(16_000)
+            }
+        );
+    }
+
+    #[test]
+    fn missing_engine_label_is_rank_zero_and_old_names_work() {
+        let m = parse_vllm_metrics(
+            "vllm:num_requests_waiting 2\nvllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\n",
+        );
+        assert_eq!(m[&0].waiting, 2.0);
+        assert_eq!(m[&0].kv_usage, 0.5);
+    }
+}

@@ -1,0 +1,268 @@
+//! Forwarding: pick a target, send, retry what is safe to retry, relay the answer.
+//!
+//! Owns the upstream request (headers, DP-rank pin, worker auth), retries (only connect errors
+//! and 503 answers, i.e. before any byte reached the client), timeouts, and the completion hook
+//! that feeds the breaker and metrics. Never replays a generation that started.
+
+pub mod relay;
+pub mod request;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use rand::Rng;
+
+use crate::error::ApiError;
+use crate::policies::RequestInfo;
+use crate::server::Body;
+use crate::state::{Applied, RouterState};
+use crate::workers::{InFlight, TargetState};
+use relay::{End, Finish, Relay, Usage};
+
+/// The upstream HTTP client (connection pool shared by every target).
+pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Builds the pooled upstream client.
+pub fn client() -> UpstreamClient {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(5)));
+    http.enforce_http(true);
+    Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .build(http)
+}
+
+/// Header pinning the GLOBAL DP rank.
+pub static DP_RANK: HeaderName = HeaderName::from_static("x-data-parallel-rank");
+
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    header::HOST,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::CONTENT_LENGTH,
+];
+
+/// One request to forward.
+pub struct Outbound<'a> {
+    pub route: &'static str,
+    pub method: Method,
+    pub path_and_query: &'a str,
+    pub headers: &'a HeaderMap,
+    pub body: Bytes,
+    pub info: RequestInfo<'a>,
+    pub sse: bool,
+    pub filter_usage_chunk: bool,
+    pub request_id: &'a HeaderValue,
+    pub received: Instant,
+}
+
+fn upstream_request(
+    applied: &Applied,
+    target: &TargetState,
+    out: &Outbound<'_>,
+) -> Result<Request<Full<Bytes>>, ApiError> {
+    let uri: Uri = format!("{}{}", target.backend.url, out.path_and_query)
+        .parse()
+        .map_err(|e| ApiError::bad_request(format!("invalid request path: {e}")))?;
+    let mut req = Request::builder().method(out.method.clone()).uri(uri);
+    let h = req
+        .headers_mut()
+        .ok_or_else(|| ApiError::upstream("request builder failed"))?;
+    for (k, v) in out.headers {
+        if !HOP_BY_HOP.contains(k) && k != DP_RANK {
+            h.append(k, v.clone());
+        }
+    }
+    if let Some(rank) = &target.rank_header {
+        h.insert(DP_RANK.clone(), rank.clone());
+    }
+    if let Some(key) = &applied.config.api_key
+        && let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}"))
+    {
+        h.insert(header::AUTHORIZATION, v);
+    }
+    h.insert("x-request-id", out.request_id.clone());
+    if !out.body.is_empty() {
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.body.len()));
+    }
+    req.body(Full::new(out.body.clone()))
+        .map_err(|e| ApiError::upstream(format!("cannot build request: {e}")))
+}
+
+fn backoff(cfg: &crate::config::RetryConfig, attempt: u32) -> Duration {
+    let base = cfg.initial_backoff_ms as f64
+        * cfg
+            .backoff_multiplier
+            .powi(attempt.saturating_sub(1) as i32);
+    let capped = base.min(cfg.max_backoff_ms as f64);
+    let jitter = if cfg.jitter_factor > 0.0 {
+        rand::rng().random_range(-cfg.jitter_factor..=cfg.jitter_factor)
+    } else {
+        0.0
+    };
+    Duration::from_secs_f64((capped * (1.0 + jitter)).max(0.0) / 1000.0)
+}
+
+/// Sends `out` to a target chosen by the policy, retrying connect errors and 503s.
+pub async fn forward(
+    state: &Arc<RouterState>,
+    out: Outbound<'_>,
+) -> Result<Response<Body>, ApiError> {
+    let applied = state.applied.load_full();
+    let cfg = &applied.config;
+    let timeout = Duration::from_secs_f64(cfg.limits.request_timeout_secs);
+    let deadline = tokio::time::Instant::from_std(out.received) + timeout;
+    let mut tried: Vec<usize> = Vec::new();
+    let mut last_error = ApiError::no_target();
+    for attempt in 1..=cfg.retry.max_retries {
+        if attempt > 1 {
+            state.metrics.retries.with_label_values(&[out.route]).inc();
+            tokio::time::sleep(backoff(&cfg.retry, attempt - 1)).await;
+        }
+        let now = Instant::now();
+        let mut candidates: Vec<&Arc<TargetState>> = applied
+            .targets
+            .targets
+            .iter()
+            .filter(|t| t.available(now) && !tried.contains(&(Arc::as_ptr(t) as usize)))
+            .collect();
+        if candidates.is_empty() {
+            // Every available target was tried: allow them again rather than fail early.
+            candidates = applied
+                .targets
+                .targets
+                .iter()
+                .filter(|t| t.available(now))
+                .collect();
+        }
+        if candidates.is_empty() {
+            return Err(last_error);
+        }
+        let target = candidates[applied.policy.pick(&out.info, &candidates)].clone();
+        tried.push(Arc::as_ptr(&target) as usize);
+        let guard = target.begin();
+        let req = upstream_request(&applied, &target, &out)?;
+        let sent = Instant::now();
+        let result = tokio::time::timeout_at(deadline, state.client.request(req)).await;
+        let resp = match result {
+            Err(_) => {
+                target.record_outcome(false);
+                return Err(ApiError::upstream_timeout(cfg.limits.request_timeout_secs));
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                target.record_outcome(false);
+                tracing::warn!(target_id = %target.id, attempt, error = %e, "connect failed");
+                last_error = ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "upstream_unavailable",
+                    format!("could not connect to {}: {e}", target.id),
+                );
+                continue;
+            }
+            Ok(Err(e)) => {
+                // The request may have reached the engine: do not replay it.
+                target.record_outcome(false);
+                tracing::warn!(target_id = %target.id, error = %e, "upstream request failed");
+                return Err(ApiError::upstream(format!(
+                    "upstream {} failed: {e}",
+                    target.id
+                )));
+            }
+            Ok(Ok(r)) => r,
+        };
+        state.metrics.ttfb.observe(sent.elapsed().as_secs_f64());
+        let status = resp.status();
+        target.metrics.status(status.as_u16());
+        if status == StatusCode::SERVICE_UNAVAILABLE && attempt < cfg.retry.max_retries {
+            target.record_outcome(false);
+            tracing::warn!(target_id = %target.id, attempt, "upstream answered 503; retrying");
+            // Drain the small error body so the connection can be reused.
+            let _ = tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect()).await;
+            last_error = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "upstream_unavailable",
+                "upstream answered 503",
+            );
+            continue;
+        }
+        let (mut parts, body) = resp.into_parts();
+        for h in HOP_BY_HOP.iter() {
+            if *h != header::CONTENT_LENGTH {
+                parts.headers.remove(h);
+            }
+        }
+        let sse = out.sse
+            && parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+        if sse && out.filter_usage_chunk {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        parts.headers.insert("x-request-id", out.request_id.clone());
+        let finish = Box::new(Completion {
+            guard,
+            status,
+            state: state.clone(),
+            route: out.route,
+            received: out.received,
+        });
+        let relay = Relay::new(
+            body,
+            sse,
+            sse && out.filter_usage_chunk,
+            Some(deadline),
+            finish,
+        );
+        let body: Body = relay
+            .map_err(|e| -> crate::server::BoxError { Box::new(e) })
+            .boxed_unsync();
+        return Ok(Response::from_parts(parts, body));
+    }
+    Err(last_error)
+}
+
+/// Runs when a relayed response ends: breaker, metrics, request duration.
+struct Completion {
+    guard: InFlight,
+    status: StatusCode,
+    state: Arc<RouterState>,
+    route: &'static str,
+    received: Instant,
+}
+
+impl Finish for Completion {
+    fn finish(self: Box<Self>, end: End, usage: Option<Usage>) {
+        let target = self.guard.target();
+        match end {
+            End::Complete => target.record_outcome(!self.status.is_server_error()),
+            End::UpstreamError => target.record_outcome(false),
+            // The client left (or the deadline passed): says nothing about the backend.
+            End::Abandoned => {}
+        }
+        if let Some(u) = usage {
+            target.metrics.prompt_tokens.inc_by(u.prompt_tokens);
+            target.metrics.cached_tokens.inc_by(u.cached_tokens());
+            target.metrics.completion_tokens.inc_by(u.completion_tokens);
+        }
+        self.state
+            .metrics
+            .request_duration
+            .with_label_values(&[self.route])
+            .observe(self.received.elapsed().as_secs_f64());
+        tracing::debug!(target_id = %target.id, status = self.status.as_u16(), ?end, ?usage, "request finished");
+    }
+}

@@ -1,0 +1,293 @@
+//! Relays an upstream response body to the client as it arrives, reading usage on the way.
+//!
+//! Owns the response-side tap: SSE events are scanned for the usage chunk (and that chunk is
+//! dropped when the router, not the client, asked for it); JSON bodies keep a bounded tail in
+//! which the final `usage` object is found. Nothing is buffered beyond the current SSE event.
+//! When the body ends, fails or is dropped (client gone), the [`Finish`] hook runs exactly once.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use hyper::body::{Body as HttpBody, Frame, Incoming};
+use serde::Deserialize;
+
+/// Token usage as the backend reported it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+    #[serde(default)]
+    pub prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct PromptDetails {
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
+}
+
+impl Usage {
+    pub fn cached_tokens(&self) -> u64 {
+        self.prompt_tokens_details
+            .and_then(|d| d.cached_tokens)
+            .unwrap_or(0)
+    }
+}
+
+/// How a relayed body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The whole body was delivered.
+    Complete,
+    /// The upstream body failed mid-way (the client sees a cut stream).
+    UpstreamError,
+    /// The client went away (or the request deadline passed) before the end.
+    Abandoned,
+}
+
+/// Called once when the relay ends.
+pub trait Finish: Send + 'static {
+    fn finish(self: Box<Self>, end: End, usage: Option<Usage>);
+}
+
+const TAIL: usize = 16 * 1024;
+const MAX_EVENT: usize = 4 * 1024 * 1024;
+
+enum Tap {
+    Sse { pending: BytesMut, filter: bool },
+    Json { tail: BytesMut },
+}
+
+/// The relaying body.
+pub struct Relay {
+    inner: Incoming,
+    tap: Tap,
+    usage: Option<Usage>,
+    finish: Option<Box<dyn Finish>>,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// The error that cuts the client's stream.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("upstream body failed: {0}")]
+    Upstream(#[from] hyper::Error),
+    #[error("request deadline passed while streaming")]
+    Deadline,
+}
+
+impl Relay {
+    pub fn new(
+        inner: Incoming,
+        sse: bool,
+        filter_usage_chunk: bool,
+        deadline: Option<tokio::time::Instant>,
+        finish: Box<dyn Finish>,
+    ) -> Self {
+        let tap = if sse {
+            Tap::Sse {
+                pending: BytesMut::new(),
+                filter: filter_usage_chunk,
+            }
+        } else {
+            Tap::Json {
+                tail: BytesMut::new(),
+            }
+        };
+        Relay {
+            inner,
+            tap,
+            usage: None,
+            finish: Some(finish),
+            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+        }
+    }
+
+    fn end(&mut self, end: End) {
+        if let Tap::Json { tail } = &self.tap
+            && end == End::Complete
+        {
+            self.usage = usage_in_json_tail(tail);
+        }
+        if let Some(f) = self.finish.take() {
+            f.finish(end, self.usage);
+        }
+    }
+
+    /// Processes one upstream chunk; returns what goes to the client.
+    fn process(&mut self, chunk: Bytes) -> Bytes {
+        match &mut self.tap {
+            Tap::Json { tail } => {
+                tail.extend_from_slice(&chunk);
+                if tail.len() > 2 * TAIL {
+                    let cut = tail.len() - TAIL;
+                    let _ = tail.split_to(cut);
+                }
+                chunk
+            }
+            Tap::Sse { pending, filter } => {
+                let filter = *filter;
+                pending.extend_from_slice(&chunk);
+                let mut out = if filter {
+                    BytesMut::with_capacity(chunk.len())
+                } else {
+                    BytesMut::new()
+                };
+                let mut consumed = 0;
+                while let Some(pos) = memchr::memmem::find(&pending[consumed..], b"\n\n") {
+                    let event = &pending[consumed..consumed + pos + 2];
+                    let is_usage_chunk = if memchr::memmem::find(event, b"\"usage\"").is_some() {
+                        match sse_usage(event) {
+                            Some((u, no_choices)) => {
+                                self.usage = Some(u);
+                                no_choices
+                            }
+                            None => false,
+                        }
+                    } else {
+                        false
+                    };
+                    if filter && !is_usage_chunk {
+                        out.extend_from_slice(event);
+                    }
+                    consumed += pos + 2;
+                }
+                let _ = pending.split_to(consumed);
+                if pending.len() > MAX_EVENT {
+                    // Not SSE as we know it: stop inspecting, keep relaying.
+                    if filter {
+                        out.extend_from_slice(pending);
+                    }
+                    pending.clear();
+                    self.tap = Tap::Json {
+                        tail: BytesMut::new(),
+                    };
+                    return if filter { out.freeze() } else { chunk };
+                }
+                if filter { out.freeze() } else { chunk }
+            }
+        }
+    }
+}
+
+/// The usage of an SSE event, and whether the event is a usage-only chunk (`choices: []`).
+fn sse_usage(event: &[u8]) -> Option<(Usage, bool)> {
+    #[derive(Deserialize)]
+    struct Chunk {
+        #[serde(default)]
+        usage: Option<Usage>,
+        #[serde(default)]
+        choices: Option<Vec<serde::de::IgnoredAny>>,
+    }
+    let text = std::str::from_utf8(event).ok()?;
+    let data = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)?;
+    let c: Chunk = serde_json::from_str(data).ok()?;
+    let usage = c.usage?;
+    Some((usage, c.choices.is_none_or(|v| v.is_empty())))
+}
+
+/// The last `"usage": {...}` object in the tail of a JSON body.
+fn usage_in_json_tail(tail: &[u8]) -> Option<Usage> {
+    let at = memchr::memmem::rfind(tail, b"\"usage\"")?;
+    let rest = &tail[at + 7..];
+    let colon = rest.iter().position(|b| *b == b':')?;
+    let mut it = serde_json::Deserializer::from_slice(&rest[colon + 1..]).into_iter::<Usage>();
+    it.next()?.ok()
+}
+
+impl HttpBody for Relay {
+    type Data = Bytes;
+    type Error = RelayError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        let this = &mut *self;
+        if this.finish.is_none() {
+            return Poll::Ready(None);
+        }
+        if let Some(d) = &mut this.deadline
+            && d.as_mut().poll(cx).is_ready()
+        {
+            this.end(End::Abandoned);
+            return Poll::Ready(Some(Err(RelayError::Deadline)));
+        }
+        loop {
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    if let Tap::Sse {
+                        pending,
+                        filter: true,
+                    } = &mut this.tap
+                        && !pending.is_empty()
+                    {
+                        let rest = pending.split().freeze();
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
+                    this.end(End::Complete);
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    this.end(End::UpstreamError);
+                    return Poll::Ready(Some(Err(RelayError::Upstream(e))));
+                }
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        let out = this.process(data);
+                        if out.is_empty() {
+                            continue;
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+            }
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if self.finish.is_some() {
+            self.end(End::Abandoned);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_usage_at_the_end_of_json() {
+        let body = br#"{"id":"x","choices":[{"message":{"content":"usage"}}],"usage":{"prompt_tokens":9,"total_tokens":14,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        let u = usage_in_json_tail(body).expect("usage");
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.cached_tokens()),
+            (9, 5, 4)
+        );
+        assert_eq!(usage_in_json_tail(br#"{"usage":null}"#), None);
+    }
+
+    #[test]
+    fn recognises_the_usage_only_chunk() {
+        let ev =
+            b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n";
+        let (u, only) = sse_usage(ev).expect("usage");
+        assert!(only);
+        assert_eq!(u.prompt_tokens, 3);
+        let ev = b"data: {\"choices\":[{\"delta\":{}}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n";
+        assert!(
+            !sse_usage(ev).expect("usage").1,
+            "continuous usage on a content chunk is kept"
+        );
+    }
+}

@@ -1,0 +1,310 @@
+//! What the router reads from a request body, and the only edits it makes to it.
+//!
+//! Owns a borrowing peek at a few top-level fields (no copy of the body) and the byte splices
+//! for `vllm_xargs.agentic_context` (strip / JSON string / pass through) and for asking the backend
+//! for stream usage. Everything else is forwarded byte for byte.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::config::AgenticContextMode;
+use crate::error::ApiError;
+
+#[derive(Deserialize)]
+struct Peek<'a> {
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(borrow, default)]
+    stream_options: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    vllm_xargs: Option<&'a RawValue>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    user_id: Option<String>,
+    #[serde(default)]
+    session_params: Option<SessionParams>,
+}
+
+#[derive(Deserialize)]
+struct SessionParams {
+    #[serde(default)]
+    session_id: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// What the router knows about a generation request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Peeked {
+    pub stream: bool,
+    /// The client asked for the usage chunk.
+    pub client_wants_usage: bool,
+    stream_options: Option<Range<usize>>,
+    xargs: Option<Range<usize>>,
+    /// Byte range of `messages` (chat) or `prompt` (completions).
+    pub prompt: Option<Range<usize>>,
+    /// Session-like key from the body (`session_params.session_id` > `user` > `session_id` > `user_id`).
+    pub body_key: Option<String>,
+}
+
+fn span(body: &[u8], raw: &RawValue) -> Range<usize> {
+    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    start..start + raw.get().len()
+}
+
+/// Reads the fields the router needs; a body that is not a JSON object is a 400.
+pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
+    }
+    let p: Peek<'_> = serde_json::from_slice(body).map_err(|e| {
+        let what = if e.is_syntax() || e.is_eof() {
+            "malformed JSON"
+        } else {
+            "invalid request"
+        };
+        ApiError::bad_request(format!("{what}: {e}"))
+    })?;
+    let client_wants_usage = match p.stream_options {
+        Some(raw) => {
+            let o: StreamOptions = serde_json::from_str(raw.get())
+                .map_err(|e| ApiError::bad_request(format!("invalid stream_options: {e}")))?;
+            o.include_usage.unwrap_or(false)
+        }
+        None => false,
+    };
+    let body_key = p
+        .session_params
+        .and_then(|s| s.session_id)
+        .or(p.user)
+        .or(p.session_id)
+        .or(p.user_id)
+        .filter(|k| !k.is_empty());
+    Ok(Peeked {
+        stream: p.stream.unwrap_or(false),
+        client_wants_usage,
+        stream_options: p.stream_options.map(|r| span(body, r)),
+        xargs: p.vllm_xargs.map(|r| span(body, r)),
+        prompt: p.messages.or(p.prompt).map(|r| span(body, r)),
+        body_key,
+    })
+}
+
+/// Consistent-hash key: headers in vllm-router's order, then the body's key.
+pub fn hash_key<'a>(headers: &'a HeaderMap, peeked: &'a Peeked) -> Option<&'a str> {
+    const HEADERS: [&str; 6] = [
+        "x-session-id",
+        "x-user-id",
+        "x-tenant-id",
+        "x-request-id",
+        "x-correlation-id",
+        "x-trace-id",
+    ];
+    HEADERS
+        .iter()
+        .find_map(|h| {
+            headers
+                .get(*h)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+        })
+        .or(peeked.body_key.as_deref())
+}
+
+/// The body to send upstream, and whether the router added the usage request.
+pub struct Outgoing {
+    pub body: Bytes,
+    pub usage_injected: bool,
+}
+
+/// Applies the documented edits; returns the original bytes untouched when none applies.
+pub fn rewrite(
+    body: Bytes,
+    peeked: &Peeked,
+    mode: AgenticContextMode,
+    want_stream_usage: bool,
+) -> Result<Outgoing, ApiError> {
+    let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
+    if let (Some(r), false) = (&peeked.xargs, mode == AgenticContextMode::Passthrough) {
+        let raw = &body[r.clone()];
+        if memchr::memmem::find(raw, b"agentic_context").is_some() {
+            let mut map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(raw)
+                .map_err(|e| {
+                ApiError::bad_request(format!("vllm_xargs must be an object: {e}"))
+            })?;
+            let changed = match (mode, map.get("agentic_context")) {
+                (_, None) => false,
+                (AgenticContextMode::Strip, Some(_)) => {
+                    map.remove("agentic_context");
+                    true
+                }
+                (AgenticContextMode::JsonString, Some(v)) if !v.is_string() => {
+                    let s = v.to_string();
+                    map.insert("agentic_context".into(), serde_json::Value::String(s));
+                    true
+                }
+                _ => false,
+            };
+            if changed {
+                edits.push((
+                    r.clone(),
+                    serde_json::to_vec(&map).unwrap_or_else(|_| b"{}".to_vec()),
+                ));
+            }
+        }
+    }
+    let usage_injected = want_stream_usage && peeked.stream && !peeked.client_wants_usage;
+    if usage_injected {
+        match &peeked.stream_options {
+            Some(r) => {
+                let mut map: serde_json::Map<String, serde_json::Value> =
+                    serde_json::from_slice(&body[r.clone()]).map_err(|e| {
+                        ApiError::bad_request(format!("stream_options must be an object: {e}"))
+                    })?;
+                map.insert("include_usage".into(), serde_json::Value::Bool(true));
+                edits.push((r.clone(), serde_json::to_vec(&map).unwrap_or_default()));
+            }
+            None => {
+                let end = body.iter().rposition(|b| *b == b'}').unwrap_or(body.len());
+                edits.push((
+                    end..end,
+                    br#","stream_options":{"include_usage":true}"#.to_vec(),
+                ));
+            }
+        }
+    }
+    if edits.is_empty() {
+        return Ok(Outgoing {
+            body,
+            usage_injected,
+        });
+    }
+    edits.sort_by_key(|(r, _)| r.start);
+    let mut out = Vec::with_capacity(body.len() + 64);
+    let mut at = 0;
+    for (r, bytes) in edits {
+        out.extend_from_slice(&body[at..r.start]);
+        out.extend_from_slice(&bytes);
+        at = r.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    Ok(Outgoing {
+        body: Bytes::from(out),
+        usage_injected,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn edit(body: &str, mode: AgenticContextMode, usage: bool) -> (String, bool) {
+        let b = Bytes::from(body.to_string());
+        let p = peek(&b).expect("peek");
+        let o = rewrite(b, &p, mode, usage).expect("rewrite");
+        (
+            String::from_utf8(o.body.to_vec()).expect("utf8"),
+            o.usage_injected,
+        )
+    }
+
+    const CTX: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"vllm_xargs":{"agentic_context":{"program_id":"p"},"k":1}}"#;
+
+    #[test]
+    fn agentic_context_modes() {
+        let (s, _) = edit(CTX, AgenticContextMode::Strip, false);
+        assert_eq!(
+            s,
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"vllm_xargs":{"k":1}}"#
+        );
+        let (s, _) = edit(CTX, AgenticContextMode::JsonString, false);
+        let v: serde_json::Value = serde_json::from_str(&s).expect("json");
+        assert_eq!(v["vllm_xargs"]["agentic_context"], r#"{"program_id":"p"}"#);
+        assert_eq!(v["vllm_xargs"]["k"], 1);
+        assert_eq!(edit(CTX, AgenticContextMode::Passthrough, false).0, CTX);
+    }
+
+    #[test]
+    fn bodies_without_edits_are_forwarded_byte_for_byte() {
+        let body = "{ \"model\" : \"m\",\n \"messages\": [], \"extra\": {\"a\": [1, 2.50]} }";
+        let b = Bytes::from(body);
+        let p = peek(&b).expect("peek");
+        let o = rewrite(b.clone(), &p, AgenticContextMode::Strip, true).expect("rewrite");
+        assert_eq!(o.body.as_ptr(), b.as_ptr(), "same buffer, no copy");
+        assert!(!o.usage_injected);
+    }
+
+    #[test]
+    fn stream_usage_is_requested_only_when_the_client_did_not() {
+        let (s, injected) = edit(
+            r#"{"stream":true,"messages":[]}"#,
+            AgenticContextMode::Strip,
+            true,
+        );
+        assert!(injected);
+        assert_eq!(
+            s,
+            r#"{"stream":true,"messages":[],"stream_options":{"include_usage":true}}"#
+        );
+        let (s, injected) = edit(
+            r#"{"stream":true,"stream_options":{"continuous_usage_stats":false},"messages":[]}"#,
+            AgenticContextMode::Strip,
+            true,
+        );
+        assert!(injected);
+        let v: serde_json::Value = serde_json::from_str(&s).expect("json");
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["stream_options"]["continuous_usage_stats"], false);
+        let (_, injected) = edit(
+            r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+            AgenticContextMode::Strip,
+            true,
+        );
+        assert!(!injected);
+    }
+
+    #[test]
+    fn bad_bodies_are_400() {
+        for b in [
+            "",
+            "[1]",
+            "{",
+            r#"{"stream":"yes"}"#,
+            r#"{"stream_options":5}"#,
+            "null",
+        ] {
+            let e = peek(b.as_bytes()).expect_err(b);
+            assert_eq!(e.status, http::StatusCode::BAD_REQUEST, "{b}");
+        }
+    }
+
+    #[test]
+    fn hash_key_order() {
+        let b = br#"{"user":"u1","session_params":{"session_id":"s1"}}"#;
+        let p = peek(b).expect("peek");
+        let mut h = HeaderMap::new();
+        assert_eq!(hash_key(&h, &p), Some("s1"));
+        h.insert("x-request-id", "r".parse().expect("hv"));
+        assert_eq!(hash_key(&h, &p), Some("r"));
+        h.insert("x-session-id", "hs".parse().expect("hv"));
+        assert_eq!(hash_key(&h, &p), Some("hs"));
+    }
+}

@@ -1,0 +1,92 @@
+//! Starting and stopping a router: listeners, background loops, config watch, drain.
+//!
+//! Owns the process lifecycle so that the binary and the tests start routers the same way.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::config::RouterConfig;
+use crate::config::cli::Flags;
+use crate::config::watch::{FileEvent, watch};
+use crate::state::RouterState;
+use crate::workers::health::{health_loop, observation_loop};
+
+/// A bound, not yet serving router.
+pub struct Bound {
+    pub state: Arc<RouterState>,
+    pub api: TcpListener,
+    pub api_addr: SocketAddr,
+    pub metrics: Option<(TcpListener, SocketAddr)>,
+    initial_file: Option<Vec<u8>>,
+}
+
+/// Binds the listeners for `config`.
+pub async fn bind(config: RouterConfig, flags: Flags) -> std::io::Result<Bound> {
+    let initial_file = match &flags.config {
+        Some(p) => Some(std::fs::read(p)?),
+        None => None,
+    };
+    let api = TcpListener::bind((config.host.as_str(), config.port)).await?;
+    let api_addr = api.local_addr()?;
+    let metrics = match config.prometheus_port {
+        Some(port) => {
+            let l = TcpListener::bind((config.prometheus_host.as_str(), port)).await?;
+            let a = l.local_addr()?;
+            Some((l, a))
+        }
+        None => None,
+    };
+    let state = RouterState::new(config, flags).map_err(std::io::Error::other)?;
+    Ok(Bound {
+        state,
+        api,
+        api_addr,
+        metrics,
+        initial_file,
+    })
+}
+
+impl Bound {
+    /// Serves until `shutdown` resolves, then drains in-flight requests and stops everything.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        let state = self.state;
+        tokio::spawn(health_loop(state.clone()));
+        tokio::spawn(observation_loop(state.clone()));
+        if let Some(path) = state.flags.config.clone() {
+            let st = state.clone();
+            let mut stop = state.stop_rx();
+            tokio::spawn(watch(
+                path,
+                self.initial_file,
+                Duration::from_millis(500),
+                Duration::from_millis(100),
+                move |ev| match ev {
+                    FileEvent::Changed(bytes) => {
+                        let _ = st.reload(&bytes);
+                    }
+                    FileEvent::Unreadable(msg) => st.reload_unreadable(msg),
+                },
+                async move {
+                    let _ = stop.changed().await;
+                },
+            ));
+        }
+        if let Some((listener, _)) = self.metrics {
+            let mut stop = state.stop_rx();
+            tokio::spawn(crate::server::serve_metrics(
+                state.clone(),
+                listener,
+                async move {
+                    let _ = stop.changed().await;
+                },
+            ));
+        }
+        let drain = Duration::from_secs_f64(state.applied.load().config.limits.drain_timeout_secs);
+        crate::server::serve_api(state.clone(), self.api, shutdown, drain).await;
+        state.stop();
+    }
+}

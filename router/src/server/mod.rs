@@ -1,0 +1,322 @@
+//! The HTTP front: routes, body limits, request ids, the metrics listener and graceful drain.
+//!
+//! Owns how a client request becomes an [`Outbound`] (or an error answer); forwarding itself is
+//! in [`crate::proxy`]. Never panics on input: every failure is an OpenAI-style error.
+
+pub mod status;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tracing::Instrument;
+
+use crate::error::ApiError;
+use crate::policies::RequestInfo;
+use crate::proxy::{self, Outbound, request};
+use crate::state::RouterState;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Response body type of every route.
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+pub fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
+    let mut r = Response::new(full(v.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Serves `listener` until `shutdown` resolves, then drains for `drain` and returns.
+pub async fn serve_api(
+    state: Arc<RouterState>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) {
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let st = state.clone();
+                let svc = service_fn(move |req| {
+                    let st = st.clone();
+                    async move { Ok::<_, Infallible>(handle(st, req).await) }
+                });
+                let conn = graceful.watch(builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned());
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "client connection ended with an error");
+                    }
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    state.draining.store(true, Ordering::Relaxed);
+    drop(listener);
+    tracing::info!(?drain, "draining requests in flight");
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain timeout reached; closing remaining connections");
+    }
+}
+
+/// Serves Prometheus metrics on their own listener until `shutdown`.
+pub async fn serve_metrics(
+    state: Arc<RouterState>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let st = state.clone();
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let st = st.clone();
+                    async move {
+                        let r = if req.uri().path() == "/metrics" {
+                            let mut r = Response::new(full(st.metrics.render()));
+                            r.headers_mut().insert(
+                                header::CONTENT_TYPE,
+                                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                            );
+                            r
+                        } else {
+                            ApiError::new(StatusCode::NOT_FOUND, "not_found", "only /metrics is served here").into_response()
+                        };
+                        Ok::<_, Infallible>(r)
+                    }
+                });
+                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+                tokio::spawn(async move { let _ = conn.await; });
+            }
+            _ = &mut shutdown => return,
+        }
+    }
+}
+
+const GENERATE_ROUTES: [(&str, &str); 2] = [
+    ("/v1/chat/completions", "/v1/chat/completions"),
+    ("/v1/completions", "/v1/completions"),
+];
+
+async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Body> {
+    let received = Instant::now();
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .cloned()
+        .unwrap_or_else(|| {
+            HeaderValue::from_str(&state.request_id()).unwrap_or(HeaderValue::from_static("pr"))
+        });
+    let path = req.uri().path().to_string();
+    let span =
+        tracing::info_span!("request", id = ?request_id, method = %req.method(), path = %path);
+    async move {
+        let route = route_label(req.method(), &path);
+        state.metrics.requests.with_label_values(&[route]).inc();
+        let mut resp = match dispatch(&state, req, route, &request_id, received).await {
+            Ok(r) => r,
+            Err(e) => {
+                state.metrics.request_errors.with_label_values(&[route, e.code]).inc();
+                if e.status.is_server_error() {
+                    tracing::warn!(status = e.status.as_u16(), code = e.code, message = %e.message, "request failed");
+                } else {
+                    tracing::debug!(status = e.status.as_u16(), code = e.code, message = %e.message, "request refused");
+                }
+                state.metrics.request_duration.with_label_values(&[route]).observe(received.elapsed().as_secs_f64());
+                e.into_response()
+            }
+        };
+        resp.headers_mut().insert("x-request-id", request_id);
+        resp
+    }
+    .instrument(span)
+    .await
+}
+
+/// Bounded `route` label.
+fn route_label(method: &Method, path: &str) -> &'static str {
+    match (method, path) {
+        (_, "/health" | "/liveness") => "/health",
+        (_, "/readiness") => "/readiness",
+        (_, "/status") => "/status",
+        (_, "/v1/models") => "/v1/models",
+        (_, p) => GENERATE_ROUTES
+            .iter()
+            .find(|(r, _)| *r == p)
+            .map(|(_, l)| *l)
+            .unwrap_or(if p.starts_with("/v1/") {
+                "/v1/other"
+            } else {
+                "other"
+            }),
+    }
+}
+
+async fn read_body(
+    state: &RouterState,
+    req: Request<Incoming>,
+) -> Result<(http::request::Parts, Bytes), ApiError> {
+    let limit = state.applied.load().config.limits.max_payload_size;
+    let (parts, body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::too_large(limit));
+    }
+    let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
+    match Limited::new(body, limit_usize).collect().await {
+        Ok(c) => Ok((parts, c.to_bytes())),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(limit)),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
+}
+
+async fn dispatch(
+    state: &Arc<RouterState>,
+    req: Request<Incoming>,
+    route: &'static str,
+    request_id: &HeaderValue,
+    received: Instant,
+) -> Result<Response<Body>, ApiError> {
+    let method = req.method().clone();
+    match (&method, req.uri().path()) {
+        (&Method::GET, "/health" | "/liveness") => return Ok(Response::new(full("OK"))),
+        (&Method::GET, "/readiness") => {
+            let ok = status::ready(state);
+            let code = if ok {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            return Ok(json(code, &serde_json::json!({ "ready": ok })));
+        }
+        (&Method::GET, "/status") => return Ok(json(StatusCode::OK, &status::status(state))),
+        (_, "/health" | "/liveness" | "/readiness" | "/status") => {
+            return Err(ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "use GET",
+            ));
+        }
+        _ => {}
+    }
+    let path = req.uri().path().to_string();
+    if !path.starts_with("/v1/") {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no route for {path}"),
+        ));
+    }
+    let generate = GENERATE_ROUTES.iter().any(|(r, _)| *r == path);
+    if generate && method != Method::POST {
+        return Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "use POST",
+        ));
+    }
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or(path.clone());
+    let (parts, body) = read_body(state, req).await?;
+    let applied = state.applied.load_full();
+    if !generate {
+        // Other /v1/* endpoints (models, tokenize, ...) pass through unchanged.
+        return proxy::forward(
+            state,
+            Outbound {
+                route,
+                method,
+                path_and_query: &path_and_query,
+                headers: &parts.headers,
+                body,
+                info: RequestInfo::default(),
+                sse: false,
+                filter_usage_chunk: false,
+                request_id,
+                received,
+            },
+        )
+        .await;
+    }
+    let peeked = request::peek(&body)?;
+    // Zero-copy view of the prompt in the client's buffer (edits never touch it).
+    let prompt = peeked
+        .prompt
+        .clone()
+        .map(|r| body.slice(r))
+        .unwrap_or_default();
+    let outgoing = request::rewrite(
+        body,
+        &peeked,
+        applied.config.agentic_context,
+        applied.config.inject_stream_usage,
+    )?;
+    let info = RequestInfo {
+        hash_key: request::hash_key(&parts.headers, &peeked),
+        prompt: &prompt,
+    };
+    proxy::forward(
+        state,
+        Outbound {
+            route,
+            method,
+            path_and_query: &path_and_query,
+            headers: &parts.headers,
+            body: outgoing.body.clone(),
+            info,
+            sse: peeked.stream,
+            filter_usage_chunk: outgoing.usage_injected,
+            request_id,
+            received,
+        },
+    )
+    .await
+}

@@ -1,0 +1,73 @@
+//! `GET /status`: what the router applied and how its targets look — the operator reads this.
+
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use crate::state::RouterState;
+
+fn unix(t: std::time::SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The status document.
+pub fn status(state: &RouterState) -> Value {
+    let applied = state.applied.load_full();
+    let now = Instant::now();
+    let fresh = Duration::from_secs_f64(applied.config.observation.interval_secs * 3.0);
+    let observing = applied.needs_observation();
+    let targets: Vec<Value> = applied
+        .targets
+        .targets
+        .iter()
+        .map(|t| {
+            let age = t.backend.observation_age();
+            json!({
+                "id": t.id,
+                "url": t.spec.url,
+                "dp_rank": t.spec.dp_rank,
+                "healthy": t.backend.healthy(),
+                "routable": t.available(now),
+                "circuit": t.breaker.state(now).as_str(),
+                "in_flight": t.in_flight(),
+                "observation_age_seconds": age.map(|a| a.as_secs_f64()),
+                "observation_fresh": observing && age.is_some_and(|a| a <= fresh),
+            })
+        })
+        .collect();
+    let last_error = state
+        .last_reload_error
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map(|e| json!({ "at_unix": unix(e.at), "message": e.message }));
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "ready": ready(state),
+        "draining": state.draining.load(std::sync::atomic::Ordering::Relaxed),
+        "config": {
+            "hash": applied.hash,
+            "source": state.source,
+            "generation": applied.generation,
+            "loaded_at_unix": unix(applied.loaded_at),
+            "policy": applied.policy.name(),
+            "program_scheduling": applied.config.program_scheduling.is_some(),
+        },
+        "last_reload_error": last_error,
+        "targets": targets,
+    })
+}
+
+/// Ready: not draining and at least one target passed its health checks.
+pub fn ready(state: &RouterState) -> bool {
+    !state.draining.load(std::sync::atomic::Ordering::Relaxed)
+        && state
+            .applied
+            .load()
+            .targets
+            .targets
+            .iter()
+            .any(|t| t.backend.healthy())
+}

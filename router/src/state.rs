@@ -1,0 +1,209 @@
+//! The router's shared state: the applied configuration (swapped atomically on reload), the
+//! upstream client, metrics, drain flag and the wake-ups of the background loops.
+//!
+//! Owns `apply` — turning a validated config into targets and a policy — and the reload rules.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{Notify, watch};
+
+use crate::config::cli::Flags;
+use crate::config::{ConfigError, RouterConfig};
+use crate::observe::metrics::Metrics;
+use crate::policies::{self, Policy};
+use crate::proxy::{self, UpstreamClient};
+use crate::workers::TargetSet;
+
+/// One applied configuration.
+pub struct Applied {
+    pub config: RouterConfig,
+    pub hash: String,
+    pub targets: TargetSet,
+    pub policy: Arc<dyn Policy>,
+    pub loaded_at: SystemTime,
+    pub generation: u64,
+}
+
+impl Applied {
+    /// Whether anything reads backend `/metrics`.
+    pub fn needs_observation(&self) -> bool {
+        self.policy.needs_observation() || self.config.program_scheduling.is_some()
+    }
+}
+
+/// A reload that was refused.
+#[derive(Debug, Clone)]
+pub struct ReloadError {
+    pub at: SystemTime,
+    pub message: String,
+}
+
+/// Shared router state.
+pub struct RouterState {
+    pub applied: ArcSwap<Applied>,
+    pub metrics: Metrics,
+    pub client: UpstreamClient,
+    pub draining: AtomicBool,
+    pub last_reload_error: Mutex<Option<ReloadError>>,
+    pub health_wake: Notify,
+    pub observe_wake: Notify,
+    /// Flags given at start; they keep overriding the file on every reload.
+    pub flags: Flags,
+    /// Where the config came from, for `/status`.
+    pub source: String,
+    stop: watch::Sender<bool>,
+    generation: AtomicU64,
+    next_request: AtomicU64,
+}
+
+impl RouterState {
+    pub fn new(config: RouterConfig, flags: Flags) -> Result<Arc<Self>, prometheus::Error> {
+        let metrics = Metrics::new()?;
+        let targets = TargetSet::build(&config, None, &metrics);
+        let policy: Arc<dyn Policy> = Arc::from(policies::build(&config, &targets));
+        let source = match &flags.config {
+            Some(p) => format!("file:{}", p.display()),
+            None => "flags".to_string(),
+        };
+        let applied = Applied {
+            hash: config.hash(),
+            config,
+            targets,
+            policy,
+            loaded_at: SystemTime::now(),
+            generation: 1,
+        };
+        let (stop, _) = watch::channel(false);
+        Ok(Arc::new(RouterState {
+            applied: ArcSwap::from_pointee(applied),
+            metrics,
+            client: proxy::client(),
+            draining: AtomicBool::new(false),
+            last_reload_error: Mutex::new(None),
+            health_wake: Notify::new(),
+            observe_wake: Notify::new(),
+            flags,
+            source,
+            stop,
+            generation: AtomicU64::new(1),
+            next_request: AtomicU64::new(1),
+        }))
+    }
+
+    /// A receiver that changes when the router stops.
+    pub fn stop_rx(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    /// Stops the background loops.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// A fresh request id.
+    pub fn request_id(&self) -> String {
+        format!("pr-{:x}", self.next_request.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Reloads from new file content: parse, merge the start-up flags, validate, apply. On error
+    /// the applied configuration stays and the error is kept for `/status`.
+    pub fn reload(&self, bytes: &[u8]) -> Result<bool, ConfigError> {
+        let result = crate::config::cli::parse_config(bytes)
+            .and_then(|file| self.flags.effective(Some(file)))
+            .and_then(|c| self.apply(c));
+        let mut err = self
+            .last_reload_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match &result {
+            Ok(changed) => {
+                *err = None;
+                self.metrics
+                    .config_reloads
+                    .with_label_values(&["applied"])
+                    .inc();
+                if *changed {
+                    tracing::info!(hash = %self.applied.load().hash, "configuration reloaded");
+                }
+            }
+            Err(e) => {
+                self.metrics
+                    .config_reloads
+                    .with_label_values(&["rejected"])
+                    .inc();
+                tracing::error!(error = %e, "configuration reload rejected; keeping the applied configuration");
+                *err = Some(ReloadError {
+                    at: SystemTime::now(),
+                    message: e.to_string(),
+                });
+            }
+        }
+        result
+    }
+
+    /// Records that the config file cannot be read.
+    pub fn reload_unreadable(&self, message: String) {
+        tracing::error!(error = %message, "configuration file unreadable; keeping the applied configuration");
+        *self
+            .last_reload_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(ReloadError {
+            at: SystemTime::now(),
+            message,
+        });
+    }
+
+    /// Applies a validated configuration; `Ok(false)` when it equals the applied one.
+    pub fn apply(&self, config: RouterConfig) -> Result<bool, ConfigError> {
+        let prev = self.applied.load_full();
+        let hash = config.hash();
+        if hash == prev.hash {
+            return Ok(false);
+        }
+        for (field, same) in [
+            ("host", config.host == prev.config.host),
+            ("port", config.port == prev.config.port),
+            (
+                "prometheus_host",
+                config.prometheus_host == prev.config.prometheus_host,
+            ),
+            (
+                "prometheus_port",
+                config.prometheus_port == prev.config.prometheus_port,
+            ),
+        ] {
+            if !same {
+                return Err(ConfigError::new(
+                    field,
+                    "listener changes need a restart; not applied",
+                ));
+            }
+        }
+        let targets = TargetSet::build(&config, Some(&prev.targets), &self.metrics);
+        let same_ids = targets.targets.iter().map(|t| &t.id).eq(prev
+            .targets
+            .targets
+            .iter()
+            .map(|t| &t.id));
+        let policy = if same_ids && config.policy == prev.config.policy {
+            prev.policy.clone()
+        } else {
+            Arc::from(policies::build(&config, &targets))
+        };
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        self.applied.store(Arc::new(Applied {
+            config,
+            hash,
+            targets,
+            policy,
+            loaded_at: SystemTime::now(),
+            generation,
+        }));
+        self.health_wake.notify_one();
+        self.observe_wake.notify_one();
+        Ok(true)
+    }
+}

@@ -205,6 +205,18 @@ impl HttpBody for Relay {
     type Data = Bytes;
     type Error = RelayError;
 
+    fn is_end_stream(&self) -> bool {
+        self.finish.is_none()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match &self.tap {
+            // Filtering changes the length; otherwise it is the upstream's.
+            Tap::Sse { filter: true, .. } => hyper::body::SizeHint::default(),
+            _ => self.inner.size_hint(),
+        }
+    }
+
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -241,8 +253,27 @@ impl HttpBody for Relay {
                 }
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
-                        let out = this.process(data);
+                        let mut out = this.process(data);
+                        if this.inner.is_end_stream() {
+                            // A sized body is complete once its last byte is read; hyper may not
+                            // poll again, so finish now.
+                            if let Tap::Sse {
+                                pending,
+                                filter: true,
+                            } = &mut this.tap
+                                && !pending.is_empty()
+                            {
+                                let mut all = BytesMut::from(&out[..]);
+                                all.extend_from_slice(pending);
+                                pending.clear();
+                                out = all.freeze();
+                            }
+                            this.end(End::Complete);
+                        }
                         if out.is_empty() {
+                            if this.finish.is_none() {
+                                return Poll::Ready(None);
+                            }
                             continue;
                         }
                         return Poll::Ready(Some(Ok(Frame::data(out))));
@@ -257,7 +288,12 @@ impl HttpBody for Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         if self.finish.is_some() {
-            self.end(End::Abandoned);
+            let end = if self.inner.is_end_stream() {
+                End::Complete
+            } else {
+                End::Abandoned
+            };
+            self.end(end);
         }
     }
 }

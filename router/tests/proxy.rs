@@ -1,0 +1,623 @@
+//! program-router against vllm-sim over loopback: placement, DP pinning, streaming, cancel,
+//! retries, breaker, limits, bad input, reload, drain and /status.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use program_router::config::{AgenticContextMode, PolicyKind, RouterConfig, WorkerConfig};
+use serde_json::json;
+
+const CHAT: &str = "/v1/chat/completions";
+
+async fn sim_metric(c: &HttpClient, s: &Server, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric(c, &s.base(), name, labels).await
+}
+
+#[tokio::test]
+async fn round_robin_spreads_over_every_rank_and_pins_the_dp_header() {
+    let s = sim(&["--instant", "-d", "2"]).await;
+    let mut cfg = workers(&[s.base()], 2);
+    cfg.policy.kind = PolicyKind::RoundRobin;
+    let r = router(cfg).await;
+    let c = client();
+    for i in 0..8 {
+        let resp = post(&c, &r.url(CHAT), &chat(&format!("hello {i}"), 2)).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert!(resp.headers.contains_key("x-request-id"));
+    }
+    for e in ["0", "1"] {
+        assert_eq!(
+            sim_metric(
+                &c,
+                &s,
+                "vllm:request_success_total",
+                &[("engine", e), ("finished_reason", "length")]
+            )
+            .await,
+            4.0
+        );
+    }
+}
+
+#[tokio::test]
+async fn explicit_global_ranks_reach_a_server_owning_4_to_7() {
+    let s = sim(&["--instant", "-d", "4", "--data-parallel-start-rank", "4"]).await;
+    let cfg = RouterConfig {
+        workers: (4..8)
+            .map(|r| WorkerConfig {
+                url: s.base(),
+                dp_rank: Some(r),
+            })
+            .collect(),
+        policy: program_router::config::PolicyConfig {
+            kind: PolicyKind::RoundRobin,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let r = router(cfg).await;
+    let c = client();
+    for i in 0..8 {
+        assert_eq!(
+            post(&c, &r.url(CHAT), &chat(&format!("x{i}"), 1))
+                .await
+                .status,
+            200
+        );
+    }
+    for e in ["4", "5", "6", "7"] {
+        assert_eq!(
+            sim_metric(
+                &c,
+                &s,
+                "vllm:request_success_total",
+                &[("engine", e), ("finished_reason", "length")]
+            )
+            .await,
+            2.0,
+            "rank {e}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn consistent_hash_keeps_a_session_on_one_rank() {
+    let s = sim(&["--instant", "-d", "4"]).await;
+    let mut cfg = workers(&[s.base()], 4);
+    cfg.policy.kind = PolicyKind::ConsistentHash;
+    let r = router(cfg).await;
+    let c = client();
+    for _ in 0..6 {
+        let resp = send(
+            &c,
+            "POST",
+            &r.url(CHAT),
+            &chat("sticky", 1),
+            &[("x-session-id", "agent-42")],
+        )
+        .await;
+        assert_eq!(resp.status, 200);
+    }
+    let mut per_rank = Vec::new();
+    for e in ["0", "1", "2", "3"] {
+        per_rank.push(
+            sim_metric(
+                &c,
+                &s,
+                "vllm:request_success_total",
+                &[("engine", e), ("finished_reason", "length")],
+            )
+            .await,
+        );
+    }
+    assert_eq!(
+        per_rank.iter().filter(|n| **n == 6.0).count(),
+        1,
+        "{per_rank:?}"
+    );
+    // Many sessions spread over all ranks.
+    for i in 0..40 {
+        let key = format!("s{i}");
+        send(
+            &c,
+            "POST",
+            &r.url(CHAT),
+            &chat("x", 1),
+            &[("x-session-id", key.as_str())],
+        )
+        .await;
+    }
+    for e in ["0", "1", "2", "3"] {
+        assert!(sim_metric(&c, &s, "vllm:request_success_total", &[("engine", e)]).await > 0.0);
+    }
+}
+
+#[tokio::test]
+async fn cache_aware_follows_a_growing_conversation() {
+    let s = sim(&["--instant", "-d", "4"]).await;
+    let r = router(workers(&[s.base()], 4)).await;
+    let c = client();
+    let mut history = vec![json!({"role": "user", "content": "x ".repeat(300)})];
+    let mut cached = Vec::new();
+    for turn in 0..5 {
+        let body = json!({"messages": history, "max_tokens": 8}).to_string();
+        let resp = post(&c, &r.url(CHAT), &body).await.json();
+        cached.push(
+            resp["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .expect("cached"),
+        );
+        let reply = resp["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("content")
+            .to_string();
+        history.push(json!({"role": "assistant", "content": reply}));
+        history.push(json!({"role": "user", "content": format!("turn {turn}")}));
+    }
+    assert!(
+        cached[1..].iter().all(|c| *c > 250),
+        "every later turn hits its prefix: {cached:?}"
+    );
+}
+
+#[tokio::test]
+async fn streamed_bytes_equal_the_direct_stream() {
+    let direct = sim(&["--instant", "--seed", "7"]).await;
+    let behind = sim(&["--instant", "--seed", "7"]).await;
+    let r = router(workers(&[behind.base()], 1)).await;
+    let c = client();
+    let body = json!({"messages": [{"role": "user", "content": "same bytes"}], "max_tokens": 6, "stream": true,
+        "stream_options": {"include_usage": true}})
+    .to_string();
+    let a = post(&c, &direct.url(CHAT), &body).await.text();
+    let b = post(&c, &r.url(CHAT), &body).await.text();
+    let norm = |s: &str| {
+        s.split("\"created\":")
+            .map(|p| p.trim_start_matches(char::is_numeric))
+            .collect::<Vec<_>>()
+            .join("")
+    };
+    assert_eq!(norm(&a), norm(&b));
+    // A client that did not ask for usage gets no usage chunk, though the router asked for one.
+    let body = json!({"messages": [{"role": "user", "content": "no usage"}], "max_tokens": 3, "stream": true}).to_string();
+    let t = post(&c, &r.url(CHAT), &body).await.text();
+    assert!(!t.contains("\"usage\""), "{t}");
+    assert!(t.ends_with("data: [DONE]\n\n"));
+    let text = get(&c, &format!("http://{}/metrics", r.metrics_addr))
+        .await
+        .text();
+    assert_eq!(
+        metric_in(&text, "vllm_router_tokens_total", &[("kind", "completion")]),
+        9.0,
+        "usage still counted"
+    );
+}
+
+#[tokio::test]
+async fn client_cancel_reaches_the_backend() {
+    let s = sim(&[]).await; // real time: 1000 tokens take ~11 s
+    let r = router(workers(&[s.base()], 1)).await;
+    let c = client();
+    let body = json!({"messages": [{"role": "user", "content": "long"}], "max_tokens": 1000, "stream": true}).to_string();
+    let resp = c
+        .request(
+            hyper::Request::post(r.url(CHAT))
+                .body(Full::new(Bytes::from(body)))
+                .expect("req"),
+        )
+        .await
+        .expect("resp");
+    let mut b = resp.into_body();
+    b.frame().await.expect("first chunk").expect("ok");
+    assert_eq!(
+        sim_metric(&c, &s, "vllm:num_requests_running", &[]).await,
+        1.0
+    );
+    drop(b);
+    let ok = eventually(3.0, || async {
+        sim_metric(
+            &c,
+            &s,
+            "vllm:request_success_total",
+            &[("finished_reason", "abort")],
+        )
+        .await
+            == 1.0
+    })
+    .await;
+    assert!(ok, "the simulator saw the abort");
+    assert_eq!(r.state.applied.load().targets.targets[0].in_flight(), 0);
+}
+
+#[tokio::test]
+async fn retries_503_and_connect_errors_without_duplicating_generations() {
+    let bad = sim(&["--instant", "--fail-rate", "1", "--fail-status", "503"]).await;
+    let good = sim(&["--instant"]).await;
+    let mut cfg = workers(&[bad.base(), good.base(), "http://127.0.0.1:9".into()], 1);
+    cfg.policy.kind = PolicyKind::RoundRobin;
+    cfg.retry.initial_backoff_ms = 1;
+    cfg.retry.max_backoff_ms = 5;
+    cfg.circuit_breaker.failure_threshold = 3;
+    cfg.health.interval_secs = 3600.0;
+    let r = router(cfg).await;
+    let c = client();
+    let circuit = |st: &serde_json::Value, id: &str| {
+        st["targets"]
+            .as_array()
+            .expect("targets")
+            .iter()
+            .find(|t| t["id"] == id)
+            .expect("target")["circuit"]
+            .clone()
+    };
+    let mut sent = 0;
+    loop {
+        let resp = post(&c, &r.url(CHAT), &chat(&format!("r{sent}"), 2)).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        sent += 1;
+        let st = get(&c, &r.url("/status")).await.json();
+        let dead = st["targets"]
+            .as_array()
+            .expect("targets")
+            .iter()
+            .find(|t| t["id"] == "http://127.0.0.1:9")
+            .cloned();
+        // The dead port is excluded by its health check or by its breaker, whichever comes first.
+        let dead_out = dead.is_some_and(|d| d["routable"] == false);
+        if circuit(&st, &bad.base()) == "open" && dead_out {
+            break;
+        }
+        assert!(
+            sent < 60,
+            "the 503 target's circuit opens and the dead port leaves rotation: {st}"
+        );
+    }
+    // Every request generated exactly once, on the good server.
+    assert_eq!(
+        sim_metric(
+            &c,
+            &good,
+            "vllm:request_success_total",
+            &[("finished_reason", "length")]
+        )
+        .await,
+        f64::from(sent)
+    );
+    let text = get(&c, &format!("http://{}/metrics", r.metrics_addr))
+        .await
+        .text();
+    assert!(metric_in(&text, "vllm_router_retries_total", &[]) > 0.0);
+    assert_eq!(
+        metric_in(&text, "vllm_router_cb_state", &[("worker", &bad.base())]),
+        1.0
+    );
+    // With both circuits open, requests go straight to the good server.
+    let retries = metric_in(&text, "vllm_router_retries_total", &[]);
+    for i in 0..5 {
+        assert_eq!(
+            post(&c, &r.url(CHAT), &chat(&format!("after{i}"), 1))
+                .await
+                .status,
+            200
+        );
+    }
+    let text = get(&c, &format!("http://{}/metrics", r.metrics_addr))
+        .await
+        .text();
+    assert_eq!(metric_in(&text, "vllm_router_retries_total", &[]), retries);
+    let st = get(&c, &r.url("/status")).await.json();
+    assert_eq!(circuit(&st, &good.base()), "closed");
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_it_started_is_not_replayed() {
+    let cut = sim(&[
+        "--fail-rate",
+        "1",
+        "--fail-after-tokens",
+        "2",
+        "--time-scale",
+        "5",
+    ])
+    .await;
+    let good = sim(&["--instant"]).await;
+    // Targets are ordered by URL and round robin starts at the first: "127.0.0.1" sorts before
+    // "localhost", so the first request goes to the cutting server.
+    let good_url = format!("http://localhost:{}", good.addr.port());
+    let mut cfg = workers(&[cut.base(), good_url], 1);
+    cfg.policy.kind = PolicyKind::RoundRobin;
+    let r = router(cfg).await;
+    let c = client();
+    let body =
+        json!({"messages": [{"role": "user", "content": "cut"}], "max_tokens": 20, "stream": true})
+            .to_string();
+    let resp = c
+        .request(
+            hyper::Request::post(r.url(CHAT))
+                .body(Full::new(Bytes::from(body)))
+                .expect("req"),
+        )
+        .await
+        .expect("headers");
+    assert_eq!(resp.status(), 200);
+    let mut b = resp.into_body();
+    let mut got = String::new();
+    let mut failed = false;
+    while let Some(f) = b.frame().await {
+        match f {
+            Ok(f) => got.push_str(&String::from_utf8_lossy(
+                f.data_ref().map(|d| d.as_ref()).unwrap_or_default(),
+            )),
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    assert!(failed, "the client sees the cut: {got}");
+    assert!(!got.contains("[DONE]"));
+    assert_eq!(
+        sim_metric(&c, &good, "vllm:request_success_total", &[]).await,
+        0.0,
+        "no replay on the other server"
+    );
+}
+
+#[tokio::test]
+async fn limits_and_bad_input_get_openai_errors() {
+    let s = sim(&["--instant"]).await;
+    let mut cfg = workers(&[s.base()], 1);
+    cfg.limits.max_payload_size = 2048;
+    let r = router(cfg).await;
+    let c = client();
+    let cases: Vec<(&str, &str, String, u16, &str)> = vec![
+        ("POST", CHAT, "{oops".into(), 400, "invalid_request"),
+        ("POST", CHAT, "[1,2]".into(), 400, "invalid_request"),
+        (
+            "POST",
+            CHAT,
+            r#"{"stream":"yes"}"#.into(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            CHAT,
+            chat(&"y ".repeat(2000), 1),
+            413,
+            "payload_too_large",
+        ),
+        ("GET", CHAT, String::new(), 405, "method_not_allowed"),
+        ("GET", "/nope", String::new(), 404, "not_found"),
+        ("POST", "/status", String::new(), 405, "method_not_allowed"),
+    ];
+    for (method, path, body, status, code) in cases {
+        let resp = send(&c, method, &r.url(path), &body, &[]).await;
+        assert_eq!(resp.status, status, "{method} {path}: {}", resp.text());
+        let j = resp.json();
+        assert_eq!(j["error"]["code"], code, "{j}");
+        assert!(
+            j["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+    }
+    // The backend's own 4xx pass through untouched.
+    let resp = post(
+        &c,
+        &r.url(CHAT),
+        r#"{"model":"other","messages":[{"role":"user","content":"a"}]}"#,
+    )
+    .await;
+    assert_eq!(resp.status, 404);
+    assert_eq!(resp.json()["error"]["type"], "NotFoundError");
+    // Still serving.
+    assert_eq!(post(&c, &r.url(CHAT), &chat("fine", 1)).await.status, 200);
+    assert_eq!(
+        get(&c, &r.url("/v1/models")).await.json()["data"][0]["id"],
+        "sim-model"
+    );
+}
+
+#[tokio::test]
+async fn no_target_is_503_and_a_slow_backend_is_504() {
+    let r = router(RouterConfig::default()).await;
+    let c = client();
+    let resp = post(&c, &r.url(CHAT), &chat("x", 1)).await;
+    assert_eq!(resp.status, 503);
+    assert_eq!(resp.json()["error"]["code"], "no_healthy_target");
+    assert_eq!(get(&c, &r.url("/readiness")).await.status, 503);
+
+    let slow = sim(&[]).await; // a 20,000-token prompt takes ~3 s of prefill
+    let mut cfg = workers(&[slow.base()], 1);
+    cfg.limits.request_timeout_secs = 0.3;
+    let r = router(cfg).await;
+    let prompt: Vec<u32> = (0..20_000).collect();
+    let resp = post(
+        &c,
+        &r.url("/v1/completions"),
+        &json!({"prompt": prompt, "max_tokens": 1}).to_string(),
+    )
+    .await;
+    assert_eq!(resp.status, 504, "{}", resp.text());
+    assert_eq!(resp.json()["error"]["code"], "upstream_timeout");
+}
+
+#[tokio::test]
+async fn agentic_context_is_stripped_or_stringified_for_stock_backends() {
+    let s = sim(&["--instant"]).await;
+    let c = client();
+    let body = json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 1,
+        "vllm_xargs": {"agentic_context": {"program_id": "p1", "step_id": 0}}})
+    .to_string();
+    for (mode, want) in [
+        (AgenticContextMode::Strip, 200),
+        (AgenticContextMode::JsonString, 200),
+        (AgenticContextMode::Passthrough, 400),
+    ] {
+        let mut cfg = workers(&[s.base()], 1);
+        cfg.agentic_context = mode;
+        let r = router(cfg).await;
+        assert_eq!(post(&c, &r.url(CHAT), &body).await.status, want, "{mode:?}");
+    }
+}
+
+#[tokio::test]
+async fn hot_reload_adds_removes_and_refuses_bad_files() {
+    let a = sim(&["--instant"]).await;
+    let b = sim(&["--instant"]).await;
+    let dir = std::env::temp_dir().join(format!("router-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("router.json");
+    let write = |cfg: &serde_json::Value| {
+        let mut cfg = cfg.clone();
+        // Listener fields as the harness sets them (changing them needs a restart).
+        cfg["port"] = json!(0);
+        cfg["prometheus_port"] = json!(0);
+        let tmp = dir.join("router.json.tmp");
+        std::fs::write(&tmp, cfg.to_string()).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+    };
+    write(&json!({"workers": [{"url": a.base()}], "policy": {"kind": "round_robin"}}));
+    let flags = program_router::config::cli::Flags {
+        config: Some(path.clone()),
+        ..Default::default()
+    };
+    let file = program_router::config::cli::load_file(&path).expect("file");
+    let r = router_with(flags.effective(Some(file)).expect("valid"), flags).await;
+    let c = client();
+    let hash0 = get(&c, &r.url("/status")).await.json()["config"]["hash"].clone();
+
+    // A long request in flight on `a` survives a reload that removes `a`.
+    let url = r.url(CHAT);
+    let c2 = client();
+    let slow_sim_body = chat("in flight", 3);
+    let inflight = tokio::spawn(async move { post(&c2, &url, &slow_sim_body).await });
+    write(
+        &json!({"workers": [{"url": a.base()}, {"url": b.base()}], "policy": {"kind": "round_robin"}}),
+    );
+    assert!(
+        eventually(5.0, || async {
+            r.state.applied.load().targets.targets.len() == 2
+        })
+        .await,
+        "added"
+    );
+    for i in 0..6 {
+        assert_eq!(
+            post(&c, &r.url(CHAT), &chat(&format!("n{i}"), 1))
+                .await
+                .status,
+            200
+        );
+    }
+    assert!(sim_metric(&c, &b, "vllm:request_success_total", &[]).await >= 3.0);
+    write(&json!({"workers": [{"url": b.base()}], "policy": {"kind": "round_robin"}}));
+    assert!(
+        eventually(5.0, || async {
+            r.state.applied.load().targets.targets.len() == 1
+        })
+        .await,
+        "removed"
+    );
+    assert_eq!(inflight.await.expect("join").status, 200);
+    let before = sim_metric(&c, &a, "vllm:request_success_total", &[]).await;
+    for i in 0..4 {
+        assert_eq!(
+            post(&c, &r.url(CHAT), &chat(&format!("m{i}"), 1))
+                .await
+                .status,
+            200
+        );
+    }
+    assert_eq!(
+        sim_metric(&c, &a, "vllm:request_success_total", &[]).await,
+        before,
+        "removed target gets nothing"
+    );
+
+    // An invalid file is refused; the applied config stays and /status says why.
+    let applied = get(&c, &r.url("/status")).await.json()["config"]["hash"].clone();
+    assert_ne!(applied, hash0);
+    std::fs::write(&path, r#"{"workers": [{"url": "not a url"}]}"#).expect("write");
+    assert!(
+        eventually(5.0, || async {
+            !get(&c, &r.url("/status")).await.json()["last_reload_error"].is_null()
+        })
+        .await,
+        "error reported"
+    );
+    let st = get(&c, &r.url("/status")).await.json();
+    assert_eq!(st["config"]["hash"], applied);
+    assert!(
+        st["last_reload_error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("workers[0].url"),
+        "{st}"
+    );
+    assert_eq!(post(&c, &r.url(CHAT), &chat("still", 1)).await.status, 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn drain_finishes_requests_in_flight_and_turns_readiness_off() {
+    let s = sim(&["--time-scale", "10"]).await;
+    let mut r = router(workers(&[s.base()], 1)).await;
+    let c = client();
+    let url = r.url(CHAT);
+    let c2 = client();
+    let inflight = tokio::spawn(async move { post(&c2, &url, &chat("drain", 40)).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    r.server.stop();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(r.state.draining.load(std::sync::atomic::Ordering::Relaxed));
+    let resp = inflight.await.expect("join");
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.json()["usage"]["completion_tokens"], 40);
+    r.server.stopped().await;
+    // New connections are refused once drained.
+    let refused = tokio::net::TcpStream::connect(r.server.addr).await;
+    assert!(refused.is_err());
+}
+
+#[tokio::test]
+async fn status_reports_config_targets_and_observations() {
+    let s = sim(&["--instant", "-d", "2"]).await;
+    let mut cfg = workers(&[s.base()], 2);
+    cfg.policy.kind = PolicyKind::PowerOfTwo;
+    cfg.observation.interval_secs = 0.1;
+    let r = router(cfg).await;
+    let c = client();
+    let ok = eventually(3.0, || async {
+        let st = get(&c, &r.url("/status")).await.json();
+        st["targets"]
+            .as_array()
+            .is_some_and(|t| t.iter().all(|t| t["observation_fresh"] == true))
+    })
+    .await;
+    assert!(ok, "power_of_two polls backend metrics");
+    let st = get(&c, &r.url("/status")).await.json();
+    assert_eq!(st["ready"], true);
+    assert_eq!(st["config"]["policy"], "power_of_two");
+    assert_eq!(st["config"]["source"], "flags");
+    assert_eq!(st["config"]["hash"].as_str().map(str::len), Some(16));
+    let t = st["targets"].as_array().expect("targets");
+    assert_eq!(t.len(), 2);
+    assert_eq!(t[1]["id"], format!("{}@1", s.base()));
+    assert_eq!(t[1]["dp_rank"], 1);
+    assert_eq!(t[1]["healthy"], true);
+    assert_eq!(t[1]["circuit"], "closed");
+    for i in 0..4 {
+        assert_eq!(
+            post(&c, &r.url(CHAT), &chat(&format!("p{i}"), 1))
+                .await
+                .status,
+            200
+        );
+    }
+}

@@ -568,7 +568,6 @@ async fn hot_reload_adds_removes_and_refuses_bad_files() {
 async fn drain_finishes_requests_in_flight_and_turns_readiness_off() {
     let s = sim(&["--time-scale", "10"]).await;
     let mut r = router(workers(&[s.base()], 1)).await;
-    let c = client();
     let url = r.url(CHAT);
     let c2 = client();
     let inflight = tokio::spawn(async move { post(&c2, &url, &chat("drain", 40)).await });

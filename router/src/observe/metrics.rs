@@ -24,6 +24,27 @@ pub struct Metrics {
     pub tokens: IntCounterVec,
     pub ttfb: Histogram,
     pub config_reloads: IntCounterVec,
+    routes: Vec<(&'static str, RouteMetrics)>,
+}
+
+/// The `route` label values (a closed set).
+pub const ROUTES: [&str; 8] = [
+    "/health",
+    "/readiness",
+    "/status",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/other",
+    "other",
+];
+
+/// Per-route handles, resolved once.
+#[derive(Clone)]
+pub struct RouteMetrics {
+    pub requests: IntCounter,
+    pub duration: Histogram,
+    pub retries: IntCounter,
 }
 
 const DURATION_BUCKETS: &[f64] = &[
@@ -128,8 +149,37 @@ impl Metrics {
                 ),
                 &["result"]
             )?),
+            routes: Vec::new(),
             registry,
-        })
+        }
+        .with_routes())
+    }
+
+    fn with_routes(mut self) -> Self {
+        self.routes = ROUTES
+            .iter()
+            .map(|r| {
+                (
+                    *r,
+                    RouteMetrics {
+                        requests: self.requests.with_label_values(&[r]),
+                        duration: self.request_duration.with_label_values(&[r]),
+                        retries: self.retries.with_label_values(&[r]),
+                    },
+                )
+            })
+            .collect();
+        self
+    }
+
+    /// Handles of `route` (one of [`ROUTES`]; anything else counts as `other`).
+    pub fn route(&self, route: &str) -> &RouteMetrics {
+        let i = self
+            .routes
+            .iter()
+            .position(|(r, _)| *r == route)
+            .unwrap_or(self.routes.len() - 1);
+        &self.routes[i].1
     }
 
     /// Forgets every series of a removed target.

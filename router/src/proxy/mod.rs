@@ -58,7 +58,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 pub struct Outbound<'a> {
     pub route: &'static str,
     pub method: Method,
-    pub path_and_query: &'a str,
+    pub path_and_query: http::uri::PathAndQuery,
     pub headers: &'a HeaderMap,
     pub body: Bytes,
     pub info: RequestInfo<'a>,
@@ -73,9 +73,12 @@ fn upstream_request(
     target: &TargetState,
     out: &Outbound<'_>,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
-    let uri: Uri = format!("{}{}", target.backend.url, out.path_and_query)
-        .parse()
-        .map_err(|e| ApiError::bad_request(format!("invalid request path: {e}")))?;
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(target.backend.scheme.clone());
+    parts.authority = target.backend.authority.clone();
+    parts.path_and_query = Some(out.path_and_query.clone());
+    let uri = Uri::from_parts(parts)
+        .map_err(|e| ApiError::upstream(format!("invalid upstream URI: {e}")))?;
     let mut req = Request::builder().method(out.method.clone()).uri(uri);
     let h = req
         .headers_mut()
@@ -128,7 +131,7 @@ pub async fn forward(
     let mut last_error = ApiError::no_target();
     for attempt in 1..=cfg.retry.max_retries {
         if attempt > 1 {
-            state.metrics.retries.with_label_values(&[out.route]).inc();
+            state.metrics.route(out.route).retries.inc();
             tokio::time::sleep(backoff(&cfg.retry, attempt - 1)).await;
         }
         let now = Instant::now();
@@ -260,8 +263,8 @@ impl Finish for Completion {
         }
         self.state
             .metrics
-            .request_duration
-            .with_label_values(&[self.route])
+            .route(self.route)
+            .duration
             .observe(self.received.elapsed().as_secs_f64());
         tracing::debug!(target_id = %target.id, status = self.status.as_u16(), ?end, ?usage, "request finished");
     }

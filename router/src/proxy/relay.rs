@@ -57,8 +57,15 @@ const TAIL: usize = 16 * 1024;
 const MAX_EVENT: usize = 4 * 1024 * 1024;
 
 enum Tap {
-    Sse { pending: BytesMut, filter: bool },
-    Json { tail: BytesMut },
+    Sse {
+        pending: BytesMut,
+        filter: bool,
+    },
+    /// The last chunks of a JSON body (shared, not copied), at least `TAIL` bytes when available.
+    Json {
+        tail: std::collections::VecDeque<Bytes>,
+        len: usize,
+    },
 }
 
 /// The relaying body.
@@ -67,7 +74,9 @@ pub struct Relay {
     tap: Tap,
     usage: Option<Usage>,
     finish: Option<Box<dyn Finish>>,
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    deadline: Option<tokio::time::Instant>,
+    /// Armed only once the body has to wait (most short bodies never do).
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// The error that cuts the client's stream.
@@ -94,7 +103,8 @@ impl Relay {
             }
         } else {
             Tap::Json {
-                tail: BytesMut::new(),
+                tail: Default::default(),
+                len: 0,
             }
         };
         Relay {
@@ -102,15 +112,25 @@ impl Relay {
             tap,
             usage: None,
             finish: Some(finish),
-            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+            deadline,
+            timer: None,
         }
     }
 
     fn end(&mut self, end: End) {
-        if let Tap::Json { tail } = &self.tap
+        if let Tap::Json { tail, .. } = &self.tap
             && end == End::Complete
         {
-            self.usage = usage_in_json_tail(tail);
+            self.usage = match tail.len() {
+                0 => None,
+                1 => usage_in_json_tail(&tail[0]),
+                _ => usage_in_json_tail(
+                    &tail
+                        .iter()
+                        .flat_map(|b| b.iter().copied())
+                        .collect::<Vec<u8>>(),
+                ),
+            };
         }
         if let Some(f) = self.finish.take() {
             f.finish(end, self.usage);
@@ -120,11 +140,13 @@ impl Relay {
     /// Processes one upstream chunk; returns what goes to the client.
     fn process(&mut self, chunk: Bytes) -> Bytes {
         match &mut self.tap {
-            Tap::Json { tail } => {
-                tail.extend_from_slice(&chunk);
-                if tail.len() > 2 * TAIL {
-                    let cut = tail.len() - TAIL;
-                    let _ = tail.split_to(cut);
+            Tap::Json { tail, len } => {
+                *len += chunk.len();
+                tail.push_back(chunk.clone());
+                while tail.front().is_some_and(|f| *len - f.len() >= TAIL) {
+                    if let Some(f) = tail.pop_front() {
+                        *len -= f.len();
+                    }
                 }
                 chunk
             }
@@ -163,7 +185,8 @@ impl Relay {
                     }
                     pending.clear();
                     self.tap = Tap::Json {
-                        tail: BytesMut::new(),
+                        tail: Default::default(),
+                        len: 0,
                     };
                     return if filter { out.freeze() } else { chunk };
                 }
@@ -225,15 +248,27 @@ impl HttpBody for Relay {
         if this.finish.is_none() {
             return Poll::Ready(None);
         }
-        if let Some(d) = &mut this.deadline
-            && d.as_mut().poll(cx).is_ready()
+        if let Some(t) = &mut this.timer
+            && t.as_mut().poll(cx).is_ready()
         {
             this.end(End::Abandoned);
             return Poll::Ready(Some(Err(RelayError::Deadline)));
         }
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    if this.timer.is_none()
+                        && let Some(d) = this.deadline
+                    {
+                        let mut t = Box::pin(tokio::time::sleep_until(d));
+                        if t.as_mut().poll(cx).is_ready() {
+                            this.end(End::Abandoned);
+                            return Poll::Ready(Some(Err(RelayError::Deadline)));
+                        }
+                        this.timer = Some(t);
+                    }
+                    return Poll::Pending;
+                }
                 Poll::Ready(None) => {
                     if let Tap::Sse {
                         pending,

@@ -151,7 +151,7 @@ async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Bod
         tracing::info_span!("request", id = ?request_id, method = %req.method(), path = %path);
     async move {
         let route = route_label(req.method(), &path);
-        state.metrics.requests.with_label_values(&[route]).inc();
+        state.metrics.route(route).requests.inc();
         let mut resp = match dispatch(&state, req, route, &request_id, received).await {
             Ok(r) => r,
             Err(e) => {
@@ -161,7 +161,7 @@ async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Bod
                 } else {
                     tracing::debug!(status = e.status.as_u16(), code = e.code, message = %e.message, "request refused");
                 }
-                state.metrics.request_duration.with_label_values(&[route]).observe(received.elapsed().as_secs_f64());
+                state.metrics.route(route).duration.observe(received.elapsed().as_secs_f64());
                 e.into_response()
             }
         };
@@ -263,8 +263,8 @@ async fn dispatch(
     let path_and_query = req
         .uri()
         .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or(path.clone());
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     let (parts, body) = read_body(state, req).await?;
     let applied = state.applied.load_full();
     if !generate {
@@ -274,7 +274,7 @@ async fn dispatch(
             Outbound {
                 route,
                 method,
-                path_and_query: &path_and_query,
+                path_and_query: path_and_query.clone(),
                 headers: &parts.headers,
                 body,
                 info: RequestInfo::default(),
@@ -308,7 +308,7 @@ async fn dispatch(
         Outbound {
             route,
             method,
-            path_and_query: &path_and_query,
+            path_and_query: path_and_query.clone(),
             headers: &parts.headers,
             body: outgoing.body.clone(),
             info,

@@ -29,6 +29,9 @@ pub struct Observation {
 /// One base URL: health (checked once per URL, not per rank) and observations.
 pub struct Backend {
     pub url: String,
+    /// `url` split once, so the request path builds URIs without parsing.
+    pub scheme: http::uri::Scheme,
+    pub authority: Option<http::uri::Authority>,
     healthy: AtomicBool,
     checked: AtomicBool,
     ok_streak: AtomicU32,
@@ -38,7 +41,13 @@ pub struct Backend {
 
 impl Backend {
     pub fn new(url: String) -> Self {
+        let parts = url.parse::<http::Uri>().ok().map(http::Uri::into_parts);
         Backend {
+            scheme: parts
+                .as_ref()
+                .and_then(|p| p.scheme.clone())
+                .unwrap_or(http::uri::Scheme::HTTP),
+            authority: parts.and_then(|p| p.authority),
             url,
             healthy: AtomicBool::new(false),
             checked: AtomicBool::new(false),

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Router overhead, side by side in one run: wrk (c=64, 1-token chat completions) against
+#   1. vllm-sim directly (--instant: steps take no time),
+#   2. program-router in front of it,
+#   3. vllm-router 0.1.17 (PyPI) in front of it.
+# Prints req/s, p50/p99 latency, ratios and the routers' peak RSS. Loopback only; every process
+# started here is stopped at the end.
+#
+# Env: DURATION (default 10s), CONNS (64), PROGSCHED_VENV (venv with vllm-router), CARGO_TARGET_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10s}
+CONNS=${CONNS:-64}
+venv="${PROGSCHED_VENV:-$HOME/.cache/progsched/venv}"
+target="${CARGO_TARGET_DIR:-target}"
+command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)" >&2; exit 1; }
+[ -x "$venv/bin/vllm-router" ] || { echo "vllm-router not found in $venv (pip install vllm-router==0.1.17)" >&2; exit 1; }
+cargo build --release --locked -q -p vllm-sim -p program-router
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_up() { for _ in $(seq 1 100); do curl -fs "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not up: $1" >&2; exit 1; }
+
+lua=$(mktemp)
+cat > "$lua" <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":1}'
+wrk.headers["Content-Type"] = "application/json"
+LUA
+
+sim_port=$(free_port)
+"$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
+wait_up "http://127.0.0.1:$sim_port/health"
+
+pr_port=$(free_port); pr_prom=$(free_port)
+"$target/release/program-router" --port "$pr_port" --prometheus-port "$pr_prom" \
+  --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & pr_pid=$!; pids+=($pr_pid)
+wait_up "http://127.0.0.1:$pr_port/readiness"
+
+vr_port=$(free_port); vr_prom=$(free_port)
+"$venv/bin/vllm-router" --host 127.0.0.1 --port "$vr_port" --worker-urls "http://127.0.0.1:$sim_port" \
+  --policy round_robin --prometheus-host 127.0.0.1 --prometheus-port "$vr_prom" --log-level warning >/dev/null 2>&1 & vr_pid=$!; pids+=($vr_pid)
+wait_up "http://127.0.0.1:$vr_port/health"
+
+cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+
+run() { # name url pid
+  local out rps p50 p99 rss n c0 c1 cpu
+  [ -n "$3" ] && c0=$(cpu_ticks "$3")
+  out=$(wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$lua" "$2/v1/chat/completions")
+  echo "$out" | grep -qE "Non-2xx|Socket errors" && { echo "$1: errors during the run:" >&2; echo "$out" >&2; exit 1; }
+  rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+  p50=$(echo "$out" | awk '$1=="50%" {print $2}')
+  p99=$(echo "$out" | awk '$1=="99%" {print $2}')
+  rss="-"; cpu="-"
+  n=$(echo "$out" | awk '/requests in/ {print $1}')
+  if [ -n "$3" ]; then
+    rss=$(awk '/VmHWM/ {printf "%.0f MiB", $2/1024}' "/proc/$3/status")
+    c1=$(cpu_ticks "$3")
+    cpu=$(awk -v t=$((c1 - c0)) -v n="$n" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
+  fi
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$rps" "$p50" "$p99" "$cpu" "$rss"
+}
+
+to_ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v/1000 } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v } else { sub(/s$/,"",v); print v*1000 } }'; }
+
+# Warm up each path, then measure.
+for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$vr_port"; do
+  wrk -t1 -c"$CONNS" -d2s -s "$lua" "$u/v1/chat/completions" >/dev/null
+done
+results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; } )
+printf 'path\treq/s\tp50\tp99\trouter CPU us/req\tpeak RSS\n%s\n' "$results" | column -t -s $'\t'
+d=$(echo "$results" | awk -F'\t' '$1=="direct" {print $2}')
+p=$(echo "$results" | awk -F'\t' '$1=="program-router" {print $2}')
+v=$(echo "$results" | awk -F'\t' '$1=="vllm-router" {print $2}')
+pp99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="program-router" {print $4}')")
+vp99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="vllm-router" {print $4}')")
+pc=$(echo "$results" | awk -F'\t' '$1=="program-router" {print $5}')
+vc=$(echo "$results" | awk -F'\t' '$1=="vllm-router" {print $5}')
+awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc="$vc" 'BEGIN {
+  printf "\nprogram-router / vllm-router CPU per request: %.2fx\n", pc/vc;
+  printf "program-router / vllm-router throughput: %.2fx\n", p/v;
+  printf "program-router / direct throughput:      %.2fx\n", p/d;
+  printf "program-router / vllm-router p99:        %.2fx\n", pp/vp }'
+rm -f "$lua"

@@ -1,0 +1,71 @@
+"""program-router with real clients: the OpenAI SDK through a router started with vllm-router's flags."""
+
+import httpx
+import openai
+import pytest
+
+from conftest import binary, free_port, wait_http
+
+
+@pytest.fixture
+def router(sim, spawn):
+    def start(*flags, dp="2"):
+        backend = sim("--data-parallel-size", dp, "--time-scale", "20")
+        port, prom = free_port(), free_port()
+        pr = spawn(
+            [binary("program-router"), "--host", "127.0.0.1", "--port", str(port),
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
+             "--worker-urls", backend, "--intra-node-data-parallel-size", dp, *flags],
+            "program-router",
+        )
+        try:
+            wait_http(f"http://127.0.0.1:{port}/readiness")
+        except TimeoutError:
+            pytest.fail(f"program-router did not become ready:\n{pr.output()}")
+        return f"http://127.0.0.1:{port}", f"http://127.0.0.1:{prom}"
+
+    return start
+
+
+def test_openai_sdk_through_the_router(router):
+    url, prom = router("--policy", "consistent_hash", "--request-timeout-secs", "60", "--retry-max-retries", "3")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    assert [m.id for m in client.models.list().data] == ["sim-model"]
+    r = client.chat.completions.create(
+        model="sim-model", messages=[{"role": "user", "content": "hello"}], max_tokens=5,
+        extra_headers={"x-session-id": "s-1"},
+    )
+    assert r.usage.completion_tokens == 5
+    chunks = list(client.chat.completions.create(
+        model="sim-model", messages=[{"role": "user", "content": "stream"}], max_tokens=4, stream=True,
+        extra_headers={"x-session-id": "s-1"},
+    ))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).count(" w") == 4
+    assert all(c.usage is None for c in chunks), "the router's own usage request stays invisible"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+    metrics = httpx.get(f"{prom}/metrics").text
+    assert 'vllm_router_requests_total{route="/v1/chat/completions"} 3' in metrics
+    completion = sum(
+        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+        if line.startswith("vllm_router_tokens_total") and 'kind="completion"' in line
+    )
+    assert completion == 9.0, metrics
+    status = httpx.get(f"{url}/status").json()
+    assert status["ready"] and len(status["targets"]) == 2
+
+
+def test_invalid_flags_fail_fast_with_the_field_name(spawn):
+    import subprocess
+    out = subprocess.run(
+        [binary("program-router"), "--program-scheduling-config-json", "{}"], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 2
+    assert "--enable-program-scheduling" in out.stderr
+    out = subprocess.run(
+        [binary("program-router"), "--enable-program-scheduling", "--program-scheduling-config-json",
+         '{"low_watermark_ratio": 2}', "config", "print"], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 2
+    assert "program_scheduling.high_watermark_ratio" in out.stderr

@@ -26,7 +26,11 @@ fn paths(schema: &Value, root: &Value, prefix: &str, out: &mut BTreeSet<String>)
     let schema = resolve(schema);
     if let Some(props) = schema.get("properties").and_then(Value::as_object) {
         for (k, v) in props {
-            let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
             out.insert(path.clone());
             let v = resolve(v);
             if let Some(items) = v.get("items") {
@@ -44,13 +48,30 @@ fn every_schema_field_is_documented_and_nothing_else() {
     let mut want = BTreeSet::new();
     paths(&schema, &schema, "", &mut want);
     // Object-valued parents are documented through their fields.
-    let parents: Vec<String> = ["policy", "limits", "health", "retry", "circuit_breaker", "observation"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain(["program_scheduling.prefill_cost_model", "program_scheduling.decode_throughput_model"].map(String::from))
-        .collect();
+    let parents: Vec<String> = [
+        "policy",
+        "limits",
+        "health",
+        "retry",
+        "circuit_breaker",
+        "observation",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(
+        [
+            "program_scheduling.prefill_cost_model",
+            "program_scheduling.decode_throughput_model",
+        ]
+        .map(String::from),
+    )
+    .collect();
     want.retain(|p| !parents.contains(p));
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md")).expect("docs");
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/configuration.md"
+    ))
+    .expect("docs");
     let documented: BTreeSet<String> = doc
         .lines()
         .filter(|l| l.starts_with("| `"))
@@ -58,15 +79,33 @@ fn every_schema_field_is_documented_and_nothing_else() {
         .collect();
     let missing: Vec<_> = want.difference(&documented).collect();
     let unknown: Vec<_> = documented.difference(&want).collect();
-    assert!(missing.is_empty(), "fields missing from docs/configuration.md: {missing:?}");
-    assert!(unknown.is_empty(), "documented fields that the schema lacks: {unknown:?}");
-    assert!(want.len() > 60, "schema walk found only {} fields", want.len());
+    assert!(
+        missing.is_empty(),
+        "fields missing from docs/configuration.md: {missing:?}"
+    );
+    assert!(
+        unknown.is_empty(),
+        "documented fields that the schema lacks: {unknown:?}"
+    );
+    assert!(
+        want.len() > 60,
+        "schema walk found only {} fields",
+        want.len()
+    );
 }
 
 #[test]
 fn the_documented_example_is_valid() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md")).expect("docs");
-    let json = doc.split("```json").nth(1).and_then(|s| s.split("```").next()).expect("example block");
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/configuration.md"
+    ))
+    .expect("docs");
+    let json = doc
+        .split("```json")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("example block");
     let cfg = program_router::config::cli::parse_config(json.as_bytes()).expect("example parses");
     cfg.validate().expect("example validates");
     assert_eq!(cfg.targets().len(), 4);

@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod observe;
 pub mod policies;
+pub mod program;
 pub mod proxy;
 pub mod run;
 pub mod server;

@@ -1,0 +1,14 @@
+//! Program scheduling: requests that carry Program identity are grouped into Programs, admitted by
+//! capacity, retained in a RequestPool when a rank is full, and keep their KV across short tool
+//! calls through Progress-TTL (spec: the reference router's `program_scheduling.md`).
+//!
+//! Everything here is pure — [`scheduler::Scheduler`] takes events with an explicit `now` and
+//! returns decisions; the data plane drives it.
+
+pub mod cost;
+pub mod identity;
+pub mod scheduler;
+pub mod window;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1002 @@
+//! The Program scheduler: a pure state machine — events with an explicit `now` in, decisions out.
+//!
+//! Owns Program lifecycle (reasoning → acting with a Progress-TTL → paused → released), the
+//! RequestPool (per-rank retained requests, queue timeouts, force resume), admission (token
+//! capacity with watermarks, Program-count guard, vLLM waiting gate), resume ordering, cross-rank
+//! resume, segment yield and capacity repair. No I/O, no clock reads, no async: the data plane
+//! calls it under a lock and acts on the returned [`Decision`]s.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+
+use rustc_hash::FxHashMap;
+
+use super::cost::cache_miss_impact_seconds;
+use super::identity::Identity;
+use super::window::{Window, best_ttl};
+use crate::config::ProgramSchedulingConfig;
+use crate::config::program::ResumeOrder;
+
+/// The data plane's id for one request.
+pub type Ticket = u64;
+/// Index of a rank (target) in the scheduler.
+pub type Rank = usize;
+
+/// A request entering Program scheduling.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub ticket: Ticket,
+    pub model: String,
+    pub identity: Identity,
+    /// Estimated prompt tokens of this request.
+    pub prompt_tokens: u64,
+}
+
+/// What the data plane must do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Dispatch {
+        ticket: Ticket,
+        rank: Rank,
+    },
+    Reject {
+        ticket: Ticket,
+        reason: RejectReason,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// Retained longer than `queue_timeout_seconds` (or the request's deadline).
+    QueueTimeout,
+}
+
+/// Usage of a finished request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+/// A backend observation of one rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Observation {
+    pub waiting: f64,
+    pub running: f64,
+    pub kv_usage: f64,
+    /// KV token capacity from `vllm:cache_config_info`.
+    pub token_capacity: Option<u64>,
+}
+
+/// Why a Program left the active set (a bounded label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseReason {
+    TtlExpired,
+    NoResumeExpected,
+    SegmentYield,
+    CapacityRepair,
+    Cancelled,
+}
+
+impl PauseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseReason::TtlExpired => "ttl_expired",
+            PauseReason::NoResumeExpected => "no_resume_expected",
+            PauseReason::SegmentYield => "max_segment_yield",
+            PauseReason::CapacityRepair => "capacity_repair",
+            PauseReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Where a rank's capacity comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapacitySource {
+    Configured,
+    Observed,
+    /// No token capacity: the Program-count guard alone.
+    ProgramCount,
+}
+
+impl CapacitySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CapacitySource::Configured => "configured",
+            CapacitySource::Observed => "backend_cache_config",
+            CapacitySource::ProgramCount => "program_count",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Phase {
+    New,
+    Reasoning,
+    Acting { until: f64 },
+    Paused { since: f64, reason: PauseReason },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Program {
+    pub key: (String, String),
+    pub rank: Rank,
+    pub phase: Phase,
+    pub in_flight: u32,
+    pub retained: u32,
+    pub context_tokens: u64,
+    /// Tokens this Program holds in its rank's ledger while active.
+    pub reserved: u64,
+    pub last_step: Option<u64>,
+    pub last_activity: f64,
+    pub last_complete: Option<f64>,
+    pub placed_at: f64,
+    pub rounds: u32,
+    pub yielded: bool,
+    pub pause_on_complete: bool,
+    pub timer_gen: u64,
+    pub identity: Identity,
+    pub armed_ttl: f64,
+}
+
+impl Program {
+    fn active(&self) -> bool {
+        matches!(self.phase, Phase::Reasoning | Phase::Acting { .. })
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Retained {
+    program: usize,
+    rank: Rank,
+    key: QueueKey,
+    forced: bool,
+    demand: u64,
+}
+
+/// Order within a rank's queue: forced first, then higher priority, then not-yielded, then
+/// MRU/FCFS; the ticket breaks ties.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct QueueKey {
+    not_forced: bool,
+    neg_priority: i64,
+    yielded: bool,
+    order: i64,
+    ticket: Ticket,
+}
+
+#[derive(Debug, Clone)]
+struct InFlight {
+    program: usize,
+    rank: Rank,
+    kv_retention_ttl: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum TimerKind {
+    // Order matters for equal times: force resume before queue timeout.
+    ForceResume,
+    QueueTimeout,
+    TtlExpiry,
+    Release,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Timer {
+    at_us: i64,
+    kind: TimerKind,
+    id: u64,
+    generation: u64,
+}
+
+/// Per-rank state.
+#[derive(Debug, Clone)]
+pub(crate) struct RankState {
+    pub id: String,
+    pub used_tokens: u64,
+    pub active_programs: u32,
+    pub queue: BTreeSet<QueueKeyPub>,
+    pub observation: Option<(f64, Observation)>,
+    pub intervals: Window,
+    pub growth: Window,
+}
+
+/// Public alias so diagnostics can count queue entries without seeing the key layout.
+pub(crate) type QueueKeyPub = (bool, i64, bool, i64, Ticket);
+
+fn qk(k: &QueueKey) -> QueueKeyPub {
+    (k.not_forced, k.neg_priority, k.yielded, k.order, k.ticket)
+}
+
+/// Counters exposed as metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Counters {
+    pub admitted: u64,
+    pub retained: u64,
+    pub queue_timeouts: u64,
+    pub force_resumes: u64,
+    pub cross_rank_migrations: u64,
+    pub pauses: FxHashMap<&'static str, u64>,
+    pub ttl_hits: u64,
+}
+
+/// Something worth logging or counting that happened during an event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Note {
+    Admit {
+        program: String,
+        rank: Rank,
+        forced: bool,
+    },
+    Pause {
+        program: String,
+        rank: Rank,
+        reason: PauseReason,
+    },
+    TtlArmed {
+        program: String,
+        rank: Rank,
+        seconds: f64,
+    },
+    QueueWait {
+        rank: Rank,
+        seconds: f64,
+    },
+    Interval {
+        rank: Rank,
+        seconds: f64,
+    },
+    CacheMissImpact {
+        rank: Rank,
+        seconds: f64,
+    },
+}
+
+/// The scheduler.
+pub struct Scheduler {
+    pub(crate) cfg: ProgramSchedulingConfig,
+    pub(crate) ranks: Vec<RankState>,
+    pub(crate) programs: Vec<Option<Program>>,
+    free_slots: Vec<usize>,
+    index: FxHashMap<(String, String), usize>,
+    retained: FxHashMap<Ticket, Retained>,
+    retained_at: FxHashMap<Ticket, f64>,
+    in_flight: FxHashMap<Ticket, InFlight>,
+    timers: BinaryHeap<Reverse<Timer>>,
+    arrivals: i64,
+    rr: usize,
+    pub counters: Counters,
+    pub notes: Vec<Note>,
+}
+
+fn us(t: f64) -> i64 {
+    (t * 1e6) as i64
+}
+
+impl Scheduler {
+    /// A scheduler for ranks named `rank_ids` (indices are the data plane's).
+    pub fn new(cfg: ProgramSchedulingConfig, rank_ids: Vec<String>) -> Self {
+        let w = cfg.stats_window_size as usize;
+        let ranks = rank_ids
+            .into_iter()
+            .map(|id| RankState {
+                id,
+                used_tokens: 0,
+                active_programs: 0,
+                queue: BTreeSet::new(),
+                observation: None,
+                intervals: Window::new(w),
+                growth: Window::new(w),
+            })
+            .collect();
+        Scheduler {
+            cfg,
+            ranks,
+            programs: Vec::new(),
+            free_slots: Vec::new(),
+            index: FxHashMap::default(),
+            retained: FxHashMap::default(),
+            retained_at: FxHashMap::default(),
+            in_flight: FxHashMap::default(),
+            timers: BinaryHeap::new(),
+            arrivals: 0,
+            rr: 0,
+            counters: Counters::default(),
+            notes: Vec::new(),
+        }
+    }
+
+    pub fn num_ranks(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Requests waiting in the RequestPool.
+    pub fn retained_requests(&self) -> usize {
+        self.retained.len()
+    }
+
+    /// Token capacity of `rank` and where it comes from.
+    pub fn capacity(&self, rank: Rank) -> (Option<u64>, CapacitySource) {
+        if let Some(c) = self.cfg.token_capacity_per_dp_rank {
+            return (Some(c), CapacitySource::Configured);
+        }
+        match self.ranks[rank]
+            .observation
+            .and_then(|(_, o)| o.token_capacity)
+        {
+            Some(c) => (Some(c), CapacitySource::Observed),
+            None => (None, CapacitySource::ProgramCount),
+        }
+    }
+
+    fn timer(&mut self, at: f64, kind: TimerKind, id: u64, generation: u64) {
+        self.timers.push(Reverse(Timer {
+            at_us: us(at),
+            kind,
+            id,
+            generation,
+        }));
+    }
+
+    fn program(&self, slot: usize) -> &Program {
+        self.programs[slot].as_ref().expect("live program slot")
+    }
+
+    fn program_mut(&mut self, slot: usize) -> &mut Program {
+        self.programs[slot].as_mut().expect("live program slot")
+    }
+
+    /// Initial home rank of a new Program.
+    fn bind(&mut self, program_id: &str) -> Rank {
+        use crate::config::program::BindingStrategy as B;
+        let n = self.ranks.len();
+        match self.cfg.binding_strategy {
+            B::ConsistentHash | B::CacheAware => {
+                // Rendezvous hashing: stable, and adding a rank moves only its share.
+                (0..n)
+                    .max_by_key(|r| {
+                        crate::policies::stable_hash(
+                            format!("{program_id}#{}", self.ranks[*r].id).as_bytes(),
+                        )
+                    })
+                    .unwrap_or(0)
+            }
+            B::ProgramRoundRobin => {
+                self.rr = (self.rr + 1) % n.max(1);
+                self.rr
+            }
+            B::LeastProgramCount => (0..n)
+                .min_by_key(|r| (self.ranks[*r].active_programs, *r))
+                .unwrap_or(0),
+            B::ReasoningTokenBalance => (0..n)
+                .min_by_key(|r| (self.ranks[*r].used_tokens, *r))
+                .unwrap_or(0),
+        }
+    }
+
+    fn demand(&self, p: &Program, prompt_tokens: u64, expected_output: Option<u64>) -> u64 {
+        let growth = if self.ranks[p.rank].growth.complete() {
+            self.ranks[p.rank].growth.mean().unwrap_or(0.0).max(0.0) as u64
+        } else {
+            0
+        };
+        p.context_tokens.max(prompt_tokens)
+            + expected_output.unwrap_or(self.cfg.decode_buffer_tokens)
+            + growth
+    }
+
+    fn observation_fresh(&self, rank: Rank, now: f64) -> Option<Observation> {
+        let (at, o) = self.ranks[rank].observation?;
+        (now - at <= 3.0 * self.cfg.metrics_interval_seconds).then_some(o)
+    }
+
+    /// Whether `rank` can take a Program needing `demand` more tokens. A forced resume skips the
+    /// Program-count guard and the waiting gate, but not token capacity (physical KV), unless the
+    /// rank holds no active Program at all (a demand larger than the rank would never run).
+    fn can_admit(&self, rank: Rank, demand: u64, now: f64, forced: bool) -> bool {
+        let r = &self.ranks[rank];
+        if forced {
+            return r.active_programs == 0
+                || self.capacity(rank).0.is_none_or(|cap| {
+                    (r.used_tokens + demand) as f64 <= cap as f64 * self.cfg.low_watermark_ratio
+                });
+        }
+        if self.cfg.admission_waiting_request_threshold > 0
+            && let Some(o) = self.observation_fresh(rank, now)
+            && o.waiting >= f64::from(self.cfg.admission_waiting_request_threshold)
+        {
+            return false;
+        }
+        if r.active_programs >= self.cfg.max_active_programs_per_target {
+            return false;
+        }
+        match self.capacity(rank).0 {
+            Some(cap) => {
+                (r.used_tokens + demand) as f64 <= cap as f64 * self.cfg.low_watermark_ratio
+            }
+            None => true,
+        }
+    }
+
+    fn activate(&mut self, slot: usize, rank: Rank, demand: u64, now: f64) {
+        let p = self.program_mut(slot);
+        let was_active = p.active();
+        let old_rank = p.rank;
+        let old_reserved = p.reserved;
+        p.rank = rank;
+        p.phase = Phase::Reasoning;
+        p.reserved = demand;
+        p.last_activity = now;
+        if !was_active || old_rank != rank {
+            p.placed_at = now;
+        }
+        if was_active {
+            self.ranks[old_rank].used_tokens = self.ranks[old_rank]
+                .used_tokens
+                .saturating_sub(old_reserved);
+            self.ranks[old_rank].active_programs =
+                self.ranks[old_rank].active_programs.saturating_sub(1);
+        }
+        self.ranks[rank].used_tokens += demand;
+        self.ranks[rank].active_programs += 1;
+    }
+
+    fn pause(&mut self, slot: usize, reason: PauseReason, now: f64) {
+        let p = self.program_mut(slot);
+        if !p.active() {
+            return;
+        }
+        let (rank, reserved) = (p.rank, p.reserved);
+        p.phase = Phase::Paused { since: now, reason };
+        p.reserved = 0;
+        p.rounds = 0;
+        p.yielded = reason == PauseReason::SegmentYield;
+        p.pause_on_complete = false;
+        p.timer_gen += 1;
+        let generation = p.timer_gen;
+        let name = p.key.1.clone();
+        self.ranks[rank].used_tokens = self.ranks[rank].used_tokens.saturating_sub(reserved);
+        self.ranks[rank].active_programs = self.ranks[rank].active_programs.saturating_sub(1);
+        *self.counters.pauses.entry(reason.as_str()).or_default() += 1;
+        self.notes.push(Note::Pause {
+            program: name,
+            rank,
+            reason,
+        });
+        let release_at = now + self.cfg.paused_retention_ttl_seconds;
+        self.timer(release_at, TimerKind::Release, slot as u64, generation);
+    }
+
+    /// A request with Program identity arrives.
+    pub fn on_arrival(&mut self, now: f64, a: Arrival) -> Vec<Decision> {
+        self.arrivals += 1;
+        let key = (a.model.clone(), a.identity.program_id.clone());
+        let slot = match self.index.get(&key) {
+            Some(s) => *s,
+            None => {
+                let rank = self.bind(&a.identity.program_id);
+                let p = Program {
+                    key: key.clone(),
+                    rank,
+                    phase: Phase::New,
+                    in_flight: 0,
+                    retained: 0,
+                    context_tokens: 0,
+                    reserved: 0,
+                    last_step: None,
+                    last_activity: now,
+                    last_complete: None,
+                    placed_at: now,
+                    rounds: 0,
+                    yielded: false,
+                    pause_on_complete: false,
+                    timer_gen: 0,
+                    identity: a.identity.clone(),
+                    armed_ttl: 0.0,
+                };
+                let slot = match self.free_slots.pop() {
+                    Some(s) => {
+                        self.programs[s] = Some(p);
+                        s
+                    }
+                    None => {
+                        self.programs.push(Some(p));
+                        self.programs.len() - 1
+                    }
+                };
+                self.index.insert(key, slot);
+                slot
+            }
+        };
+        let mut out = Vec::new();
+        let binding_only = self.cfg.binding_only;
+        let p = self.program_mut(slot);
+        let step = a
+            .identity
+            .step_id
+            .unwrap_or_else(|| p.last_step.map_or(0, |s| s + 1));
+        p.last_step = Some(step);
+        p.identity = Identity {
+            step_id: Some(step),
+            ..a.identity.clone()
+        };
+        let interval = p.last_complete.map(|t| now - t);
+        let (rank, phase) = (p.rank, p.phase);
+        if let Some(iv) = interval {
+            self.ranks[rank].intervals.push(iv);
+            self.notes.push(Note::Interval { rank, seconds: iv });
+        }
+        let inflight = InFlight {
+            program: slot,
+            rank,
+            kv_retention_ttl: a.identity.kv_retention_ttl_seconds,
+        };
+        if binding_only {
+            let p = self.program_mut(slot);
+            p.in_flight += 1;
+            p.last_activity = now;
+            self.in_flight.insert(a.ticket, inflight);
+            out.push(Decision::Dispatch {
+                ticket: a.ticket,
+                rank,
+            });
+            return out;
+        }
+        let holds_capacity = match phase {
+            Phase::Reasoning => true,
+            Phase::Acting { until } if until >= now => {
+                self.counters.ttl_hits += 1;
+                true
+            }
+            _ => false,
+        };
+        if holds_capacity && self.program(slot).retained == 0 {
+            // Acting and reasoning Programs keep their place: never reclaimed by admission.
+            let demand = self.demand(
+                self.program(slot),
+                a.prompt_tokens,
+                a.identity.expected_output_length,
+            );
+            let p = self.program_mut(slot);
+            p.phase = Phase::Reasoning;
+            p.in_flight += 1;
+            p.timer_gen += 1;
+            p.last_activity = now;
+            let grow = demand.saturating_sub(p.reserved);
+            p.reserved += grow;
+            self.ranks[rank].used_tokens += grow;
+            self.in_flight.insert(a.ticket, inflight);
+            out.push(Decision::Dispatch {
+                ticket: a.ticket,
+                rank,
+            });
+            return out;
+        }
+        if let Phase::Acting { .. } = phase {
+            // The TTL passed but its timer has not fired yet.
+            self.pause(slot, PauseReason::TtlExpired, now);
+        }
+        // New or paused: through the RequestPool, in resume order.
+        let demand = self.demand(
+            self.program(slot),
+            a.prompt_tokens,
+            a.identity.expected_output_length,
+        );
+        let order = match self.cfg.resume_order {
+            ResumeOrder::Fcfs => self.arrivals,
+            ResumeOrder::Mru => -self.arrivals,
+        };
+        let p = self.program_mut(slot);
+        p.retained += 1;
+        let yielded = p.yielded;
+        let key = QueueKey {
+            not_forced: true,
+            neg_priority: -a.identity.priority,
+            yielded,
+            order,
+            ticket: a.ticket,
+        };
+        self.ranks[rank].queue.insert(qk(&key));
+        self.retained.insert(
+            a.ticket,
+            Retained {
+                program: slot,
+                rank,
+                key,
+                forced: false,
+                demand,
+            },
+        );
+        self.retained_at.insert(a.ticket, now);
+        self.counters.retained += 1;
+        let deadline = a.identity.deadline_seconds;
+        let queue_limit = deadline.map_or(self.cfg.queue_timeout_seconds, |d| {
+            d.min(self.cfg.queue_timeout_seconds)
+        });
+        let force_limit = deadline.map_or(self.cfg.force_resume_timeout_seconds, |d| {
+            d.min(self.cfg.force_resume_timeout_seconds)
+        });
+        self.timer(now + force_limit, TimerKind::ForceResume, a.ticket, 0);
+        self.timer(now + queue_limit, TimerKind::QueueTimeout, a.ticket, 0);
+        self.pump(rank, now, &mut out);
+        if self.cfg.global_queue && self.retained.contains_key(&a.ticket) {
+            for r in 0..self.ranks.len() {
+                if r != rank {
+                    self.pump(r, now, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    /// Admits retained requests on `rank` in order while capacity allows; with `global_queue`,
+    /// then takes movable requests from other ranks.
+    fn pump(&mut self, rank: Rank, now: f64, out: &mut Vec<Decision>) {
+        while let Some(&head) = self.ranks[rank].queue.first() {
+            let ticket = head.4;
+            let Some(r) = self.retained.get(&ticket).cloned() else {
+                self.ranks[rank].queue.remove(&head);
+                continue;
+            };
+            let holds = self.program(r.program).active();
+            if !(holds || self.can_admit(rank, r.demand, now, r.forced)) {
+                break;
+            }
+            self.admit(ticket, rank, now, out);
+        }
+        if !self.cfg.global_queue {
+            return;
+        }
+        // Cross-rank resume: FCFS over the other ranks' heads, gated by headroom and residence.
+        let Some(cap) = self.capacity(rank).0 else {
+            return;
+        };
+        loop {
+            let mut best: Option<(f64, Ticket)> = None;
+            for (src, rs) in self.ranks.iter().enumerate() {
+                if src == rank {
+                    continue;
+                }
+                let Some(head) = rs.queue.first() else {
+                    continue;
+                };
+                let ticket = head.4;
+                let Some(r) = self.retained.get(&ticket) else {
+                    continue;
+                };
+                let p = self.program(r.program);
+                if p.active()
+                    || now - p.placed_at < self.cfg.metrics_interval_seconds && p.context_tokens > 0
+                {
+                    continue;
+                }
+                let src_cap = self.capacity(src).0.unwrap_or(cap);
+                let src_free = src_cap.saturating_sub(rs.used_tokens) as f64;
+                let dst_free = cap.saturating_sub(self.ranks[rank].used_tokens) as f64;
+                let needed = src_free + self.cfg.cross_rank_headroom_ratio * r.demand as f64;
+                if dst_free < needed || !self.can_admit(rank, r.demand, now, r.forced) {
+                    continue;
+                }
+                let at = self.retained_at.get(&ticket).copied().unwrap_or(now);
+                if best.is_none_or(|(t, _)| at < t) {
+                    best = Some((at, ticket));
+                }
+            }
+            let Some((_, ticket)) = best else { break };
+            self.counters.cross_rank_migrations += 1;
+            self.admit(ticket, rank, now, out);
+        }
+    }
+
+    fn admit(&mut self, ticket: Ticket, rank: Rank, now: f64, out: &mut Vec<Decision>) {
+        let Some(r) = self.retained.remove(&ticket) else {
+            return;
+        };
+        self.ranks[r.rank].queue.remove(&qk(&r.key));
+        let since = self.retained_at.remove(&ticket).unwrap_or(now);
+        self.notes.push(Note::QueueWait {
+            rank,
+            seconds: now - since,
+        });
+        let p = self.program(r.program);
+        let already = p.active() && p.rank == rank;
+        if already {
+            let p = self.program_mut(r.program);
+            p.phase = Phase::Reasoning;
+            p.timer_gen += 1;
+        } else {
+            self.activate(r.program, rank, r.demand, now);
+        }
+        let p = self.program_mut(r.program);
+        p.retained -= 1;
+        p.in_flight += 1;
+        // A successful resume clears the one-shot yield marker.
+        p.yielded = false;
+        let name = p.key.1.clone();
+        let kv_ttl = p.identity.kv_retention_ttl_seconds;
+        self.in_flight.insert(
+            ticket,
+            InFlight {
+                program: r.program,
+                rank,
+                kv_retention_ttl: kv_ttl,
+            },
+        );
+        self.counters.admitted += 1;
+        if r.forced {
+            self.counters.force_resumes += 1;
+        }
+        self.notes.push(Note::Admit {
+            program: name,
+            rank,
+            forced: r.forced,
+        });
+        out.push(Decision::Dispatch { ticket, rank });
+    }
+
+    /// A dispatched request finished with `usage` (`None` if the backend reported none).
+    pub fn on_complete(&mut self, now: f64, ticket: Ticket, usage: Option<Usage>) -> Vec<Decision> {
+        let mut out = Vec::new();
+        let Some(f) = self.in_flight.remove(&ticket) else {
+            return out;
+        };
+        let rank = f.rank;
+        let binding_only = self.cfg.binding_only;
+        let queue_pressure = !self.ranks[rank].queue.is_empty();
+        let p = self.program_mut(f.program);
+        p.in_flight = p.in_flight.saturating_sub(1);
+        p.last_complete = Some(now);
+        p.last_activity = now;
+        let prev_context = p.context_tokens;
+        if let Some(u) = usage {
+            p.context_tokens = u.prompt_tokens + u.completion_tokens;
+        }
+        let context = p.context_tokens;
+        if usage.is_some() && prev_context > 0 {
+            let growth = context as f64 - prev_context as f64;
+            self.ranks[rank].growth.push(growth);
+        }
+        if binding_only || self.program(f.program).in_flight > 0 {
+            return out;
+        }
+        // Hold exactly the context just computed.
+        let held = context + self.cfg.decode_buffer_tokens;
+        let p = self.program_mut(f.program);
+        if p.active() {
+            let before = p.reserved;
+            p.reserved = held;
+            let r = &mut self.ranks[rank];
+            r.used_tokens = (r.used_tokens + held).saturating_sub(before);
+        }
+        let p = self.program(f.program);
+        let reason = if !p.identity.expected_resume {
+            Some(PauseReason::NoResumeExpected)
+        } else if p.pause_on_complete {
+            Some(PauseReason::CapacityRepair)
+        } else if p.rounds + 1 >= self.cfg.max_segment_rounds && queue_pressure {
+            Some(PauseReason::SegmentYield)
+        } else {
+            None
+        };
+        let ttl = match (reason, f.kv_retention_ttl) {
+            (Some(_), _) => 0.0,
+            (None, Some(t)) => t,
+            (None, None) => self.auto_ttl(rank, context),
+        };
+        let p = self.program_mut(f.program);
+        p.rounds += 1;
+        if ttl > 0.0 {
+            p.phase = Phase::Acting { until: now + ttl };
+            p.armed_ttl = ttl;
+            p.timer_gen += 1;
+            let generation = p.timer_gen;
+            let name = p.key.1.clone();
+            self.timer(
+                now + ttl,
+                TimerKind::TtlExpiry,
+                f.program as u64,
+                generation,
+            );
+            self.notes.push(Note::TtlArmed {
+                program: name,
+                rank,
+                seconds: ttl,
+            });
+        } else {
+            p.armed_ttl = 0.0;
+            self.pause(f.program, reason.unwrap_or(PauseReason::TtlExpired), now);
+        }
+        self.pump(rank, now, &mut out);
+        out
+    }
+
+    /// The automatic acting TTL for a Program with `context` tokens on `rank`.
+    fn auto_ttl(&mut self, rank: Rank, context: u64) -> f64 {
+        let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context);
+        self.notes.push(Note::CacheMissImpact {
+            rank,
+            seconds: impact,
+        });
+        let w = &self.ranks[rank].intervals;
+        if !w.complete() {
+            return 0.0;
+        }
+        best_ttl(&w.sorted(), impact, self.cfg.max_acting_ttl_seconds)
+    }
+
+    /// The client went away: a retained request leaves the pool; an in-flight one releases its
+    /// Program's capacity (no TTL: nobody is coming back for it on this request).
+    pub fn on_cancel(&mut self, now: f64, ticket: Ticket) -> Vec<Decision> {
+        let mut out = Vec::new();
+        if let Some(r) = self.retained.remove(&ticket) {
+            self.retained_at.remove(&ticket);
+            self.ranks[r.rank].queue.remove(&qk(&r.key));
+            self.program_mut(r.program).retained -= 1;
+            self.maybe_forget(r.program);
+            return out;
+        }
+        let Some(f) = self.in_flight.remove(&ticket) else {
+            return out;
+        };
+        let p = self.program_mut(f.program);
+        p.in_flight = p.in_flight.saturating_sub(1);
+        if p.in_flight == 0 && !self.cfg.binding_only {
+            self.pause(f.program, PauseReason::Cancelled, now);
+            self.pump(f.rank, now, &mut out);
+        }
+        out
+    }
+
+    fn maybe_forget(&mut self, slot: usize) {
+        let p = self.program(slot);
+        if p.phase == Phase::New && p.retained == 0 && p.in_flight == 0 {
+            let key = p.key.clone();
+            self.index.remove(&key);
+            self.programs[slot] = None;
+            self.free_slots.push(slot);
+        }
+    }
+
+    /// A backend observation of `rank`.
+    pub fn on_observation(&mut self, now: f64, rank: Rank, obs: Observation) -> Vec<Decision> {
+        let mut out = Vec::new();
+        if rank >= self.ranks.len() {
+            return out;
+        }
+        self.ranks[rank].observation = Some((now, obs));
+        // Capacity repair: above the high watermark, reasoning Programs pause when they finish.
+        if let (Some(cap), false) = (self.capacity(rank).0, self.cfg.binding_only) {
+            let observed = (obs.kv_usage * cap as f64).max(self.ranks[rank].used_tokens as f64);
+            let repair = observed > cap as f64 * self.cfg.high_watermark_ratio;
+            let low = cap as f64 * self.cfg.low_watermark_ratio;
+            let mut excess = observed - low;
+            for p in self.programs.iter_mut().flatten() {
+                if p.rank == rank && p.phase == Phase::Reasoning {
+                    p.pause_on_complete = repair && excess > 0.0;
+                    if p.pause_on_complete {
+                        excess -= p.reserved as f64;
+                    }
+                }
+            }
+        }
+        self.pump(rank, now, &mut out);
+        out
+    }
+
+    /// Fires every timer due by `now`.
+    pub fn on_tick(&mut self, now: f64) -> Vec<Decision> {
+        let mut out = Vec::new();
+        let mut pumps: Vec<Rank> = Vec::new();
+        while let Some(Reverse(t)) = self.timers.peek().copied() {
+            if t.at_us > us(now) {
+                break;
+            }
+            self.timers.pop();
+            match t.kind {
+                TimerKind::ForceResume => {
+                    let ticket = t.id;
+                    if let Some(r) = self.retained.get_mut(&ticket) {
+                        let old = r.key;
+                        r.forced = true;
+                        r.key.not_forced = false;
+                        let (rank, new) = (r.rank, r.key);
+                        self.ranks[rank].queue.remove(&qk(&old));
+                        self.ranks[rank].queue.insert(qk(&new));
+                        // Admit now, before a queue timeout due at the same instant fires.
+                        self.pump(rank, now, &mut out);
+                    }
+                }
+                TimerKind::QueueTimeout => {
+                    let ticket = t.id;
+                    if let Some(r) = self.retained.remove(&ticket) {
+                        self.retained_at.remove(&ticket);
+                        self.ranks[r.rank].queue.remove(&qk(&r.key));
+                        self.program_mut(r.program).retained -= 1;
+                        self.counters.queue_timeouts += 1;
+                        out.push(Decision::Reject {
+                            ticket,
+                            reason: RejectReason::QueueTimeout,
+                        });
+                        self.maybe_forget(r.program);
+                    }
+                }
+                TimerKind::TtlExpiry => {
+                    let slot = t.id as usize;
+                    if let Some(Some(p)) = self.programs.get(slot)
+                        && p.timer_gen == t.generation
+                        && matches!(p.phase, Phase::Acting { .. })
+                    {
+                        let rank = p.rank;
+                        self.pause(slot, PauseReason::TtlExpired, now);
+                        pumps.push(rank);
+                    }
+                }
+                TimerKind::Release => {
+                    let slot = t.id as usize;
+                    if let Some(Some(p)) = self.programs.get(slot)
+                        && p.timer_gen == t.generation
+                        && matches!(p.phase, Phase::Paused { .. })
+                        && p.retained == 0
+                        && p.in_flight == 0
+                    {
+                        let key = p.key.clone();
+                        self.index.remove(&key);
+                        self.programs[slot] = None;
+                        self.free_slots.push(slot);
+                    }
+                }
+            }
+        }
+        pumps.sort_unstable();
+        pumps.dedup();
+        for r in pumps {
+            self.pump(r, now, &mut out);
+        }
+        out
+    }
+
+    /// The next time `on_tick` has work (for the driver's sleep).
+    pub fn next_deadline(&self) -> Option<f64> {
+        self.timers.peek().map(|Reverse(t)| t.at_us as f64 / 1e6)
+    }
+
+    /// Drains the notes gathered since the last call.
+    pub fn take_notes(&mut self) -> Vec<Note> {
+        std::mem::take(&mut self.notes)
+    }
+
+    /// Checks the ledger against the Programs (tests and debug builds).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (i, r) in self.ranks.iter().enumerate() {
+            let (used, active) = self
+                .programs
+                .iter()
+                .flatten()
+                .filter(|p| p.rank == i && p.active())
+                .fold((0u64, 0u32), |(u, a), p| (u + p.reserved, a + 1));
+            if used != r.used_tokens || active != r.active_programs {
+                return Err(format!(
+                    "rank {i}: ledger {}/{} but Programs hold {used}/{active}",
+                    r.used_tokens, r.active_programs
+                ));
+            }
+            let queued = self.retained.values().filter(|x| x.rank == i).count();
+            if queued != r.queue.len() {
+                return Err(format!(
+                    "rank {i}: queue {} vs retained {queued}",
+                    r.queue.len()
+                ));
+            }
+        }
+        for (t, r) in &self.retained {
+            if self.in_flight.contains_key(t) {
+                return Err(format!("ticket {t} both retained and in flight"));
+            }
+            if self.programs[r.program].is_none() {
+                return Err(format!("ticket {t} retained for a released Program"));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,687 @@
+//! Scheduler behaviour, one spec rule per test, plus a property test over random event sequences.
+
+use super::identity::Identity;
+use super::scheduler::*;
+use crate::config::ProgramSchedulingConfig;
+use crate::config::program::{BindingStrategy, ResumeOrder};
+
+fn cfg() -> ProgramSchedulingConfig {
+    ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(1000),
+        decode_buffer_tokens: 0,
+        binding_strategy: BindingStrategy::ProgramRoundRobin,
+        ..Default::default()
+    }
+}
+
+fn sched(c: ProgramSchedulingConfig, ranks: usize) -> Scheduler {
+    Scheduler::new(c, (0..ranks).map(|i| format!("r{i}")).collect())
+}
+
+fn arrival(ticket: Ticket, program: &str, prompt: u64) -> Arrival {
+    Arrival {
+        ticket,
+        model: "m".into(),
+        identity: Identity {
+            program_id: program.into(),
+            expected_resume: true,
+            ..Default::default()
+        },
+        prompt_tokens: prompt,
+    }
+}
+
+fn with(mut a: Arrival, f: impl FnOnce(&mut Identity)) -> Arrival {
+    f(&mut a.identity);
+    a
+}
+
+fn usage(prompt: u64, completion: u64) -> Option<Usage> {
+    Some(Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        cached_tokens: 0,
+    })
+}
+
+fn dispatched(d: &[Decision]) -> Vec<Ticket> {
+    d.iter()
+        .filter_map(|x| {
+            if let Decision::Dispatch { ticket, .. } = x {
+                Some(*ticket)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn admits_while_tokens_fit_then_retains_and_releases_on_pause() {
+    let mut s = sched(cfg(), 1);
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "a", 600))), [1]);
+    assert!(
+        dispatched(&s.on_arrival(0.1, arrival(2, "b", 600))).is_empty(),
+        "600 + 600 > 1000"
+    );
+    assert_eq!(s.retained_requests(), 1);
+    // The window is immature, so the automatic TTL is 0: `a` pauses on completion and `b` runs.
+    assert_eq!(dispatched(&s.on_complete(1.0, 1, usage(600, 10))), [2]);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn program_count_guard_without_token_capacity() {
+    let c = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: None,
+        max_active_programs_per_target: 2,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    assert_eq!(s.capacity(0), (None, CapacitySource::ProgramCount));
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "a", 10))), [1]);
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(2, "b", 10))), [2]);
+    assert!(dispatched(&s.on_arrival(0.0, arrival(3, "c", 10))).is_empty());
+    assert_eq!(dispatched(&s.on_complete(1.0, 1, usage(10, 1))), [3]);
+}
+
+#[test]
+fn an_acting_program_keeps_its_place_through_the_tool_call() {
+    let mut s = sched(cfg(), 1);
+    let a = |t| {
+        with(arrival(t, "a", 600), |i| {
+            i.kv_retention_ttl_seconds = Some(5.0)
+        })
+    };
+    assert_eq!(dispatched(&s.on_arrival(0.0, a(1))), [1]);
+    s.on_complete(1.0, 1, usage(600, 50));
+    // `b` arrives during a's tool call and must wait: a still holds its KV.
+    assert!(dispatched(&s.on_arrival(2.0, arrival(2, "b", 600))).is_empty());
+    // a returns within its TTL: dispatched at once, ahead of the waiting b.
+    assert_eq!(dispatched(&s.on_arrival(3.0, a(3))), [3]);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn ttl_expiry_pauses_and_resumes_the_next() {
+    let mut s = sched(cfg(), 1);
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 600), |i| {
+            i.kv_retention_ttl_seconds = Some(5.0)
+        }),
+    );
+    s.on_complete(1.0, 1, usage(600, 50));
+    s.on_arrival(2.0, arrival(2, "b", 600));
+    assert!(dispatched(&s.on_tick(5.9)).is_empty());
+    assert_eq!(s.next_deadline(), Some(6.0));
+    assert_eq!(dispatched(&s.on_tick(6.0)), [2]);
+    // a comes back after its TTL: paused, so it queues like anyone else.
+    assert!(dispatched(&s.on_arrival(7.0, arrival(3, "a", 650))).is_empty());
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn forced_requests_still_need_token_room_and_time_out_without_it() {
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 8.0,
+        force_resume_timeout_seconds: 5.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 900), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        }),
+    );
+    s.on_complete(0.5, 1, usage(900, 10));
+    s.on_arrival(1.0, arrival(2, "b", 900));
+    assert!(
+        s.on_tick(6.5).is_empty(),
+        "forced at 6 s, but 900 + 910 tokens do not fit"
+    );
+    assert_eq!(
+        s.on_tick(9.0),
+        vec![Decision::Reject {
+            ticket: 2,
+            reason: RejectReason::QueueTimeout
+        }]
+    );
+    assert_eq!(s.counters.queue_timeouts, 1);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn a_request_deadline_shortens_the_queue_limit_but_never_extends_it() {
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 8.0,
+        force_resume_timeout_seconds: 5.0,
+        ..cfg()
+    };
+    let mut s = sched(c.clone(), 1);
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 900), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        }),
+    );
+    s.on_complete(0.5, 1, usage(900, 10));
+    s.on_arrival(
+        1.0,
+        with(arrival(2, "b", 900), |i| i.deadline_seconds = Some(2.0)),
+    );
+    assert_eq!(
+        s.on_tick(3.0),
+        vec![Decision::Reject {
+            ticket: 2,
+            reason: RejectReason::QueueTimeout
+        }]
+    );
+    let mut s = sched(c, 1);
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 900), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        }),
+    );
+    s.on_complete(0.5, 1, usage(900, 10));
+    s.on_arrival(
+        1.0,
+        with(arrival(2, "b", 900), |i| i.deadline_seconds = Some(60.0)),
+    );
+    assert_eq!(
+        s.on_tick(9.0),
+        vec![Decision::Reject {
+            ticket: 2,
+            reason: RejectReason::QueueTimeout
+        }]
+    );
+}
+
+#[test]
+fn force_resume_admits_over_the_guard_in_deadline_order() {
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 5.0,
+        force_resume_timeout_seconds: 5.0,
+        max_active_programs_per_target: 1,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 10), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        }),
+    );
+    s.on_complete(0.5, 1, usage(10, 1));
+    s.on_arrival(1.0, arrival(2, "b", 10));
+    s.on_arrival(1.2, arrival(3, "c", 10));
+    // a holds the only Program slot through its long TTL; at their force deadlines b and c are
+    // admitted anyway, in deadline order: nobody starves and nothing times out.
+    assert_eq!(dispatched(&s.on_tick(6.0)), [2]);
+    assert_eq!(dispatched(&s.on_tick(6.2)), [3]);
+    assert_eq!(s.counters.queue_timeouts, 0);
+    assert_eq!(s.counters.force_resumes, 2);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn a_demand_larger_than_the_rank_runs_at_its_force_deadline() {
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 5.0,
+        force_resume_timeout_seconds: 5.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    let mut ev = s.on_arrival(0.0, arrival(1, "a", 2000));
+    // A demand above the whole capacity on an empty rank waits for force resume, then runs.
+    ev.extend(s.on_tick(5.0));
+    assert_eq!(dispatched(&ev), [1]);
+}
+
+#[test]
+fn resume_order_priority_then_mru_or_fcfs() {
+    for (order, want) in [
+        (ResumeOrder::Mru, [4, 3, 2]),
+        (ResumeOrder::Fcfs, [4, 2, 3]),
+    ] {
+        let c = ProgramSchedulingConfig {
+            resume_order: order,
+            max_active_programs_per_target: 1,
+            ..cfg()
+        };
+        let mut s = sched(c, 1);
+        s.on_arrival(0.0, arrival(1, "a", 10));
+        s.on_arrival(1.0, arrival(2, "b", 10));
+        s.on_arrival(2.0, arrival(3, "c", 10));
+        s.on_arrival(3.0, with(arrival(4, "d", 10), |i| i.priority = 5));
+        let mut got = Vec::new();
+        let mut next = 1;
+        for t in 0..3 {
+            let d = s.on_complete(10.0 + f64::from(t), next, usage(10, 1));
+            let ids = dispatched(&d);
+            assert_eq!(ids.len(), 1);
+            next = ids[0];
+            got.push(next);
+        }
+        assert_eq!(got, want, "{order:?}");
+    }
+}
+
+#[test]
+fn step_ids_default_to_previous_plus_one() {
+    let mut s = sched(
+        ProgramSchedulingConfig {
+            binding_only: true,
+            ..cfg()
+        },
+        1,
+    );
+    s.on_arrival(0.0, arrival(1, "a", 10));
+    s.on_arrival(1.0, arrival(2, "a", 10));
+    s.on_arrival(2.0, with(arrival(3, "a", 10), |i| i.step_id = Some(9)));
+    s.on_arrival(3.0, arrival(4, "a", 10));
+    let p = s.programs.iter().flatten().next().expect("program");
+    assert_eq!(p.identity.step_id, Some(10));
+}
+
+#[test]
+fn binding_only_dispatches_everything_to_the_home_rank() {
+    let mut s = sched(
+        ProgramSchedulingConfig {
+            binding_only: true,
+            ..cfg()
+        },
+        3,
+    );
+    let mut homes = Vec::new();
+    for t in 0..10 {
+        let d = s.on_arrival(t as f64, arrival(t, "same", 5000));
+        let Decision::Dispatch { rank, .. } = d[0] else {
+            panic!("dispatch")
+        };
+        homes.push(rank);
+    }
+    assert!(homes.windows(2).all(|w| w[0] == w[1]), "{homes:?}");
+    assert_eq!(s.retained_requests(), 0);
+}
+
+#[test]
+fn waiting_gate_holds_until_vllm_drains() {
+    let c = ProgramSchedulingConfig {
+        admission_waiting_request_threshold: 2,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.on_observation(
+        0.0,
+        0,
+        Observation {
+            waiting: 3.0,
+            ..Default::default()
+        },
+    );
+    assert!(dispatched(&s.on_arrival(0.1, arrival(1, "a", 10))).is_empty());
+    let d = s.on_observation(
+        0.5,
+        0,
+        Observation {
+            waiting: 0.0,
+            ..Default::default()
+        },
+    );
+    assert_eq!(dispatched(&d), [1]);
+    // A stale observation (older than 3 intervals) does not gate.
+    let mut s = sched(
+        ProgramSchedulingConfig {
+            admission_waiting_request_threshold: 2,
+            ..cfg()
+        },
+        1,
+    );
+    s.on_observation(
+        0.0,
+        0,
+        Observation {
+            waiting: 9.0,
+            ..Default::default()
+        },
+    );
+    assert_eq!(dispatched(&s.on_arrival(10.0, arrival(1, "a", 10))), [1]);
+}
+
+#[test]
+fn capacity_comes_from_cache_config_when_not_configured() {
+    let c = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: None,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.on_observation(
+        0.0,
+        0,
+        Observation {
+            token_capacity: Some(500),
+            ..Default::default()
+        },
+    );
+    assert_eq!(s.capacity(0), (Some(500), CapacitySource::Observed));
+    assert_eq!(dispatched(&s.on_arrival(0.1, arrival(1, "a", 400))), [1]);
+    assert!(dispatched(&s.on_arrival(0.1, arrival(2, "b", 400))).is_empty());
+}
+
+#[test]
+fn global_queue_moves_a_waiting_program_to_a_rank_with_headroom() {
+    let c = ProgramSchedulingConfig {
+        global_queue: true,
+        binding_strategy: BindingStrategy::LeastProgramCount,
+        ..cfg()
+    };
+    let mut s = sched(c, 2);
+    // Fill rank 0 and rank 1 with one Program each, then free rank 1.
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 900), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        }),
+    );
+    s.on_arrival(0.0, arrival(2, "b", 900));
+    s.on_complete(1.0, 1, usage(900, 10));
+    // c binds to the rank with fewer active Programs; both have one, so rank 0 (full) — it must
+    // wait there until rank 1 frees up, then move.
+    let d = s.on_arrival(2.0, arrival(3, "c", 500));
+    assert!(dispatched(&d).is_empty());
+    let d = s.on_complete(3.0, 2, usage(900, 10));
+    assert_eq!(d, vec![Decision::Dispatch { ticket: 3, rank: 1 }]);
+    assert_eq!(s.counters.cross_rank_migrations, 1);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn automatic_ttl_after_the_window_matures() {
+    let c = ProgramSchedulingConfig {
+        stats_window_size: 5,
+        max_acting_ttl_seconds: 10.0,
+        token_capacity_per_dp_rank: Some(1_000_000),
+        ..cfg()
+    };
+    let run = |context: u64| {
+        let mut s = sched(c.clone(), 1);
+        let (mut t, mut ticket) = (0.0, 0);
+        let mut armed = Vec::new();
+        for _ in 0..7 {
+            ticket += 1;
+            s.on_arrival(t, arrival(ticket, "a", context));
+            t += 0.5;
+            s.on_complete(t, ticket, usage(context, 10));
+            armed.push(
+                s.programs
+                    .iter()
+                    .flatten()
+                    .next()
+                    .expect("program")
+                    .armed_ttl,
+            );
+            t += 1.0; // 1 s tool calls
+        }
+        armed
+    };
+    // 20k-token context: a miss costs ~5.5 s, so holding through 1 s tool calls pays.
+    let armed = run(20_000);
+    assert!(
+        armed[..5].iter().all(|x| *x == 0.0),
+        "0 until the window is full: {armed:?}"
+    );
+    assert!(
+        (1.0..=1.01).contains(&armed[6]),
+        "covers the 1 s gaps: {armed:?}"
+    );
+    // 100-token context: re-prefill (~0.13 s) is cheaper than waiting 1 s.
+    assert!(run(100).iter().all(|x| *x == 0.0));
+}
+
+#[test]
+fn segment_yield_under_queue_pressure() {
+    let c = ProgramSchedulingConfig {
+        max_segment_rounds: 2,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    let a = |t| {
+        with(arrival(t, "a", 900), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        })
+    };
+    s.on_arrival(0.0, a(1));
+    s.on_complete(1.0, 1, usage(900, 10)); // round 1: TTL armed
+    s.on_arrival(1.5, arrival(2, "b", 900)); // b waits
+    s.on_arrival(2.0, a(3));
+    let d = s.on_complete(3.0, 3, usage(900, 10)); // round 2 with b waiting: a yields
+    assert_eq!(dispatched(&d), [2]);
+    assert_eq!(s.counters.pauses.get("max_segment_yield"), Some(&1));
+}
+
+#[test]
+fn cancel_of_retained_and_in_flight_requests() {
+    let mut s = sched(cfg(), 1);
+    s.on_arrival(0.0, arrival(1, "a", 600));
+    s.on_arrival(0.0, arrival(2, "b", 600));
+    assert!(s.on_cancel(0.5, 2).is_empty());
+    assert_eq!(s.retained_requests(), 0);
+    s.on_arrival(0.6, arrival(3, "c", 600));
+    // Cancelling a's in-flight request releases its capacity for c.
+    assert_eq!(dispatched(&s.on_cancel(1.0, 1)), [3]);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn paused_programs_are_released_after_retention() {
+    let c = ProgramSchedulingConfig {
+        paused_retention_ttl_seconds: 10.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.on_arrival(0.0, arrival(1, "a", 10));
+    s.on_complete(1.0, 1, usage(10, 1));
+    assert_eq!(s.programs.iter().flatten().count(), 1);
+    s.on_tick(11.0);
+    assert_eq!(s.programs.iter().flatten().count(), 0);
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Ev {
+        Arrive {
+            program: u8,
+            prompt: u16,
+            ttl: Option<u8>,
+            priority: i8,
+        },
+        Complete {
+            pick: u8,
+            growth: u16,
+        },
+        Cancel {
+            pick: u8,
+        },
+        Observe {
+            rank: u8,
+            waiting: u8,
+        },
+        Tick {
+            dt: u8,
+        },
+    }
+
+    fn ev() -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            (0u8..12, 1u16..900, proptest::option::of(0u8..20), -2i8..3).prop_map(
+                |(program, prompt, ttl, priority)| Ev::Arrive {
+                    program,
+                    prompt,
+                    ttl,
+                    priority
+                }
+            ),
+            (any::<u8>(), 0u16..300).prop_map(|(pick, growth)| Ev::Complete { pick, growth }),
+            any::<u8>().prop_map(|pick| Ev::Cancel { pick }),
+            (0u8..3, 0u8..4).prop_map(|(rank, waiting)| Ev::Observe { rank, waiting }),
+            (0u8..40).prop_map(|dt| Ev::Tick { dt }),
+        ]
+    }
+
+    /// Runs a sequence; returns the decisions and the final per-ticket outcomes.
+    fn run(
+        c: ProgramSchedulingConfig,
+        events: &[Ev],
+    ) -> (
+        Vec<Decision>,
+        std::collections::BTreeMap<Ticket, &'static str>,
+    ) {
+        let mut s = sched(c, 3);
+        let mut now = 0.0;
+        let mut next = 0u64;
+        let mut in_flight: Vec<Ticket> = Vec::new();
+        let mut outcome = std::collections::BTreeMap::new();
+        let mut all = Vec::new();
+        for e in events {
+            let d = match e {
+                Ev::Arrive {
+                    program,
+                    prompt,
+                    ttl,
+                    priority,
+                } => {
+                    next += 1;
+                    outcome.insert(next, "pending");
+                    let a = with(
+                        arrival(next, &format!("p{program}"), u64::from(*prompt)),
+                        |i| {
+                            i.kv_retention_ttl_seconds = ttl.map(f64::from);
+                            i.priority = i64::from(*priority);
+                        },
+                    );
+                    s.on_arrival(now, a)
+                }
+                Ev::Complete { pick, growth } if !in_flight.is_empty() => {
+                    let t = in_flight.remove(*pick as usize % in_flight.len());
+                    outcome.insert(t, "completed");
+                    s.on_complete(now, t, usage(500, u64::from(*growth)))
+                }
+                Ev::Cancel { pick } => {
+                    let pending: Vec<Ticket> = outcome
+                        .iter()
+                        .filter(|(_, v)| **v == "pending")
+                        .map(|(k, _)| *k)
+                        .collect();
+                    let all_open: Vec<Ticket> =
+                        pending.iter().chain(in_flight.iter()).copied().collect();
+                    if all_open.is_empty() {
+                        continue;
+                    }
+                    let t = all_open[*pick as usize % all_open.len()];
+                    in_flight.retain(|x| *x != t);
+                    outcome.insert(t, "cancelled");
+                    s.on_cancel(now, t)
+                }
+                Ev::Observe { rank, waiting } => s.on_observation(
+                    now,
+                    *rank as usize,
+                    Observation {
+                        waiting: f64::from(*waiting),
+                        ..Default::default()
+                    },
+                ),
+                Ev::Tick { dt } => {
+                    now += f64::from(*dt) * 0.5;
+                    s.on_tick(now)
+                }
+                Ev::Complete { .. } => continue,
+            };
+            for x in &d {
+                match x {
+                    Decision::Dispatch { ticket, .. } => {
+                        assert_eq!(
+                            outcome.get(ticket),
+                            Some(&"pending"),
+                            "dispatch of a non-pending ticket {ticket}"
+                        );
+                        outcome.insert(*ticket, "dispatched");
+                        in_flight.push(*ticket);
+                    }
+                    Decision::Reject { ticket, .. } => {
+                        assert_eq!(
+                            outcome.get(ticket),
+                            Some(&"pending"),
+                            "reject of a non-pending ticket {ticket}"
+                        );
+                        outcome.insert(*ticket, "rejected");
+                    }
+                }
+            }
+            s.check_invariants()
+                .unwrap_or_else(|e| panic!("after {e:?}: {e}"));
+            all.extend(d);
+        }
+        // Drain: finish everything in flight and let time pass; every pending request must end.
+        for _ in 0..200 {
+            for t in std::mem::take(&mut in_flight) {
+                outcome.insert(t, "completed");
+                let d = s.on_complete(now, t, usage(500, 1));
+                for x in d {
+                    if let Decision::Dispatch { ticket, .. } = x {
+                        outcome.insert(ticket, "dispatched");
+                        in_flight.push(ticket);
+                    } else if let Decision::Reject { ticket, .. } = x {
+                        outcome.insert(ticket, "rejected");
+                    }
+                }
+            }
+            now += 50.0;
+            for x in s.on_tick(now) {
+                match x {
+                    Decision::Dispatch { ticket, .. } => {
+                        outcome.insert(ticket, "dispatched");
+                        in_flight.push(ticket);
+                    }
+                    Decision::Reject { ticket, .. } => {
+                        outcome.insert(ticket, "rejected");
+                    }
+                }
+            }
+            if in_flight.is_empty() && s.retained_requests() == 0 {
+                break;
+            }
+        }
+        (all, outcome)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+        #[test]
+        fn every_request_ends_exactly_once_and_the_ledger_holds(events in proptest::collection::vec(ev(), 1..120), global in any::<bool>(), fcfs in any::<bool>()) {
+            let c = ProgramSchedulingConfig {
+                global_queue: global,
+                resume_order: if fcfs { ResumeOrder::Fcfs } else { ResumeOrder::Mru },
+                queue_timeout_seconds: 30.0,
+                force_resume_timeout_seconds: 20.0,
+                max_active_programs_per_target: 3,
+                stats_window_size: 4,
+                ..cfg()
+            };
+            let (_, outcome) = run(c.clone(), &events);
+            for (t, o) in &outcome {
+                prop_assert!(*o != "pending" && *o != "dispatched", "ticket {} left {}", t, o);
+            }
+            // Same events, same decisions.
+            let (a, _) = run(c.clone(), &events);
+            let (b, _) = run(c, &events);
+            prop_assert_eq!(a, b);
+        }
+    }
+}

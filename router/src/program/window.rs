@@ -1,0 +1,119 @@
+//! Rolling windows of samples and the Progress-TTL rule that reads them.
+//!
+//! Owns a fixed-size window (the spec's `stats_window_size`: estimates stay inactive until it is
+//! full) and the TTL choice `τ* = argmax_τ F(τ)·B − τ` over the observed tool-call intervals,
+//! where `F` is their empirical CDF and `B` the cache-miss impact in seconds.
+
+use std::collections::VecDeque;
+
+/// A fixed-capacity window of the most recent samples.
+#[derive(Debug, Clone)]
+pub struct Window {
+    cap: usize,
+    samples: VecDeque<f64>,
+    sum: f64,
+}
+
+impl Window {
+    pub fn new(cap: usize) -> Self {
+        Window {
+            cap: cap.max(1),
+            samples: VecDeque::with_capacity(cap.max(1)),
+            sum: 0.0,
+        }
+    }
+
+    pub fn push(&mut self, v: f64) {
+        if !v.is_finite() {
+            return;
+        }
+        if self.samples.len() == self.cap
+            && let Some(old) = self.samples.pop_front()
+        {
+            self.sum -= old;
+        }
+        self.samples.push_back(v);
+        self.sum += v;
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Full: the estimates built on this window are active.
+    pub fn complete(&self) -> bool {
+        self.samples.len() >= self.cap
+    }
+
+    pub fn mean(&self) -> Option<f64> {
+        (!self.samples.is_empty()).then(|| self.sum / self.samples.len() as f64)
+    }
+
+    /// The samples in ascending order.
+    pub fn sorted(&self) -> Vec<f64> {
+        let mut v: Vec<f64> = self.samples.iter().copied().collect();
+        v.sort_by(f64::total_cmp);
+        v
+    }
+}
+
+/// `argmax_τ F(τ)·B − τ` over `τ ∈ {0} ∪ samples`, `τ ≤ cap` (samples ascending).
+pub fn best_ttl(sorted_intervals: &[f64], miss_impact_seconds: f64, cap: f64) -> f64 {
+    let n = sorted_intervals.len();
+    if n == 0 || miss_impact_seconds <= 0.0 || cap <= 0.0 {
+        return 0.0;
+    }
+    let (mut best_tau, mut best_utility) = (0.0, 0.0);
+    for (i, tau) in sorted_intervals.iter().enumerate() {
+        if *tau > cap {
+            break;
+        }
+        // F(τ): share of intervals that end within τ (ties included).
+        let covered = sorted_intervals[i..]
+            .iter()
+            .take_while(|x| *x <= tau)
+            .count()
+            + i;
+        let utility = covered as f64 / n as f64 * miss_impact_seconds - tau;
+        if utility > best_utility {
+            best_utility = utility;
+            best_tau = *tau;
+        }
+    }
+    best_tau
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_keeps_the_newest_and_reports_completion() {
+        let mut w = Window::new(3);
+        for v in [1.0, 2.0, 3.0, 4.0] {
+            w.push(v);
+        }
+        assert!(w.complete());
+        assert_eq!(w.sorted(), vec![2.0, 3.0, 4.0]);
+        assert_eq!(w.mean(), Some(3.0));
+    }
+
+    #[test]
+    fn ttl_covers_short_gaps_when_misses_are_expensive() {
+        // 80 % of tool calls end within 2 s, the rest take 60 s.
+        let mut v: Vec<f64> = (0..80).map(|i| 0.5 + 1.5 * i as f64 / 80.0).collect();
+        v.extend(std::iter::repeat_n(60.0, 20));
+        v.sort_by(f64::total_cmp);
+        let tau = best_ttl(&v, 10.0, 30.0);
+        assert!((1.9..=2.0).contains(&tau), "tau {tau}");
+        // Cheap misses are not worth holding KV for.
+        assert_eq!(best_ttl(&v, 0.5, 30.0), 0.0);
+        // The cap bounds the choice.
+        assert!(best_ttl(&v, 1000.0, 1.0) <= 1.0);
+        assert_eq!(best_ttl(&[], 10.0, 10.0), 0.0);
+    }
+}

@@ -12,6 +12,7 @@ pub mod policies;
 pub mod program;
 pub mod proxy;
 pub mod run;
+pub mod scheduling;
 pub mod server;
 pub mod state;
 pub mod workers;

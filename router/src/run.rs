@@ -55,6 +55,9 @@ impl Bound {
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let state = self.state;
         tokio::spawn(health_loop(state.clone()));
+        if let Some(rt) = state.applied.load().program.clone() {
+            tokio::spawn(rt.tick_loop(state.stop_rx()));
+        }
         tokio::spawn(observation_loop(state.clone()));
         if let Some(path) = state.flags.config.clone() {
             let st = state.clone();

@@ -15,6 +15,7 @@ use crate::config::{ConfigError, RouterConfig};
 use crate::observe::metrics::Metrics;
 use crate::policies::{self, Policy};
 use crate::proxy::{self, UpstreamClient};
+use crate::scheduling::{ProgramMetrics, ProgramRuntime};
 use crate::workers::TargetSet;
 
 /// One applied configuration.
@@ -25,6 +26,8 @@ pub struct Applied {
     pub policy: Arc<dyn Policy>,
     pub loaded_at: SystemTime,
     pub generation: u64,
+    /// Program scheduling over `targets` (indices are target positions), when enabled.
+    pub program: Option<Arc<ProgramRuntime>>,
 }
 
 impl Applied {
@@ -45,6 +48,7 @@ pub struct ReloadError {
 pub struct RouterState {
     pub applied: ArcSwap<Applied>,
     pub metrics: Metrics,
+    pub program_metrics: ProgramMetrics,
     pub client: UpstreamClient,
     pub draining: AtomicBool,
     pub last_reload_error: Mutex<Option<ReloadError>>,
@@ -62,8 +66,10 @@ pub struct RouterState {
 impl RouterState {
     pub fn new(config: RouterConfig, flags: Flags) -> Result<Arc<Self>, prometheus::Error> {
         let metrics = Metrics::new()?;
+        let program_metrics = ProgramMetrics::new(&metrics.registry)?;
         let targets = TargetSet::build(&config, None, &metrics);
         let policy: Arc<dyn Policy> = Arc::from(policies::build(&config, &targets));
+        let program = program_runtime(&config, &targets, &program_metrics);
         let source = match &flags.config {
             Some(p) => format!("file:{}", p.display()),
             None => "flags".to_string(),
@@ -75,11 +81,13 @@ impl RouterState {
             policy,
             loaded_at: SystemTime::now(),
             generation: 1,
+            program,
         };
         let (stop, _) = watch::channel(false);
         Ok(Arc::new(RouterState {
             applied: ArcSwap::from_pointee(applied),
             metrics,
+            program_metrics,
             client: proxy::client(),
             draining: AtomicBool::new(false),
             last_reload_error: Mutex::new(None),
@@ -193,6 +201,19 @@ impl RouterState {
         } else {
             Arc::from(policies::build(&config, &targets))
         };
+        let program = if same_ids && config.program_scheduling == prev.config.program_scheduling {
+            prev.program.clone()
+        } else {
+            if let Some(old) = &prev.program {
+                // Requests it still retains get 503 and may retry against the new configuration.
+                old.retire();
+            }
+            let rt = program_runtime(&config, &targets, &self.program_metrics);
+            if let Some(rt) = &rt {
+                tokio::spawn(rt.clone().tick_loop(self.stop_rx()));
+            }
+            rt
+        };
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         self.applied.store(Arc::new(Applied {
             config,
@@ -201,9 +222,24 @@ impl RouterState {
             policy,
             loaded_at: SystemTime::now(),
             generation,
+            program,
         }));
         self.health_wake.notify_one();
         self.observe_wake.notify_one();
         Ok(true)
     }
+}
+
+fn program_runtime(
+    config: &RouterConfig,
+    targets: &TargetSet,
+    metrics: &ProgramMetrics,
+) -> Option<Arc<ProgramRuntime>> {
+    let ps = config.program_scheduling.clone()?;
+    let ranks: Vec<(String, String, Option<u32>)> = targets
+        .targets
+        .iter()
+        .map(|t| (t.id.clone(), t.spec.url.clone(), t.spec.dp_rank))
+        .collect();
+    Some(ProgramRuntime::new(ps, &ranks, metrics.clone()))
 }

@@ -28,10 +28,11 @@ pub struct Metrics {
 }
 
 /// The `route` label values (a closed set).
-pub const ROUTES: [&str; 8] = [
+pub const ROUTES: [&str; 9] = [
     "/health",
     "/readiness",
     "/status",
+    "/scheduling/diagnostics",
     "/v1/models",
     "/v1/chat/completions",
     "/v1/completions",

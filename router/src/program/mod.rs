@@ -6,6 +6,7 @@
 //! returns decisions; the data plane drives it.
 
 pub mod cost;
+pub mod diagnostics;
 pub mod identity;
 pub mod scheduler;
 pub mod window;

@@ -20,6 +20,7 @@ use rand::Rng;
 
 use crate::error::ApiError;
 use crate::policies::RequestInfo;
+use crate::scheduling::ProgramTicket;
 use crate::server::Body;
 use crate::state::{Applied, RouterState};
 use crate::workers::{InFlight, TargetState};
@@ -66,6 +67,11 @@ pub struct Outbound<'a> {
     pub filter_usage_chunk: bool,
     pub request_id: &'a HeaderValue,
     pub received: Instant,
+    /// Program scheduling chose this target (index into the applied targets): no policy, and
+    /// retries stay on it.
+    pub pin: Option<usize>,
+    /// The request's place in Program scheduling, finished when the response ends.
+    pub ticket: Option<ProgramTicket>,
 }
 
 fn upstream_request(
@@ -121,7 +127,7 @@ fn backoff(cfg: &crate::config::RetryConfig, attempt: u32) -> Duration {
 /// Sends `out` to a target chosen by the policy, retrying connect errors and 503s.
 pub async fn forward(
     state: &Arc<RouterState>,
-    out: Outbound<'_>,
+    mut out: Outbound<'_>,
 ) -> Result<Response<Body>, ApiError> {
     let applied = state.applied.load_full();
     let cfg = &applied.config;
@@ -135,25 +141,32 @@ pub async fn forward(
             tokio::time::sleep(backoff(&cfg.retry, attempt - 1)).await;
         }
         let now = Instant::now();
-        let mut candidates: Vec<&Arc<TargetState>> = applied
-            .targets
-            .targets
-            .iter()
-            .filter(|t| t.available(now) && !tried.contains(&(Arc::as_ptr(t) as usize)))
-            .collect();
-        if candidates.is_empty() {
-            // Every available target was tried: allow them again rather than fail early.
-            candidates = applied
+        let target = if let Some(rank) = out.pin {
+            match applied.targets.targets.get(rank) {
+                Some(t) if t.available(now) => t.clone(),
+                _ => return Err(ApiError::no_target()),
+            }
+        } else {
+            let mut candidates: Vec<&Arc<TargetState>> = applied
                 .targets
                 .targets
                 .iter()
-                .filter(|t| t.available(now))
+                .filter(|t| t.available(now) && !tried.contains(&(Arc::as_ptr(t) as usize)))
                 .collect();
-        }
-        if candidates.is_empty() {
-            return Err(last_error);
-        }
-        let target = candidates[applied.policy.pick(&out.info, &candidates)].clone();
+            if candidates.is_empty() {
+                // Every available target was tried: allow them again rather than fail early.
+                candidates = applied
+                    .targets
+                    .targets
+                    .iter()
+                    .filter(|t| t.available(now))
+                    .collect();
+            }
+            if candidates.is_empty() {
+                return Err(last_error);
+            }
+            candidates[applied.policy.pick(&out.info, &candidates)].clone()
+        };
         tried.push(Arc::as_ptr(&target) as usize);
         let guard = target.begin();
         let req = upstream_request(&applied, &target, &out)?;
@@ -218,6 +231,7 @@ pub async fn forward(
         parts.headers.insert("x-request-id", out.request_id.clone());
         let finish = Box::new(Completion {
             guard,
+            ticket: out.ticket.take(),
             status,
             state: state.clone(),
             route: out.route,
@@ -241,6 +255,7 @@ pub async fn forward(
 /// Runs when a relayed response ends: breaker, metrics, request duration.
 struct Completion {
     guard: InFlight,
+    ticket: Option<ProgramTicket>,
     status: StatusCode,
     state: Arc<RouterState>,
     route: &'static str,
@@ -248,7 +263,18 @@ struct Completion {
 }
 
 impl Finish for Completion {
-    fn finish(self: Box<Self>, end: End, usage: Option<Usage>) {
+    fn finish(mut self: Box<Self>, end: End, usage: Option<Usage>) {
+        if let Some(ticket) = self.ticket.take()
+            && end == End::Complete
+            && self.status.is_success()
+        {
+            ticket.complete(usage.map(|u| crate::program::scheduler::Usage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+                cached_tokens: u.cached_tokens(),
+            }));
+        }
+        // Otherwise the ticket drops here: the request did not run to completion (cancel).
         let target = self.guard.target();
         match end {
             End::Complete => target.record_outcome(!self.status.is_server_error()),

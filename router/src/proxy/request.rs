@@ -17,6 +17,10 @@ use crate::error::ApiError;
 #[derive(Deserialize)]
 struct Peek<'a> {
     #[serde(default)]
+    model: Option<String>,
+    #[serde(borrow, default)]
+    agent_hint: Option<&'a RawValue>,
+    #[serde(default)]
     stream: Option<bool>,
     #[serde(borrow, default)]
     stream_options: Option<&'a RawValue>,
@@ -51,6 +55,8 @@ struct StreamOptions {
 /// What the router knows about a generation request.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Peeked {
+    pub model: Option<String>,
+    agent_hint: Option<Range<usize>>,
     pub stream: bool,
     /// The client asked for the usage chunk.
     pub client_wants_usage: bool,
@@ -99,6 +105,8 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         .or(p.user_id)
         .filter(|k| !k.is_empty());
     Ok(Peeked {
+        model: p.model,
+        agent_hint: p.agent_hint.map(|r| span(body, r)),
         stream: p.stream.unwrap_or(false),
         client_wants_usage,
         stream_options: p.stream_options.map(|r| span(body, r)),
@@ -106,6 +114,32 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         prompt: p.messages.or(p.prompt).map(|r| span(body, r)),
         body_key,
     })
+}
+
+impl Peeked {
+    /// The value of `vllm_xargs.agentic_context`, if present.
+    pub fn agentic_context(&self, body: &[u8]) -> Result<Option<serde_json::Value>, ApiError> {
+        let Some(r) = &self.xargs else {
+            return Ok(None);
+        };
+        let raw = &body[r.clone()];
+        if memchr::memmem::find(raw, b"agentic_context").is_none() {
+            return Ok(None);
+        }
+        let mut map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(raw)
+            .map_err(|e| ApiError::bad_request(format!("vllm_xargs must be an object: {e}")))?;
+        Ok(map.remove("agentic_context"))
+    }
+
+    /// The body's `agent_hint`, if present.
+    pub fn agent_hint(&self, body: &[u8]) -> Result<Option<serde_json::Value>, ApiError> {
+        let Some(r) = &self.agent_hint else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&body[r.clone()])
+            .map(Some)
+            .map_err(|e| ApiError::bad_request(format!("agent_hint: {e}")))
+    }
 }
 
 /// Consistent-hash key: headers in vllm-router's order, then the body's key.

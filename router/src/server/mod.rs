@@ -178,6 +178,7 @@ fn route_label(method: &Method, path: &str) -> &'static str {
         (_, "/health" | "/liveness") => "/health",
         (_, "/readiness") => "/readiness",
         (_, "/status") => "/status",
+        (_, "/scheduling/diagnostics") => "/scheduling/diagnostics",
         (_, "/v1/models") => "/v1/models",
         (_, p) => GENERATE_ROUTES
             .iter()
@@ -235,7 +236,14 @@ async fn dispatch(
             return Ok(json(code, &serde_json::json!({ "ready": ok })));
         }
         (&Method::GET, "/status") => return Ok(json(StatusCode::OK, &status::status(state))),
-        (_, "/health" | "/liveness" | "/readiness" | "/status") => {
+        (&Method::GET, "/scheduling/diagnostics") => {
+            let v = match &state.applied.load().program {
+                Some(rt) => serde_json::to_value(rt.diagnostics()).unwrap_or_default(),
+                None => serde_json::json!({ "enabled": false }),
+            };
+            return Ok(json(StatusCode::OK, &v));
+        }
+        (_, "/health" | "/liveness" | "/readiness" | "/status" | "/scheduling/diagnostics") => {
             return Err(ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
@@ -282,6 +290,8 @@ async fn dispatch(
                 filter_usage_chunk: false,
                 request_id,
                 received,
+                pin: None,
+                ticket: None,
             },
         )
         .await;
@@ -293,12 +303,27 @@ async fn dispatch(
         .clone()
         .map(|r| body.slice(r))
         .unwrap_or_default();
+    let original = body.clone();
     let outgoing = request::rewrite(
         body,
         &peeked,
         applied.config.agentic_context,
         applied.config.inject_stream_usage,
     )?;
+    let (pin, ticket) = match &applied.program {
+        Some(rt) => {
+            program_admission(
+                rt,
+                &applied,
+                &peeked,
+                &original,
+                &parts.headers,
+                prompt.len(),
+            )
+            .await?
+        }
+        None => (None, None),
+    };
     let info = RequestInfo {
         hash_key: request::hash_key(&parts.headers, &peeked),
         prompt: &prompt,
@@ -316,7 +341,71 @@ async fn dispatch(
             filter_usage_chunk: outgoing.usage_injected,
             request_id,
             received,
+            pin,
+            ticket,
         },
     )
     .await
+}
+
+/// Program scheduling for a request that carries Program identity: waits in the RequestPool if
+/// needed and returns the target to pin. Requests without identity take the native path.
+async fn program_admission(
+    rt: &Arc<crate::scheduling::ProgramRuntime>,
+    applied: &crate::state::Applied,
+    peeked: &request::Peeked,
+    body: &[u8],
+    headers: &http::HeaderMap,
+    prompt_bytes: usize,
+) -> Result<(Option<usize>, Option<crate::scheduling::ProgramTicket>), ApiError> {
+    use crate::program::identity;
+    use crate::program::scheduler::Decision;
+    use crate::scheduling::Admission;
+    let Some(ps) = &applied.config.program_scheduling else {
+        return Ok((None, None));
+    };
+    let ctx = peeked.agentic_context(body)?;
+    let hint = if ps.program_scheduling_enable_key == crate::config::program::EnableKey::Auto {
+        peeked.agent_hint(body)?
+    } else {
+        None
+    };
+    let id = identity::resolve(
+        ps.program_scheduling_enable_key,
+        ctx.as_ref(),
+        hint.as_ref(),
+        headers,
+    )
+    .map_err(|e| ApiError::bad_request(format!("invalid Program identity: {e}")))?;
+    let Some(id) = id else {
+        return Ok((None, None));
+    };
+    let model = peeked.model.as_deref().unwrap_or("");
+    let (ticket, admission) = rt.admit(model, id, prompt_bytes);
+    let queue_timeout = || {
+        ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "queue_timeout",
+            format!(
+                "the request waited longer than the queue timeout ({} s) for capacity",
+                ps.queue_timeout_seconds
+            ),
+        )
+    };
+    let rank = match admission {
+        Admission::Now(rank) => rank,
+        Admission::Rejected => return Err(queue_timeout()),
+        Admission::Wait(rx) => match rx.await {
+            Ok(Decision::Dispatch { rank, .. }) => rank,
+            Ok(Decision::Reject { .. }) => return Err(queue_timeout()),
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "reconfigured",
+                    "Program scheduling was reconfigured while the request waited; retry",
+                ));
+            }
+        },
+    };
+    Ok((Some(rank), Some(ticket)))
 }

@@ -99,9 +99,29 @@ async fn observe_one(state: Arc<RouterState>, backend: Arc<Backend>, timeout: Du
     match get(&state, url, timeout, METRICS_BODY_LIMIT).await {
         Ok((200, body)) => {
             let text = String::from_utf8_lossy(&body);
+            let engines = parse_vllm_metrics(&text);
+            let applied = state.applied.load_full();
+            if let Some(rt) = &applied.program {
+                for (i, t) in applied.targets.targets.iter().enumerate() {
+                    if !Arc::ptr_eq(&t.backend, &backend) {
+                        continue;
+                    }
+                    if let Some(e) = engines.get(&t.spec.dp_rank.unwrap_or(0)) {
+                        rt.observe(
+                            i,
+                            crate::program::scheduler::Observation {
+                                waiting: e.waiting,
+                                running: e.running,
+                                kv_usage: e.kv_usage,
+                                token_capacity: e.token_capacity,
+                            },
+                        );
+                    }
+                }
+            }
             backend.set_observation(Observation {
                 at: Instant::now(),
-                engines: parse_vllm_metrics(&text),
+                engines,
             });
         }
         Ok((status, _)) => tracing::debug!(backend = %backend.url, status, "metrics poll failed"),
@@ -114,7 +134,12 @@ pub async fn observation_loop(state: Arc<RouterState>) {
     let mut stop = state.stop_rx();
     loop {
         let applied = state.applied.load_full();
-        let interval = Duration::from_secs_f64(applied.config.observation.interval_secs);
+        // Program scheduling's metrics_interval_seconds sets the poll rate when it is on.
+        let secs = match &applied.config.program_scheduling {
+            Some(ps) => ps.metrics_interval_seconds,
+            None => applied.config.observation.interval_secs,
+        };
+        let interval = Duration::from_secs_f64(secs);
         if applied.needs_observation() {
             let polls: Vec<_> = applied
                 .targets

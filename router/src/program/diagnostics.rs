@@ -1,0 +1,201 @@
+//! `GET /scheduling/diagnostics`: a typed snapshot of the scheduler, field names compatible with
+//! the reference router's where the meaning matches, plus capacity source and per-Program state.
+//!
+//! Pure: built from scheduler state and an explicit `now`.
+
+use serde::Serialize;
+
+use super::scheduler::{CapacitySource, Phase, Scheduler};
+
+#[derive(Debug, Serialize)]
+pub struct Diagnostics {
+    pub enabled: bool,
+    pub binding_only: bool,
+    pub global_queue: bool,
+    pub resume_order: &'static str,
+    pub cross_rank_headroom_ratio: f64,
+    pub retained_requests: usize,
+    pub token_estimate_coefficient: f64,
+    pub ranks: Vec<RankDiagnostics>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RankDiagnostics {
+    pub target_id: String,
+    pub base_url: String,
+    pub dp_rank: Option<u32>,
+    pub configured_token_capacity: Option<u64>,
+    /// Capacity used for admission and where it came from (ours).
+    pub token_capacity: Option<u64>,
+    pub capacity_source: &'static str,
+    pub router_estimated_used_tokens: u64,
+    pub router_estimated_headroom_tokens: Option<u64>,
+    pub vllm_kv_cache_usage: Option<f64>,
+    pub vllm_running_requests: Option<f64>,
+    pub vllm_waiting_requests: Option<f64>,
+    pub observation_age_seconds: Option<f64>,
+    pub observation_fresh: bool,
+    pub capacity_accounting_source: &'static str,
+    pub router_active_programs: u32,
+    pub router_active_reasoning_programs: u32,
+    pub router_active_acting_programs: u32,
+    pub router_paused_programs: u32,
+    pub router_in_flight_requests: u32,
+    pub router_queued_requests: usize,
+    pub rolling: Rolling,
+    pub programs: Vec<ProgramDiagnostics>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Rolling {
+    pub request_samples: usize,
+    pub request_window_complete: bool,
+    pub avg_request_interval_seconds: Option<f64>,
+    pub growth_samples: usize,
+    pub avg_context_growth_tokens: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProgramDiagnostics {
+    pub program: String,
+    pub model: String,
+    pub state: &'static str,
+    pub status: &'static str,
+    pub pause_reason: Option<&'static str>,
+    pub task_id: Option<String>,
+    pub session_id: Option<String>,
+    pub agent_id: Option<String>,
+    pub parent_program_id: Option<String>,
+    pub root_program_id: Option<String>,
+    pub expected_resume: bool,
+    pub step_id: Option<u64>,
+    pub context_tokens: u64,
+    pub reserved_tokens: u64,
+    pub in_flight_requests: u32,
+    pub queued_requests: u32,
+    pub rounds_in_segment: u32,
+    pub armed_ttl_seconds: f64,
+    pub ttl_remaining_seconds: Option<f64>,
+    pub idle_seconds: f64,
+}
+
+/// Static facts about a rank the scheduler does not keep.
+pub struct RankInfo {
+    pub base_url: String,
+    pub dp_rank: Option<u32>,
+}
+
+/// Builds the snapshot; `max_programs` bounds the per-rank Program lists.
+pub fn snapshot(
+    s: &Scheduler,
+    now: f64,
+    info: &[RankInfo],
+    coefficient: f64,
+    max_programs: usize,
+) -> Diagnostics {
+    let cfg = &s.cfg;
+    let ranks = s
+        .ranks
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let (cap, source) = s.capacity(i);
+            let obs = r.observation;
+            let fresh = obs.is_some_and(|(at, _)| now - at <= 3.0 * cfg.metrics_interval_seconds);
+            let programs: Vec<_> = s
+                .programs
+                .iter()
+                .flatten()
+                .filter(|p| p.rank == i)
+                .collect();
+            let count =
+                |f: &dyn Fn(&Phase) -> bool| programs.iter().filter(|p| f(&p.phase)).count() as u32;
+            let mut listed: Vec<ProgramDiagnostics> = programs
+                .iter()
+                .map(|p| {
+                    let (state, status, reason, remaining) = match p.phase {
+                        Phase::New => ("queued", "new", None, None),
+                        Phase::Reasoning => ("active", "reasoning", None, None),
+                        Phase::Acting { until } => {
+                            ("active", "acting", None, Some((until - now).max(0.0)))
+                        }
+                        Phase::Paused { reason, .. } => {
+                            ("paused", "paused", Some(reason.as_str()), None)
+                        }
+                    };
+                    ProgramDiagnostics {
+                        program: p.key.1.clone(),
+                        model: p.key.0.clone(),
+                        state,
+                        status,
+                        pause_reason: reason,
+                        task_id: p.identity.task_id.clone(),
+                        session_id: p.identity.session_id.clone(),
+                        agent_id: p.identity.agent_id.clone(),
+                        parent_program_id: p.identity.parent_program_id.clone(),
+                        root_program_id: p.identity.root_program_id.clone(),
+                        expected_resume: p.identity.expected_resume,
+                        step_id: p.last_step,
+                        context_tokens: p.context_tokens,
+                        reserved_tokens: p.reserved,
+                        in_flight_requests: p.in_flight,
+                        queued_requests: p.retained,
+                        rounds_in_segment: p.rounds,
+                        armed_ttl_seconds: p.armed_ttl,
+                        ttl_remaining_seconds: remaining,
+                        idle_seconds: (now - p.last_activity).max(0.0),
+                    }
+                })
+                .collect();
+            listed.sort_by(|a, b| a.idle_seconds.total_cmp(&b.idle_seconds));
+            listed.truncate(max_programs);
+            RankDiagnostics {
+                target_id: r.id.clone(),
+                base_url: info.get(i).map(|x| x.base_url.clone()).unwrap_or_default(),
+                dp_rank: info.get(i).and_then(|x| x.dp_rank),
+                configured_token_capacity: cfg.token_capacity_per_dp_rank,
+                token_capacity: cap,
+                capacity_source: source.as_str(),
+                router_estimated_used_tokens: r.used_tokens,
+                router_estimated_headroom_tokens: cap.map(|c| c.saturating_sub(r.used_tokens)),
+                vllm_kv_cache_usage: obs.map(|(_, o)| o.kv_usage),
+                vllm_running_requests: obs.map(|(_, o)| o.running),
+                vllm_waiting_requests: obs.map(|(_, o)| o.waiting),
+                observation_age_seconds: obs.map(|(at, _)| (now - at).max(0.0)),
+                observation_fresh: fresh,
+                capacity_accounting_source: match (source, fresh) {
+                    (CapacitySource::ProgramCount, _) => "program_count",
+                    (_, true) => "backend_observation",
+                    (_, false) => "router_ledger",
+                },
+                router_active_programs: r.active_programs,
+                router_active_reasoning_programs: count(&|p| matches!(p, Phase::Reasoning)),
+                router_active_acting_programs: count(&|p| matches!(p, Phase::Acting { .. })),
+                router_paused_programs: count(&|p| matches!(p, Phase::Paused { .. })),
+                router_in_flight_requests: programs.iter().map(|p| p.in_flight).sum(),
+                router_queued_requests: r.queue.len(),
+                rolling: Rolling {
+                    request_samples: r.intervals.len(),
+                    request_window_complete: r.intervals.complete(),
+                    avg_request_interval_seconds: r.intervals.mean(),
+                    growth_samples: r.growth.len(),
+                    avg_context_growth_tokens: r.growth.mean(),
+                },
+                programs: listed,
+            }
+        })
+        .collect();
+    Diagnostics {
+        enabled: true,
+        binding_only: cfg.binding_only,
+        global_queue: cfg.global_queue,
+        resume_order: match cfg.resume_order {
+            crate::config::program::ResumeOrder::Mru => "mru",
+            crate::config::program::ResumeOrder::Fcfs => "fcfs",
+        },
+        cross_rank_headroom_ratio: cfg.cross_rank_headroom_ratio,
+        retained_requests: s.retained_requests(),
+        token_estimate_coefficient: coefficient,
+        ranks,
+    }
+}

@@ -1,0 +1,416 @@
+//! The driver of Program scheduling: the only place where the pure scheduler meets time, locks,
+//! waiting requests, metrics and logs.
+//!
+//! Owns the ticket → waiter map, the clock (seconds since start), the tick loop that fires TTLs,
+//! force resumes and queue timeouts, the bytes → tokens estimate learned from usage, and the
+//! `vllm_router_agent_aware_*` series. Holds its lock only around scheduler calls.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use prometheus::{Gauge, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use rustc_hash::FxHashMap;
+use tokio::sync::{Notify, oneshot};
+
+use crate::config::ProgramSchedulingConfig;
+use crate::program::diagnostics::{Diagnostics, RankInfo, snapshot};
+use crate::program::identity::Identity;
+use crate::program::scheduler::{
+    Arrival, Decision, Note, Observation, Rank, Scheduler, Ticket, Usage,
+};
+
+/// Program-scheduling series (registered once per process; ranks are labelled by target id).
+#[derive(Clone)]
+pub struct ProgramMetrics {
+    transitions: IntCounterVec,
+    queue_size: IntGaugeVec,
+    active_programs: IntGaugeVec,
+    used_tokens: IntGaugeVec,
+    observation_fresh: IntGaugeVec,
+    queue_wait: Histogram,
+    armed_ttl: Histogram,
+    interval: Histogram,
+    miss_impact: Histogram,
+    coefficient: Gauge,
+}
+
+const SECONDS: &[f64] = &[
+    0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+impl ProgramMetrics {
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m;
+                registry.register(Box::new(m.clone()))?;
+                m
+            }};
+        }
+        let h = |name: &str, help: &str| HistogramOpts::new(name, help).buckets(SECONDS.to_vec());
+        Ok(ProgramMetrics {
+            transitions: reg!(IntCounterVec::new(
+                Opts::new(
+                    "vllm_router_agent_aware_transitions_total",
+                    "Program scheduling transitions by kind."
+                ),
+                &["transition"]
+            )?),
+            queue_size: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "vllm_router_agent_aware_rank_queue_size",
+                    "Requests retained in the RequestPool per rank."
+                ),
+                &["target"]
+            )?),
+            active_programs: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "vllm_router_agent_aware_rank_active_programs",
+                    "Active (reasoning or acting) Programs per rank."
+                ),
+                &["target"]
+            )?),
+            used_tokens: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "vllm_router_agent_aware_rank_used_tokens",
+                    "Router-ledger tokens held by active Programs per rank."
+                ),
+                &["target"]
+            )?),
+            observation_fresh: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "vllm_router_agent_aware_capacity_observation_fresh",
+                    "1 when the rank's backend observation is fresh."
+                ),
+                &["target"]
+            )?),
+            queue_wait: reg!(Histogram::with_opts(h(
+                "vllm_router_agent_aware_queue_wait_seconds",
+                "Time requests spent in the RequestPool before dispatch."
+            ))?),
+            armed_ttl: reg!(Histogram::with_opts(h(
+                "vllm_router_agent_aware_armed_ttl_seconds",
+                "Acting TTLs armed on completion."
+            ))?),
+            interval: reg!(Histogram::with_opts(h(
+                "vllm_router_agent_aware_request_interval_seconds",
+                "Completion-to-next-request intervals of Programs (tool-call time)."
+            ))?),
+            miss_impact: reg!(Histogram::with_opts(h(
+                "vllm_router_agent_aware_cache_miss_impact_seconds",
+                "Modelled cost of losing a Program's KV, prefill * (2 - alpha)."
+            ))?),
+            coefficient: reg!(Gauge::new(
+                "vllm_router_agent_aware_token_estimate_coefficient",
+                "Learned prompt tokens per request byte."
+            )?),
+        })
+    }
+}
+
+struct Inner {
+    sched: Scheduler,
+    waiters: FxHashMap<Ticket, oneshot::Sender<Decision>>,
+    tokens_per_byte: f64,
+    fresh: Vec<bool>,
+}
+
+/// How a request was admitted.
+pub enum Admission {
+    /// Dispatch now to this rank.
+    Now(Rank),
+    /// Retained: the decision arrives on the receiver.
+    Wait(oneshot::Receiver<Decision>),
+    /// Rejected at once.
+    Rejected,
+}
+
+/// Program scheduling for one applied target set.
+pub struct ProgramRuntime {
+    inner: Mutex<Inner>,
+    epoch: Instant,
+    next_ticket: AtomicU64,
+    wake: Notify,
+    retired: AtomicBool,
+    info: Vec<RankInfo>,
+    ids: Vec<String>,
+    metrics: ProgramMetrics,
+    interval: Duration,
+}
+
+impl ProgramRuntime {
+    pub fn new(
+        cfg: ProgramSchedulingConfig,
+        targets: &[(String, String, Option<u32>)],
+        metrics: ProgramMetrics,
+    ) -> Arc<Self> {
+        let ids: Vec<String> = targets.iter().map(|t| t.0.clone()).collect();
+        let info = targets
+            .iter()
+            .map(|t| RankInfo {
+                base_url: t.1.clone(),
+                dp_rank: t.2,
+            })
+            .collect();
+        let interval = Duration::from_secs_f64(cfg.metrics_interval_seconds);
+        metrics.coefficient.set(0.25);
+        Arc::new(ProgramRuntime {
+            inner: Mutex::new(Inner {
+                sched: Scheduler::new(cfg, ids.clone()),
+                waiters: FxHashMap::default(),
+                tokens_per_byte: 0.25,
+                fresh: vec![false; ids.len()],
+            }),
+            epoch: Instant::now(),
+            next_ticket: AtomicU64::new(1),
+            wake: Notify::new(),
+            retired: AtomicBool::new(false),
+            info,
+            ids,
+            metrics,
+            interval,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64()
+    }
+
+    /// Sends decisions to their waiters; returns the one for `own`, if any.
+    fn deliver(
+        &self,
+        g: &mut Inner,
+        decisions: Vec<Decision>,
+        own: Option<Ticket>,
+    ) -> Option<Decision> {
+        let mut mine = None;
+        for d in decisions {
+            let t = match d {
+                Decision::Dispatch { ticket, .. } | Decision::Reject { ticket, .. } => ticket,
+            };
+            if Some(t) == own {
+                mine = Some(d);
+            } else if let Some(w) = g.waiters.remove(&t) {
+                let _ = w.send(d);
+            }
+        }
+        for note in g.sched.take_notes() {
+            self.record(note);
+        }
+        for (i, id) in self.ids.iter().enumerate() {
+            let r = &g.sched.ranks[i];
+            self.metrics
+                .queue_size
+                .with_label_values(&[id])
+                .set(r.queue.len() as i64);
+            self.metrics
+                .active_programs
+                .with_label_values(&[id])
+                .set(i64::from(r.active_programs));
+            self.metrics
+                .used_tokens
+                .with_label_values(&[id])
+                .set(r.used_tokens as i64);
+        }
+        mine
+    }
+
+    fn record(&self, note: Note) {
+        let m = &self.metrics;
+        match note {
+            Note::Admit {
+                program,
+                rank,
+                forced,
+            } => {
+                m.transitions
+                    .with_label_values(&[if forced { "force_resume" } else { "admit" }])
+                    .inc();
+                tracing::info!(event = "program_admit", program = %program, target = %self.ids[rank], forced);
+            }
+            Note::Pause {
+                program,
+                rank,
+                reason,
+            } => {
+                m.transitions.with_label_values(&[reason.as_str()]).inc();
+                tracing::info!(event = "program_pause", program = %program, target = %self.ids[rank], reason = reason.as_str());
+            }
+            Note::TtlArmed {
+                program,
+                rank,
+                seconds,
+            } => {
+                m.armed_ttl.observe(seconds);
+                tracing::debug!(event = "ttl_armed", program = %program, target = %self.ids[rank], seconds);
+            }
+            Note::QueueWait { seconds, .. } => m.queue_wait.observe(seconds),
+            Note::Interval { seconds, .. } => m.interval.observe(seconds),
+            Note::CacheMissImpact { seconds, .. } => m.miss_impact.observe(seconds),
+        }
+    }
+
+    /// Admits a request with Program identity; `prompt_bytes` sizes its token estimate.
+    pub fn admit(
+        self: &Arc<Self>,
+        model: &str,
+        identity: Identity,
+        prompt_bytes: usize,
+    ) -> (ProgramTicket, Admission) {
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let guard = ProgramTicket {
+            rt: self.clone(),
+            ticket,
+            prompt_bytes,
+            done: false,
+        };
+        let mut g = self.lock();
+        let prompt_tokens = (prompt_bytes as f64 * g.tokens_per_byte) as u64;
+        let now = self.now();
+        let ds = g.sched.on_arrival(
+            now,
+            Arrival {
+                ticket,
+                model: model.to_string(),
+                identity,
+                prompt_tokens,
+            },
+        );
+        let admission = match self.deliver(&mut g, ds, Some(ticket)) {
+            Some(Decision::Dispatch { rank, .. }) => Admission::Now(rank),
+            Some(Decision::Reject { .. }) => Admission::Rejected,
+            None => {
+                let (tx, rx) = oneshot::channel();
+                g.waiters.insert(ticket, tx);
+                Admission::Wait(rx)
+            }
+        };
+        drop(g);
+        self.wake.notify_one();
+        (guard, admission)
+    }
+
+    fn complete(&self, ticket: Ticket, usage: Option<Usage>, prompt_bytes: usize) {
+        let mut g = self.lock();
+        if let Some(u) = usage
+            && prompt_bytes > 0
+            && u.prompt_tokens > 0
+        {
+            let ratio = (u.prompt_tokens as f64 / prompt_bytes as f64).clamp(0.01, 4.0);
+            g.tokens_per_byte = 0.95 * g.tokens_per_byte + 0.05 * ratio;
+            self.metrics.coefficient.set(g.tokens_per_byte);
+        }
+        let now = self.now();
+        let ds = g.sched.on_complete(now, ticket, usage);
+        self.deliver(&mut g, ds, None);
+        drop(g);
+        self.wake.notify_one();
+    }
+
+    fn cancel(&self, ticket: Ticket) {
+        let mut g = self.lock();
+        g.waiters.remove(&ticket);
+        let now = self.now();
+        let ds = g.sched.on_cancel(now, ticket);
+        self.deliver(&mut g, ds, None);
+        drop(g);
+        self.wake.notify_one();
+    }
+
+    /// Feeds a backend observation of `rank`.
+    pub fn observe(&self, rank: Rank, obs: Observation) {
+        let mut g = self.lock();
+        let now = self.now();
+        let ds = g.sched.on_observation(now, rank, obs);
+        self.deliver(&mut g, ds, None);
+        self.freshness(&mut g, rank, true);
+    }
+
+    /// Logs the fallback/recovery transitions of a rank's capacity observation, once each.
+    fn freshness(&self, g: &mut Inner, rank: Rank, fresh: bool) {
+        let was = std::mem::replace(&mut g.fresh[rank], fresh);
+        self.metrics
+            .observation_fresh
+            .with_label_values(&[&self.ids[rank]])
+            .set(i64::from(fresh));
+        if was && !fresh {
+            tracing::warn!(event = "capacity_observation_fallback", target = %self.ids[rank],
+                "backend observation is stale; admission falls back to the router ledger");
+        } else if !was && fresh {
+            tracing::info!(event = "capacity_observation_recovered", target = %self.ids[rank]);
+        }
+    }
+
+    /// Fires scheduler timers until the runtime is retired or `stop` changes.
+    pub async fn tick_loop(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            if self.retired.load(Ordering::Relaxed) {
+                return;
+            }
+            let next = {
+                let mut g = self.lock();
+                let now = self.now();
+                let ds = g.sched.on_tick(now);
+                self.deliver(&mut g, ds, None);
+                for r in 0..self.ids.len() {
+                    let fresh = g.sched.ranks[r]
+                        .observation
+                        .is_some_and(|(at, _)| now - at <= 3.0 * self.interval.as_secs_f64());
+                    if g.fresh[r] && !fresh {
+                        self.freshness(&mut g, r, false);
+                    }
+                }
+                g.sched.next_deadline().map(|t| (t - now).max(0.0))
+            };
+            // Wake at the next timer, and at least once an interval for staleness checks.
+            let wait = next.map_or(self.interval, |s| {
+                Duration::from_secs_f64(s).min(self.interval)
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.wake.notified() => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    /// Stops the tick loop and fails every waiting request (their receivers see a closed channel).
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+        self.lock().waiters.clear();
+        self.wake.notify_one();
+    }
+
+    pub fn diagnostics(&self) -> Diagnostics {
+        let g = self.lock();
+        snapshot(&g.sched, self.now(), &self.info, g.tokens_per_byte, 200)
+    }
+}
+
+/// One request's place in Program scheduling. Finish it with usage, or drop it to cancel.
+pub struct ProgramTicket {
+    rt: Arc<ProgramRuntime>,
+    ticket: Ticket,
+    prompt_bytes: usize,
+    done: bool,
+}
+
+impl ProgramTicket {
+    pub fn complete(mut self, usage: Option<Usage>) {
+        self.done = true;
+        self.rt.complete(self.ticket, usage, self.prompt_bytes);
+    }
+}
+
+impl Drop for ProgramTicket {
+    fn drop(&mut self) {
+        if !self.done {
+            self.rt.cancel(self.ticket);
+        }
+    }
+}

@@ -56,7 +56,7 @@ pub fn build(cfg: &RouterConfig, targets: &TargetSet) -> Box<dyn Policy> {
 }
 
 /// 64-bit FNV-1a, for stable placement across processes and restarts.
-pub(crate) fn stable_hash(bytes: &[u8]) -> u64 {
+pub fn stable_hash(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);

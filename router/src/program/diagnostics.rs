@@ -102,11 +102,10 @@ pub fn snapshot(
             let (cap, source) = s.capacity(i);
             let obs = r.observation;
             let fresh = obs.is_some_and(|(at, _)| now - at <= 3.0 * cfg.metrics_interval_seconds);
-            let programs: Vec<_> = s
-                .programs
+            let programs: Vec<_> = r
+                .members
                 .iter()
-                .flatten()
-                .filter(|p| p.rank == i)
+                .filter_map(|slot| s.programs[*slot].as_ref())
                 .collect();
             let count =
                 |f: &dyn Fn(&Phase) -> bool| programs.iter().filter(|p| f(&p.phase)).count() as u32;

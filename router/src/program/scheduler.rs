@@ -200,6 +200,10 @@ pub(crate) struct RankState {
     pub observation: Option<(f64, Observation)>,
     pub intervals: Window,
     pub growth: Window,
+    /// Program slots bound to this rank (so per-rank work never scans every Program).
+    pub members: rustc_hash::FxHashSet<usize>,
+    /// Capacity repair flagged Programs at the last observation.
+    pub repairing: bool,
 }
 
 /// Public alias so diagnostics can count queue entries without seeing the key layout.
@@ -270,8 +274,10 @@ pub struct Scheduler {
     pub notes: Vec<Note>,
 }
 
+/// Microseconds, rounded so that `us(x as f64 / 1e6) == x`: a timer read back through
+/// `next_deadline` must fire at exactly that time.
 fn us(t: f64) -> i64 {
-    (t * 1e6) as i64
+    (t * 1e6).round() as i64
 }
 
 impl Scheduler {
@@ -288,6 +294,8 @@ impl Scheduler {
                 observation: None,
                 intervals: Window::new(w),
                 growth: Window::new(w),
+                members: Default::default(),
+                repairing: false,
             })
             .collect();
         Scheduler {
@@ -424,6 +432,11 @@ impl Scheduler {
         let was_active = p.active();
         let old_rank = p.rank;
         let old_reserved = p.reserved;
+        if old_rank != rank {
+            self.ranks[old_rank].members.remove(&slot);
+            self.ranks[rank].members.insert(slot);
+        }
+        let p = self.program_mut(slot);
         p.rank = rank;
         p.phase = Phase::Reasoning;
         p.reserved = demand;
@@ -506,6 +519,7 @@ impl Scheduler {
                     }
                 };
                 self.index.insert(key, slot);
+                self.ranks[rank].members.insert(slot);
                 slot
             }
         };
@@ -851,7 +865,8 @@ impl Scheduler {
     fn maybe_forget(&mut self, slot: usize) {
         let p = self.program(slot);
         if p.phase == Phase::New && p.retained == 0 && p.in_flight == 0 {
-            let key = p.key.clone();
+            let (key, rank) = (p.key.clone(), p.rank);
+            self.ranks[rank].members.remove(&slot);
             self.index.remove(&key);
             self.programs[slot] = None;
             self.free_slots.push(slot);
@@ -871,14 +886,20 @@ impl Scheduler {
             let repair = observed > cap as f64 * self.cfg.high_watermark_ratio;
             let low = cap as f64 * self.cfg.low_watermark_ratio;
             let mut excess = observed - low;
-            for p in self.programs.iter_mut().flatten() {
-                if p.rank == rank && p.phase == Phase::Reasoning {
-                    p.pause_on_complete = repair && excess > 0.0;
-                    if p.pause_on_complete {
-                        excess -= p.reserved as f64;
+            let r = &self.ranks[rank];
+            if repair || r.repairing {
+                for slot in r.members.iter() {
+                    if let Some(p) = self.programs[*slot].as_mut()
+                        && p.phase == Phase::Reasoning
+                    {
+                        p.pause_on_complete = repair && excess > 0.0;
+                        if p.pause_on_complete {
+                            excess -= p.reserved as f64;
+                        }
                     }
                 }
             }
+            self.ranks[rank].repairing = repair;
         }
         self.pump(rank, now, &mut out);
         out
@@ -941,6 +962,7 @@ impl Scheduler {
                         && p.in_flight == 0
                     {
                         let key = p.key.clone();
+                        self.ranks[p.rank].members.remove(&slot);
                         self.index.remove(&key);
                         self.programs[slot] = None;
                         self.free_slots.push(slot);
@@ -979,6 +1001,18 @@ impl Scheduler {
                 return Err(format!(
                     "rank {i}: ledger {}/{} but Programs hold {used}/{active}",
                     r.used_tokens, r.active_programs
+                ));
+            }
+            let bound = self
+                .programs
+                .iter()
+                .flatten()
+                .filter(|p| p.rank == i)
+                .count();
+            if bound != r.members.len() {
+                return Err(format!(
+                    "rank {i}: {} members but {bound} Programs bound",
+                    r.members.len()
                 ));
             }
             let queued = self.retained.values().filter(|x| x.rank == i).count();

@@ -476,6 +476,27 @@ fn cancel_of_retained_and_in_flight_requests() {
 }
 
 #[test]
+fn a_timer_read_back_through_next_deadline_fires() {
+    let mut s = sched(cfg(), 1);
+    // 0.1 + 0.2 is not representable exactly; the TTL timer must still fire at next_deadline().
+    s.on_arrival(
+        0.1,
+        with(arrival(1, "a", 10), |i| {
+            i.kv_retention_ttl_seconds = Some(0.2)
+        }),
+    );
+    s.on_complete(0.1, 1, usage(10, 1));
+    let t = s.next_deadline().expect("ttl timer");
+    s.on_tick(t);
+    let p = s.programs.iter().flatten().next().expect("program");
+    assert!(
+        matches!(p.phase, super::scheduler::Phase::Paused { .. }),
+        "{:?}",
+        p.phase
+    );
+}
+
+#[test]
 fn paused_programs_are_released_after_retention() {
     let c = ProgramSchedulingConfig {
         paused_retention_ttl_seconds: 10.0,

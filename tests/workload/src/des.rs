@@ -1,0 +1,408 @@
+//! Discrete-event harness: the production scheduler core and vllm-sim's engine model, driven in
+//! virtual time with no HTTP, so that a workload of hours replays in seconds and every run is
+//! deterministic.
+//!
+//! Owns the event loop (turn arrivals, engine steps, scheduler timers, periodic backend
+//! observations), the token content of each Program (shared system prompts, appends, the engine's
+//! own generated tokens), and the report (token hit rate from the engines' counters, JCT, queue
+//! wait, scheduler cost per event).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Instant;
+
+use program_router::config::ProgramSchedulingConfig;
+use program_router::program::identity::Identity;
+use program_router::program::scheduler::{Arrival, Decision, Observation, Scheduler, Usage};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use vllm_sim::engine::{Engine, EngineEvent, EngineParams, SeqRequest};
+use vllm_sim::tokenizer::splitmix;
+
+use crate::workload::{Turn, programs};
+
+/// How requests are placed.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// Each Program hashed to one rank, dispatched at once (the request-level baseline).
+    ConsistentHash,
+    /// The Program scheduler with this configuration.
+    Program(Box<ProgramSchedulingConfig>),
+}
+
+impl Mode {
+    pub fn name(&self) -> String {
+        match self {
+            Mode::ConsistentHash => "consistent_hash".into(),
+            Mode::Program(c) if c.binding_only => "program binding_only".into(),
+            Mode::Program(_) => "program scheduling".into(),
+        }
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub mode: String,
+    pub programs: usize,
+    pub programs_completed: usize,
+    pub programs_truncated: usize,
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    pub token_hit_rate: f64,
+    pub mean_jct_seconds: f64,
+    pub p50_jct_seconds: f64,
+    pub p90_jct_seconds: f64,
+    pub p99_jct_seconds: f64,
+    pub mean_queue_wait_seconds: f64,
+    pub p99_queue_wait_seconds: f64,
+    pub makespan_seconds: f64,
+    pub preemptions: u64,
+    pub queue_timeouts: u64,
+    pub force_resumes: u64,
+    pub scheduler_events: u64,
+    pub scheduler_median_us: f64,
+    pub scheduler_p99_us: f64,
+    pub wall_seconds: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Observe,
+    Arrive(usize),
+}
+
+struct Prog {
+    turns: Vec<Turn>,
+    next: usize,
+    history: Vec<u32>,
+    prompt: Vec<u32>,
+    rank: usize,
+    started: f64,
+    arrived_at: f64,
+    output: Vec<u32>,
+    done: bool,
+}
+
+fn token(a: u64, b: u64, i: u64) -> u32 {
+    (splitmix(a.wrapping_mul(0x9E37_79B9).wrapping_add(b) ^ i.wrapping_mul(0xC2B2_AE3D)) >> 32)
+        as u32
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn rank_of(program: &str, ranks: usize) -> usize {
+    (0..ranks)
+        .max_by_key(|r| program_router::policies::stable_hash(format!("{program}#r{r}").as_bytes()))
+        .unwrap_or(0)
+}
+
+/// Replays `turns` on `ranks` simulated ranks shaped by `engine`.
+pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> Report {
+    let wall = Instant::now();
+    let mut engines: Vec<Engine> = (0..ranks).map(|_| Engine::new(engine.clone())).collect();
+    let mut sched = match mode {
+        Mode::Program(c) => Some(Scheduler::new(
+            (**c).clone(),
+            (0..ranks).map(|r| format!("r{r}")).collect(),
+        )),
+        Mode::ConsistentHash => None,
+    };
+    let interval = match mode {
+        Mode::Program(c) => c.metrics_interval_seconds,
+        Mode::ConsistentHash => f64::INFINITY,
+    };
+    let mut progs: Vec<Prog> = programs(turns)
+        .into_iter()
+        .map(|t| Prog {
+            rank: 0,
+            started: t[0].program_arrival,
+            arrived_at: 0.0,
+            turns: t,
+            next: 0,
+            history: Vec::new(),
+            prompt: Vec::new(),
+            output: Vec::new(),
+            done: false,
+        })
+        .collect();
+    let mut heap: BinaryHeap<Reverse<(i64, Ev)>> = BinaryHeap::new();
+    let at = |t: f64| (t * 1e6).round() as i64;
+    for (i, p) in progs.iter().enumerate() {
+        heap.push(Reverse((at(p.started), Ev::Arrive(i))));
+    }
+    if interval.is_finite() {
+        heap.push(Reverse((0, Ev::Observe)));
+    }
+    // (rank, engine seq id) → program; ticket → program.
+    let mut seqs: FxHashMap<(usize, u64), usize> = FxHashMap::default();
+    let mut sched_ns: Vec<u32> = Vec::new();
+    let (mut jcts, mut waits) = (Vec::new(), Vec::new());
+    let (mut requests, mut truncated, mut open) = (0u64, 0usize, progs.len());
+    let mut events = Vec::new();
+    let mut now = 0.0f64;
+    let timed = |ns: &mut Vec<u32>, start: Instant| {
+        ns.push(start.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32)
+    };
+
+    macro_rules! dispatch {
+        ($ds:expr, $now:expr) => {
+            for d in $ds {
+                match d {
+                    Decision::Dispatch { ticket, rank } => {
+                        let i = ticket as usize;
+                        let p = &mut progs[i];
+                        p.rank = rank;
+                        waits.push($now - p.arrived_at);
+                        let turn = &p.turns[p.next];
+                        let seed = splitmix((i as u64) << 20 | u64::from(turn.step));
+                        let id = engines[rank].submit(
+                            SeqRequest {
+                                prompt: std::mem::take(&mut p.prompt),
+                                max_tokens: turn.output_tokens,
+                                priority: 0,
+                                output_seed: seed,
+                            },
+                            $now,
+                        );
+                        seqs.insert((rank, id), i);
+                        requests += 1;
+                    }
+                    Decision::Reject { ticket, .. } => {
+                        // Queue timeout: the Program gives up (counted, not completed).
+                        let p = &mut progs[ticket as usize];
+                        p.done = true;
+                        open -= 1;
+                    }
+                }
+            }
+        };
+    }
+
+    while open > 0 {
+        // The next instant anything happens.
+        let mut next = heap.peek().map(|Reverse((t, _))| *t as f64 / 1e6);
+        for e in &engines {
+            if let Some(t) = e.next_event_time() {
+                next = Some(next.map_or(t, |n: f64| n.min(t)));
+            }
+        }
+        if let Some(s) = &sched
+            && let Some(t) = s.next_deadline()
+        {
+            next = Some(next.map_or(t, |n: f64| n.min(t)));
+        }
+        let Some(t) = next else { break };
+        now = t.max(now);
+
+        // Engine steps that end now: completions.
+        let mut happened: Vec<(usize, EngineEvent)> = Vec::new();
+        for (r, e) in engines.iter_mut().enumerate() {
+            e.advance(now, &mut events);
+            happened.extend(events.drain(..).map(|ev| (r, ev)));
+        }
+        {
+            for (r, ev) in happened {
+                match ev {
+                    EngineEvent::Token { id, token, .. } => {
+                        if let Some(i) = seqs.get(&(r, id)) {
+                            progs[*i].output.push(token);
+                        }
+                    }
+                    EngineEvent::Finished { id, outcome } => {
+                        let Some(i) = seqs.remove(&(r, id)) else {
+                            continue;
+                        };
+                        let p = &mut progs[i];
+                        let out = std::mem::take(&mut p.output);
+                        p.history.extend_from_slice(&out);
+                        let gap = p.turns[p.next].gap_after;
+                        p.next += 1;
+                        let finished = p.next >= p.turns.len();
+                        if let Some(s) = sched.as_mut() {
+                            let u = Usage {
+                                prompt_tokens: outcome.prompt_tokens as u64,
+                                completion_tokens: u64::from(outcome.completion_tokens),
+                                cached_tokens: outcome.cached_tokens as u64,
+                            };
+                            let start = Instant::now();
+                            let ds = s.on_complete(now, i as u64, Some(u));
+                            timed(&mut sched_ns, start);
+                            dispatch!(ds, now);
+                        }
+                        let p = &mut progs[i];
+                        if finished {
+                            p.done = true;
+                            open -= 1;
+                            jcts.push(now - p.started);
+                        } else {
+                            heap.push(Reverse((at(now + gap), Ev::Arrive(i))));
+                        }
+                    }
+                }
+            }
+        }
+
+        // Arrivals and observations due now.
+        while let Some(Reverse((t_ev, ev))) = heap.peek().copied() {
+            if t_ev > at(now) {
+                break;
+            }
+            heap.pop();
+            match ev {
+                Ev::Observe => {
+                    if let Some(s) = sched.as_mut() {
+                        let loads: Vec<Observation> = engines
+                            .iter()
+                            .map(|e| {
+                                let l = e.load();
+                                Observation {
+                                    waiting: l.waiting as f64,
+                                    running: l.running as f64,
+                                    kv_usage: l.kv_usage,
+                                    token_capacity: Some(e.params().token_capacity() as u64),
+                                }
+                            })
+                            .collect();
+                        for (r, obs) in loads.into_iter().enumerate() {
+                            let start = Instant::now();
+                            let ds = s.on_observation(now, r, obs);
+                            timed(&mut sched_ns, start);
+                            dispatch!(ds, now);
+                        }
+                        if open > 0 {
+                            heap.push(Reverse((at(now + interval), Ev::Observe)));
+                        }
+                    }
+                }
+                Ev::Arrive(i) => {
+                    let p = &mut progs[i];
+                    if p.done {
+                        continue;
+                    }
+                    let turn = &p.turns[p.next];
+                    if p.history.is_empty() {
+                        p.history.extend(
+                            (0..turn.system_tokens)
+                                .map(|k| token(1, u64::from(turn.system_prompt), u64::from(k))),
+                        );
+                    }
+                    let pid = i as u64 + 1_000;
+                    p.history.extend(
+                        (0..turn.append_tokens)
+                            .map(|k| token(pid, u64::from(turn.step), u64::from(k))),
+                    );
+                    if p.history.len() + turn.output_tokens as usize > engine.max_model_len {
+                        // The context outgrew the model: the Program ends here.
+                        p.done = true;
+                        open -= 1;
+                        truncated += 1;
+                        jcts.push(now - p.started);
+                        continue;
+                    }
+                    p.prompt = p.history.clone();
+                    p.arrived_at = now;
+                    match sched.as_mut() {
+                        Some(s) => {
+                            let identity = Identity {
+                                program_id: turn.program_id.clone(),
+                                task_id: Some(turn.task_id.clone()),
+                                step_id: Some(u64::from(turn.step)),
+                                expected_resume: p.next + 1 < p.turns.len(),
+                                ..Default::default()
+                            };
+                            let a = Arrival {
+                                ticket: i as u64,
+                                model: "sim".into(),
+                                identity,
+                                prompt_tokens: p.prompt.len() as u64,
+                            };
+                            let start = Instant::now();
+                            let ds = s.on_arrival(now, a);
+                            timed(&mut sched_ns, start);
+                            dispatch!(ds, now);
+                        }
+                        None => {
+                            let rank = rank_of(&turn.program_id, ranks);
+                            dispatch!(
+                                [Decision::Dispatch {
+                                    ticket: i as u64,
+                                    rank
+                                }],
+                                now
+                            );
+                        }
+                    }
+                }
+            }
+        }
+
+        if let Some(s) = sched.as_mut() {
+            let start = Instant::now();
+            let ds = s.on_tick(now);
+            timed(&mut sched_ns, start);
+            dispatch!(ds, now);
+        }
+    }
+
+    let (mut prompt, mut cached, mut output, mut preempt) = (0, 0, 0, 0);
+    for e in &engines {
+        let s = e.stats();
+        prompt += s.prompt_tokens;
+        cached += s.prompt_tokens_cached;
+        output += s.generation_tokens;
+        preempt += s.preemptions;
+    }
+    jcts.sort_by(f64::total_cmp);
+    waits.sort_by(f64::total_cmp);
+    let mut ns: Vec<f64> = sched_ns.iter().map(|x| f64::from(*x) / 1000.0).collect();
+    ns.sort_by(f64::total_cmp);
+    let mean = |v: &[f64]| {
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    };
+    let counters = sched
+        .as_ref()
+        .map(|s| s.counters.clone())
+        .unwrap_or_default();
+    Report {
+        mode: mode.name(),
+        programs: progs.len(),
+        programs_completed: jcts.len() - truncated,
+        programs_truncated: truncated,
+        requests,
+        prompt_tokens: prompt,
+        cached_tokens: cached,
+        output_tokens: output,
+        token_hit_rate: if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        },
+        mean_jct_seconds: mean(&jcts),
+        p50_jct_seconds: percentile(&jcts, 0.5),
+        p90_jct_seconds: percentile(&jcts, 0.9),
+        p99_jct_seconds: percentile(&jcts, 0.99),
+        mean_queue_wait_seconds: mean(&waits),
+        p99_queue_wait_seconds: percentile(&waits, 0.99),
+        makespan_seconds: now,
+        preemptions: preempt,
+        queue_timeouts: counters.queue_timeouts,
+        force_resumes: counters.force_resumes,
+        scheduler_events: ns.len() as u64,
+        scheduler_median_us: percentile(&ns, 0.5),
+        scheduler_p99_us: percentile(&ns, 0.99),
+        wall_seconds: wall.elapsed().as_secs_f64(),
+    }
+}

@@ -1,0 +1,8 @@
+//! progbench: agentic workloads and the measurements that say whether Program scheduling helps.
+//!
+//! [`workload`] generates seeded agent sessions; [`des`] replays them through the production
+//! scheduler core and vllm-sim's engine model in virtual time.
+#![forbid(unsafe_code)]
+
+pub mod des;
+pub mod workload;

@@ -1,0 +1,268 @@
+//! Synthetic agentic workloads: Programs (agent sessions) as sequences of turns whose context
+//! grows as `I_k = I_{k-1} + O_{k-1} + A_k`, separated by tool calls.
+//!
+//! Owns the presets, their distributions and the `requests.jsonl` replay format (one line per
+//! request, documented in docs/benchmarks.md). Seeded: the same preset, size and seed give the same
+//! workload byte for byte.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Exp, LogNormal};
+use serde::{Deserialize, Serialize};
+
+/// One request of a Program.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    pub program_id: String,
+    pub task_id: String,
+    /// 0-based turn index (the canonical `step_id`).
+    pub step: u32,
+    /// Seconds after the start when the Program's first turn arrives (same on every line).
+    pub program_arrival: f64,
+    /// Shared system prompt group and its length in tokens.
+    pub system_prompt: u32,
+    pub system_tokens: u32,
+    /// New tokens this turn appends to the context (user message or tool result).
+    pub append_tokens: u32,
+    /// Tokens the model generates (`max_tokens`).
+    pub output_tokens: u32,
+    /// Tool or user time after this turn's completion before the next turn; 0 on the last turn.
+    pub gap_after: f64,
+}
+
+/// A workload preset, calibrated to published agentic statistics (see docs/benchmarks.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[value(rename_all = "kebab-case")]
+pub enum Preset {
+    /// Coding agents: long sessions, large appends, mostly short tool calls.
+    SweAgent,
+    /// Chat: few turns, human think time between them.
+    Chat,
+    /// Agents whose tool calls are long (tens of seconds): TTL should stay ~0.
+    LongTools,
+    /// A mix of the three.
+    Mixed,
+}
+
+/// Shape parameters of one preset.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub turns: (u32, u32),
+    pub system_tokens: u32,
+    pub system_prompts: u32,
+    pub first_append_median: f64,
+    pub append_median: f64,
+    pub append_sigma: f64,
+    pub output_median: f64,
+    pub output_sigma: f64,
+    /// (probability, median seconds, sigma) of each tool-gap component.
+    pub gaps: [(f64, f64, f64); 3],
+    pub gap_cap: f64,
+}
+
+impl Preset {
+    pub fn shape(self) -> Shape {
+        match self {
+            // Scaled to simulator-sized KV pools: ~80 steps become 12–40, 6.5K appends become
+            // ~600 tokens, keeping the ratios (appends ≫ outputs, most gaps short, heavy tail).
+            Preset::SweAgent | Preset::Mixed => Shape {
+                turns: (12, 40),
+                system_tokens: 2048,
+                system_prompts: 2,
+                first_append_median: 1500.0,
+                append_median: 450.0,
+                append_sigma: 0.8,
+                output_median: 120.0,
+                output_sigma: 0.9,
+                gaps: [(0.75, 0.8, 0.6), (0.2, 4.0, 0.5), (0.05, 20.0, 0.4)],
+                gap_cap: 30.0,
+            },
+            Preset::Chat => Shape {
+                turns: (2, 8),
+                system_tokens: 512,
+                system_prompts: 4,
+                first_append_median: 300.0,
+                append_median: 150.0,
+                append_sigma: 0.7,
+                output_median: 250.0,
+                output_sigma: 0.6,
+                gaps: [(0.5, 15.0, 0.5), (0.4, 40.0, 0.4), (0.1, 90.0, 0.3)],
+                gap_cap: 120.0,
+            },
+            Preset::LongTools => Shape {
+                turns: (6, 16),
+                system_tokens: 1024,
+                system_prompts: 2,
+                first_append_median: 800.0,
+                append_median: 400.0,
+                append_sigma: 0.7,
+                output_median: 100.0,
+                output_sigma: 0.8,
+                gaps: [(0.5, 25.0, 0.3), (0.4, 45.0, 0.3), (0.1, 60.0, 0.2)],
+                gap_cap: 60.0,
+            },
+        }
+    }
+}
+
+fn lognormal(rng: &mut StdRng, median: f64, sigma: f64) -> f64 {
+    LogNormal::new(median.ln(), sigma)
+        .map(|d| d.sample(rng))
+        .unwrap_or(median)
+}
+
+/// Generates `programs` Programs arriving as a Poisson process of `rate` per second.
+pub fn generate(preset: Preset, programs: u32, rate: f64, seed: u64) -> Vec<Turn> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let inter =
+        Exp::new(rate.max(1e-9)).unwrap_or_else(|_| Exp::new(1.0).expect("rate 1 is valid"));
+    let mut t = 0.0;
+    let mut out = Vec::new();
+    for p in 0..programs {
+        t += inter.sample(&mut rng);
+        let preset_here = match preset {
+            Preset::Mixed => {
+                [Preset::SweAgent, Preset::Chat, Preset::LongTools][rng.random_range(0..3)]
+            }
+            other => other,
+        };
+        let s = preset_here.shape();
+        let turns = rng.random_range(s.turns.0..=s.turns.1);
+        let system_prompt = rng.random_range(0..s.system_prompts);
+        let program_id = format!("p{p:05}");
+        for step in 0..turns {
+            let median = if step == 0 {
+                s.first_append_median
+            } else {
+                s.append_median
+            };
+            let append =
+                lognormal(&mut rng, median, s.append_sigma).clamp(8.0, 8.0 * median) as u32;
+            let output =
+                lognormal(&mut rng, s.output_median, s.output_sigma).clamp(1.0, 2048.0) as u32;
+            let gap = if step + 1 == turns {
+                0.0
+            } else {
+                let u: f64 = rng.random();
+                let mut acc = 0.0;
+                let mut g = s.gaps[2];
+                for c in s.gaps {
+                    acc += c.0;
+                    if u < acc {
+                        g = c;
+                        break;
+                    }
+                }
+                lognormal(&mut rng, g.1, g.2).min(s.gap_cap)
+            };
+            out.push(Turn {
+                program_id: program_id.clone(),
+                task_id: format!("task-{p:05}"),
+                step,
+                program_arrival: t,
+                system_prompt,
+                system_tokens: s.system_tokens,
+                append_tokens: append,
+                output_tokens: output,
+                gap_after: gap,
+            });
+        }
+    }
+    out
+}
+
+/// Groups turns by Program, in arrival order.
+pub fn programs(turns: &[Turn]) -> Vec<Vec<Turn>> {
+    let mut out: Vec<Vec<Turn>> = Vec::new();
+    for t in turns {
+        match out.last_mut() {
+            Some(p) if p[0].program_id == t.program_id => p.push(t.clone()),
+            _ => out.push(vec![t.clone()]),
+        }
+    }
+    out.sort_by(|a, b| a[0].program_arrival.total_cmp(&b[0].program_arrival));
+    out
+}
+
+/// Writes `requests.jsonl`.
+pub fn to_jsonl(turns: &[Turn]) -> String {
+    turns
+        .iter()
+        .filter_map(|t| serde_json::to_string(t).ok())
+        .map(|l| l + "\n")
+        .collect()
+}
+
+/// Reads `requests.jsonl`; the error names the line.
+pub fn from_jsonl(text: &str) -> Result<Vec<Turn>, String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeded_and_round_trips() {
+        let a = generate(Preset::SweAgent, 20, 1.0, 7);
+        assert!(
+            a == generate(Preset::SweAgent, 20, 1.0, 7),
+            "same seed, same workload"
+        );
+        assert!(
+            a != generate(Preset::SweAgent, 20, 1.0, 8),
+            "another seed, another workload"
+        );
+        assert!(
+            from_jsonl(&to_jsonl(&a)).expect("parse") == a,
+            "requests.jsonl round trip differs"
+        );
+        assert!(from_jsonl("{nope}").expect_err("bad").contains("line 1"));
+    }
+
+    #[test]
+    fn statistics_follow_the_preset() {
+        let t = generate(Preset::SweAgent, 400, 2.0, 1);
+        let progs = programs(&t);
+        assert_eq!(progs.len(), 400);
+        let s = Preset::SweAgent.shape();
+        assert!(
+            progs
+                .iter()
+                .all(|p| (s.turns.0..=s.turns.1).contains(&(p.len() as u32)))
+        );
+        let mut appends: Vec<f64> = t
+            .iter()
+            .filter(|x| x.step > 0)
+            .map(|x| f64::from(x.append_tokens))
+            .collect();
+        appends.sort_by(f64::total_cmp);
+        let median = appends[appends.len() / 2];
+        assert!(
+            (median / s.append_median - 1.0).abs() < 0.1,
+            "append median {median}"
+        );
+        let gaps: Vec<f64> = t
+            .iter()
+            .filter(|x| x.gap_after > 0.0)
+            .map(|x| x.gap_after)
+            .collect();
+        let short = gaps.iter().filter(|g| **g < 2.0).count() as f64 / gaps.len() as f64;
+        assert!(
+            (0.65..0.85).contains(&short),
+            "share of short tool calls {short}"
+        );
+        assert!(gaps.iter().all(|g| *g <= s.gap_cap));
+        // Poisson arrivals at 2/s: mean inter-arrival 0.5 s.
+        let last = progs.last().expect("programs")[0].program_arrival;
+        assert!(
+            (last / 400.0 - 0.5).abs() < 0.08,
+            "mean inter-arrival {}",
+            last / 400.0
+        );
+    }
+}

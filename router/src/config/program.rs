@@ -42,6 +42,18 @@ pub enum BindingStrategy {
     CacheAware,
 }
 
+/// Which completion-to-next-request intervals the automatic TTL learns from (extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TtlEvidence {
+    /// Each rank's own window (the spec's behaviour).
+    #[default]
+    Rank,
+    /// One window over all ranks: tool-call time does not depend on the rank, and pooling
+    /// matures the estimate `ranks` times sooner.
+    Pooled,
+}
+
 /// Cold-prefill cost model (seconds).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -112,6 +124,11 @@ pub struct ProgramSchedulingConfig {
     pub max_segment_rounds: u32,
     pub stats_window_size: u32,
     pub enable_batch_gain_admission: bool,
+    /// Extension: where the automatic TTL's interval evidence comes from.
+    pub ttl_evidence: TtlEvidence,
+    /// Extension: samples needed before the automatic TTL is active; null = `stats_window_size`
+    /// (the spec's rule).
+    pub ttl_min_samples: Option<u32>,
     pub prefill_cost_model: PrefillCostModel,
     pub decode_throughput_model: DecodeThroughputModel,
 }
@@ -142,6 +159,8 @@ impl Default for ProgramSchedulingConfig {
             max_segment_rounds: 14,
             stats_window_size: 100,
             enable_batch_gain_admission: true,
+            ttl_evidence: TtlEvidence::default(),
+            ttl_min_samples: None,
             prefill_cost_model: PrefillCostModel::default(),
             decode_throughput_model: DecodeThroughputModel::default(),
         }
@@ -250,6 +269,14 @@ impl ProgramSchedulingConfig {
         }
         if self.stats_window_size == 0 {
             return Err(err("stats_window_size", "must be >= 1"));
+        }
+        if let Some(n) = self.ttl_min_samples
+            && (n == 0 || n > self.stats_window_size)
+        {
+            return Err(err(
+                "ttl_min_samples",
+                "must be within 1..=stats_window_size",
+            ));
         }
         if self.binding_strategy == BindingStrategy::ReasoningTokenBalance
             && self.token_capacity_per_dp_rank.is_none()

@@ -272,6 +272,8 @@ pub struct Scheduler {
     rr: usize,
     pub counters: Counters,
     pub notes: Vec<Note>,
+    /// All ranks' intervals, for `ttl_evidence: pooled`.
+    pub(crate) pooled_intervals: Window,
 }
 
 /// Microseconds, rounded so that `us(x as f64 / 1e6) == x`: a timer read back through
@@ -312,6 +314,7 @@ impl Scheduler {
             rr: 0,
             counters: Counters::default(),
             notes: Vec::new(),
+            pooled_intervals: Window::new(w),
         }
     }
 
@@ -539,6 +542,7 @@ impl Scheduler {
         let (rank, phase) = (p.rank, p.phase);
         if let Some(iv) = interval {
             self.ranks[rank].intervals.push(iv);
+            self.pooled_intervals.push(iv);
             self.notes.push(Note::Interval { rank, seconds: iv });
         }
         let inflight = InFlight {
@@ -832,8 +836,15 @@ impl Scheduler {
             rank,
             seconds: impact,
         });
-        let w = &self.ranks[rank].intervals;
-        if !w.complete() {
+        let w = match self.cfg.ttl_evidence {
+            crate::config::program::TtlEvidence::Rank => &self.ranks[rank].intervals,
+            crate::config::program::TtlEvidence::Pooled => &self.pooled_intervals,
+        };
+        let needed = self
+            .cfg
+            .ttl_min_samples
+            .unwrap_or(self.cfg.stats_window_size) as usize;
+        if w.len() < needed {
             return 0.0;
         }
         best_ttl(&w.sorted(), impact, self.cfg.max_acting_ttl_seconds)

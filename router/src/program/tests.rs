@@ -442,6 +442,36 @@ fn automatic_ttl_after_the_window_matures() {
 }
 
 #[test]
+fn pooled_evidence_and_min_samples_arm_the_ttl_sooner() {
+    use crate::config::program::TtlEvidence;
+    let c = ProgramSchedulingConfig {
+        stats_window_size: 100,
+        ttl_evidence: TtlEvidence::Pooled,
+        ttl_min_samples: Some(4),
+        token_capacity_per_dp_rank: Some(10_000_000),
+        binding_strategy: BindingStrategy::ProgramRoundRobin,
+        ..cfg()
+    };
+    let mut s = sched(c, 4);
+    // Four Programs on four ranks, two turns each with a 1 s tool call: four pooled samples.
+    let (mut t, mut ticket) = (0.0, 0u64);
+    for turn in 0..3 {
+        for p in 0..4 {
+            ticket += 1;
+            s.on_arrival(t, arrival(ticket, &format!("p{p}"), 20_000));
+            s.on_complete(t + 0.5, ticket, usage(20_000, 10));
+        }
+        t += 1.5;
+        let _ = turn;
+    }
+    let armed: Vec<f64> = s.programs.iter().flatten().map(|p| p.armed_ttl).collect();
+    assert!(
+        armed.iter().any(|x| *x > 0.0),
+        "pooled evidence armed a TTL: {armed:?}"
+    );
+}
+
+#[test]
 fn segment_yield_under_queue_pressure() {
     let c = ProgramSchedulingConfig {
         max_segment_rounds: 2,

@@ -5,6 +5,7 @@
 //! [`workers`] (targets, health, breakers), with [`observe`] for metrics in both directions.
 #![forbid(unsafe_code)]
 
+pub mod calibrate;
 pub mod config;
 pub mod error;
 pub mod observe;

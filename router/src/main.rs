@@ -10,6 +10,9 @@ use program_router::config::{LogFormat, RouterConfig};
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Calibrate(args)) = &cli.command {
+        return calibrate(args).await;
+    }
     if let Some(Command::Config {
         what: ConfigCommand::Schema,
     }) = &cli.command
@@ -155,4 +158,28 @@ fn warn_reference_calibration(ps: &program_router::config::ProgramSchedulingConf
         reference_decode_tokens_per_second_batch4_ctx200k = decode_throughput(d, 4, 200_000),
         "Program scheduling uses reference calibration coefficients; calibrate them for this deployment (docs/program-scheduling.md)"
     );
+}
+
+async fn calibrate(args: &program_router::calibrate::CalibrateArgs) -> ExitCode {
+    match program_router::calibrate::run(args).await {
+        Ok(c) => {
+            let json = serde_json::to_string_pretty(&c).unwrap_or_default();
+            if c.fit.prefill_r2 < args.min_r2
+                || c.fit.decode_r2 < args.min_r2
+                || c.decode_throughput_model.fixed_step_seconds <= 0.0
+            {
+                eprintln!(
+                    "program-router calibrate: poor fit (prefill R² {:.3}, decode R² {:.3}, minimum {}); not printing coefficients. Samples:\n{json}",
+                    c.fit.prefill_r2, c.fit.decode_r2, args.min_r2
+                );
+                return ExitCode::from(3);
+            }
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("program-router calibrate: {e}");
+            ExitCode::from(1)
+        }
+    }
 }

@@ -28,6 +28,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Measure a backend and print calibrated Program scheduling coefficients as JSON.
+    Calibrate(crate::calibrate::CalibrateArgs),
     /// Inspect the configuration without starting the router.
     Config {
         #[command(subcommand)]

@@ -1,0 +1,100 @@
+//! `program-router calibrate` against vllm-sim recovers the simulator's own coefficients.
+
+mod common;
+
+use clap::Parser;
+use common::*;
+use program_router::config::cli::{Cli, Command};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovers_the_simulators_coefficients_within_ten_percent() {
+    // Simulated time runs twice as fast as the wall clock: measured seconds are half the model's.
+    let scale = 2.0;
+    let s = sim(&["--time-scale", "2"]).await;
+    let cli = Cli::try_parse_from([
+        "program-router",
+        "calibrate",
+        "--worker-url",
+        &s.base(),
+        "--reps",
+        "2",
+        "--prompt-sizes",
+        "512,2048,4096,8192,12288",
+    ])
+    .expect("args");
+    let Some(Command::Calibrate(args)) = cli.command else {
+        panic!("calibrate")
+    };
+    let c = program_router::calibrate::run(&args)
+        .await
+        .expect("calibration runs");
+    let truth = vllm_sim::timing::TimingModel::default();
+    let p = &c.prefill_cost_model;
+    let d = &c.decode_throughput_model;
+    let checks = [
+        (
+            "intercept",
+            p.intercept_seconds,
+            truth.prefill_intercept_seconds,
+        ),
+        (
+            "linear",
+            p.linear_seconds_per_1k_tokens,
+            truth.prefill_linear_seconds_per_1k_tokens,
+        ),
+        (
+            "quadratic",
+            p.quadratic_seconds_per_1k_tokens_squared,
+            truth.prefill_quadratic_seconds_per_1k_tokens_squared,
+        ),
+        (
+            "fixed",
+            d.fixed_step_seconds,
+            truth.decode_fixed_step_seconds,
+        ),
+        (
+            "per request",
+            d.batch_step_seconds_per_request,
+            truth.decode_batch_step_seconds_per_request,
+        ),
+        (
+            "per token",
+            d.context_step_seconds_per_token,
+            truth.decode_context_step_seconds_per_token,
+        ),
+    ];
+    for (name, measured, want) in checks {
+        let err = measured * scale / want - 1.0;
+        assert!(
+            err.abs() < 0.10,
+            "{name}: measured {} vs {want} ({:+.1} %)",
+            measured * scale,
+            err * 100.0
+        );
+    }
+    assert!(
+        c.fit.prefill_r2 > 0.99 && c.fit.decode_r2 > 0.99,
+        "{:?}",
+        c.fit
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_clear_error() {
+    let cli = Cli::try_parse_from([
+        "program-router",
+        "calibrate",
+        "--worker-url",
+        "http://127.0.0.1:9",
+        "--timeout-secs",
+        "2",
+    ])
+    .expect("args");
+    let Some(Command::Calibrate(args)) = cli.command else {
+        panic!("calibrate")
+    };
+    let e = program_router::calibrate::run(&args)
+        .await
+        .expect_err("no server");
+    assert!(e.contains("/v1/models"), "{e}");
+}

@@ -56,11 +56,12 @@ fn least_squares(x: &[Vec<f64>], y: &[f64], cols: &[usize]) -> Option<Vec<f64>> 
         if a[i][i].abs() < 1e-300 {
             return None;
         }
-        for r in 0..n {
+        let pivot = a[i].clone();
+        for (r, row) in a.iter_mut().enumerate() {
             if r != i {
-                let f = a[r][i] / a[i][i];
-                for c in i..=n {
-                    a[r][c] -= f * a[i][c];
+                let f = row[i] / pivot[i];
+                for (cell, p) in row.iter_mut().zip(&pivot).skip(i) {
+                    *cell -= f * p;
                 }
             }
         }

@@ -17,12 +17,6 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, -D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "cargo build (binaries used by the Python suites)"
-cargo build --workspace --locked --bins
-
-step "cargo test"
-cargo test --workspace --locked
-
 step "python venv"
 venv="${PROGSCHED_VENV:-$HOME/.cache/progsched/venv}"
 req=tests/python/requirements.txt
@@ -33,6 +27,14 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
   echo "$want" > "$stamp"
 fi
+
+export PROGSCHED_VENV="$venv"
+
+step "cargo build (binaries used by the Python suites and the compare test)"
+cargo build --workspace --locked --bins
+
+step "cargo test"
+cargo test --workspace --locked
 
 step "pytest tests/python"
 PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest tests/python -q -p no:cacheprovider

@@ -4,5 +4,7 @@
 //! scheduler core and vllm-sim's engine model in virtual time.
 #![forbid(unsafe_code)]
 
+pub mod compare;
 pub mod des;
+pub mod replay;
 pub mod workload;

@@ -30,6 +30,38 @@ enum Cmd {
         #[arg(long, short)]
         out: PathBuf,
     },
+    /// Run the same workload through each router side by side on fresh simulators (real time).
+    Compare {
+        #[command(flatten)]
+        w: WorkloadArgs,
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "pr-hash,pr-binding,pr-program,vr-hash,vr-program"
+        )]
+        variants: Vec<progbench::compare::Variant>,
+        #[arg(long, default_value_t = 2)]
+        servers: usize,
+        #[arg(long, default_value_t = 2)]
+        dp: usize,
+        #[arg(long, default_value_t = 6144)]
+        num_gpu_blocks: usize,
+        #[arg(long, default_value_t = 32768)]
+        max_model_len: usize,
+        /// Simulated seconds per wall second.
+        #[arg(long, default_value_t = 10.0)]
+        time_scale: f64,
+        /// Wall-clock limit of one run, seconds.
+        #[arg(long, default_value_t = 600.0)]
+        limit_secs: f64,
+        #[arg(long, default_value = "{}")]
+        program_config: String,
+        /// vllm-router binary (default: $PROGSCHED_VENV/bin/vllm-router, then PATH).
+        #[arg(long)]
+        vllm_router: Option<PathBuf>,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Replay a workload through the scheduler core and simulated ranks in virtual time, side by
     /// side for each mode.
     Sim {
@@ -71,7 +103,25 @@ struct WorkloadArgs {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if let Cmd::Compare { .. } = &cli.cmd {
+        let rt = match tokio::runtime::Runtime::new() {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("progbench: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        return match rt.block_on(compare(cli.cmd)) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("progbench: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("progbench: {e}");
@@ -80,8 +130,96 @@ fn main() -> ExitCode {
     }
 }
 
+async fn compare(cmd: Cmd) -> Result<bool, String> {
+    let Cmd::Compare {
+        w,
+        variants,
+        servers,
+        dp,
+        num_gpu_blocks,
+        max_model_len,
+        time_scale,
+        limit_secs,
+        program_config,
+        vllm_router,
+        json,
+    } = cmd
+    else {
+        return Ok(false);
+    };
+    let bin_dir = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .ok_or("cannot locate the binaries' folder")?;
+    let vllm_router = vllm_router.or_else(|| {
+        let venv = std::env::var("PROGSCHED_VENV")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| {
+                PathBuf::from(std::env::var("HOME").unwrap_or_default())
+                    .join(".cache/progsched/venv")
+            });
+        let p = venv.join("bin/vllm-router");
+        p.exists().then_some(p)
+    });
+    let program_config: serde_json::Value =
+        serde_json::from_str(&program_config).map_err(|e| format!("--program-config: {e}"))?;
+    let setup = progbench::compare::Setup {
+        servers,
+        dp,
+        num_gpu_blocks,
+        max_model_len,
+        time_scale,
+        limit: std::time::Duration::from_secs_f64(limit_secs),
+        bin_dir,
+        vllm_router,
+        program_config,
+    };
+    let turns = workload::generate(w.preset, w.programs, w.rate, w.seed);
+    let mut results = Vec::new();
+    for v in variants {
+        eprintln!("running {v:?} ...");
+        let r = progbench::compare::run_variant(&turns, v, &setup).await;
+        eprintln!(
+            "  {:?}: {} in {:.0} s",
+            v,
+            if r.ok { "ok" } else { "FAILED" },
+            r.wall_seconds
+        );
+        results.push(r);
+    }
+    progbench::compare::check_comparable(&mut results);
+    println!(
+        "{:<12} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10}  status",
+        "variant", "requests", "hit", "JCT mean", "JCT p50", "JCT p90", "JCT p99", "out tokens"
+    );
+    for r in &results {
+        println!(
+            "{:<12} {:>9} {:>7.1}% {:>8.1}s {:>8.1}s {:>8.1}s {:>8.1}s {:>10}  {}",
+            format!("{:?}", r.variant),
+            r.requests,
+            r.server_token_hit * 100.0,
+            r.mean_jct,
+            r.p50_jct,
+            r.p90_jct,
+            r.p99_jct,
+            r.completion_tokens,
+            r.failure.as_deref().unwrap_or("ok"),
+        );
+    }
+    if let Some(p) = json {
+        std::fs::write(
+            &p,
+            serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(results.iter().all(|r| r.ok))
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
+        Cmd::Compare { .. } => Ok(()),
         Cmd::Gen { w, out } => {
             let turns = workload::generate(w.preset, w.programs, w.rate, w.seed);
             std::fs::write(&out, workload::to_jsonl(&turns))

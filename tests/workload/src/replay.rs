@@ -1,0 +1,257 @@
+//! Real-time replay of a workload against an OpenAI-compatible endpoint (a router or a server).
+//!
+//! Owns the client side of a benchmark run: one task per Program, each turn sent only after the
+//! previous one completed plus its tool gap (both scaled by the backend's time scale), the chat
+//! history rebuilt from the actual replies (so generated tokens come back as cache hits, as with a
+//! real agent), Program identity in the chosen form, and per-request/per-Program records. Bounded
+//! by a wall-clock limit; loopback only in tests and benches.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::workload::{Turn, programs};
+
+/// How a request says which Program it belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[value(rename_all = "kebab-case")]
+pub enum ContextMode {
+    /// `vllm_xargs.agentic_context` as an object (the canonical contract).
+    Object,
+    /// The same as a JSON string (what stock vLLM accepts).
+    String,
+    /// Only `x-session-id` (for `program_scheduling_enable_key: auto` and session-hash routing).
+    Headers,
+}
+
+#[derive(Debug, Clone)]
+pub struct ReplayConfig {
+    pub url: String,
+    pub model: String,
+    pub context: ContextMode,
+    /// Simulated seconds per wall second of the backend: gaps and arrivals are divided by it and
+    /// latencies multiplied, so the report is in the workload's own seconds.
+    pub time_scale: f64,
+    pub max_model_len: usize,
+    pub limit: Duration,
+}
+
+/// One request's record.
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestRecord {
+    pub program: String,
+    pub step: u32,
+    pub status: u16,
+    pub latency_seconds: f64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// What a replay measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    pub requests: Vec<RequestRecord>,
+    /// (program, JCT seconds) of Programs that finished every turn.
+    pub jct: Vec<(String, f64)>,
+    pub errors: u64,
+    pub truncated: u64,
+    pub timed_out: bool,
+}
+
+impl ReplayReport {
+    pub fn prompt_tokens(&self) -> u64 {
+        self.requests.iter().map(|r| r.prompt_tokens).sum()
+    }
+    pub fn cached_tokens(&self) -> u64 {
+        self.requests.iter().map(|r| r.cached_tokens).sum()
+    }
+    pub fn completion_tokens(&self) -> u64 {
+        self.requests.iter().map(|r| r.completion_tokens).sum()
+    }
+}
+
+/// A word the simulator's tokenizer counts as one token (a space and at most 7 characters).
+fn word(a: u64, b: u64) -> String {
+    let v =
+        vllm_sim::tokenizer::splitmix(a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b) % 2_176_782_336; // 36^6
+    let mut s = String::from(" ");
+    let mut x = v;
+    let mut digits = [0u8; 6];
+    for d in digits.iter_mut().rev() {
+        *d = b"0123456789abcdefghijklmnopqrstuvwxyz"[(x % 36) as usize];
+        x /= 36;
+    }
+    s.push_str(std::str::from_utf8(&digits).unwrap_or("x"));
+    s
+}
+
+fn text(a: u64, b: u64, tokens: u32) -> String {
+    (0..u64::from(tokens))
+        .map(|i| word(a, b.wrapping_mul(1_000_003).wrapping_add(i)))
+        .collect()
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+async fn program_task(
+    client: HttpClient,
+    cfg: Arc<ReplayConfig>,
+    turns: Vec<Turn>,
+    index: u64,
+    start: Instant,
+) -> (Vec<RequestRecord>, Option<f64>, u64, bool) {
+    let first = &turns[0];
+    let arrive = start + Duration::from_secs_f64(first.program_arrival / cfg.time_scale);
+    tokio::time::sleep_until(arrive.into()).await;
+    let began = Instant::now();
+    let mut messages = vec![
+        json!({"role": "system", "content": text(1, u64::from(first.system_prompt), first.system_tokens)}),
+    ];
+    let mut records = Vec::new();
+    let mut context_estimate = first.system_tokens as usize;
+    for turn in &turns {
+        let user = text(1000 + index, u64::from(turn.step), turn.append_tokens);
+        context_estimate += turn.append_tokens as usize + 8;
+        if context_estimate + turn.output_tokens as usize + 64 > cfg.max_model_len {
+            return (records, None, 0, true);
+        }
+        messages.push(json!({"role": "user", "content": user}));
+        let mut body =
+            json!({"model": cfg.model, "messages": messages, "max_tokens": turn.output_tokens});
+        let ctx = json!({"program_id": turn.program_id, "task_id": turn.task_id, "step_id": turn.step,
+            "expected_resume": turn.gap_after > 0.0});
+        match cfg.context {
+            ContextMode::Object => body["vllm_xargs"] = json!({"agentic_context": ctx}),
+            ContextMode::String => body["vllm_xargs"] = json!({"agentic_context": ctx.to_string()}),
+            ContextMode::Headers => {}
+        }
+        let req = hyper::Request::post(format!(
+            "{}/v1/chat/completions",
+            cfg.url.trim_end_matches('/')
+        ))
+        .header("content-type", "application/json")
+        .header("x-session-id", turn.program_id.as_str())
+        .body(Full::new(Bytes::from(body.to_string())));
+        let Ok(req) = req else {
+            return (records, None, 1, false);
+        };
+        let sent = Instant::now();
+        let resp = match client.request(req).await {
+            Ok(r) => r,
+            Err(_) => return (records, None, 1, false),
+        };
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        let latency = sent.elapsed().as_secs_f64() * cfg.time_scale;
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let u = &v["usage"];
+        let rec = RequestRecord {
+            program: turn.program_id.clone(),
+            step: turn.step,
+            status,
+            latency_seconds: latency,
+            prompt_tokens: u["prompt_tokens"].as_u64().unwrap_or(0),
+            cached_tokens: u["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0),
+            completion_tokens: u["completion_tokens"].as_u64().unwrap_or(0),
+        };
+        let ok = status == 200;
+        if ok {
+            context_estimate = (rec.prompt_tokens + rec.completion_tokens) as usize + 8;
+        }
+        records.push(rec);
+        if !ok {
+            return (records, None, 1, false);
+        }
+        let reply = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        messages.push(json!({"role": "assistant", "content": reply}));
+        if turn.gap_after > 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(turn.gap_after / cfg.time_scale)).await;
+        }
+    }
+    (
+        records,
+        Some(began.elapsed().as_secs_f64() * cfg.time_scale),
+        0,
+        false,
+    )
+}
+
+/// Replays `turns` against `cfg.url`; stops by itself at `cfg.limit`.
+pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1024)
+        .build(http);
+    let cfg = Arc::new(cfg);
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for (i, p) in programs(turns).into_iter().enumerate() {
+        set.spawn(program_task(
+            client.clone(),
+            cfg.clone(),
+            p,
+            i as u64,
+            start,
+        ));
+    }
+    let mut report = ReplayReport {
+        requests: Vec::new(),
+        jct: Vec::new(),
+        errors: 0,
+        truncated: 0,
+        timed_out: false,
+    };
+    let deadline = tokio::time::Instant::from_std(start + cfg.limit);
+    loop {
+        match tokio::time::timeout_at(deadline, set.join_next()).await {
+            Ok(Some(Ok((records, jct, errors, truncated)))) => {
+                if let (Some(j), Some(r)) = (jct, records.first()) {
+                    report.jct.push((r.program.clone(), j));
+                }
+                report.requests.extend(records);
+                report.errors += errors;
+                report.truncated += u64::from(truncated);
+            }
+            Ok(Some(Err(_))) => report.errors += 1,
+            Ok(None) => break,
+            Err(_) => {
+                report.timed_out = true;
+                set.abort_all();
+                break;
+            }
+        }
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_words_are_single_simulator_tokens() {
+        let t = text(3, 4, 50);
+        assert_eq!(vllm_sim::tokenizer::count_tokens(&t), 50);
+        assert_eq!(t, text(3, 4, 50));
+        assert_ne!(t, text(3, 5, 50));
+    }
+}

@@ -1,0 +1,63 @@
+//! The compare pipeline on a tiny configuration: real binaries on loopback, fresh simulators per
+//! run, identical token totals across runs. No timing assertions.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use progbench::compare::{Setup, Variant, check_comparable, run_variant};
+use progbench::workload::{Preset, generate};
+
+fn bin_dir() -> PathBuf {
+    // target/<profile>/deps/compare-<hash> → target/<profile>
+    let exe = std::env::current_exe().expect("test binary");
+    exe.parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .to_path_buf()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn program_router_variants_serve_identical_work() {
+    let dir = bin_dir();
+    for b in ["vllm-sim", "program-router"] {
+        assert!(
+            dir.join(b).exists(),
+            "{b} must be built (cargo build --workspace --bins) in {}",
+            dir.display()
+        );
+    }
+    let venv = std::env::var("PROGSCHED_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/progsched/venv")
+        });
+    let vllm_router = Some(venv.join("bin/vllm-router")).filter(|p| p.exists());
+    let setup = Setup {
+        servers: 1,
+        dp: 2,
+        num_gpu_blocks: 4096,
+        max_model_len: 32768,
+        time_scale: 50.0,
+        limit: Duration::from_secs(120),
+        bin_dir: dir,
+        vllm_router: vllm_router.clone(),
+        program_config: serde_json::json!({}),
+    };
+    let turns = generate(Preset::Chat, 3, 2.0, 5);
+    let mut variants = vec![Variant::PrHash, Variant::PrProgram];
+    if vllm_router.is_some() {
+        variants.push(Variant::VrHash);
+    } else if std::env::var("CI").is_ok() {
+        panic!("vllm-router must be installed in CI ({})", venv.display());
+    }
+    let mut results = Vec::new();
+    for v in variants {
+        results.push(run_variant(&turns, v, &setup).await);
+    }
+    check_comparable(&mut results);
+    for r in &results {
+        assert!(r.ok, "{:?}: {:?}", r.variant, r.failure);
+        assert!(r.requests > 0 && r.programs_completed == 3, "{r:?}");
+        assert!(r.server_token_hit > 0.0 && r.server_token_hit < 1.0);
+    }
+}

@@ -469,12 +469,7 @@ impl RouterConfig {
     /// Content hash of the effective configuration (hex), reported on `/status`.
     pub fn hash(&self) -> String {
         let canonical = serde_json::to_vec(self).unwrap_or_default();
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in canonical {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        format!("{h:016x}")
+        format!("{:016x}", crate::hash::fnv1a(&canonical))
     }
 
     /// The JSON Schema of the configuration file.

@@ -18,12 +18,7 @@ pub enum FileEvent {
 }
 
 fn digest(b: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for x in b {
-        h ^= u64::from(*x);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h ^ (b.len() as u64).rotate_left(32)
+    crate::hash::fnv1a(b) ^ (b.len() as u64).rotate_left(32)
 }
 
 /// Polls `path` every `interval` and calls `on_event` for each change after the content the

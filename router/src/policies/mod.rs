@@ -55,18 +55,7 @@ pub fn build(cfg: &RouterConfig, targets: &TargetSet) -> Box<dyn Policy> {
     }
 }
 
-/// 64-bit FNV-1a, for stable placement across processes and restarts.
-pub fn stable_hash(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    // Finalise so that nearby keys spread over the ring.
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^ (h >> 33)
-}
+pub use crate::hash::stable_hash;
 
 #[cfg(test)]
 pub(crate) mod testing {

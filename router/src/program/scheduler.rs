@@ -713,13 +713,16 @@ impl Scheduler {
         };
         self.ranks[r.rank].queue.remove(&qk(&r.key));
         let since = self.retained_at.remove(&ticket).unwrap_or(now);
+        let p = self.program(r.program);
+        // An active Program (another of its requests was admitted meanwhile, maybe on another
+        // rank) keeps its place: this request joins it there and never moves it.
+        let active = p.active();
+        let rank = if active { p.rank } else { rank };
         self.notes.push(Note::QueueWait {
             rank,
             seconds: now - since,
         });
-        let p = self.program(r.program);
-        let already = p.active() && p.rank == rank;
-        if already {
+        if active {
             let p = self.program_mut(r.program);
             p.phase = Phase::Reasoning;
             p.timer_gen += 1;

@@ -711,6 +711,65 @@ mod properties {
         (all, outcome)
     }
 
+    /// The counterexample proptest found: with `global_queue`, one of a Program's two queued
+    /// requests was admitted on another rank and the other pulled the Program back home while a
+    /// request was in flight, splitting its ledger.
+    #[test]
+    fn regression_second_request_of_a_migrated_program() {
+        use Ev::*;
+        let a = |program, prompt, ttl: Option<u8>, priority| Arrive {
+            program,
+            prompt,
+            ttl,
+            priority,
+        };
+        let events = [
+            a(5, 1, None, 0),
+            Complete { pick: 0, growth: 0 },
+            a(0, 1, None, 0),
+            a(0, 250, None, 0),
+            a(1, 1, Some(1), 0),
+            a(6, 1, None, 0),
+            Complete { pick: 0, growth: 0 },
+            Complete {
+                pick: 64,
+                growth: 0,
+            },
+            a(2, 751, None, 0),
+            Complete { pick: 5, growth: 0 },
+            Observe {
+                rank: 1,
+                waiting: 1,
+            },
+            a(0, 768, None, 0),
+            a(2, 233, None, 1),
+            Complete { pick: 0, growth: 0 },
+            a(5, 1, None, 0),
+            Tick { dt: 2 },
+            Cancel { pick: 186 },
+            Complete {
+                pick: 103,
+                growth: 0,
+            },
+            Complete { pick: 0, growth: 0 },
+        ];
+        let c = ProgramSchedulingConfig {
+            global_queue: true,
+            resume_order: ResumeOrder::Mru,
+            queue_timeout_seconds: 30.0,
+            force_resume_timeout_seconds: 20.0,
+            max_active_programs_per_target: 3,
+            stats_window_size: 4,
+            ..cfg()
+        };
+        let (_, outcome) = run(c, &events);
+        assert!(
+            outcome
+                .values()
+                .all(|o| *o != "pending" && *o != "dispatched")
+        );
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 

@@ -1,16 +1,11 @@
 //! Harness: in-process vllm-sim backends and program-router instances on loopback ports.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use clap::Parser;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use program_router::config::RouterConfig;
 use program_router::config::cli::Flags;
 use program_router::state::RouterState;
@@ -143,96 +138,16 @@ pub fn workers(urls: &[String], dp: u32) -> RouterConfig {
     }
 }
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-pub fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-pub struct Reply {
-    pub status: u16,
-    pub headers: http::HeaderMap,
-    pub body: Bytes,
-}
-
-impl Reply {
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-pub async fn send(
-    c: &HttpClient,
-    method: &str,
-    url: &str,
-    body: &str,
-    headers: &[(&str, &str)],
-) -> Reply {
-    let mut b = hyper::Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let resp = c
-        .request(
-            b.body(Full::new(Bytes::from(body.to_string())))
-                .expect("req"),
-        )
-        .await
-        .expect("response");
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp.into_body().collect().await.expect("body").to_bytes();
-    Reply {
-        status,
-        headers,
-        body,
-    }
-}
-
-pub async fn post(c: &HttpClient, url: &str, body: &str) -> Reply {
-    send(c, "POST", url, body, &[]).await
-}
-
-pub async fn get(c: &HttpClient, url: &str) -> Reply {
-    send(c, "GET", url, "", &[]).await
-}
+pub use testkit::{HttpClient, Reply, client, get, post, send};
 
 pub fn chat(content: &str, max_tokens: u32) -> String {
     serde_json::json!({"model": "sim-model", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens})
         .to_string()
 }
 
-/// Sum of a metric over the series matching `labels`, parsed with a Prometheus text parser.
+/// Sum of a metric over the series matching `labels` (0 when absent).
 pub fn metric_in(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    use openmetrics_parser::{PrometheusValue, prometheus::parse_prometheus};
-    let exp = parse_prometheus(text).unwrap_or_else(|e| panic!("exposition must parse: {e:?}"));
-    let Some(fam) = exp.families.get(name) else {
-        return 0.0;
-    };
-    let mut total = 0.0;
-    for s in fam.iter_samples() {
-        let set = s.get_labelset().expect("labels");
-        if !labels
-            .iter()
-            .all(|(k, v)| set.get_label_value(k) == Some(*v))
-        {
-            continue;
-        }
-        total += match &s.value {
-            PrometheusValue::Gauge(n) | PrometheusValue::Unknown(n) => n.as_f64(),
-            PrometheusValue::Counter(c) => c.value.as_f64(),
-            PrometheusValue::Histogram(h) => h.count.unwrap_or(0) as f64,
-            _ => 0.0,
-        };
-    }
-    total
+    testkit::metric_value(text, name, labels, false)
 }
 
 pub async fn metric(c: &HttpClient, base: &str, name: &str, labels: &[(&str, &str)]) -> f64 {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::des::percentile;
 use crate::replay::{ContextMode, ReplayConfig, replay};
 use crate::workload::Turn;
 
@@ -132,13 +133,6 @@ fn spawn(bin: &Path, args: &[String]) -> Result<Child, String> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", bin.display()))
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
 
 /// Runs one variant on fresh simulators.

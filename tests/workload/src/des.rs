@@ -91,7 +91,8 @@ fn token(a: u64, b: u64, i: u64) -> u32 {
         as u32
 }
 
-fn percentile(sorted: &[f64], q: f64) -> f64 {
+/// The `q` quantile of ascending `sorted` (nearest rank); 0 when empty.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

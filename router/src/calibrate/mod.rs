@@ -2,7 +2,7 @@
 //! models (cold prefill, decode step) with non-negative coefficients.
 //!
 //! Prefill: non-streaming 1-token completions of fresh random prompts (no cache hits) at several
-//! sizes; the request time is the cold-prefill time (plus a constant the intercept absorbs).
+//! sizes; the request time less the median `/health` round trip is the cold-prefill time.
 //! Decode: B concurrent streams of fresh C-token prompts; the mean inter-token interval while all
 //! B decode is one step of batch B over B·(C + generated) context tokens. `decode_throughput_alpha`
 //! is not derived (as in the reference procedure); configure it separately.
@@ -197,6 +197,19 @@ pub async fn run(args: &CalibrateArgs) -> Result<Calibration, String> {
         .as_u64()
         .unwrap_or(u64::MAX);
 
+    // Network and HTTP round trip, which the engine's prefill does not include.
+    let mut rtts = Vec::new();
+    for _ in 0..9 {
+        let start = Instant::now();
+        let req = ctx.request("/health", None)?;
+        if let Ok(resp) = ctx.client.request(req).await {
+            let _ = resp.into_body().collect().await;
+            rtts.push(start.elapsed().as_secs_f64());
+        }
+    }
+    rtts.sort_by(f64::total_cmp);
+    let rtt = rtts.get(rtts.len() / 2).copied().unwrap_or(0.0);
+
     // Prefill.
     let mut prefill_samples = Vec::new();
     for &size in &args.prompt_sizes {
@@ -214,7 +227,7 @@ pub async fn run(args: &CalibrateArgs) -> Result<Calibration, String> {
             times.push(start.elapsed().as_secs_f64());
         }
         times.sort_by(f64::total_cmp);
-        prefill_samples.push((size, times[times.len() / 2]));
+        prefill_samples.push((size, (times[times.len() / 2] - rtt).max(0.0)));
     }
     let px: Vec<Vec<f64>> = prefill_samples
         .iter()

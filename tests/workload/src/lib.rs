@@ -6,5 +6,6 @@
 
 pub mod compare;
 pub mod des;
+pub mod oracle;
 pub mod replay;
 pub mod workload;

@@ -1,0 +1,117 @@
+//! Oracle bounds of a workload: what is physically possible, against which excess JCT and missing
+//! hit are measured.
+//!
+//! * `H*` — token hit if every turn found its whole previous context cached (the system prompt is
+//!   cold only the first time each group is used, and a turn's new tokens are always computed),
+//!   with the engine's block granularity and its rule that the last prompt token is computed.
+//! * `JCT*` — per Program, no queueing, every turn a full hit, decode at batch 1: the sum over turns
+//!   of the cold prefill of the uncached tokens, the decode steps of its output, and the tool gaps.
+
+use serde::Serialize;
+use vllm_sim::engine::EngineParams;
+
+use crate::workload::{Turn, programs};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Oracle {
+    pub token_hit: f64,
+    pub mean_jct_seconds: f64,
+}
+
+/// Bounds for `turns` on engines shaped like `engine` (chat-template tokens are ignored).
+pub fn bounds(turns: &[Turn], engine: &EngineParams) -> Oracle {
+    let bs = engine.block_size as u64;
+    let t = &engine.timing;
+    let mut seen_system = std::collections::BTreeSet::new();
+    let (mut prompt, mut cached) = (0u64, 0u64);
+    let mut jcts = Vec::new();
+    for p in programs(turns) {
+        let mut context = 0u64;
+        let mut jct = 0.0;
+        for turn in &p {
+            let first = turn.step == 0;
+            let system = u64::from(turn.system_tokens);
+            let reusable = if first {
+                if seen_system.insert(turn.system_prompt) {
+                    0
+                } else {
+                    system
+                }
+            } else {
+                context
+            };
+            if first {
+                context = system;
+            }
+            context += u64::from(turn.append_tokens);
+            if context + u64::from(turn.output_tokens) > engine.max_model_len as u64 {
+                break;
+            }
+            // Whole blocks only, and never the last prompt token.
+            let hit = (reusable.min(context - 1) / bs) * bs;
+            prompt += context;
+            cached += hit;
+            jct += t.cold_prefill_seconds(context - hit);
+            for k in 1..turn.output_tokens {
+                jct += t.decode_step_seconds(1, context + u64::from(k));
+            }
+            context += u64::from(turn.output_tokens);
+            jct += turn.gap_after;
+        }
+        jcts.push(jct);
+    }
+    Oracle {
+        token_hit: if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        },
+        mean_jct_seconds: if jcts.is_empty() {
+            0.0
+        } else {
+            jcts.iter().sum::<f64>() / jcts.len() as f64
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(step: u32, append: u32, output: u32, gap: f64) -> Turn {
+        Turn {
+            program_id: "p".into(),
+            task_id: "t".into(),
+            step,
+            program_arrival: 0.0,
+            system_prompt: 0,
+            system_tokens: 32,
+            append_tokens: append,
+            output_tokens: output,
+            gap_after: gap,
+        }
+    }
+
+    #[test]
+    fn a_hand_made_program() {
+        let engine = EngineParams::default();
+        // Turn 0: 32 system + 32 append = 64 tokens, all cold (first use of the system prompt).
+        // Turn 1: 64 + 2 output + 16 append = 82 tokens; 66 reusable → 64 in whole blocks.
+        let o = bounds(&[turn(0, 32, 2, 1.5), turn(1, 16, 1, 0.0)], &engine);
+        assert!(
+            (o.token_hit - 64.0 / 146.0).abs() < 1e-12,
+            "{}",
+            o.token_hit
+        );
+        let t = &engine.timing;
+        let want = t.cold_prefill_seconds(64)
+            + t.decode_step_seconds(1, 65)
+            + 1.5
+            + t.cold_prefill_seconds(18);
+        assert!(
+            (o.mean_jct_seconds - want).abs() < 1e-12,
+            "{} vs {want}",
+            o.mean_jct_seconds
+        );
+    }
+}

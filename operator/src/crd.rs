@@ -1,0 +1,338 @@
+//! The `ProgramScheduling` custom resource (`scheduling.program-router.dev/v1alpha1`).
+//!
+//! Owns the user-facing schema: which pods are vLLM workers, how their DP ranks are found, how the
+//! router is deployed, and every Program scheduling field of the spec (camelCase, optional: an
+//! omitted field takes the router's default). CEL rules reject what the schema alone cannot.
+//! The router's own `ProgramSchedulingConfig` stays the source of truth for defaults and
+//! validation; [`ProgramSchedulingParams::to_router`] converts.
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, SecretKeySelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Annotation giving a worker pod's DP size when its container args do not.
+pub const DP_SIZE_ANNOTATION: &str = "scheduling.program-router.dev/data-parallel-size";
+/// Annotation giving a worker pod's first GLOBAL DP rank.
+pub const DP_START_ANNOTATION: &str = "scheduling.program-router.dev/data-parallel-start-rank";
+
+/// Routes agentic traffic over the vLLM data-parallel ranks of the selected worker pods.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "scheduling.program-router.dev",
+    version = "v1alpha1",
+    kind = "ProgramScheduling",
+    namespaced,
+    shortname = "psched",
+    status = "ProgramSchedulingStatus",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Ranks","type":"integer","jsonPath":".status.ranks"}"#,
+    printcolumn = r#"{"name":"Routers","type":"integer","jsonPath":".status.readyRouters"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgramSchedulingSpec {
+    /// Selects the vLLM worker pods (in this namespace).
+    pub worker_selector: LabelSelector,
+    /// Port of the workers' OpenAI API.
+    #[serde(default = "default_worker_port")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1 && self <= 65535").message("workerPort must be a TCP port"))]
+    pub worker_port: i32,
+    /// DP ranks per worker pod; when absent, read from each pod (annotation or vLLM args).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_parallel: Option<DataParallelSpec>,
+    /// The router Deployment.
+    #[serde(default)]
+    pub router: RouterSpec,
+    /// Program scheduling; absent = request-level routing only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program_scheduling: Option<ProgramSchedulingParams>,
+    /// Secret key holding the workers' API key (sent as Bearer by the router).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret_ref: Option<SecretKeySelector>,
+}
+
+fn default_worker_port() -> i32 {
+    8000
+}
+
+/// Data parallelism of each worker pod.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DataParallelSpec {
+    /// DP ranks served by each pod (its local ranks).
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("dataParallel.size must be at least 1"))]
+    pub size: Option<i32>,
+}
+
+/// How the router is deployed (every field optional).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RouterSpec {
+    #[serde(default = "d::image")]
+    pub image: String,
+    #[serde(default = "d::replicas")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0").message("router.replicas must not be negative"))]
+    pub replicas: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default = "d::port")]
+    pub port: i32,
+    #[serde(default = "d::metrics_port")]
+    pub metrics_port: i32,
+    /// Request-level policy for requests without Program identity.
+    #[serde(default = "d::policy")]
+    #[x_kube(validation = kube::core::Rule::new(
+        "self in ['round_robin', 'random', 'consistent_hash', 'power_of_two', 'cache_aware']"
+    ).message("router.policy must be round_robin, random, consistent_hash, power_of_two or cache_aware"))]
+    pub policy: String,
+    /// Service type of the router Service.
+    #[serde(default = "d::service_type")]
+    #[x_kube(validation = kube::core::Rule::new("self in ['ClusterIP', 'NodePort', 'LoadBalancer']")
+        .message("router.serviceType must be ClusterIP, NodePort or LoadBalancer"))]
+    pub service_type: String,
+    /// Extra command-line arguments for program-router.
+    #[serde(default)]
+    pub extra_args: Vec<String>,
+}
+
+/// Defaults of [`RouterSpec`], per field so that a partial `router:` is complete.
+mod d {
+    pub fn image() -> String {
+        "ghcr.io/program-scheduling/program-router:latest".into()
+    }
+    pub fn replicas() -> i32 {
+        2
+    }
+    pub fn port() -> i32 {
+        8080
+    }
+    pub fn metrics_port() -> i32 {
+        9090
+    }
+    pub fn policy() -> String {
+        "cache_aware".into()
+    }
+    pub fn service_type() -> String {
+        "ClusterIP".into()
+    }
+}
+
+impl Default for RouterSpec {
+    fn default() -> Self {
+        RouterSpec {
+            image: d::image(),
+            replicas: d::replicas(),
+            resources: None,
+            port: d::port(),
+            metrics_port: d::metrics_port(),
+            policy: d::policy(),
+            service_type: d::service_type(),
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// Program scheduling fields (the router's `program_scheduling`, camelCase). Omitted fields take the
+/// router's defaults.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.lowWatermarkRatio) || !has(self.highWatermarkRatio) || self.lowWatermarkRatio <= self.highWatermarkRatio"
+).message("programScheduling.lowWatermarkRatio must not exceed highWatermarkRatio"))]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.bindingStrategy) || self.bindingStrategy != 'reasoning_token_balance' || has(self.tokenCapacityPerDpRank)"
+).message("programScheduling.bindingStrategy reasoning_token_balance requires tokenCapacityPerDpRank"))]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.forceResumeTimeoutSeconds) || !has(self.queueTimeoutSeconds) || self.forceResumeTimeoutSeconds <= self.queueTimeoutSeconds"
+).message("programScheduling.forceResumeTimeoutSeconds must not exceed queueTimeoutSeconds"))]
+pub struct ProgramSchedulingParams {
+    #[x_kube(validation = kube::core::Rule::new("self in ['vllm_xargs.agentic_context', 'auto']")
+        .message("programSchedulingEnableKey must be vllm_xargs.agentic_context or auto"))]
+    pub program_scheduling_enable_key: Option<String>,
+    pub binding_only: Option<bool>,
+    pub global_queue: Option<bool>,
+    #[x_kube(validation = kube::core::Rule::new("self in ['mru', 'fcfs']").message("resumeOrder must be mru or fcfs"))]
+    pub resume_order: Option<String>,
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("crossRankHeadroomRatio must be >= 0"))]
+    pub cross_rank_headroom_ratio: Option<f64>,
+    #[x_kube(validation = kube::core::Rule::new(
+        "self in ['consistent_hash', 'program_round_robin', 'least_program_count', 'reasoning_token_balance', 'cache_aware']"
+    ).message("bindingStrategy is not a known strategy"))]
+    pub binding_strategy: Option<String>,
+    pub hash_virtual_nodes: Option<u32>,
+    #[x_kube(validation = kube::core::Rule::new("self > 0").message("tokenCapacityPerDpRank must be > 0"))]
+    pub token_capacity_per_dp_rank: Option<u64>,
+    pub max_active_programs_per_target: Option<u32>,
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("metricsIntervalSeconds must be > 0"))]
+    pub metrics_interval_seconds: Option<f64>,
+    pub admission_waiting_request_threshold: Option<u32>,
+    pub queue_timeout_seconds: Option<f64>,
+    pub force_resume_timeout_seconds: Option<f64>,
+    pub paused_retention_ttl_seconds: Option<f64>,
+    pub shared_prefix_freshness_warmup_seconds: Option<f64>,
+    pub shared_prefix_freshness_kv_turnovers: Option<f64>,
+    pub decode_buffer_tokens: Option<u64>,
+    pub max_acting_ttl_seconds: Option<f64>,
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("highWatermarkRatio must be > 0"))]
+    pub high_watermark_ratio: Option<f64>,
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("lowWatermarkRatio must be > 0"))]
+    pub low_watermark_ratio: Option<f64>,
+    pub max_segment_rounds: Option<u32>,
+    pub stats_window_size: Option<u32>,
+    pub enable_batch_gain_admission: Option<bool>,
+    pub prefill_cost_model: Option<PrefillCostModelParams>,
+    pub decode_throughput_model: Option<DecodeThroughputModelParams>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PrefillCostModelParams {
+    pub intercept_seconds: Option<f64>,
+    pub linear_seconds_per_1k_tokens: Option<f64>,
+    pub quadratic_seconds_per_1k_tokens_squared: Option<f64>,
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0 && self <= 1.0").message("decodeThroughputAlpha must be within [0, 1]"))]
+    pub decode_throughput_alpha: Option<f64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DecodeThroughputModelParams {
+    pub fixed_step_seconds: Option<f64>,
+    pub batch_step_seconds_per_request: Option<f64>,
+    pub context_step_seconds_per_token: Option<f64>,
+}
+
+/// Observed state, written by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgramSchedulingStatus {
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// DP ranks currently routed to.
+    pub ranks: Option<i32>,
+    /// Router replicas that report the current config.
+    pub ready_routers: Option<i32>,
+    /// Hash of the rendered router config.
+    pub config_hash: Option<String>,
+}
+
+impl ProgramSchedulingParams {
+    /// The router's configuration: the camelCase fields renamed to the router's names, omitted
+    /// fields defaulted and every rule checked by the router's own validation. The error names
+    /// the field in the router's terms.
+    pub fn to_router(&self) -> Result<program_router::config::ProgramSchedulingConfig, String> {
+        let camel = serde_json::to_value(self).map_err(|e| e.to_string())?;
+        let snake = rename_keys(camel);
+        let cfg: program_router::config::ProgramSchedulingConfig =
+            serde_json::from_value(snake).map_err(|e| format!("programScheduling: {e}"))?;
+        cfg.validate().map_err(|e| e.to_string())?;
+        Ok(cfg)
+    }
+}
+
+fn snake(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 4);
+    for (i, c) in key.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    // "1k" stays "1k"; "Dp" becomes "dp".
+    out
+}
+
+/// camelCase → snake_case keys, dropping nulls (omitted = router default).
+fn rename_keys(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => serde_json::Value::Object(
+            m.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (snake(&k), rename_keys(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_router_field_has_a_camel_case_twin() {
+        // Every field of the router's config (minus our extensions) must round-trip.
+        let router =
+            serde_json::to_value(program_router::config::ProgramSchedulingConfig::default())
+                .expect("json");
+        let crd: serde_json::Value =
+            serde_json::to_value(ProgramSchedulingParams::default()).expect("json");
+        let crd_keys: Vec<String> = crd
+            .as_object()
+            .expect("object")
+            .keys()
+            .map(|k| snake(k))
+            .collect();
+        for k in router.as_object().expect("object").keys() {
+            if k.starts_with("ttl_") {
+                continue; // router extensions, not in the CRD yet
+            }
+            assert!(crd_keys.contains(k), "CRD lacks {k}");
+        }
+    }
+
+    #[test]
+    fn a_partial_router_spec_is_completed_with_defaults() {
+        let r: RouterSpec =
+            serde_json::from_str(r#"{"image": "example/router:1"}"#).expect("partial");
+        assert_eq!(
+            r,
+            RouterSpec {
+                image: "example/router:1".into(),
+                ..Default::default()
+            }
+        );
+    }
+
+    #[test]
+    fn conversion_defaults_and_validates() {
+        let p = ProgramSchedulingParams {
+            global_queue: Some(true),
+            token_capacity_per_dp_rank: Some(266_864),
+            prefill_cost_model: Some(PrefillCostModelParams {
+                intercept_seconds: Some(0.05),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let c = p.to_router().expect("valid");
+        assert!(c.global_queue);
+        assert_eq!(c.token_capacity_per_dp_rank, Some(266_864));
+        assert_eq!(c.prefill_cost_model.intercept_seconds, 0.05);
+        assert_eq!(
+            c.stats_window_size, 100,
+            "omitted fields take the router default"
+        );
+        let bad = ProgramSchedulingParams {
+            low_watermark_ratio: Some(2.0),
+            ..Default::default()
+        };
+        assert!(
+            bad.to_router()
+                .expect_err("invalid")
+                .contains("high_watermark_ratio")
+        );
+        let bad = ProgramSchedulingParams {
+            resume_order: Some("lifo".into()),
+            ..Default::default()
+        };
+        assert!(bad.to_router().expect_err("invalid").contains("lifo"));
+    }
+}

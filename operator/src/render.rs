@@ -1,0 +1,153 @@
+//! Spec + discovered targets → the router's configuration: a pure function, table-tested.
+//!
+//! The output is program-router's own `RouterConfig`, so every value is checked by the router's
+//! validation before it can reach a ConfigMap. The API key never appears in it (the Deployment
+//! passes it from its Secret as `PROGRAM_ROUTER_API_KEY`).
+
+use program_router::config::{PolicyKind, RouterConfig, WorkerConfig};
+
+use crate::crd::ProgramSchedulingSpec;
+
+/// Why a spec cannot become a router config (reported as `Ready=False`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct RenderError(pub String);
+
+fn policy(name: &str) -> Result<PolicyKind, RenderError> {
+    serde_json::from_value(serde_json::Value::String(name.into()))
+        .map_err(|_| RenderError(format!("router.policy: unknown policy {name:?}")))
+}
+
+/// The router config for `spec` over `workers`.
+pub fn render(
+    spec: &ProgramSchedulingSpec,
+    workers: Vec<WorkerConfig>,
+) -> Result<RouterConfig, RenderError> {
+    let port = |v: i32, f: &str| {
+        u16::try_from(v).map_err(|_| RenderError(format!("{f}: not a TCP port ({v})")))
+    };
+    let mut cfg = RouterConfig {
+        host: "0.0.0.0".into(),
+        port: port(spec.router.port, "router.port")?,
+        prometheus_host: "0.0.0.0".into(),
+        prometheus_port: Some(port(spec.router.metrics_port, "router.metricsPort")?),
+        workers,
+        log_format: program_router::config::LogFormat::Json,
+        ..Default::default()
+    };
+    cfg.policy.kind = policy(&spec.router.policy)?;
+    cfg.health.interval_secs = 5.0;
+    if let Some(ps) = &spec.program_scheduling {
+        cfg.program_scheduling = Some(ps.to_router().map_err(RenderError)?);
+    }
+    cfg.validate().map_err(|e| RenderError(e.to_string()))?;
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{ProgramSchedulingParams, RouterSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    fn spec(router: RouterSpec, ps: Option<ProgramSchedulingParams>) -> ProgramSchedulingSpec {
+        ProgramSchedulingSpec {
+            worker_selector: LabelSelector::default(),
+            worker_port: 8000,
+            data_parallel: None,
+            router,
+            program_scheduling: ps,
+            api_key_secret_ref: None,
+        }
+    }
+
+    fn w(rank: u32) -> WorkerConfig {
+        WorkerConfig {
+            url: "http://10.0.0.1:8000".into(),
+            dp_rank: Some(rank),
+        }
+    }
+
+    #[test]
+    fn renders_targets_listeners_policy_and_program_scheduling() {
+        let ps = ProgramSchedulingParams {
+            global_queue: Some(true),
+            ..Default::default()
+        };
+        let c = render(
+            &spec(
+                RouterSpec {
+                    policy: "consistent_hash".into(),
+                    ..Default::default()
+                },
+                Some(ps),
+            ),
+            vec![w(0), w(1)],
+        )
+        .expect("valid");
+        assert_eq!(c.targets().len(), 2);
+        assert_eq!(
+            (c.host.as_str(), c.port, c.prometheus_port),
+            ("0.0.0.0", 8080, Some(9090))
+        );
+        assert_eq!(c.policy.kind, PolicyKind::ConsistentHash);
+        assert!(c.program_scheduling.expect("on").global_queue);
+        assert!(
+            c.api_key.is_none(),
+            "secrets never enter the rendered config"
+        );
+    }
+
+    #[test]
+    fn semantic_errors_name_the_field() {
+        let cases = [
+            (
+                spec(
+                    RouterSpec {
+                        policy: "fastest".into(),
+                        ..Default::default()
+                    },
+                    None,
+                ),
+                "router.policy",
+            ),
+            (
+                spec(
+                    RouterSpec {
+                        port: 70000,
+                        ..Default::default()
+                    },
+                    None,
+                ),
+                "router.port",
+            ),
+            (
+                spec(
+                    Default::default(),
+                    Some(ProgramSchedulingParams {
+                        stats_window_size: Some(0),
+                        ..Default::default()
+                    }),
+                ),
+                "stats_window_size",
+            ),
+        ];
+        for (s, want) in cases {
+            let e = render(&s, vec![w(0)]).expect_err(want);
+            assert!(e.0.contains(want), "{}", e.0);
+        }
+    }
+
+    #[test]
+    fn same_input_same_hash() {
+        let s = spec(Default::default(), None);
+        assert_eq!(
+            render(&s, vec![w(0)]).expect("ok").hash(),
+            render(&s, vec![w(0)]).expect("ok").hash()
+        );
+        assert_ne!(
+            render(&s, vec![w(0)]).expect("ok").hash(),
+            render(&s, vec![w(1)]).expect("ok").hash()
+        );
+    }
+}

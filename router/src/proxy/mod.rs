@@ -57,6 +57,9 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 /// One request to forward.
 pub struct Outbound<'a> {
+    /// The configuration snapshot the request was admitted under (a pinned rank indexes its
+    /// targets, so forwarding must not load a newer one).
+    pub applied: Arc<Applied>,
     pub route: &'static str,
     pub method: Method,
     pub path_and_query: http::uri::PathAndQuery,
@@ -129,7 +132,7 @@ pub async fn forward(
     state: &Arc<RouterState>,
     mut out: Outbound<'_>,
 ) -> Result<Response<Body>, ApiError> {
-    let applied = state.applied.load_full();
+    let applied = out.applied.clone();
     let cfg = &applied.config;
     let timeout = Duration::from_secs_f64(cfg.limits.request_timeout_secs);
     let deadline = tokio::time::Instant::from_std(out.received) + timeout;

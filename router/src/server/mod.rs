@@ -280,6 +280,7 @@ async fn dispatch(
         return proxy::forward(
             state,
             Outbound {
+                applied: applied.clone(),
                 route,
                 method,
                 path_and_query: path_and_query.clone(),
@@ -331,6 +332,7 @@ async fn dispatch(
     proxy::forward(
         state,
         Outbound {
+            applied: applied.clone(),
             route,
             method,
             path_and_query: path_and_query.clone(),

@@ -8,6 +8,7 @@
 pub mod calibrate;
 pub mod config;
 pub mod error;
+pub mod fair;
 pub mod hash;
 pub mod observe;
 pub mod policies;

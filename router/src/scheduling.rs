@@ -136,6 +136,8 @@ pub struct ProgramRuntime {
     info: Vec<RankInfo>,
     ids: Vec<String>,
     metrics: ProgramMetrics,
+    /// Per-rank gauges (queue size, active Programs, used tokens), resolved once.
+    rank_gauges: Vec<[prometheus::IntGauge; 3]>,
     interval: Duration,
 }
 
@@ -155,6 +157,16 @@ impl ProgramRuntime {
             .collect();
         let interval = Duration::from_secs_f64(cfg.metrics_interval_seconds);
         metrics.coefficient.set(0.25);
+        let rank_gauges = ids
+            .iter()
+            .map(|id| {
+                [
+                    metrics.queue_size.with_label_values(&[id]),
+                    metrics.active_programs.with_label_values(&[id]),
+                    metrics.used_tokens.with_label_values(&[id]),
+                ]
+            })
+            .collect();
         Arc::new(ProgramRuntime {
             inner: Mutex::new(Inner {
                 sched: Scheduler::new(cfg, ids.clone()),
@@ -169,6 +181,7 @@ impl ProgramRuntime {
             info,
             ids,
             metrics,
+            rank_gauges,
             interval,
         })
     }
@@ -202,20 +215,10 @@ impl ProgramRuntime {
         for note in g.sched.take_notes() {
             self.record(note);
         }
-        for (i, id) in self.ids.iter().enumerate() {
-            let r = &g.sched.ranks[i];
-            self.metrics
-                .queue_size
-                .with_label_values(&[id])
-                .set(r.queue.len() as i64);
-            self.metrics
-                .active_programs
-                .with_label_values(&[id])
-                .set(i64::from(r.active_programs));
-            self.metrics
-                .used_tokens
-                .with_label_values(&[id])
-                .set(r.used_tokens as i64);
+        for (r, g) in g.sched.ranks.iter().zip(&self.rank_gauges) {
+            g[0].set(r.queue.len() as i64);
+            g[1].set(i64::from(r.active_programs));
+            g[2].set(r.used_tokens as i64);
         }
         mine
     }

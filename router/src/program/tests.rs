@@ -44,6 +44,19 @@ fn usage(prompt: u64, completion: u64) -> Option<Usage> {
     })
 }
 
+/// One rank on which Program "a" (900 tokens) holds its place through a 100 s tool call.
+fn held_by_acting(c: ProgramSchedulingConfig) -> Scheduler {
+    let mut s = sched(c, 1);
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 900), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        }),
+    );
+    s.on_complete(0.5, 1, usage(900, 10));
+    s
+}
+
 fn dispatched(d: &[Decision]) -> Vec<Ticket> {
     d.iter()
         .filter_map(|x| {
@@ -128,14 +141,7 @@ fn forced_requests_still_need_token_room_and_time_out_without_it() {
         force_resume_timeout_seconds: 5.0,
         ..cfg()
     };
-    let mut s = sched(c, 1);
-    s.on_arrival(
-        0.0,
-        with(arrival(1, "a", 900), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        }),
-    );
-    s.on_complete(0.5, 1, usage(900, 10));
+    let mut s = held_by_acting(c);
     s.on_arrival(1.0, arrival(2, "b", 900));
     assert!(
         s.on_tick(6.5).is_empty(),
@@ -159,14 +165,7 @@ fn a_request_deadline_shortens_the_queue_limit_but_never_extends_it() {
         force_resume_timeout_seconds: 5.0,
         ..cfg()
     };
-    let mut s = sched(c.clone(), 1);
-    s.on_arrival(
-        0.0,
-        with(arrival(1, "a", 900), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        }),
-    );
-    s.on_complete(0.5, 1, usage(900, 10));
+    let mut s = held_by_acting(c.clone());
     s.on_arrival(
         1.0,
         with(arrival(2, "b", 900), |i| i.deadline_seconds = Some(2.0)),
@@ -178,14 +177,7 @@ fn a_request_deadline_shortens_the_queue_limit_but_never_extends_it() {
             reason: RejectReason::QueueTimeout
         }]
     );
-    let mut s = sched(c, 1);
-    s.on_arrival(
-        0.0,
-        with(arrival(1, "a", 900), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        }),
-    );
-    s.on_complete(0.5, 1, usage(900, 10));
+    let mut s = held_by_acting(c);
     s.on_arrival(
         1.0,
         with(arrival(2, "b", 900), |i| i.deadline_seconds = Some(60.0)),

@@ -151,14 +151,20 @@ struct Retained {
     program: usize,
     rank: Rank,
     key: QueueKey,
-    forced: bool,
     demand: u64,
+}
+
+impl Retained {
+    /// Past its force-resume deadline.
+    fn forced(&self) -> bool {
+        !self.key.not_forced
+    }
 }
 
 /// Order within a rank's queue: forced first, then higher priority, then not-yielded, then
 /// MRU/FCFS; the ticket breaks ties.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct QueueKey {
+pub(crate) struct QueueKey {
     not_forced: bool,
     neg_priority: i64,
     yielded: bool,
@@ -196,7 +202,7 @@ pub(crate) struct RankState {
     pub id: String,
     pub used_tokens: u64,
     pub active_programs: u32,
-    pub queue: BTreeSet<QueueKeyPub>,
+    pub queue: BTreeSet<QueueKey>,
     pub observation: Option<(f64, Observation)>,
     pub intervals: Window,
     pub growth: Window,
@@ -206,23 +212,13 @@ pub(crate) struct RankState {
     pub repairing: bool,
 }
 
-/// Public alias so diagnostics can count queue entries without seeing the key layout.
-pub(crate) type QueueKeyPub = (bool, i64, bool, i64, Ticket);
-
-fn qk(k: &QueueKey) -> QueueKeyPub {
-    (k.not_forced, k.neg_priority, k.yielded, k.order, k.ticket)
-}
-
 /// Counters exposed as metrics.
 #[derive(Debug, Clone, Default)]
 pub struct Counters {
-    pub admitted: u64,
-    pub retained: u64,
     pub queue_timeouts: u64,
     pub force_resumes: u64,
     pub cross_rank_migrations: u64,
     pub pauses: FxHashMap<&'static str, u64>,
-    pub ttl_hits: u64,
 }
 
 /// Something worth logging or counting that happened during an event.
@@ -563,10 +559,7 @@ impl Scheduler {
         }
         let holds_capacity = match phase {
             Phase::Reasoning => true,
-            Phase::Acting { until } if until >= now => {
-                self.counters.ttl_hits += 1;
-                true
-            }
+            Phase::Acting { until } if until >= now => true,
             _ => false,
         };
         if holds_capacity && self.program(slot).retained == 0 {
@@ -615,19 +608,17 @@ impl Scheduler {
             order,
             ticket: a.ticket,
         };
-        self.ranks[rank].queue.insert(qk(&key));
+        self.ranks[rank].queue.insert(key);
         self.retained.insert(
             a.ticket,
             Retained {
                 program: slot,
                 rank,
                 key,
-                forced: false,
                 demand,
             },
         );
         self.retained_at.insert(a.ticket, now);
-        self.counters.retained += 1;
         let deadline = a.identity.deadline_seconds;
         let queue_limit = deadline.map_or(self.cfg.queue_timeout_seconds, |d| {
             d.min(self.cfg.queue_timeout_seconds)
@@ -652,13 +643,13 @@ impl Scheduler {
     /// then takes movable requests from other ranks.
     fn pump(&mut self, rank: Rank, now: f64, out: &mut Vec<Decision>) {
         while let Some(&head) = self.ranks[rank].queue.first() {
-            let ticket = head.4;
+            let ticket = head.ticket;
             let Some(r) = self.retained.get(&ticket).cloned() else {
                 self.ranks[rank].queue.remove(&head);
                 continue;
             };
             let holds = self.program(r.program).active();
-            if !(holds || self.can_admit(rank, r.demand, now, r.forced)) {
+            if !(holds || self.can_admit(rank, r.demand, now, r.forced())) {
                 break;
             }
             self.admit(ticket, rank, now, out);
@@ -679,7 +670,7 @@ impl Scheduler {
                 let Some(head) = rs.queue.first() else {
                     continue;
                 };
-                let ticket = head.4;
+                let ticket = head.ticket;
                 let Some(r) = self.retained.get(&ticket) else {
                     continue;
                 };
@@ -693,7 +684,7 @@ impl Scheduler {
                 let src_free = src_cap.saturating_sub(rs.used_tokens) as f64;
                 let dst_free = cap.saturating_sub(self.ranks[rank].used_tokens) as f64;
                 let needed = src_free + self.cfg.cross_rank_headroom_ratio * r.demand as f64;
-                if dst_free < needed || !self.can_admit(rank, r.demand, now, r.forced) {
+                if dst_free < needed || !self.can_admit(rank, r.demand, now, r.forced()) {
                     continue;
                 }
                 let at = self.retained_at.get(&ticket).copied().unwrap_or(now);
@@ -711,7 +702,7 @@ impl Scheduler {
         let Some(r) = self.retained.remove(&ticket) else {
             return;
         };
-        self.ranks[r.rank].queue.remove(&qk(&r.key));
+        self.ranks[r.rank].queue.remove(&r.key);
         let since = self.retained_at.remove(&ticket).unwrap_or(now);
         let p = self.program(r.program);
         // An active Program (another of its requests was admitted meanwhile, maybe on another
@@ -744,14 +735,13 @@ impl Scheduler {
                 kv_retention_ttl: kv_ttl,
             },
         );
-        self.counters.admitted += 1;
-        if r.forced {
+        if r.forced() {
             self.counters.force_resumes += 1;
         }
         self.notes.push(Note::Admit {
             program: name,
             rank,
-            forced: r.forced,
+            forced: r.forced(),
         });
         out.push(Decision::Dispatch { ticket, rank });
     }
@@ -859,7 +849,7 @@ impl Scheduler {
         let mut out = Vec::new();
         if let Some(r) = self.retained.remove(&ticket) {
             self.retained_at.remove(&ticket);
-            self.ranks[r.rank].queue.remove(&qk(&r.key));
+            self.ranks[r.rank].queue.remove(&r.key);
             self.program_mut(r.program).retained -= 1;
             self.maybe_forget(r.program);
             return out;
@@ -933,11 +923,10 @@ impl Scheduler {
                     let ticket = t.id;
                     if let Some(r) = self.retained.get_mut(&ticket) {
                         let old = r.key;
-                        r.forced = true;
                         r.key.not_forced = false;
                         let (rank, new) = (r.rank, r.key);
-                        self.ranks[rank].queue.remove(&qk(&old));
-                        self.ranks[rank].queue.insert(qk(&new));
+                        self.ranks[rank].queue.remove(&old);
+                        self.ranks[rank].queue.insert(new);
                         // Admit now, before a queue timeout due at the same instant fires.
                         self.pump(rank, now, &mut out);
                     }
@@ -946,7 +935,7 @@ impl Scheduler {
                     let ticket = t.id;
                     if let Some(r) = self.retained.remove(&ticket) {
                         self.retained_at.remove(&ticket);
-                        self.ranks[r.rank].queue.remove(&qk(&r.key));
+                        self.ranks[r.rank].queue.remove(&r.key);
                         self.program_mut(r.program).retained -= 1;
                         self.counters.queue_timeouts += 1;
                         out.push(Decision::Reject {

@@ -28,7 +28,7 @@ fn program_body(program: &str, words: usize, ctx_extra: Value) -> String {
     .to_string()
 }
 
-async fn setup(ps: ProgramSchedulingConfig) -> (Server, Router) {
+async fn setup(ps: ProgramSchedulingConfig) -> (vllm_sim::server::Spawned, Router) {
     let s = sim(&["--time-scale", "20"]).await;
     let cfg = RouterConfig {
         program_scheduling: Some(ps),

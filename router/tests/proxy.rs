@@ -13,7 +13,12 @@ use serde_json::json;
 
 const CHAT: &str = "/v1/chat/completions";
 
-async fn sim_metric(c: &HttpClient, s: &Server, name: &str, labels: &[(&str, &str)]) -> f64 {
+async fn sim_metric(
+    c: &HttpClient,
+    s: &vllm_sim::server::Spawned,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> f64 {
     metric(c, &s.base(), name, labels).await
 }
 

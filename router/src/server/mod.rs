@@ -280,10 +280,10 @@ async fn dispatch(
         return proxy::forward(
             state,
             Outbound {
-                applied: applied.clone(),
+                applied,
                 route,
                 method,
-                path_and_query: path_and_query.clone(),
+                path_and_query,
                 headers: &parts.headers,
                 body,
                 info: RequestInfo::default(),
@@ -332,10 +332,10 @@ async fn dispatch(
     proxy::forward(
         state,
         Outbound {
-            applied: applied.clone(),
+            applied,
             route,
             method,
-            path_and_query: path_and_query.clone(),
+            path_and_query,
             headers: &parts.headers,
             body: outgoing.body.clone(),
             info,

@@ -37,26 +37,17 @@ impl Server {
     }
 }
 
-pub async fn sim(args: &[&str]) -> Server {
+/// Starts an in-process simulator on a free loopback port with these flags.
+pub async fn sim(args: &[&str]) -> vllm_sim::server::Spawned {
     let mut v = vec!["vllm-sim", "--port", "0"];
     v.extend_from_slice(args);
     let cfg = vllm_sim::config::SimArgs::try_parse_from(v)
         .expect("args")
         .validate()
         .expect("valid");
-    let (listener, addr) = vllm_sim::server::bind(&cfg).await.expect("bind");
-    let (tx, rx) = oneshot::channel::<()>();
-    let done = tokio::spawn(async move {
-        let stop = async {
-            let _ = rx.await;
-        };
-        let _ = vllm_sim::server::serve(cfg, listener, stop, Duration::from_secs(5)).await;
-    });
-    Server {
-        addr,
-        stop: Some(tx),
-        done: Some(done),
-    }
+    vllm_sim::server::spawn(cfg, Duration::from_secs(5))
+        .await
+        .expect("spawn")
 }
 
 pub struct Router {

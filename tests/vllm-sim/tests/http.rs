@@ -14,7 +14,7 @@ const CHAT: &str = "/v1/chat/completions";
 
 #[tokio::test]
 async fn chat_completion_reports_usage_and_prefix_reuse() {
-    let sim = Sim::start(&["--instant"]).await;
+    let sim = start(&["--instant"]).await;
     let c = client();
     let body = chat_body(&words(1, 100), 7);
     let first = post(&c, &sim.url(CHAT), &body).await;
@@ -40,7 +40,7 @@ async fn chat_completion_reports_usage_and_prefix_reuse() {
 
 #[tokio::test]
 async fn multi_turn_with_the_echoed_reply_hits_prompt_and_output() {
-    let sim = Sim::start(&["--instant"]).await;
+    let sim = start(&["--instant"]).await;
     let c = client();
     let user = words(2, 60);
     let r1 = post(&c, &sim.url(CHAT), &chat_body(&user, 40)).await.json();
@@ -65,7 +65,7 @@ async fn multi_turn_with_the_echoed_reply_hits_prompt_and_output() {
 
 #[tokio::test]
 async fn streaming_sse_shape_and_usage_chunk() {
-    let sim = Sim::start(&["--instant"]).await;
+    let sim = start(&["--instant"]).await;
     let c = client();
     let body =
         json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": true,
@@ -98,7 +98,7 @@ async fn streaming_sse_shape_and_usage_chunk() {
 
 #[tokio::test]
 async fn completions_endpoint_streams_and_counts_token_ids() {
-    let sim = Sim::start(&["--instant"]).await;
+    let sim = start(&["--instant"]).await;
     let c = client();
     let r = post(
         &c,
@@ -120,7 +120,7 @@ async fn completions_endpoint_streams_and_counts_token_ids() {
 
 #[tokio::test]
 async fn dp_rank_header_selects_global_ranks_and_rejects_others() {
-    let sim = Sim::start(&["--instant", "-d", "4", "--data-parallel-start-rank", "4"]).await;
+    let sim = start(&["--instant", "-d", "4", "--data-parallel-start-rank", "4"]).await;
     let c = client();
     let body = chat_body(&words(3, 50), 1);
     for rank in ["4", "7"] {
@@ -186,7 +186,7 @@ async fn dp_rank_header_selects_global_ranks_and_rejects_others() {
 
 #[tokio::test]
 async fn api_key_guards_v1_only() {
-    let sim = Sim::start(&["--instant", "--api-key", "s3cret"]).await;
+    let sim = start(&["--instant", "--api-key", "s3cret"]).await;
     let c = client();
     let body = chat_body("hi", 1);
     assert_eq!(post(&c, &sim.url(CHAT), &body).await.status, 401);
@@ -216,7 +216,7 @@ async fn api_key_guards_v1_only() {
 
 #[tokio::test]
 async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
-    let sim = Sim::start(&[
+    let sim = start(&[
         "--instant",
         "--max-model-len",
         "64",
@@ -261,7 +261,7 @@ async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
 
 #[tokio::test]
 async fn metrics_parse_and_agree_with_served_requests() {
-    let sim = Sim::start(&["--instant", "-d", "2"]).await;
+    let sim = start(&["--instant", "-d", "2"]).await;
     let c = client();
     let mut prompt_total = 0;
     for i in 0..6 {
@@ -317,13 +317,13 @@ async fn metrics_parse_and_agree_with_served_requests() {
 
 #[tokio::test]
 async fn failure_injection_status_and_cut_stream() {
-    let sim = Sim::start(&["--instant", "--fail-rate", "1", "--fail-status", "503"]).await;
+    let sim = start(&["--instant", "--fail-rate", "1", "--fail-status", "503"]).await;
     let c = client();
     let r = post(&c, &sim.url(CHAT), &chat_body("x", 3)).await;
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["error"]["message"], "injected failure");
 
-    let sim = Sim::start(&["--fail-rate", "1", "--fail-after-tokens", "2"]).await;
+    let sim = start(&["--fail-rate", "1", "--fail-after-tokens", "2"]).await;
     let body =
         json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 20, "stream": true})
             .to_string();
@@ -352,10 +352,29 @@ async fn failure_injection_status_and_cut_stream() {
     );
 }
 
+/// Polls the abort counter until it reaches `want` (1 s at most); returns the last value.
+async fn aborts_reach(c: &HttpClient, sim: &Sim, want: f64) -> f64 {
+    let mut aborted = 0.0;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        aborted = metric(
+            c,
+            sim,
+            "vllm:request_success_total",
+            &[("finished_reason", "abort")],
+        )
+        .await;
+        if aborted == want {
+            break;
+        }
+    }
+    aborted
+}
+
 #[tokio::test]
 async fn client_disconnect_aborts_the_request() {
     // 1000 tokens at ~11 ms each would take 11 s of simulated time; we leave after the first.
-    let sim = Sim::start(&[]).await;
+    let sim = start(&[]).await;
     let c = client();
     let body =
         json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1000, "stream": true})
@@ -371,21 +390,7 @@ async fn client_disconnect_aborts_the_request() {
         1.0
     );
     drop(b);
-    let mut aborted = 0.0;
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        aborted = metric(
-            &c,
-            &sim,
-            "vllm:request_success_total",
-            &[("finished_reason", "abort")],
-        )
-        .await;
-        if aborted == 1.0 {
-            break;
-        }
-    }
-    assert_eq!(aborted, 1.0);
+    assert_eq!(aborts_reach(&c, &sim, 1.0).await, 1.0);
     assert_eq!(
         metric(&c, &sim, "vllm:num_requests_running", &[]).await,
         0.0
@@ -404,26 +409,12 @@ async fn client_disconnect_aborts_the_request() {
         1.0
     );
     pending.abort();
-    let mut aborted = 0.0;
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        aborted = metric(
-            &c,
-            &sim,
-            "vllm:request_success_total",
-            &[("finished_reason", "abort")],
-        )
-        .await;
-        if aborted == 2.0 {
-            break;
-        }
-    }
-    assert_eq!(aborted, 2.0);
+    assert_eq!(aborts_reach(&c, &sim, 2.0).await, 2.0);
 }
 
 #[tokio::test]
 async fn shutdown_drains_requests_in_flight() {
-    let mut sim = Sim::start(&["--time-scale", "20"]).await;
+    let mut sim = start(&["--time-scale", "20"]).await;
     let c = client();
     let url = sim.url(CHAT);
     let inflight = tokio::spawn(async move { post(&c, &url, &chat_body("drain me", 50)).await });
@@ -432,16 +423,17 @@ async fn shutdown_drains_requests_in_flight() {
     let r = inflight.await.expect("join");
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["usage"]["completion_tokens"], 50);
-    tokio::time::timeout(Duration::from_secs(5), sim.done)
+    tokio::time::timeout(Duration::from_secs(5), sim.done.take().expect("task"))
         .await
         .expect("server exits")
-        .expect("ok");
+        .expect("task ok")
+        .expect("serve ok");
 }
 
 #[tokio::test]
 async fn virtual_ttft_through_http_matches_the_formula() {
     // At time scale 1 a 2000-token cold prompt's TTFT is intercept + linear*2 + quadratic*4.
-    let sim = Sim::start(&[]).await;
+    let sim = start(&[]).await;
     let c = client();
     let started = std::time::Instant::now();
     let r = post(

@@ -405,3 +405,44 @@ async fn generate(
     )
     .into())
 }
+
+/// A simulator serving from a task of this process (tests, benchmarks, embedding).
+pub struct Spawned {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pub done: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Spawned {
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Signals shutdown; requests in flight are drained.
+    pub fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Binds `cfg` (port 0 picks one) and serves it from a task until [`Spawned::stop`] or drop.
+pub async fn spawn(cfg: SimConfig, drain: Duration) -> std::io::Result<Spawned> {
+    let (listener, addr) = bind(&cfg).await?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(async move {
+        let stop = async {
+            let _ = rx.await;
+        };
+        serve(cfg, listener, stop, drain).await
+    });
+    Ok(Spawned {
+        addr,
+        stop: Some(tx),
+        done: Some(done),
+    })
+}

@@ -1,54 +1,24 @@
 //! Test harness: an in-process simulator on a loopback port and a small HTTP client.
 #![allow(dead_code, unused_imports)]
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use tokio::sync::oneshot;
 use vllm_sim::config::SimArgs;
 
-pub struct Sim {
-    pub addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    pub done: tokio::task::JoinHandle<()>,
-}
+pub use vllm_sim::server::Spawned as Sim;
 
-impl Sim {
-    pub async fn start(args: &[&str]) -> Sim {
-        let mut v = vec!["vllm-sim", "--port", "0"];
-        v.extend_from_slice(args);
-        let cfg = SimArgs::try_parse_from(v)
-            .expect("args")
-            .validate()
-            .expect("valid");
-        let (listener, addr) = vllm_sim::server::bind(&cfg).await.expect("bind");
-        let (tx, rx) = oneshot::channel::<()>();
-        let done = tokio::spawn(async move {
-            let stop = async {
-                let _ = rx.await;
-            };
-            vllm_sim::server::serve(cfg, listener, stop, Duration::from_secs(10))
-                .await
-                .expect("serve");
-        });
-        Sim {
-            addr,
-            stop: Some(tx),
-            done,
-        }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
-    }
-
-    /// Signals shutdown (in-flight requests are drained).
-    pub fn stop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-    }
+/// Starts an in-process simulator on a free loopback port with these flags.
+pub async fn start(args: &[&str]) -> Sim {
+    let mut v = vec!["vllm-sim", "--port", "0"];
+    v.extend_from_slice(args);
+    let cfg = SimArgs::try_parse_from(v)
+        .expect("args")
+        .validate()
+        .expect("valid");
+    vllm_sim::server::spawn(cfg, Duration::from_secs(10))
+        .await
+        .expect("spawn")
 }
 
 pub use testkit::{HttpClient, Reply, client, get, post, send};

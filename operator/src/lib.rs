@@ -1,13 +1,19 @@
 //! program-operator: runs program-router for the vLLM workers a `ProgramScheduling` selects.
 //!
-//! Pure parts first: [`crd`] (the resource), [`discover`] (pods → DP-rank targets) and [`render`]
-//! (spec + targets → the router's config). The controller that wires them to the API server comes
-//! next (see the operator issue).
+//! Pure parts: [`crd`] (the resource), [`discover`] (pods → DP-rank targets), [`render`]
+//! (spec + targets → the router's config), [`objects`] (the owned Kubernetes objects) and
+//! [`conditions`] (status from observations). [`controller`] wires them to the API server,
+//! [`routers`] reads router pods' `/status`, [`telemetry`] serves probes and metrics.
 #![forbid(unsafe_code)]
 
+pub mod conditions;
+pub mod controller;
 pub mod crd;
 pub mod discover;
+pub mod objects;
 pub mod render;
+pub mod routers;
+pub mod telemetry;
 
 /// The CRD as YAML, exactly as `crds/programscheduling.yaml` holds it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {

@@ -41,6 +41,9 @@ pub async fn bind(config: RouterConfig, flags: Flags) -> std::io::Result<Bound> 
         None => None,
     };
     let state = RouterState::new(config, flags).map_err(std::io::Error::other)?;
+    if let Some(bytes) = &initial_file {
+        state.set_file_hash(bytes);
+    }
     Ok(Bound {
         state,
         api,

@@ -58,6 +58,9 @@ pub struct RouterState {
     pub flags: Flags,
     /// Where the config came from, for `/status`.
     pub source: String,
+    /// [`crate::config::file_hash`] of the config file content last applied (or accepted as
+    /// unchanged); the operator compares it with the ConfigMap it rendered.
+    pub file_hash: Mutex<Option<String>>,
     stop: watch::Sender<bool>,
     generation: AtomicU64,
     next_request: AtomicU64,
@@ -95,6 +98,7 @@ impl RouterState {
             observe_wake: Notify::new(),
             flags,
             source,
+            file_hash: Mutex::new(None),
             stop,
             generation: AtomicU64::new(1),
             next_request: AtomicU64::new(1),
@@ -129,6 +133,7 @@ impl RouterState {
         match &result {
             Ok(changed) => {
                 *err = None;
+                self.set_file_hash(bytes);
                 self.metrics
                     .config_reloads
                     .with_label_values(&["applied"])
@@ -150,6 +155,12 @@ impl RouterState {
             }
         }
         result
+    }
+
+    /// Records the content of the config file now in force.
+    pub fn set_file_hash(&self, bytes: &[u8]) {
+        *self.file_hash.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(crate::config::file_hash(bytes));
     }
 
     /// Records that the config file cannot be read.

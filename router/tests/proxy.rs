@@ -545,6 +545,13 @@ async fn hot_reload_adds_removes_and_refuses_bad_files() {
         "removed target gets nothing"
     );
 
+    // /status names the exact file content in force, as the operator compares it.
+    let in_force = program_router::config::file_hash(&std::fs::read(&path).expect("read"));
+    assert_eq!(
+        get(&c, &r.url("/status")).await.json()["config"]["file_hash"],
+        json!(in_force)
+    );
+
     // An invalid file is refused; the applied config stays and /status says why.
     let applied = get(&c, &r.url("/status")).await.json()["config"]["hash"].clone();
     assert_ne!(applied, hash0);
@@ -558,6 +565,11 @@ async fn hot_reload_adds_removes_and_refuses_bad_files() {
     );
     let st = get(&c, &r.url("/status")).await.json();
     assert_eq!(st["config"]["hash"], applied);
+    assert_eq!(
+        st["config"]["file_hash"],
+        json!(in_force),
+        "refused file is not in force"
+    );
     assert!(
         st["last_reload_error"]["message"]
             .as_str()

@@ -319,6 +319,12 @@ fn positive(field: &str, v: f64) -> Result<(), ConfigError> {
     }
 }
 
+/// Hash of a configuration file's exact bytes (hex), as `/status` reports it in
+/// `config.file_hash`: what an operator that wrote the file compares against.
+pub fn file_hash(bytes: &[u8]) -> String {
+    format!("{:016x}", crate::hash::fnv1a(bytes))
+}
+
 impl RouterConfig {
     /// Checks every field; the error names it.
     pub fn validate(&self) -> Result<(), ConfigError> {

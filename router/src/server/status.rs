@@ -50,6 +50,7 @@ pub fn status(state: &RouterState) -> Value {
         "config": {
             "hash": applied.hash,
             "source": state.source,
+            "file_hash": *state.file_hash.lock().unwrap_or_else(|p| p.into_inner()),
             "generation": applied.generation,
             "loaded_at_unix": unix(applied.loaded_at),
             "policy": applied.policy.name(),

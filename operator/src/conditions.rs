@@ -1,0 +1,475 @@
+//! Status conditions as a pure function of what one reconcile observed, and the merge rule that
+//! keeps `lastTransitionTime` when a condition's status did not change.
+//!
+//! `Ready` is True only when workers were discovered, the spec rendered, the rendered config is
+//! applied by every ready router, the router Deployment is available and the routers observe
+//! healthy backends; otherwise it is False with the reason of the first failing part.
+//! `Calibrated` is informational and never affects `Ready`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+pub const READY: &str = "Ready";
+pub const WORKERS_DISCOVERED: &str = "WorkersDiscovered";
+pub const CONFIG_APPLIED: &str = "ConfigApplied";
+pub const ROUTER_AVAILABLE: &str = "RouterAvailable";
+pub const BACKENDS_OBSERVED: &str = "BackendsObserved";
+pub const CALIBRATED: &str = "Calibrated";
+
+/// What one router pod's `/status` said (or that it could not be read).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RouterReport {
+    Status {
+        pod: String,
+        file_hash: Option<String>,
+        targets: usize,
+        healthy_targets: usize,
+        last_reload_error: Option<String>,
+    },
+    Unreachable {
+        pod: String,
+        error: String,
+    },
+}
+
+/// Everything a reconcile learned, in the order `Ready` checks it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observed {
+    /// Ready worker pods and their ranks, or why discovery failed.
+    pub workers: Result<(usize, usize), String>,
+    /// Why the spec could not be rendered (the last good config stays in the ConfigMap).
+    pub render_error: Option<String>,
+    /// Hash of the config the ConfigMap holds now (`None` before the first good render).
+    pub desired_hash: Option<String>,
+    /// Router Deployment: (desired replicas, available replicas).
+    pub deployment: (i32, i32),
+    /// One report per Ready router pod with an IP.
+    pub routers: Vec<RouterReport>,
+    /// Program scheduling on, and whether its prefill coefficients were given.
+    pub calibration: Calibration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Calibration {
+    NotUsed,
+    Reference,
+    Configured,
+}
+
+fn cond(type_: &str, ok: bool, reason: &str, message: String) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: None,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    }
+}
+
+/// The conditions `obs` implies, without times or generation.
+pub fn evaluate(obs: &Observed) -> Vec<Condition> {
+    let workers = match &obs.workers {
+        Ok((0, _)) => cond(
+            WORKERS_DISCOVERED,
+            false,
+            "NoWorkers",
+            "no Ready worker pod with an IP matches workerSelector".into(),
+        ),
+        Ok((pods, ranks)) => cond(
+            WORKERS_DISCOVERED,
+            true,
+            "Discovered",
+            format!("{pods} worker pods, {ranks} DP-rank targets"),
+        ),
+        Err(e) => cond(WORKERS_DISCOVERED, false, "DiscoveryFailed", e.clone()),
+    };
+
+    let (desired, available) = obs.deployment;
+    let router = if desired == 0 {
+        cond(
+            ROUTER_AVAILABLE,
+            false,
+            "ScaledToZero",
+            "router.replicas is 0".into(),
+        )
+    } else if available >= 1 {
+        cond(
+            ROUTER_AVAILABLE,
+            true,
+            "Available",
+            format!("{available}/{desired} router replicas available"),
+        )
+    } else {
+        cond(
+            ROUTER_AVAILABLE,
+            false,
+            "Unavailable",
+            format!("0/{desired} router replicas available"),
+        )
+    };
+
+    let statuses: Vec<_> = obs
+        .routers
+        .iter()
+        .filter_map(|r| match r {
+            RouterReport::Status {
+                pod,
+                file_hash,
+                targets,
+                healthy_targets,
+                last_reload_error,
+            } => Some((
+                pod,
+                file_hash,
+                *targets,
+                *healthy_targets,
+                last_reload_error,
+            )),
+            RouterReport::Unreachable { .. } => None,
+        })
+        .collect();
+    let unreachable: Vec<String> = obs
+        .routers
+        .iter()
+        .filter_map(|r| match r {
+            RouterReport::Unreachable { pod, error } => Some(format!("{pod}: {error}")),
+            RouterReport::Status { .. } => None,
+        })
+        .collect();
+
+    let applied = match &obs.desired_hash {
+        None => cond(
+            CONFIG_APPLIED,
+            false,
+            "NotRendered",
+            "no router config has been rendered yet".into(),
+        ),
+        Some(_) if obs.routers.is_empty() => cond(
+            CONFIG_APPLIED,
+            false,
+            "NoRouters",
+            "no Ready router pod to apply the config".into(),
+        ),
+        Some(_) if !unreachable.is_empty() => cond(
+            CONFIG_APPLIED,
+            false,
+            "StatusUnreachable",
+            format!("router /status unreadable: {}", unreachable.join("; ")),
+        ),
+        Some(want) => {
+            let behind: Vec<String> = statuses
+                .iter()
+                .filter(|s| s.1.as_deref() != Some(want.as_str()))
+                .map(|s| match s.4 {
+                    Some(e) => format!("{} (reload refused: {e})", s.0),
+                    None => s.0.to_string(),
+                })
+                .collect();
+            if behind.is_empty() {
+                cond(
+                    CONFIG_APPLIED,
+                    true,
+                    "Applied",
+                    format!("{} routers run config {want}", statuses.len()),
+                )
+            } else {
+                cond(
+                    CONFIG_APPLIED,
+                    false,
+                    "Pending",
+                    format!(
+                        "{} of {} routers not yet on config {want}: {}",
+                        behind.len(),
+                        statuses.len(),
+                        behind.join(", ")
+                    ),
+                )
+            }
+        }
+    };
+
+    let blind: Vec<&String> = statuses.iter().filter(|s| s.3 == 0).map(|s| s.0).collect();
+    let observed = if statuses.is_empty() {
+        cond(
+            BACKENDS_OBSERVED,
+            false,
+            "NoRouters",
+            "no router status to read".into(),
+        )
+    } else if blind.is_empty() {
+        let (h, t) = statuses.iter().fold((0, 0), |(h, t), s| (h + s.3, t + s.2));
+        cond(
+            BACKENDS_OBSERVED,
+            true,
+            "Observed",
+            format!("routers see {h}/{t} targets healthy"),
+        )
+    } else {
+        cond(
+            BACKENDS_OBSERVED,
+            false,
+            "NoHealthyBackends",
+            format!(
+                "no healthy target seen by {}",
+                blind
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    };
+
+    let calibrated = match obs.calibration {
+        Calibration::NotUsed => cond(
+            CALIBRATED,
+            true,
+            "NotUsed",
+            "Program scheduling is off; no cost model is used".into(),
+        ),
+        Calibration::Configured => cond(
+            CALIBRATED,
+            true,
+            "Configured",
+            "prefill cost model coefficients come from the spec".into(),
+        ),
+        Calibration::Reference => cond(
+            CALIBRATED,
+            false,
+            "ReferenceCoefficients",
+            "using the reference prefill coefficients; run `program-router calibrate` against \
+             these workers and set programScheduling.prefillCostModel"
+                .into(),
+        ),
+    };
+
+    let render = obs
+        .render_error
+        .as_ref()
+        .map(|e| cond(READY, false, "InvalidSpec", e.clone()));
+    let ready = render.unwrap_or_else(|| {
+        match [&workers, &applied, &router, &observed]
+            .into_iter()
+            .find(|c| c.status != "True")
+        {
+            Some(bad) => cond(
+                READY,
+                false,
+                &bad.reason,
+                format!("{}: {}", bad.type_, bad.message),
+            ),
+            None => cond(
+                READY,
+                true,
+                "Ready",
+                "routing over the discovered workers".into(),
+            ),
+        }
+    });
+    vec![ready, workers, applied, router, observed, calibrated]
+}
+
+/// A condition whose status changed (or appeared): one Event each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    pub type_: String,
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+}
+
+/// Merges `desired` over `previous`: a condition keeps its `lastTransitionTime` unless its status
+/// changed; every condition carries `generation`.
+pub fn merge(
+    previous: &[Condition],
+    desired: Vec<Condition>,
+    generation: Option<i64>,
+    now: Time,
+) -> (Vec<Condition>, Vec<Transition>) {
+    let mut transitions = Vec::new();
+    let merged = desired
+        .into_iter()
+        .map(|mut c| {
+            c.observed_generation = generation;
+            match previous.iter().find(|p| p.type_ == c.type_) {
+                Some(p) if p.status == c.status => {
+                    c.last_transition_time = p.last_transition_time.clone()
+                }
+                _ => {
+                    c.last_transition_time = now.clone();
+                    transitions.push(Transition {
+                        type_: c.type_.clone(),
+                        status: c.status.clone(),
+                        reason: c.reason.clone(),
+                        message: c.message.clone(),
+                    });
+                }
+            }
+            c
+        })
+        .collect();
+    (merged, transitions)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn healthy(pod: &str, hash: &str) -> RouterReport {
+        RouterReport::Status {
+            pod: pod.into(),
+            file_hash: Some(hash.into()),
+            targets: 4,
+            healthy_targets: 4,
+            last_reload_error: None,
+        }
+    }
+
+    fn good() -> Observed {
+        Observed {
+            workers: Ok((2, 4)),
+            render_error: None,
+            desired_hash: Some("h1".into()),
+            deployment: (2, 2),
+            routers: vec![healthy("r-a", "h1"), healthy("r-b", "h1")],
+            calibration: Calibration::Reference,
+        }
+    }
+
+    fn get<'a>(cs: &'a [Condition], t: &str) -> &'a Condition {
+        cs.iter().find(|c| c.type_ == t).expect("present")
+    }
+
+    #[test]
+    fn all_parts_true_is_ready_and_calibration_does_not_matter() {
+        let cs = evaluate(&good());
+        assert_eq!(get(&cs, READY).status, "True");
+        let c = get(&cs, CALIBRATED);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "ReferenceCoefficients")
+        );
+    }
+
+    #[test]
+    fn ready_false_carries_the_first_failing_reason() {
+        type Change = Box<dyn Fn(&mut Observed)>;
+        let table: Vec<(Change, &str, &str)> = vec![
+            (
+                Box::new(|o| o.workers = Ok((0, 0))),
+                WORKERS_DISCOVERED,
+                "NoWorkers",
+            ),
+            (
+                Box::new(|o| o.workers = Err("pods a and b both claim global DP rank 0".into())),
+                WORKERS_DISCOVERED,
+                "DiscoveryFailed",
+            ),
+            (
+                Box::new(|o| o.routers[1] = healthy("r-b", "h0")),
+                CONFIG_APPLIED,
+                "Pending",
+            ),
+            (
+                Box::new(|o| {
+                    o.routers[0] = RouterReport::Unreachable {
+                        pod: "r-a".into(),
+                        error: "connection refused".into(),
+                    }
+                }),
+                CONFIG_APPLIED,
+                "StatusUnreachable",
+            ),
+            (Box::new(|o| o.routers.clear()), CONFIG_APPLIED, "NoRouters"),
+            (
+                Box::new(|o| o.desired_hash = None),
+                CONFIG_APPLIED,
+                "NotRendered",
+            ),
+            (
+                Box::new(|o| o.deployment = (2, 0)),
+                ROUTER_AVAILABLE,
+                "Unavailable",
+            ),
+            (
+                Box::new(|o| o.deployment = (0, 0)),
+                ROUTER_AVAILABLE,
+                "ScaledToZero",
+            ),
+            (
+                Box::new(|o| {
+                    o.routers[0] = RouterReport::Status {
+                        pod: "r-a".into(),
+                        file_hash: Some("h1".into()),
+                        targets: 4,
+                        healthy_targets: 0,
+                        last_reload_error: None,
+                    }
+                }),
+                BACKENDS_OBSERVED,
+                "NoHealthyBackends",
+            ),
+            (
+                Box::new(|o| o.render_error = Some("router.port: not a TCP port".into())),
+                READY,
+                "InvalidSpec",
+            ),
+        ];
+        for (change, part, reason) in table {
+            let mut o = good();
+            change(&mut o);
+            let cs = evaluate(&o);
+            let c = get(&cs, part);
+            assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason));
+            let r = get(&cs, READY);
+            assert_eq!((r.status.as_str(), r.reason.as_str()), ("False", reason));
+            assert!(!r.message.is_empty());
+        }
+    }
+
+    #[test]
+    fn refused_reload_is_named_in_the_pending_message() {
+        let mut o = good();
+        o.routers[0] = RouterReport::Status {
+            pod: "r-a".into(),
+            file_hash: Some("h0".into()),
+            targets: 4,
+            healthy_targets: 4,
+            last_reload_error: Some("workers[0].url: bad".into()),
+        };
+        let cs = evaluate(&o);
+        assert!(
+            get(&cs, CONFIG_APPLIED)
+                .message
+                .contains("r-a (reload refused: workers[0].url: bad)")
+        );
+    }
+
+    #[test]
+    fn merge_keeps_transition_time_when_status_holds_and_reports_changes() {
+        let t0 = Time(k8s_openapi::jiff::Timestamp::from_second(1_000).expect("t"));
+        let t1 = Time(k8s_openapi::jiff::Timestamp::from_second(2_000).expect("t"));
+        let (first, tr) = merge(&[], evaluate(&good()), Some(1), t0.clone());
+        assert_eq!(tr.len(), first.len(), "every condition appears once");
+        assert!(first.iter().all(|c| c.observed_generation == Some(1)));
+
+        // Same statuses, new message: no transition, time kept.
+        let mut o = good();
+        o.workers = Ok((3, 6));
+        let (second, tr) = merge(&first, evaluate(&o), Some(2), t1.clone());
+        assert!(tr.is_empty());
+        assert!(second.iter().all(|c| c.last_transition_time == t0));
+        assert_eq!(
+            get(&second, WORKERS_DISCOVERED).message,
+            "3 worker pods, 6 DP-rank targets"
+        );
+
+        // Workers lost: two transitions (the part and Ready), only they get the new time.
+        o.workers = Ok((0, 0));
+        let (third, tr) = merge(&second, evaluate(&o), Some(2), t1.clone());
+        let types: Vec<&str> = tr.iter().map(|t| t.type_.as_str()).collect();
+        assert_eq!(types, vec![READY, WORKERS_DISCOVERED]);
+        assert_eq!(get(&third, READY).last_transition_time, t1);
+        assert_eq!(get(&third, CONFIG_APPLIED).last_transition_time, t0);
+    }
+}

@@ -1,0 +1,385 @@
+//! The reconcile loop: kube-rs `Controller` over `ProgramScheduling`, its owned objects and the
+//! Pods of its namespace.
+//!
+//! One reconcile = list the selected worker pods → [`discover`] → [`render`] → server-side apply
+//! of the owned objects (skipped per object when its applied-hash matches the live one) → read the
+//! router Deployment and every Ready router pod's `/status` → [`conditions::evaluate`] → status
+//! apply (skipped when nothing changed) → one Event per condition transition. A spec that cannot
+//! be rendered leaves the last good ConfigMap in place and reports `Ready=False, InvalidSpec`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::conditions::{self, Calibration, Observed};
+use crate::crd::{ProgramScheduling, ProgramSchedulingStatus};
+use crate::discover::discover;
+use crate::objects::{self, ConfigFile, FIELD_MANAGER, Owned};
+use crate::render::render;
+use crate::routers::StatusClient;
+use crate::telemetry::Metrics;
+
+/// Why a reconcile failed; the controller retries with per-object exponential backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("serialization: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("resource has no namespace")]
+    NoNamespace,
+}
+
+impl Error {
+    /// Bounded label for the errors metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(_)) => "api_status",
+            Error::Kube(_) => "api_transport",
+            Error::Json(_) => "serialization",
+            Error::NoNamespace => "no_namespace",
+        }
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub status: StatusClient,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(client: Client, metrics: Arc<Metrics>, instance: String) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(instance),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            status: StatusClient::new(Duration::from_secs(2)),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// Watch scope: one namespace or all.
+#[derive(Debug, Clone)]
+pub enum Scope {
+    Namespace(String),
+    All,
+}
+
+fn api<K>(client: &Client, scope: &Scope) -> Api<K>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+{
+    match scope {
+        Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
+        Scope::All => Api::all(client.clone()),
+    }
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    ctx: Arc<Context>,
+    scope: Scope,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let wc = watcher::Config::default().any_semantic();
+    let controller = Controller::new(api::<ProgramScheduling>(&client, &scope), wc.clone());
+    let store = controller.store();
+    // Any pod event in a namespace may change that namespace's resources (a worker's readiness,
+    // a router pod's IP, a label edit that moves a pod out of a selector): enqueue them all; a
+    // reconcile that finds nothing to change writes nothing.
+    let mapper = move |pod: Pod| {
+        let ns = pod.namespace();
+        store
+            .state()
+            .into_iter()
+            .filter(|ps| ps.namespace() == ns)
+            .map(|ps| ObjectRef::from_obj(&*ps))
+            .collect::<Vec<_>>()
+    };
+    ctx.metrics
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    controller
+        .owns(api::<ConfigMap>(&client, &scope), wc.clone())
+        .owns(api::<Deployment>(&client, &scope), wc.clone())
+        .owns(api::<Service>(&client, &scope), wc.clone())
+        .watches(api::<Pod>(&client, &scope), wc, mapper)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "controller event");
+            }
+        })
+        .await;
+}
+
+fn key(ps: &ProgramScheduling) -> String {
+    format!("{}/{}", ps.namespace().unwrap_or_default(), ps.name_any())
+}
+
+/// Retries after 1 s, doubling per consecutive failure of the same resource, capped at 5 min.
+pub fn error_policy(ps: Arc<ProgramScheduling>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.errors.with_label_values(&[err.reason()]).inc();
+    let mut f = ctx.failures.lock().unwrap_or_else(|p| p.into_inner());
+    let n = f.entry(key(&ps)).or_insert(0);
+    *n = (*n + 1).min(20);
+    let delay = Duration::from_secs(1u64 << (*n - 1).min(9)).min(Duration::from_secs(300));
+    tracing::warn!(resource = %key(&ps), error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+pub async fn reconcile(ps: Arc<ProgramScheduling>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let start = Instant::now();
+    let result = reconcile_inner(&ps, &ctx).await;
+    let label = if result.is_ok() { "ok" } else { "error" };
+    ctx.metrics.reconciles.with_label_values(&[label]).inc();
+    ctx.metrics
+        .duration
+        .with_label_values(&[label])
+        .observe(start.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key(&ps));
+    }
+    result
+}
+
+async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action, Error> {
+    if ps.metadata.deletion_timestamp.is_some() {
+        // Owned objects go with the resource through their ownerReferences.
+        return Ok(Action::await_change());
+    }
+    let ns = ps.namespace().ok_or(Error::NoNamespace)?;
+    let client = &ctx.client;
+
+    // Workers: selected pods, never this resource's own router pods.
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let workers = match Selector::try_from(ps.spec.worker_selector.clone()) {
+        Err(e) => Err(format!("workerSelector: {e}")),
+        Ok(sel) => {
+            let router_sel = Selector::try_from(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                    match_labels: serde_json::from_value(objects::selector_labels(ps))?,
+                    match_expressions: None,
+                },
+            )
+            .ok();
+            let pods: Vec<Pod> = pods_api
+                .list(&ListParams::default().labels_from(&sel))
+                .await?
+                .items
+                .into_iter()
+                .filter(|p| !router_sel.as_ref().is_some_and(|r| r.matches(p.labels())))
+                .collect();
+            discover(&ps.spec, &pods)
+                .map(|targets| {
+                    let counted = pods
+                        .iter()
+                        .filter(|p| crate::routers::ready_ip(p).is_some())
+                        .count();
+                    (counted, targets)
+                })
+                .map_err(|e| e.to_string())
+        }
+    };
+
+    // Render; on failure the last good config stays.
+    let rendered = match &workers {
+        Ok((_, targets)) => render(&ps.spec, targets.clone()).map_err(|e| e.to_string()),
+        Err(e) => Err(format!("workers: {e}")),
+    };
+    let render_error = match (&rendered, &workers) {
+        (Err(e), Ok(_)) => Some(e.clone()),
+        _ => None,
+    };
+
+    apply::<ServiceAccount>(ctx, &ns, objects::service_account(ps)).await?;
+    apply::<Service>(ctx, &ns, objects::service(ps)).await?;
+    apply::<PodDisruptionBudget>(ctx, &ns, objects::pod_disruption_budget(ps)).await?;
+    let cm_api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let name = objects::router_name(ps);
+    let desired_hash = match &rendered {
+        Ok(cfg) => {
+            let file = ConfigFile::new(cfg)?;
+            apply::<ConfigMap>(ctx, &ns, objects::config_map(ps, &file)).await?;
+            apply::<Deployment>(ctx, &ns, objects::deployment(ps, cfg)).await?;
+            Some(file.hash)
+        }
+        Err(e) => {
+            tracing::warn!(resource = %key(ps), error = %e, "keeping the last good router config");
+            cm_api
+                .get_opt(&name)
+                .await?
+                .and_then(|cm| cm.annotations().get(objects::CONFIG_HASH).cloned())
+        }
+    };
+
+    let deploy_api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployment = deploy_api.get_opt(&name).await?;
+    let available = deployment
+        .as_ref()
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.available_replicas)
+        .unwrap_or(0);
+    let ready_routers = deployment
+        .as_ref()
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+
+    let router_pods = pods_api
+        .list(&ListParams::default().labels(&objects::router_pod_selector(ps)))
+        .await?
+        .items;
+    let port = ps.spec.router.port;
+    let reports: Vec<_> =
+        futures::future::join_all(router_pods.iter().map(|p| ctx.status.report(p, port)))
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+
+    let observed = Observed {
+        workers: workers
+            .as_ref()
+            .map(|(n, t)| (*n, t.len()))
+            .map_err(Clone::clone),
+        render_error,
+        desired_hash: desired_hash.clone(),
+        deployment: (ps.spec.router.replicas, available),
+        routers: reports,
+        calibration: match &ps.spec.program_scheduling {
+            None => Calibration::NotUsed,
+            Some(p) if p.prefill_cost_model.is_some() => Calibration::Configured,
+            Some(_) => Calibration::Reference,
+        },
+    };
+    let previous = ps.status.clone().unwrap_or_default();
+    let (conds, transitions) = conditions::merge(
+        &previous.conditions,
+        conditions::evaluate(&observed),
+        ps.metadata.generation,
+        Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    let status = ProgramSchedulingStatus {
+        observed_generation: ps.metadata.generation,
+        conditions: conds,
+        ranks: workers
+            .as_ref()
+            .ok()
+            .map(|(_, t)| i32::try_from(t.len()).unwrap_or(i32::MAX)),
+        ready_routers: Some(ready_routers),
+        config_hash: desired_hash,
+    };
+    if ps.status.as_ref() != Some(&status) {
+        let api: Api<ProgramScheduling> = Api::namespaced(client.clone(), &ns);
+        let body = json!({
+            "apiVersion": ProgramScheduling::api_version(&()),
+            "kind": ProgramScheduling::kind(&()),
+            "status": status,
+        });
+        api.patch_status(
+            &ps.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+        ctx.metrics
+            .writes
+            .with_label_values(&["ProgramScheduling", "status"])
+            .inc();
+    }
+    let reference = ps.object_ref(&());
+    for t in &transitions {
+        let ev = Event {
+            type_: if t.status == "True" {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            },
+            reason: t.reason.clone(),
+            note: Some(format!("{}={}: {}", t.type_, t.status, t.message)),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        match ctx.recorder.publish(&ev, &reference).await {
+            Ok(()) => ctx
+                .metrics
+                .writes
+                .with_label_values(&["Event", "create"])
+                .inc(),
+            Err(e) => tracing::warn!(error = %e, "event not recorded"),
+        }
+    }
+
+    let ready = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::READY && c.status == "True");
+    let applied = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::CONFIG_APPLIED && c.status == "True");
+    Ok(Action::requeue(if ready {
+        Duration::from_secs(30)
+    } else if !applied {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(5)
+    }))
+}
+
+/// Server-side applies `desired` unless the live object already carries its applied-hash.
+async fn apply<K>(ctx: &Context, ns: &str, desired: serde_json::Value) -> Result<bool, Error>
+where
+    K: Owned + Resource<Scope = NamespaceResourceScope> + serde::Serialize + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    let name = desired["metadata"]["name"].as_str().unwrap_or_default();
+    let want = desired["metadata"]["annotations"][objects::APPLIED_HASH].as_str();
+    if let Some(live) = api.get_opt(name).await?
+        && objects::applied_hash(&live) == want
+    {
+        return Ok(false);
+    }
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&desired),
+    )
+    .await?;
+    ctx.metrics
+        .writes
+        .with_label_values(&[K::KIND, "apply"])
+        .inc();
+    tracing::info!(kind = K::KIND, namespace = ns, name, "applied");
+    Ok(true)
+}

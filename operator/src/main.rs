@@ -1,0 +1,185 @@
+//! `program-operator`: runs the ProgramScheduling controller, optionally behind Lease-based leader
+//! election, with `/healthz`, `/readyz` and `/metrics` on its probe listener.
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use program_operator::controller::{self, Context, Scope};
+use program_operator::telemetry::{self, Metrics};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Kubernetes operator for program-router.
+#[derive(Debug, Parser)]
+#[command(name = "program-operator", version)]
+struct Cli {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// Address of the `/healthz`, `/readyz` and `/metrics` listener.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// Run the controller only while holding the leader Lease.
+    #[arg(long, env = "LEADER_ELECT", default_value_t = false)]
+    leader_elect: bool,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "program-operator")]
+    lease_name: String,
+    /// Namespace of the leader Lease (defaults to the pod's own namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Seconds a lease stays valid after its last renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_secs: u64,
+    /// This replica's identity in the Lease and in Events.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    #[arg(long, value_enum, default_value = "json")]
+    log_format: LogFormat,
+    /// Log filter (tracing `EnvFilter` syntax).
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    log_level: String,
+}
+
+fn init_logs(cli: &Cli) {
+    let filter = EnvFilter::try_new(&cli.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Json => b.json().flatten_event(true).init(),
+        LogFormat::Text => b.init(),
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn identity(cli: &Cli) -> String {
+    cli.identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("program-operator-{}", std::process::id()))
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let metrics = Metrics::new().map_err(|e| format!("metrics: {e}"))?;
+    let listener = telemetry::bind(cli.listen)
+        .await
+        .map_err(|e| format!("--listen {}: {e}", cli.listen))?;
+    tokio::spawn(telemetry::serve(listener, metrics.clone()));
+
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("Kubernetes client: {e}"))?;
+    let scope = match &cli.namespace {
+        Some(ns) => Scope::Namespace(ns.clone()),
+        None => Scope::All,
+    };
+    let me = identity(&cli);
+    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), me.clone()));
+
+    if !cli.leader_elect {
+        metrics.leader.set(1);
+        tracing::info!(scope = ?scope, "controller starting (no leader election)");
+        controller::run(ctx, scope, shutdown_signal()).await;
+        return Ok(());
+    }
+
+    let lease_ns = cli
+        .lease_namespace
+        .clone()
+        .ok_or("--leader-elect needs --lease-namespace (or POD_NAMESPACE)")?;
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &cli.lease_name)
+        .with_namespace(&lease_ns)
+        .with_identity(&me)
+        .with_duration(cli.lease_duration_secs.max(5))
+        .with_grace((cli.lease_duration_secs / 3).max(2))
+        .build()
+        .await
+        .map_err(|e| format!("leader election: {e}"))?;
+    let (mut leading, task) = manager.watch().await;
+    // A standby replica is healthy and ready: it is waiting for the lease, not broken.
+    metrics
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!(lease = %cli.lease_name, namespace = %lease_ns, identity = %me, "waiting for the leader lease");
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        if *leading.borrow_and_update() {
+            break;
+        }
+        tokio::select! {
+            r = leading.changed() => if r.is_err() { return Err("leader election stopped".into()) },
+            _ = &mut shutdown => return Ok(()),
+        }
+    }
+    metrics.leader.set(1);
+    tracing::info!(identity = %me, scope = ?scope, "leading; controller starting");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let ctl = tokio::spawn(controller::run(ctx, scope, async move {
+        let _ = stop_rx.await;
+    }));
+    let lost = loop {
+        tokio::select! {
+            r = leading.changed() => match r {
+                Ok(()) if *leading.borrow_and_update() => continue,
+                _ => break true,
+            },
+            _ = &mut shutdown => break false,
+        }
+    };
+    metrics.leader.set(0);
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), ctl).await;
+    drop(leading);
+    if let Ok(Ok(Ok(m))) = tokio::time::timeout(Duration::from_secs(5), task).await {
+        let _ = m.release().await;
+    }
+    if lost {
+        // Another replica may already act; stop so the pod restarts as a standby.
+        return Err("lost the leader lease".into());
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logs(&cli);
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "program-operator stopped");
+            eprintln!("program-operator: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,404 @@
+//! The objects the operator owns for one `ProgramScheduling`, as pure functions of the resource
+//! and its rendered router config: ServiceAccount, ConfigMap, Deployment, Service and
+//! PodDisruptionBudget, all named `<name>-router` and controlled by the resource (so deleting it
+//! garbage-collects them).
+//!
+//! Each object carries `scheduling.program-router.dev/applied-hash`, a hash of its own desired
+//! content: the controller compares it with the live object and sends no write when they match.
+//! The Deployment's pod template carries `scheduling.program-router.dev/restart-hash`, a hash of
+//! only the settings the router cannot take through hot reload (listeners), so editing anything
+//! else updates the ConfigMap without restarting a router pod.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Resource;
+use program_router::config::RouterConfig;
+use serde_json::{Value, json};
+
+use crate::crd::ProgramScheduling;
+
+/// Annotation holding the hash of an owned object's desired content.
+pub const APPLIED_HASH: &str = "scheduling.program-router.dev/applied-hash";
+/// Pod-template annotation: hash of the restart-requiring router settings.
+pub const RESTART_HASH: &str = "scheduling.program-router.dev/restart-hash";
+/// ConfigMap annotation: hash of the config file bytes (what the router reports as `file_hash`).
+pub const CONFIG_HASH: &str = "scheduling.program-router.dev/config-hash";
+/// ConfigMap key of the router config file.
+pub const CONFIG_KEY: &str = "config.json";
+/// Where the router container mounts the ConfigMap.
+pub const CONFIG_DIR: &str = "/etc/program-router";
+/// The label telling router pods apart from worker pods.
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+/// The label naming the owning resource.
+pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+/// Field manager of every write.
+pub const FIELD_MANAGER: &str = "program-operator";
+
+/// The router config file exactly as the ConfigMap holds it, and its hash.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigFile {
+    pub json: String,
+    pub hash: String,
+}
+
+impl ConfigFile {
+    pub fn new(config: &RouterConfig) -> Result<Self, serde_json::Error> {
+        let json = serde_json::to_string_pretty(config)?;
+        let hash = program_router::config::file_hash(json.as_bytes());
+        Ok(ConfigFile { json, hash })
+    }
+}
+
+/// Name shared by every owned object.
+pub fn router_name(ps: &ProgramScheduling) -> String {
+    format!("{}-router", ps.metadata.name.as_deref().unwrap_or_default())
+}
+
+/// Labels selecting this resource's router pods.
+pub fn selector_labels(ps: &ProgramScheduling) -> Value {
+    json!({
+        "app.kubernetes.io/name": "program-router",
+        INSTANCE_LABEL: ps.metadata.name.as_deref().unwrap_or_default(),
+        COMPONENT_LABEL: "router",
+    })
+}
+
+/// `key=value,...` form of [`selector_labels`], for list calls.
+pub fn router_pod_selector(ps: &ProgramScheduling) -> String {
+    format!(
+        "app.kubernetes.io/name=program-router,{INSTANCE_LABEL}={},{COMPONENT_LABEL}=router",
+        ps.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn labels(ps: &ProgramScheduling) -> Value {
+    let mut l = selector_labels(ps);
+    l["app.kubernetes.io/managed-by"] = json!(FIELD_MANAGER);
+    l
+}
+
+fn meta(ps: &ProgramScheduling) -> Value {
+    json!({
+        "name": router_name(ps),
+        "namespace": ps.metadata.namespace,
+        "labels": labels(ps),
+        "ownerReferences": [ps.controller_owner_ref(&())],
+    })
+}
+
+/// Stamps [`APPLIED_HASH`] over the object's content (computed without the stamp).
+fn stamped(mut obj: Value) -> Value {
+    let hash = format!(
+        "{:016x}",
+        program_router::hash::fnv1a(obj.to_string().as_bytes())
+    );
+    obj["metadata"]["annotations"][APPLIED_HASH] = json!(hash);
+    obj
+}
+
+/// The hash an owned object was applied with, if any.
+pub fn applied_hash<K: Resource>(obj: &K) -> Option<&str> {
+    obj.meta()
+        .annotations
+        .as_ref()?
+        .get(APPLIED_HASH)
+        .map(String::as_str)
+}
+
+/// The desired content of one owned kind.
+pub trait Owned: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned {
+    const KIND: &'static str;
+}
+impl Owned for ServiceAccount {
+    const KIND: &'static str = "ServiceAccount";
+}
+impl Owned for ConfigMap {
+    const KIND: &'static str = "ConfigMap";
+}
+impl Owned for Deployment {
+    const KIND: &'static str = "Deployment";
+}
+impl Owned for Service {
+    const KIND: &'static str = "Service";
+}
+impl Owned for PodDisruptionBudget {
+    const KIND: &'static str = "PodDisruptionBudget";
+}
+
+/// The router pods' identity: no API permissions, no token mounted.
+pub fn service_account(ps: &ProgramScheduling) -> Value {
+    stamped(json!({
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": meta(ps),
+        "automountServiceAccountToken": false,
+    }))
+}
+
+pub fn config_map(ps: &ProgramScheduling, file: &ConfigFile) -> Value {
+    let mut m = meta(ps);
+    m["annotations"] = json!({ CONFIG_HASH: file.hash });
+    stamped(json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": m,
+        "data": { CONFIG_KEY: file.json },
+    }))
+}
+
+/// Hash of what a running router cannot change without a restart.
+pub fn restart_hash(config: &RouterConfig) -> String {
+    let key = json!([
+        config.host,
+        config.port,
+        config.prometheus_host,
+        config.prometheus_port
+    ]);
+    format!(
+        "{:016x}",
+        program_router::hash::fnv1a(key.to_string().as_bytes())
+    )
+}
+
+pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
+    let r = &ps.spec.router;
+    let name = router_name(ps);
+    let mut args = vec![
+        json!("--config"),
+        json!(format!("{CONFIG_DIR}/{CONFIG_KEY}")),
+    ];
+    args.extend(r.extra_args.iter().map(|a| json!(a)));
+    let mut env = vec![json!({"name": "RUST_LOG", "value": "info"})];
+    if let Some(s) = &ps.spec.api_key_secret_ref {
+        env.push(json!({
+            "name": "PROGRAM_ROUTER_API_KEY",
+            "valueFrom": { "secretKeyRef": { "name": s.name, "key": s.key } },
+        }));
+    }
+    let mut container = json!({
+        "name": "router",
+        "image": r.image,
+        "args": args,
+        "env": env,
+        "ports": [
+            { "name": "http", "containerPort": r.port, "protocol": "TCP" },
+            { "name": "metrics", "containerPort": r.metrics_port, "protocol": "TCP" },
+        ],
+        "readinessProbe": {
+            "httpGet": { "path": "/readiness", "port": "http" },
+            "periodSeconds": 2, "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": { "path": "/health", "port": "http" },
+            "periodSeconds": 10, "failureThreshold": 3,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": { "drop": ["ALL"] },
+        },
+        "volumeMounts": [{ "name": "config", "mountPath": CONFIG_DIR, "readOnly": true }],
+    });
+    if let Some(res) = &r.resources {
+        container["resources"] = json!(res);
+    }
+    stamped(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta(ps),
+        "spec": {
+            "replicas": r.replicas,
+            "selector": { "matchLabels": selector_labels(ps) },
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": { "maxUnavailable": 0, "maxSurge": 1 },
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels(ps),
+                    "annotations": { RESTART_HASH: restart_hash(config) },
+                },
+                "spec": {
+                    "serviceAccountName": name,
+                    "automountServiceAccountToken": false,
+                    // Longer than the router's default drain (30 s), so in-flight requests finish.
+                    "terminationGracePeriodSeconds": 40,
+                    "securityContext": {
+                        "runAsNonRoot": true,
+                        "runAsUser": 65532,
+                        "runAsGroup": 65532,
+                        "seccompProfile": { "type": "RuntimeDefault" },
+                    },
+                    "containers": [container],
+                    "volumes": [{ "name": "config", "configMap": { "name": name } }],
+                },
+            },
+        },
+    }))
+}
+
+pub fn service(ps: &ProgramScheduling) -> Value {
+    let r = &ps.spec.router;
+    stamped(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(ps),
+        "spec": {
+            "type": r.service_type,
+            "selector": selector_labels(ps),
+            "ports": [
+                { "name": "http", "port": r.port, "targetPort": "http", "protocol": "TCP" },
+                { "name": "metrics", "port": r.metrics_port, "targetPort": "metrics", "protocol": "TCP" },
+            ],
+        },
+    }))
+}
+
+/// At most one router pod voluntarily evicted at a time.
+pub fn pod_disruption_budget(ps: &ProgramScheduling) -> Value {
+    stamped(json!({
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta(ps),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": { "matchLabels": selector_labels(ps) },
+        },
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{ProgramSchedulingSpec, RouterSpec};
+    use k8s_openapi::api::core::v1::SecretKeySelector;
+
+    fn ps(router: RouterSpec) -> ProgramScheduling {
+        let mut p = ProgramScheduling::new(
+            "agents",
+            ProgramSchedulingSpec {
+                worker_selector: Default::default(),
+                worker_port: 8000,
+                data_parallel: None,
+                router,
+                program_scheduling: None,
+                api_key_secret_ref: Some(SecretKeySelector {
+                    name: "vllm".into(),
+                    key: "token".into(),
+                    optional: None,
+                }),
+            },
+        );
+        p.metadata.namespace = Some("ml".into());
+        p.metadata.uid = Some("uid-1".into());
+        p
+    }
+
+    fn typed<K: serde::de::DeserializeOwned>(v: Value) -> K {
+        serde_json::from_value(v).expect("a valid object of its kind")
+    }
+
+    #[test]
+    fn every_object_is_a_valid_owned_kind_controlled_by_the_resource() {
+        let p = ps(RouterSpec::default());
+        let cfg = RouterConfig::default();
+        let file = ConfigFile::new(&cfg).expect("json");
+        let objs = [
+            (service_account(&p), "ServiceAccount"),
+            (config_map(&p, &file), "ConfigMap"),
+            (deployment(&p, &cfg), "Deployment"),
+            (service(&p), "Service"),
+            (pod_disruption_budget(&p), "PodDisruptionBudget"),
+        ];
+        for (o, kind) in objs {
+            assert_eq!(o["kind"], kind);
+            assert_eq!(o["metadata"]["name"], "agents-router");
+            assert_eq!(o["metadata"]["namespace"], "ml");
+            let owner = &o["metadata"]["ownerReferences"][0];
+            assert_eq!(
+                (owner["uid"].as_str(), owner["controller"].as_bool()),
+                (Some("uid-1"), Some(true))
+            );
+            assert_eq!(
+                o["metadata"]["annotations"][APPLIED_HASH]
+                    .as_str()
+                    .map(str::len),
+                Some(16)
+            );
+        }
+        let _: ServiceAccount = typed(service_account(&p));
+        let _: ConfigMap = typed(config_map(&p, &file));
+        let _: Service = typed(service(&p));
+        let _: PodDisruptionBudget = typed(pod_disruption_budget(&p));
+        let d: Deployment = typed(deployment(&p, &cfg));
+        let pod = d.spec.expect("spec").template.spec.expect("pod");
+        let c = &pod.containers[0];
+        let sc = c.security_context.as_ref().expect("hardened");
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(pod.service_account_name.as_deref(), Some("agents-router"));
+        let env = c.env.as_ref().expect("env");
+        let key = env
+            .iter()
+            .find(|e| e.name == "PROGRAM_ROUTER_API_KEY")
+            .expect("api key from the Secret");
+        assert!(key.value.is_none(), "never inline");
+    }
+
+    #[test]
+    fn config_map_holds_the_exact_bytes_the_hash_names() {
+        let p = ps(RouterSpec::default());
+        let file = ConfigFile::new(&RouterConfig::default()).expect("json");
+        let cm: ConfigMap = typed(config_map(&p, &file));
+        let body = cm.data.expect("data")[CONFIG_KEY].clone();
+        assert_eq!(
+            program_router::config::file_hash(body.as_bytes()),
+            file.hash
+        );
+        assert_eq!(
+            cm.metadata.annotations.expect("ann")[CONFIG_HASH],
+            file.hash
+        );
+        let back: RouterConfig = serde_json::from_str(&body).expect("router reads it");
+        assert_eq!(back, RouterConfig::default());
+    }
+
+    #[test]
+    fn only_listener_changes_restart_router_pods() {
+        let p = ps(RouterSpec::default());
+        let a = RouterConfig::default();
+        let mut hot = a.clone();
+        hot.policy.kind = program_router::config::PolicyKind::RoundRobin;
+        hot.workers.push(program_router::config::WorkerConfig {
+            url: "http://10.0.0.9:8000".into(),
+            dp_rank: Some(3),
+        });
+        let mut cold = a.clone();
+        cold.port = 9999;
+        let tmpl = |c: &RouterConfig| deployment(&p, c)["spec"]["template"].clone();
+        assert_eq!(tmpl(&a), tmpl(&hot), "hot fields travel through the file");
+        assert_ne!(tmpl(&a), tmpl(&cold));
+    }
+
+    #[test]
+    fn applied_hash_changes_with_content_and_reads_back() {
+        let a = ps(RouterSpec::default());
+        let b = ps(RouterSpec {
+            replicas: 3,
+            ..Default::default()
+        });
+        let cfg = RouterConfig::default();
+        let (da, db) = (deployment(&a, &cfg), deployment(&b, &cfg));
+        assert_ne!(
+            da["metadata"]["annotations"][APPLIED_HASH],
+            db["metadata"]["annotations"][APPLIED_HASH]
+        );
+        assert_eq!(da, deployment(&a, &cfg), "deterministic");
+        let live: Deployment = typed(da.clone());
+        assert_eq!(
+            applied_hash(&live),
+            da["metadata"]["annotations"][APPLIED_HASH].as_str()
+        );
+    }
+}

@@ -1,0 +1,276 @@
+//! The test's kubelet: gives Pods loopback IPs and Ready status, runs vllm-sim for worker Pods
+//! and program-router for the router Pods the ReplicaSet creates, and keeps each router's config
+//! file equal to its ConfigMap (atomic rename, like a ConfigMap volume).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use program_router::config::cli::Flags;
+use program_router::state::RouterState;
+use serde_json::json;
+use tokio::sync::Mutex;
+
+struct RouterPod {
+    ip: String,
+    config: PathBuf,
+    state: Arc<RouterState>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    ready: bool,
+}
+
+struct WorkerPod {
+    sim: vllm_sim::server::Spawned,
+}
+
+/// Plays the kubelet for one namespace.
+pub struct Kubelet {
+    client: Client,
+    pub ns: String,
+    dir: PathBuf,
+    next_ip: AtomicU8,
+    routers: Mutex<HashMap<String, RouterPod>>,
+    workers: Mutex<HashMap<String, WorkerPod>>,
+}
+
+impl Kubelet {
+    pub fn new(client: Client, ns: &str, dir: PathBuf) -> Arc<Self> {
+        Arc::new(Kubelet {
+            client,
+            ns: ns.into(),
+            dir,
+            next_ip: AtomicU8::new(10),
+            routers: Mutex::new(HashMap::new()),
+            workers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn next_ip(&self) -> String {
+        format!("127.0.0.{}", self.next_ip.fetch_add(1, Ordering::Relaxed))
+    }
+
+    async fn set_status(&self, name: &str, ip: &str, ready: bool) -> kube::Result<()> {
+        let status = if ready { "True" } else { "False" };
+        let body = json!({"status": {
+            "phase": "Running",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "conditions": [
+                {"type": "Ready", "status": status},
+                {"type": "ContainersReady", "status": status},
+            ],
+        }});
+        self.pods()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map(|_| ())
+    }
+
+    /// Creates a worker Pod running vllm-sim with `dp_size` ranks from global rank `start`,
+    /// serving on a fresh loopback IP and `port`; returns that IP.
+    pub async fn add_worker(
+        &self,
+        name: &str,
+        labels: BTreeMap<String, String>,
+        port: u16,
+        dp_size: u32,
+        start: u32,
+    ) -> String {
+        let ip = self.next_ip();
+        let mut cfg = vllm_sim::config::SimConfig::defaults();
+        cfg.host = ip.clone();
+        cfg.port = port;
+        cfg.dp_size = dp_size;
+        cfg.dp_start = start;
+        cfg.engine.num_gpu_blocks = 2048;
+        cfg.time_scale = 50.0;
+        let sim = vllm_sim::server::spawn(cfg, Duration::from_secs(1))
+            .await
+            .expect("vllm-sim");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "automountServiceAccountToken": false,
+                "containers": [{
+                    "name": "vllm",
+                    "image": "vllm/vllm-openai:latest",
+                    "args": [
+                        "--port", port.to_string(),
+                        "--data-parallel-size", dp_size.to_string(),
+                        "--data-parallel-start-rank", start.to_string(),
+                    ],
+                }],
+            },
+        }))
+        .expect("pod");
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("create worker pod");
+        self.set_status(name, &ip, true)
+            .await
+            .expect("worker status");
+        self.workers
+            .lock()
+            .await
+            .insert(name.to_string(), WorkerPod { sim });
+        ip
+    }
+
+    /// Deletes a worker Pod and stops its simulator.
+    pub async fn delete_worker(&self, name: &str) {
+        self.pods()
+            .delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .expect("delete worker");
+        if let Some(mut w) = self.workers.lock().await.remove(name) {
+            w.sim.stop();
+        }
+    }
+
+    /// Router pods as this kubelet runs them: (pod name, IP).
+    pub async fn routers(&self) -> Vec<(String, String)> {
+        let mut v: Vec<_> = self
+            .routers
+            .lock()
+            .await
+            .iter()
+            .map(|(n, r)| (n.clone(), r.ip.clone()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The router state of a running router pod.
+    pub async fn router_state(&self, pod: &str) -> Option<Arc<RouterState>> {
+        self.routers.lock().await.get(pod).map(|r| r.state.clone())
+    }
+
+    /// Runs the router half of the kubelet every 100 ms until the returned handle is aborted.
+    pub fn run_routers(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = me.sync_routers().await {
+                    eprintln!("kubelet: {e}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    }
+
+    async fn sync_routers(&self) -> Result<(), String> {
+        let lp = ListParams::default().labels("app.kubernetes.io/component=router");
+        let pods = self.pods().list(&lp).await.map_err(|e| e.to_string())?;
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
+        let mut routers = self.routers.lock().await;
+        let live: Vec<String> = pods
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        routers.retain(|name, r| {
+            let keep = live.contains(name);
+            if !keep && let Some(tx) = r.stop.take() {
+                let _ = tx.send(());
+            }
+            keep
+        });
+        for pod in &pods.items {
+            let Some(name) = pod.metadata.name.clone() else {
+                continue;
+            };
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let Some(cm_name) = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.as_ref())
+                .and_then(|v| v.iter().find_map(|v| v.config_map.as_ref()))
+                .map(|c| c.name.clone())
+            else {
+                continue;
+            };
+            let Some(body) = cms
+                .get_opt(&cm_name)
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|c| c.data)
+                .and_then(|d| d.get("config.json").cloned())
+            else {
+                continue; // the volume cannot mount yet
+            };
+            if let Some(r) = routers.get_mut(&name) {
+                if std::fs::read_to_string(&r.config).ok().as_deref() != Some(body.as_str()) {
+                    let tmp = r.config.with_extension("tmp");
+                    std::fs::write(&tmp, &body).map_err(|e| e.to_string())?;
+                    std::fs::rename(&tmp, &r.config).map_err(|e| e.to_string())?;
+                }
+                let ready = program_router::server::status::ready(&r.state);
+                if ready != r.ready {
+                    self.set_status(&name, &r.ip, ready)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    r.ready = ready;
+                }
+                continue;
+            }
+            let ip = self.next_ip();
+            let path = self.dir.join(format!("{name}.json"));
+            std::fs::write(&path, &body).map_err(|e| e.to_string())?;
+            let flags = Flags {
+                config: Some(path.clone()),
+                host: Some(ip.clone()),
+                prometheus_host: Some(ip.clone()),
+                ..Default::default()
+            };
+            let file = program_router::config::cli::load_file(&path).map_err(|e| e.to_string())?;
+            let cfg = flags.effective(Some(file)).map_err(|e| e.to_string())?;
+            let bound = program_router::run::bind(cfg, flags)
+                .await
+                .map_err(|e| format!("router {name} on {ip}: {e}"))?;
+            let state = bound.state.clone();
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(bound.serve(async move {
+                let _ = rx.await;
+            }));
+            self.set_status(&name, &ip, false)
+                .await
+                .map_err(|e| e.to_string())?;
+            routers.insert(
+                name,
+                RouterPod {
+                    ip,
+                    config: path,
+                    state,
+                    stop: Some(tx),
+                    ready: false,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Stops every simulator and router.
+    pub async fn shutdown(&self) {
+        for (_, mut r) in self.routers.lock().await.drain() {
+            if let Some(tx) = r.stop.take() {
+                let _ = tx.send(());
+            }
+        }
+        for (_, mut w) in self.workers.lock().await.drain() {
+            w.sim.stop();
+        }
+    }
+}

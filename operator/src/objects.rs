@@ -332,7 +332,7 @@ mod tests {
         let _: Service = typed(service(&p));
         let _: PodDisruptionBudget = typed(pod_disruption_budget(&p));
         let d: Deployment = typed(deployment(&p, &cfg));
-        let pod = d.spec.expect("spec").template.spec.expect("pod");
+        let pod = d.spec.template.spec.expect("pod");
         let c = &pod.containers[0];
         let sc = c.security_context.as_ref().expect("hardened");
         assert_eq!(sc.read_only_root_filesystem, Some(true));

@@ -181,6 +181,12 @@ pub struct ProgramSchedulingParams {
     pub max_segment_rounds: Option<u32>,
     pub stats_window_size: Option<u32>,
     pub enable_batch_gain_admission: Option<bool>,
+    /// Extension: `rank` (each rank's own tool-interval window, the spec) or `pooled`.
+    #[x_kube(validation = kube::core::Rule::new("self in ['rank', 'pooled']").message("ttlEvidence must be rank or pooled"))]
+    pub ttl_evidence: Option<String>,
+    /// Extension: samples before the automatic TTL acts (1..=statsWindowSize).
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("ttlMinSamples must be at least 1"))]
+    pub ttl_min_samples: Option<u32>,
     pub prefill_cost_model: Option<PrefillCostModelParams>,
     pub decode_throughput_model: Option<DecodeThroughputModelParams>,
 }
@@ -281,9 +287,6 @@ mod tests {
             .map(|k| snake(k))
             .collect();
         for k in router.as_object().expect("object").keys() {
-            if k.starts_with("ttl_") {
-                continue; // router extensions, not in the CRD yet
-            }
             assert!(crd_keys.contains(k), "CRD lacks {k}");
         }
     }

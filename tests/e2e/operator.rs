@@ -306,6 +306,57 @@ spec:
         .expect("status shows 2 ranks and Ready");
         assert_eq!(ps.status.expect("s").ranks, Some(2));
 
+        // Readiness loss removes ranks; readiness back restores them.
+        kubelet.set_worker_ready("vllm-0", false).await;
+        let ranks = |n: i32| {
+            let api = api.clone();
+            async move {
+                wait_for(Duration::from_secs(10), || async {
+                    let ps = api.get("fleet").await.ok()?;
+                    (ps.status?.ranks == Some(n)).then_some(())
+                })
+                .await
+            }
+        };
+        assert!(ranks(0).await.is_some(), "not-Ready worker dropped");
+        kubelet.set_worker_ready("vllm-0", true).await;
+        assert!(ranks(2).await.is_some(), "Ready worker back");
+        // A selector that no longer matches drops the workers; restoring it brings them back.
+        let select = |app: &str| json!({"spec": {"workerSelector": {"matchLabels": {"app": app}}}});
+        api.patch(
+            "fleet",
+            &PatchParams::default(),
+            &Patch::Merge(select("other")),
+        )
+        .await
+        .expect("patch selector");
+        assert!(
+            ranks(0).await.is_some(),
+            "selector change dropped the workers"
+        );
+        let ps = api.get("fleet").await.expect("get");
+        assert_eq!(
+            condition(&ps, "WorkersDiscovered"),
+            Some(("False".into(), "NoWorkers".into()))
+        );
+        api.patch(
+            "fleet",
+            &PatchParams::default(),
+            &Patch::Merge(select("vllm")),
+        )
+        .await
+        .expect("patch selector");
+        assert!(ranks(2).await.is_some(), "selector restored");
+        assert!(
+            wait_for(Duration::from_secs(15), || async {
+                let ps = api.get("fleet").await.ok()?;
+                (condition(&ps, "Ready")?.0 == "True").then_some(())
+            })
+            .await
+            .is_some(),
+            "Ready again"
+        );
+
         // An operator restart makes no write: resourceVersions stay, the write counter stays 0.
         // First let the status settle (router health after the removal may still be moving).
         let mut versions = owned_versions(&client, ns).await;
@@ -395,6 +446,74 @@ spec:
         routers_task.abort();
         kubelet.shutdown().await;
         op2.stop();
+    });
+}
+
+#[test]
+fn leader_election_runs_one_controller_and_hands_over() {
+    run(async {
+        let cp = ControlPlane::start();
+        install_crds(&cp);
+        let scratch = Scratch::new("lease");
+        let args = [
+            "--leader-elect",
+            "--lease-namespace",
+            "default",
+            "--lease-duration-secs",
+            "6",
+        ];
+        let a = Operator::start(
+            &cp,
+            &scratch.0,
+            &[&args[..], &["--identity", "op-a"]].concat(),
+        );
+        let b = Operator::start(
+            &cp,
+            &scratch.0,
+            &[&args[..], &["--identity", "op-b"]].concat(),
+        );
+        let leaders = || async {
+            let (la, lb) = (
+                a.counter("program_operator_leader").await,
+                b.counter("program_operator_leader").await,
+            );
+            (la + lb == 1.0).then_some(if la == 1.0 { 'a' } else { 'b' })
+        };
+        let first = wait_for(Duration::from_secs(30), leaders)
+            .await
+            .unwrap_or_else(|| panic!("one leader:\n{}\n{}", a.log_tail(), b.log_tail()));
+        // Exactly one stays leader, and the Lease names it.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(leaders().await, Some(first), "leadership is stable");
+        let holder = cp
+            .kubectl(&[
+                "get",
+                "lease",
+                "program-operator",
+                "-n",
+                "default",
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ])
+            .expect_ok("lease");
+        assert_eq!(holder, format!("op-{first}"));
+        // Both answer /readyz (a standby is healthy).
+        let c = testkit::client();
+        for op in [&a, &b] {
+            let url = op.metrics_url.replace("/metrics", "/readyz");
+            assert_eq!(testkit::get(&c, &url).await.status, 200);
+        }
+        // The leader stops (and releases the lease): the standby takes over.
+        let (leader, standby) = if first == 'a' { (a, b) } else { (b, a) };
+        let t0 = Instant::now();
+        leader.stop();
+        let took = wait_for(Duration::from_secs(20), || async {
+            (standby.counter("program_operator_leader").await == 1.0).then_some(t0.elapsed())
+        })
+        .await
+        .unwrap_or_else(|| panic!("standby took over:\n{}", standby.log_tail()));
+        eprintln!("leader handover: {:.1} s", took.as_secs_f64());
+        standby.stop();
     });
 }
 

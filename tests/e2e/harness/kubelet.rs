@@ -25,6 +25,7 @@ struct RouterPod {
 }
 
 struct WorkerPod {
+    ip: String,
     sim: vllm_sim::server::Spawned,
 }
 
@@ -119,11 +120,23 @@ impl Kubelet {
         self.set_status(name, &ip, true)
             .await
             .expect("worker status");
-        self.workers
-            .lock()
-            .await
-            .insert(name.to_string(), WorkerPod { sim });
+        self.workers.lock().await.insert(
+            name.to_string(),
+            WorkerPod {
+                ip: ip.clone(),
+                sim,
+            },
+        );
         ip
+    }
+
+    /// Flips a worker Pod's Ready condition (its simulator keeps running).
+    pub async fn set_worker_ready(&self, name: &str, ready: bool) {
+        let ip = self.workers.lock().await.get(name).map(|w| w.ip.clone());
+        let ip = ip.expect("known worker");
+        self.set_status(name, &ip, ready)
+            .await
+            .expect("worker status");
     }
 
     /// Deletes a worker Pod and stops its simulator.

@@ -40,6 +40,10 @@ step "control plane (Go: etcd + kube-apiserver + kube-controller-manager)"
 PROGSCHED_CONTROL_PLANE=$(scripts/build-control-plane.sh)
 export PROGSCHED_CONTROL_PLANE
 
+step "helm (Go modules, pinned)"
+PROGSCHED_HELM=$(scripts/build-helm.sh)
+export PROGSCHED_HELM
+
 step "cargo build (binaries used by the Python suites and the compare test)"
 cargo build --workspace --locked --bins
 

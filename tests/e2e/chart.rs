@@ -105,6 +105,15 @@ fn chart_installs_with_least_privilege_runs_the_example_and_upgrades_cleanly() {
                 bad.stderr
             );
 
+            // The ServiceMonitor appears only when asked for AND the cluster serves its API.
+            let sm = |extra: &[&str]| {
+                let mut a = vec!["template", RELEASE, chart.as_str(), "--kube-version", "1.37.2", "--set", "metrics.serviceMonitor.enabled=true"];
+                a.extend_from_slice(extra);
+                cp.helm(&a).expect_ok("template").contains("kind: ServiceMonitor")
+            };
+            assert!(!sm(&[]), "no ServiceMonitor without its CRD");
+            assert!(sm(&["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"]));
+
             for ns in [NS, "team-a", "team-b"] {
                 cp.kubectl(&["create", "namespace", ns])
                     .expect_ok("namespace");

@@ -4,12 +4,14 @@
 //! it valid; CLI merging lives in [`cli`], file watching in [`watch`]. Every error names the field.
 
 pub mod cli;
+pub mod fairness;
 pub mod program;
 pub mod watch;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use fairness::FairnessConfig;
 pub use program::ProgramSchedulingConfig;
 
 /// An invalid configuration value.
@@ -262,6 +264,8 @@ pub struct RouterConfig {
     pub observation: ObservationConfig,
     /// Program scheduling; absent or null = disabled.
     pub program_scheduling: Option<ProgramSchedulingConfig>,
+    /// Fair multi-tenant queueing; absent or null = disabled.
+    pub fairness: Option<FairnessConfig>,
     pub log_level: String,
     pub log_format: LogFormat,
 }
@@ -285,6 +289,7 @@ impl Default for RouterConfig {
             circuit_breaker: CircuitBreakerConfig::default(),
             observation: ObservationConfig::default(),
             program_scheduling: None,
+            fairness: None,
             log_level: "info".into(),
             log_format: LogFormat::default(),
         }
@@ -443,6 +448,9 @@ impl RouterConfig {
             cb.window_duration_secs,
         )?;
         positive("observation.interval_secs", self.observation.interval_secs)?;
+        if let Some(f) = &self.fairness {
+            f.validate()?;
+        }
         if let Some(ps) = &self.program_scheduling {
             ps.validate()?;
         }

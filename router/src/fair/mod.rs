@@ -7,7 +7,7 @@
 //! tenant's weight; a tenant that becomes backlogged again is lifted to the minimum counter of the
 //! backlogged tenants, so idling earns no credit) or by plain round robin. Per-tenant queue limits
 //! and queue timeouts make every request end exactly once: dispatched, refused at the door, or
-//! timed out. Wiring into the data plane (identity, gates from vLLM metrics, 429/504) is separate.
+//! timed out. [`runtime`] wires it into the data plane (identity, gates from vLLM metrics, 429/504).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -239,6 +239,8 @@ impl FairQueue {
         out
     }
 }
+
+pub mod runtime;
 
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,8 @@
 //! Reads the few vLLM series the router needs from a backend's Prometheus text exposition.
 //!
 //! Owns a tolerant line scanner for `vllm:num_requests_running`, `vllm:num_requests_waiting`,
-//! `vllm:kv_cache_usage_perc` (or the older `vllm:gpu_cache_usage_perc`) and
-//! `vllm:cache_config_info`, keyed by the `engine` label (the DP rank; missing means 0). It skips
+//! `vllm:kv_cache_usage_perc` (or the older `vllm:gpu_cache_usage_perc`), `vllm:cache_config_info`
+//! and the inter-token latency histogram's sum and count, keyed by the `engine` label (the DP rank; missing means 0). It skips
 //! every other line, whatever its shape, so that new vLLM series or format details never break
 //! observation; general-purpose parsers reject whole expositions on one unfamiliar line.
 
@@ -16,6 +16,13 @@ pub struct EngineSample {
     pub kv_usage: f64,
     /// num_gpu_blocks × block_size from `vllm:cache_config_info`, when present.
     pub token_capacity: Option<u64>,
+    /// Cumulative inter-token latency histogram (`vllm:inter_token_latency_seconds`, or the
+    /// older `vllm:time_per_output_token_seconds`): sum of seconds and count of tokens.
+    pub itl_sum: f64,
+    pub itl_count: f64,
+    /// Mean time per output token since the previous observation (set by the observer; `None`
+    /// when no token was decoded in between).
+    pub recent_tpot: Option<f64>,
 }
 
 /// Parses an exposition into samples per engine (DP rank).
@@ -34,6 +41,9 @@ pub fn parse_vllm_metrics(text: &str) -> FxHashMap<u32, EngineSample> {
             "vllm:num_requests_waiting" => 1,
             "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => 2,
             "vllm:cache_config_info" => 3,
+            "vllm:inter_token_latency_seconds_sum" | "vllm:time_per_output_token_seconds_sum" => 4,
+            "vllm:inter_token_latency_seconds_count"
+            | "vllm:time_per_output_token_seconds_count" => 5,
             _ => continue,
         };
         let engine = label(labels, "engine")
@@ -44,6 +54,8 @@ pub fn parse_vllm_metrics(text: &str) -> FxHashMap<u32, EngineSample> {
             0 => s.running = value,
             1 => s.waiting = value,
             2 => s.kv_usage = value,
+            4 => s.itl_sum = value,
+            5 => s.itl_count = value,
             _ => {
                 let blocks = label(labels, "num_gpu_blocks").and_then(|v| v.parse::<u64>().ok());
                 let size = label(labels, "block_size").and_then(|v| v.parse::<u64>().ok());
@@ -105,6 +117,8 @@ vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="1000",model_na
 vllm:prompt_tokens_total{engine="0",model_name="m"} 123 1700000000
 some_weird{line
 vllm:time_to_first_token_seconds_bucket{le="+Inf",engine="0"} 5
+vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 4.5
+vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 90
 "#;
         let m = parse_vllm_metrics(text);
         assert_eq!(m[&0].running, 3.0);
@@ -114,7 +128,10 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",engine="0"} 5
                 running: 1.0,
                 waiting: 7.0,
                 kv_usage: 0.25,
-                token_capacity: Some(16_000)
+                token_capacity: Some(16_000),
+                itl_sum: 4.5,
+                itl_count: 90.0,
+                recent_tpot: None,
             }
         );
     }

@@ -75,6 +75,8 @@ pub struct Outbound<'a> {
     pub pin: Option<usize>,
     /// The request's place in Program scheduling, finished when the response ends.
     pub ticket: Option<ProgramTicket>,
+    /// Seat in the fair queue, freed (and charged) when the response ends.
+    pub fair: Option<crate::fair::runtime::FairPermit>,
 }
 
 fn upstream_request(
@@ -235,6 +237,7 @@ pub async fn forward(
         let finish = Box::new(Completion {
             guard,
             ticket: out.ticket.take(),
+            fair: out.fair.take(),
             status,
             state: state.clone(),
             route: out.route,
@@ -259,6 +262,7 @@ pub async fn forward(
 struct Completion {
     guard: InFlight,
     ticket: Option<ProgramTicket>,
+    fair: Option<crate::fair::runtime::FairPermit>,
     status: StatusCode,
     state: Arc<RouterState>,
     route: &'static str,
@@ -277,7 +281,10 @@ impl Finish for Completion {
                 cached_tokens: u.cached_tokens(),
             }));
         }
-        // Otherwise the ticket drops here: the request did not run to completion (cancel).
+        if let (Some(permit), Some(u)) = (self.fair.take(), usage) {
+            permit.complete(u.prompt_tokens, u.completion_tokens);
+        }
+        // Otherwise the ticket (and fair permit) drop here: the request did not run to completion.
         let target = self.guard.target();
         match end {
             End::Complete => target.record_outcome(!self.status.is_server_error()),

@@ -66,6 +66,8 @@ pub struct Peeked {
     pub prompt: Option<Range<usize>>,
     /// Session-like key from the body (`session_params.session_id` > `user` > `session_id` > `user_id`).
     pub body_key: Option<String>,
+    /// The OpenAI `user` field.
+    pub user: Option<String>,
 }
 
 fn span(body: &[u8], raw: &RawValue) -> Range<usize> {
@@ -97,6 +99,7 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         }
         None => false,
     };
+    let user = p.user.clone().filter(|u| !u.is_empty());
     let body_key = p
         .session_params
         .and_then(|s| s.session_id)
@@ -113,6 +116,7 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         xargs: p.vllm_xargs.map(|r| span(body, r)),
         prompt: p.messages.or(p.prompt).map(|r| span(body, r)),
         body_key,
+        user,
     })
 }
 

@@ -293,6 +293,7 @@ async fn dispatch(
                 received,
                 pin: None,
                 ticket: None,
+                fair: None,
             },
         )
         .await;
@@ -325,6 +326,12 @@ async fn dispatch(
         }
         None => (None, None),
     };
+    // Requests outside Program scheduling (which has its own RequestPool) wait their turn in the
+    // fair queue, when one is configured.
+    let fair = match (&applied.fair, &ticket) {
+        (Some(f), None) => Some(fair_admission(f, &parts.headers, &peeked, prompt.len()).await?),
+        _ => None,
+    };
     let info = RequestInfo {
         hash_key: request::hash_key(&parts.headers, &peeked),
         prompt: &prompt,
@@ -345,9 +352,59 @@ async fn dispatch(
             received,
             pin,
             ticket,
+            fair,
         },
     )
     .await
+}
+
+/// Waits in the fair queue; errors are OpenAI-style 429 (tenant queue full), 504 (queue timeout),
+/// 400 (unknown class) or 503 (reconfigured).
+async fn fair_admission(
+    f: &Arc<crate::fair::runtime::FairRuntime>,
+    headers: &http::HeaderMap,
+    peeked: &request::Peeked,
+    prompt_bytes: usize,
+) -> Result<crate::fair::runtime::FairPermit, ApiError> {
+    use crate::fair::runtime::FairError;
+    let tenant = f.tenant(headers, peeked.user.as_deref());
+    let class = f.class(headers, &tenant);
+    // About four bytes of JSON text per token: an estimate charged at dispatch; the real prompt
+    // and completion counts are charged from the response's usage.
+    let estimate = (prompt_bytes / 4) as u64;
+    f.admit(&tenant, &class, estimate)
+        .await
+        .map_err(|e| match e {
+            FairError::QueueFull { tenant } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "tenant_queue_full",
+                format!(
+                    "tenant {tenant:?} already has {} requests queued; retry later",
+                    f.cfg.max_queue_per_tenant
+                ),
+            ),
+            FairError::Timeout { seconds } => ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "queue_timeout",
+                format!(
+                    "the request waited longer than the queue timeout ({seconds} s) for capacity"
+                ),
+            ),
+            FairError::UnknownClass(c) => ApiError::bad_request(format!(
+                "unknown priority class {c:?} (configured: {})",
+                f.cfg
+                    .classes
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            FairError::Reconfigured => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "reconfigured",
+                "fair queueing was reconfigured while the request waited; retry",
+            ),
+        })
 }
 
 /// Program scheduling for a request that carries Program identity: waits in the RequestPool if

@@ -150,6 +150,9 @@ pub async fn observation_loop(state: Arc<RouterState>) {
             for p in polls {
                 let _ = p.await;
             }
+            if let Some(f) = &applied.fair {
+                f.observed();
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}

@@ -89,8 +89,19 @@ impl Backend {
         (first || now != was).then_some(now)
     }
 
-    pub fn set_observation(&self, obs: Observation) {
-        *self.observation.lock().unwrap_or_else(|p| p.into_inner()) = Some(obs);
+    /// Stores a new observation, deriving each engine's recent time per output token from the
+    /// growth of its latency histogram since the previous one.
+    pub fn set_observation(&self, mut obs: Observation) {
+        let mut g = self.observation.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(prev) = g.as_ref() {
+            for (engine, s) in obs.engines.iter_mut() {
+                if let Some(p) = prev.engines.get(engine) {
+                    let tokens = s.itl_count - p.itl_count;
+                    s.recent_tpot = (tokens > 0.0).then(|| (s.itl_sum - p.itl_sum) / tokens);
+                }
+            }
+        }
+        *g = Some(obs);
     }
 
     /// The latest observation of `engine`, with its age.
@@ -304,6 +315,39 @@ mod tests {
         assert!(
             !text.contains("http://a:1@1"),
             "removed target's series are gone"
+        );
+    }
+
+    #[test]
+    fn recent_tpot_comes_from_histogram_growth_between_observations() {
+        let b = Backend::new("http://127.0.0.1:1".into());
+        let obs = |sum: f64, count: f64| Observation {
+            at: Instant::now(),
+            engines: [(
+                0,
+                EngineSample {
+                    itl_sum: sum,
+                    itl_count: count,
+                    ..Default::default()
+                },
+            )]
+            .into_iter()
+            .collect(),
+        };
+        b.set_observation(obs(10.0, 100.0));
+        assert_eq!(
+            b.observed(0).expect("seen").0.recent_tpot,
+            None,
+            "no previous"
+        );
+        b.set_observation(obs(12.0, 110.0));
+        let t = b.observed(0).expect("seen").0.recent_tpot.expect("tpot");
+        assert!((t - 0.2).abs() < 1e-9, "{t}");
+        b.set_observation(obs(12.0, 110.0));
+        assert_eq!(
+            b.observed(0).expect("seen").0.recent_tpot,
+            None,
+            "nothing decoded"
         );
     }
 }

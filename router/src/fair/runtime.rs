@@ -1,0 +1,552 @@
+//! Fair queueing wired to the data plane: tenant and class of a request, the waiting room, and the
+//! dispatcher that opens each class's gate from the backends' own metrics.
+//!
+//! A request waits in the [`FairQueue`] until the dispatcher releases it. The dispatcher wakes on
+//! every arrival, completion and observation round (and every 20 ms for timeouts), and lets a
+//! class send while its allowance lasts: for every available target with a fresh observation,
+//! `max_waiting_requests − vllm:num_requests_waiting` (0 while the target's recent time per output
+//! token exceeds the class's `max_tpot_seconds`, and 0 for an `only_when_idle` class unless every
+//! target's queue is empty), minus what was sent since that observation, plus what completed since
+//! (a finished request freed its seat). A target without a fresh observation contributes nothing:
+//! stale metrics count as saturated. While requests wait for room the dispatcher asks for a new
+//! observation every `POLL` so the gate follows the backend closely.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use prometheus::{
+    Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+use rustc_hash::FxHashMap;
+use tokio::sync::{Notify, oneshot};
+
+use super::{Discipline, Dispatched, FairParams, FairQueue, Refused, Ticket};
+use crate::config::fairness::{FairDiscipline, FairnessConfig, TenantSource};
+use crate::workers::TargetState;
+
+/// How often the dispatcher asks for fresh backend metrics while requests wait for room.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Fair-queueing series (registered once per process).
+#[derive(Clone)]
+pub struct FairMetrics {
+    depth: IntGaugeVec,
+    tenant_depth: IntGaugeVec,
+    wait: HistogramVec,
+    outcomes: IntCounterVec,
+    jain: Gauge,
+    served: GaugeVec,
+}
+
+impl FairMetrics {
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let depth = IntGaugeVec::new(
+            Opts::new(
+                "program_router_fair_queue_depth",
+                "Requests waiting in the router's fair queue, by class",
+            ),
+            &["class"],
+        )?;
+        let tenant_depth = IntGaugeVec::new(
+            Opts::new(
+                "program_router_fair_tenant_queue_depth",
+                "Requests waiting per tenant (the top tenants by depth; the rest summed as `other`)",
+            ),
+            &["tenant"],
+        )?;
+        let wait = HistogramVec::new(
+            HistogramOpts::new(
+                "program_router_fair_wait_seconds",
+                "Time from arrival to dispatch, by class",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+            ]),
+            &["class"],
+        )?;
+        let outcomes = IntCounterVec::new(
+            Opts::new(
+                "program_router_fair_requests_total",
+                "Requests by class and outcome (dispatched, queue_full, timeout, cancelled)",
+            ),
+            &["class", "outcome"],
+        )?;
+        let jain = Gauge::new(
+            "program_router_fair_jain_index",
+            "Jain's fairness index over the weighted tokens served per tenant (1 = equal shares)",
+        )?;
+        let served = GaugeVec::new(
+            Opts::new(
+                "program_router_fair_served_tokens",
+                "Weighted tokens served (the VTC service), for the top tenants",
+            ),
+            &["tenant"],
+        )?;
+        for m in [
+            Box::new(depth.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(tenant_depth.clone()),
+            Box::new(wait.clone()),
+            Box::new(outcomes.clone()),
+            Box::new(jain.clone()),
+            Box::new(served.clone()),
+        ] {
+            registry.register(m)?;
+        }
+        Ok(FairMetrics {
+            depth,
+            tenant_depth,
+            wait,
+            outcomes,
+            jain,
+            served,
+        })
+    }
+}
+
+/// Why a request did not get through.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FairError {
+    /// The tenant already has `max_queue_per_tenant` requests waiting in this class.
+    QueueFull { tenant: String },
+    /// Waited longer than `queue_timeout_seconds`.
+    Timeout { seconds: f64 },
+    /// The class header names no configured class.
+    UnknownClass(String),
+    /// The fairness configuration changed while the request waited.
+    Reconfigured,
+}
+
+enum Outcome {
+    Go(Dispatched),
+    TimedOut,
+}
+
+struct Inner {
+    queue: FairQueue,
+    waiters: FxHashMap<Ticket, oneshot::Sender<Outcome>>,
+    /// Per tenant and class: requests waiting (for the bounded tenant series).
+    depth: FxHashMap<String, usize>,
+    /// Weighted tokens served per tenant (Jain's index).
+    served: FxHashMap<String, f64>,
+    sent_since_observation: u64,
+    completed_since_observation: u64,
+}
+
+/// The fair queue of one applied configuration.
+pub struct FairRuntime {
+    pub cfg: FairnessConfig,
+    inner: Mutex<Inner>,
+    targets: ArcSwap<Vec<Arc<TargetState>>>,
+    wake: Notify,
+    /// Asks the observation loop for a fresh round.
+    observe: Arc<Notify>,
+    epoch: Instant,
+    next: AtomicU64,
+    retired: AtomicBool,
+    metrics: FairMetrics,
+}
+
+impl FairRuntime {
+    pub fn new(
+        cfg: FairnessConfig,
+        targets: Vec<Arc<TargetState>>,
+        metrics: FairMetrics,
+        observe: Arc<Notify>,
+    ) -> Arc<Self> {
+        let params = FairParams {
+            discipline: match cfg.discipline {
+                FairDiscipline::Vtc => Discipline::Vtc,
+                FairDiscipline::RoundRobin => Discipline::RoundRobin,
+            },
+            classes: cfg.classes.iter().map(|c| c.name.clone()).collect(),
+            input_weight: cfg.input_weight,
+            output_weight: cfg.output_weight,
+            tenant_weights: cfg
+                .tenant_weights
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+            max_queue_per_tenant: cfg.max_queue_per_tenant as usize,
+            queue_timeout: cfg.queue_timeout_seconds,
+        };
+        Arc::new(FairRuntime {
+            inner: Mutex::new(Inner {
+                queue: FairQueue::new(params),
+                waiters: FxHashMap::default(),
+                depth: FxHashMap::default(),
+                served: FxHashMap::default(),
+                sent_since_observation: 0,
+                completed_since_observation: 0,
+            }),
+            cfg,
+            targets: ArcSwap::from_pointee(targets),
+            wake: Notify::new(),
+            observe,
+            epoch: Instant::now(),
+            next: AtomicU64::new(1),
+            retired: AtomicBool::new(false),
+            metrics,
+        })
+    }
+
+    fn now(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The targets whose metrics gate dispatch (after a reload that keeps this runtime).
+    pub fn set_targets(&self, targets: Vec<Arc<TargetState>>) {
+        self.targets.store(Arc::new(targets));
+        self.wake.notify_one();
+    }
+
+    /// A new observation round finished: the gate starts from fresh numbers.
+    pub fn observed(&self) {
+        let mut g = self.lock();
+        g.sent_since_observation = 0;
+        g.completed_since_observation = 0;
+        drop(g);
+        self.wake.notify_one();
+    }
+
+    /// Fails every waiting request with [`FairError::Reconfigured`] and stops the dispatcher.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+        self.lock().waiters.clear();
+        self.wake.notify_one();
+    }
+
+    /// The tenant of a request (see [`TenantSource`]).
+    pub fn tenant(&self, headers: &http::HeaderMap, user: Option<&str>) -> String {
+        let found = match self.cfg.tenant_source {
+            TenantSource::Header => headers
+                .get(self.cfg.tenant_header.as_str())
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            TenantSource::ApiKey => headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim())
+                .filter(|k| !k.is_empty())
+                .map(|k| format!("key-{:016x}", crate::hash::fnv1a(k.as_bytes()))),
+            TenantSource::User => user.map(str::to_string),
+        };
+        found
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty() && t.len() <= 256)
+            .unwrap_or_else(|| self.cfg.default_tenant.clone())
+    }
+
+    /// The class of a request: its class header, else its tenant's default, else the default.
+    pub fn class(&self, headers: &http::HeaderMap, tenant: &str) -> String {
+        headers
+            .get(self.cfg.class_header.as_str())
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.trim().to_string())
+            .or_else(|| self.cfg.tenant_classes.get(tenant).cloned())
+            .unwrap_or_else(|| self.cfg.default_class.clone())
+    }
+
+    /// Waits until the dispatcher releases the request. Dropping the future (the client left)
+    /// removes it from the queue.
+    pub async fn admit(
+        self: &Arc<Self>,
+        tenant: &str,
+        class: &str,
+        input_tokens: u64,
+    ) -> Result<FairPermit, FairError> {
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut g = self.lock();
+            let now = self.now();
+            if let Err(e) = g.queue.push(now, ticket, tenant, class, input_tokens) {
+                return Err(match e {
+                    Refused::TenantQueueFull(t) => {
+                        self.metrics
+                            .outcomes
+                            .with_label_values(&[class, "queue_full"])
+                            .inc();
+                        FairError::QueueFull { tenant: t }
+                    }
+                    Refused::UnknownClass(c) => FairError::UnknownClass(c),
+                });
+            }
+            g.waiters.insert(ticket, tx);
+            *g.depth.entry(tenant.to_string()).or_default() += 1;
+            self.publish_depth(&g);
+        }
+        self.wake.notify_one();
+        let mut guard = Queued {
+            rt: self.clone(),
+            ticket,
+            tenant: tenant.to_string(),
+            class: class.to_string(),
+            armed: true,
+        };
+        match rx.await {
+            Ok(Outcome::Go(d)) => {
+                guard.armed = false;
+                Ok(FairPermit {
+                    rt: self.clone(),
+                    d: Some(d),
+                })
+            }
+            Ok(Outcome::TimedOut) => {
+                guard.armed = false;
+                let mut g = self.lock();
+                self.forget(&mut g, tenant);
+                self.publish_depth(&g);
+                drop(g);
+                self.metrics
+                    .outcomes
+                    .with_label_values(&[class, "timeout"])
+                    .inc();
+                Err(FairError::Timeout {
+                    seconds: self.cfg.queue_timeout_seconds,
+                })
+            }
+            Err(_) => {
+                guard.armed = false;
+                Err(FairError::Reconfigured)
+            }
+        }
+    }
+
+    fn publish_depth(&self, g: &Inner) {
+        for (i, c) in self.cfg.classes.iter().enumerate() {
+            self.metrics
+                .depth
+                .with_label_values(&[c.name.as_str()])
+                .set(g.queue.queued(i) as i64);
+        }
+        let mut tenants: Vec<(&String, &usize)> = g.depth.iter().filter(|(_, n)| **n > 0).collect();
+        tenants.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let top = self.cfg.metrics_top_tenants as usize;
+        self.metrics.tenant_depth.reset();
+        let mut other = 0usize;
+        for (i, (t, n)) in tenants.iter().enumerate() {
+            if i < top {
+                self.metrics
+                    .tenant_depth
+                    .with_label_values(&[t.as_str()])
+                    .set(**n as i64);
+            } else {
+                other += **n;
+            }
+        }
+        if other > 0 {
+            self.metrics
+                .tenant_depth
+                .with_label_values(&["other"])
+                .set(other as i64);
+        }
+    }
+
+    fn forget(&self, g: &mut Inner, tenant: &str) {
+        if let Some(n) = g.depth.get_mut(tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                g.depth.remove(tenant);
+            }
+        }
+    }
+
+    /// Room per class right now (see the module doc).
+    fn allowances(&self, g: &Inner) -> Vec<i64> {
+        let fresh = Duration::from_secs_f64(self.cfg.metrics_max_age_seconds);
+        let now = Instant::now();
+        let targets = self.targets.load();
+        let samples: Vec<Option<crate::observe::scrape::EngineSample>> = targets
+            .iter()
+            .filter(|t| t.available(now))
+            .map(|t| {
+                t.backend
+                    .observed(t.spec.dp_rank.unwrap_or(0))
+                    .filter(|(_, age)| *age <= fresh)
+                    .map(|(s, _)| s)
+            })
+            .collect();
+        let all_idle =
+            !samples.is_empty() && samples.iter().all(|s| s.is_some_and(|s| s.waiting < 1.0));
+        let credit = g.completed_since_observation as i64 - g.sent_since_observation as i64;
+        self.cfg
+            .classes
+            .iter()
+            .map(|c| {
+                if c.only_when_idle && !all_idle {
+                    return 0;
+                }
+                let room: i64 = samples
+                    .iter()
+                    .flatten()
+                    .filter(|s| match (c.max_tpot_seconds, s.recent_tpot) {
+                        (Some(limit), Some(tpot)) => tpot <= limit,
+                        _ => true,
+                    })
+                    .map(|s| (i64::from(c.max_waiting_requests) - s.waiting.ceil() as i64).max(0))
+                    .sum();
+                room + credit
+            })
+            .collect()
+    }
+
+    /// One dispatcher pass: expire, then release what the gates allow. Returns whether requests
+    /// are still waiting.
+    fn pass(&self) -> bool {
+        let mut g = self.lock();
+        let now = self.now();
+        for ticket in g.queue.expire(now) {
+            if let Some(tx) = g.waiters.remove(&ticket) {
+                let _ = tx.send(Outcome::TimedOut);
+            }
+        }
+        // An expired request's tenant count is dropped by its waiter, which sees TimedOut.
+        let mut room = self.allowances(&g);
+        let mut sent = 0u64;
+        while let Some(d) = g.queue.pop(now, |ci| room.get(ci).is_some_and(|r| *r > 0)) {
+            if let Some(r) = room.get_mut(d.class) {
+                *r -= 1;
+            }
+            let class = self.cfg.classes[d.class].name.as_str();
+            self.metrics
+                .wait
+                .with_label_values(&[class])
+                .observe(d.waited);
+            self.metrics
+                .outcomes
+                .with_label_values(&[class, "dispatched"])
+                .inc();
+            let tenant = d.tenant.clone();
+            self.forget(&mut g, &tenant);
+            // A closed channel means the client left between pop and send: nothing was sent.
+            if let Some(tx) = g.waiters.remove(&d.ticket)
+                && tx.send(Outcome::Go(d)).is_ok()
+            {
+                sent += 1;
+            }
+        }
+        g.sent_since_observation += sent;
+        self.publish_depth(&g);
+        (0..self.cfg.classes.len()).any(|c| g.queue.queued(c) > 0)
+    }
+
+    /// Runs until retired or `stop` changes.
+    pub async fn dispatch_loop(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut last_poll = Instant::now();
+        loop {
+            if self.retired.load(Ordering::Relaxed) {
+                return;
+            }
+            let waiting = self.pass();
+            if waiting && last_poll.elapsed() >= POLL {
+                // Requests wait for room: ask for fresh numbers rather than wait a full interval.
+                self.observe.notify_one();
+                last_poll = Instant::now();
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    fn finish(&self, d: &Dispatched, output_tokens: u64) {
+        let mut g = self.lock();
+        g.queue.complete(d, output_tokens);
+        g.completed_since_observation += 1;
+        let w = self
+            .cfg
+            .tenant_weights
+            .get(&d.tenant)
+            .copied()
+            .unwrap_or(1.0);
+        *g.served.entry(d.tenant.clone()).or_default() +=
+            self.cfg.output_weight * output_tokens as f64 / w;
+        let xs: Vec<f64> = g.served.values().copied().collect();
+        let (s, s2) = xs.iter().fold((0.0, 0.0), |(a, b), x| (a + x, b + x * x));
+        if s2 > 0.0 {
+            self.metrics.jain.set(s * s / (xs.len() as f64 * s2));
+        }
+        let mut top: Vec<(&String, &f64)> = g.served.iter().collect();
+        top.sort_by(|a, b| b.1.total_cmp(a.1));
+        for (t, v) in top.into_iter().take(self.cfg.metrics_top_tenants as usize) {
+            self.metrics.served.with_label_values(&[t.as_str()]).set(*v);
+        }
+        drop(g);
+        self.wake.notify_one();
+    }
+
+    /// Charges the input tokens of a dispatched request to its tenant's served total.
+    fn charge_input(&self, d: &Dispatched, input_tokens: u64) {
+        let w = self
+            .cfg
+            .tenant_weights
+            .get(&d.tenant)
+            .copied()
+            .unwrap_or(1.0);
+        *self.lock().served.entry(d.tenant.clone()).or_default() +=
+            self.cfg.input_weight * input_tokens as f64 / w;
+    }
+}
+
+/// Removes a still-queued request when its client leaves.
+struct Queued {
+    rt: Arc<FairRuntime>,
+    ticket: Ticket,
+    tenant: String,
+    class: String,
+    armed: bool,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut g = self.rt.lock();
+        // Not in `waiters` any more: the dispatcher released it (and counted it) already.
+        if g.waiters.remove(&self.ticket).is_none() {
+            return;
+        }
+        g.queue.cancel(self.ticket);
+        self.rt.forget(&mut g, &self.tenant);
+        self.rt.publish_depth(&g);
+        drop(g);
+        self.rt
+            .metrics
+            .outcomes
+            .with_label_values(&[self.class.as_str(), "cancelled"])
+            .inc();
+    }
+}
+
+/// A released request; completing it (or dropping it) frees its seat and charges its tokens.
+pub struct FairPermit {
+    rt: Arc<FairRuntime>,
+    d: Option<Dispatched>,
+}
+
+impl FairPermit {
+    /// The request finished with `prompt_tokens` in and `completion_tokens` out.
+    pub fn complete(mut self, prompt_tokens: u64, completion_tokens: u64) {
+        if let Some(d) = self.d.take() {
+            self.rt.charge_input(&d, prompt_tokens);
+            self.rt.finish(&d, completion_tokens);
+        }
+    }
+}
+
+impl Drop for FairPermit {
+    fn drop(&mut self) {
+        if let Some(d) = self.d.take() {
+            self.rt.finish(&d, 0);
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! Fair multi-tenant queueing through the router against vllm-sim: backpressure from the
+//! simulator's `vllm:num_requests_waiting` keeps requests in the router, where a light tenant
+//! overtakes a power user's backlog; stale metrics hold everything; full tenant queues get 429
+//! with Retry-After, waits past the queue timeout get 504, and a client that leaves is removed.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use program_router::config::FairnessConfig;
+use program_router::config::fairness::PriorityClass;
+
+fn fairness(max_waiting: u32) -> FairnessConfig {
+    FairnessConfig {
+        classes: vec![PriorityClass {
+            name: "standard".into(),
+            max_waiting_requests: max_waiting,
+            only_when_idle: false,
+            max_tpot_seconds: None,
+        }],
+        default_class: "standard".into(),
+        ..Default::default()
+    }
+}
+
+async fn chat_as(c: &HttpClient, url: &str, tenant: &str, tokens: u32) -> Reply {
+    send(
+        c,
+        "POST",
+        url,
+        &chat(&format!("from {tenant}"), tokens),
+        &[("x-tenant-id", tenant)],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backpressure_holds_the_backlog_in_the_router_and_a_light_tenant_overtakes_it() {
+    // One rank that runs two sequences at a time: everything beyond waits somewhere.
+    let sim = sim(&["--max-num-seqs", "2"]).await;
+    let mut cfg = workers(&[sim.base()], 1);
+    cfg.fairness = Some(fairness(1));
+    let r = router(cfg).await;
+    let url = r.url("/v1/chat/completions");
+    let started = Instant::now();
+
+    let mut power = Vec::new();
+    for i in 0..16 {
+        let (c, url) = (client(), url.clone());
+        power.push(tokio::spawn(async move {
+            let reply = chat_as(&c, &url, "power", 24).await;
+            (i, reply.status, started.elapsed())
+        }));
+    }
+    // Let the backlog form, then the light tenant asks once.
+    let c = client();
+    assert!(
+        eventually(5.0, || async {
+            metric(
+                &c,
+                &format!("http://{}", r.metrics_addr),
+                "program_router_fair_queue_depth",
+                &[],
+            )
+            .await
+                >= 8.0
+        })
+        .await,
+        "the router holds the backlog"
+    );
+    let sim_waiting = metric(&c, &sim.base(), "vllm:num_requests_waiting", &[]).await;
+    assert!(
+        sim_waiting <= 3.0,
+        "the backend queue stays short: {sim_waiting}"
+    );
+    let light = chat_as(&c, &url, "light", 24).await;
+    assert_eq!(light.status, 200, "{}", light.text());
+    let light_done = started.elapsed();
+    let mut power_before_light = 0;
+    for p in power {
+        let (_, status, done) = p.await.expect("join");
+        assert_eq!(status, 200);
+        if done < light_done {
+            power_before_light += 1;
+        }
+    }
+    // FIFO would serve all 16 first; the fair queue lets light in after the few already sent.
+    assert!(
+        power_before_light <= 8,
+        "{power_before_light} of 16 power requests finished before the light one"
+    );
+    let text = get(&c, &format!("http://{}/metrics", r.metrics_addr))
+        .await
+        .text();
+    assert_eq!(
+        metric_in(
+            &text,
+            "program_router_fair_requests_total",
+            &[("outcome", "dispatched")]
+        ),
+        17.0
+    );
+    assert_eq!(
+        metric_in(&text, "program_router_fair_queue_depth", &[]),
+        0.0
+    );
+    let jain = metric_in(&text, "program_router_fair_jain_index", &[]);
+    assert!(jain > 0.0 && jain <= 1.0, "jain {jain}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_metrics_hold_requests_full_queues_get_429_and_waits_time_out_with_504() {
+    let sim = sim(&[]).await;
+    let mut cfg = workers(&[sim.base()], 1);
+    let mut f = fairness(3);
+    // No observation is ever this fresh: every target counts as saturated.
+    f.metrics_max_age_seconds = 1e-6;
+    f.max_queue_per_tenant = 2;
+    f.queue_timeout_seconds = 1.0;
+    cfg.fairness = Some(f);
+    let r = router(cfg).await;
+    let url = r.url("/v1/chat/completions");
+    let (c1, c2, u1, u2) = (client(), client(), url.clone(), url.clone());
+    let a = tokio::spawn(async move { chat_as(&c1, &u1, "acme", 4).await });
+    let b = tokio::spawn(async move { chat_as(&c2, &u2, "acme", 4).await });
+    let c = client();
+    assert!(
+        eventually(5.0, || async {
+            metric(
+                &c,
+                &format!("http://{}", r.metrics_addr),
+                "program_router_fair_queue_depth",
+                &[],
+            )
+            .await
+                == 2.0
+        })
+        .await
+    );
+    let full = chat_as(&c, &url, "acme", 4).await;
+    assert_eq!(full.status, 429, "{}", full.text());
+    assert_eq!(full.json()["error"]["code"], "tenant_queue_full");
+    assert_eq!(
+        full.headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    // Another tenant still gets in line.
+    let other = chat_as(&c, &url, "globex", 4).await;
+    assert_eq!(other.status, 504);
+    for h in [a, b] {
+        let reply = h.await.expect("join");
+        assert_eq!(reply.status, 504, "{}", reply.text());
+        assert_eq!(reply.json()["error"]["code"], "queue_timeout");
+    }
+    assert_eq!(
+        metric(&c, &sim.base(), "vllm:request_success_total", &[]).await,
+        0.0
+    );
+    let text = get(&c, &format!("http://{}/metrics", r.metrics_addr))
+        .await
+        .text();
+    assert_eq!(
+        metric_in(
+            &text,
+            "program_router_fair_requests_total",
+            &[("outcome", "timeout")]
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric_in(
+            &text,
+            "program_router_fair_requests_total",
+            &[("outcome", "queue_full")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_in(&text, "program_router_fair_queue_depth", &[]),
+        0.0
+    );
+    assert_eq!(
+        metric_in(&text, "program_router_fair_tenant_queue_depth", &[]),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_is_removed_from_the_queue() {
+    let sim = sim(&[]).await;
+    let mut cfg = workers(&[sim.base()], 1);
+    let mut f = fairness(3);
+    f.metrics_max_age_seconds = 1e-6;
+    cfg.fairness = Some(f);
+    let r = router(cfg).await;
+    let url = r.url("/v1/chat/completions");
+    let c = client();
+    let gone = tokio::time::timeout(Duration::from_millis(300), chat_as(&c, &url, "acme", 4)).await;
+    assert!(gone.is_err(), "held in the queue");
+    let m = format!("http://{}", r.metrics_addr);
+    assert!(
+        eventually(5.0, || async {
+            metric(
+                &c,
+                &m,
+                "program_router_fair_requests_total",
+                &[("outcome", "cancelled")],
+            )
+            .await
+                == 1.0
+        })
+        .await,
+        "the abandoned request was cancelled"
+    );
+    assert_eq!(
+        metric(&c, &m, "program_router_fair_queue_depth", &[]).await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_class_is_a_400_naming_the_classes() {
+    let sim = sim(&[]).await;
+    let mut cfg = workers(&[sim.base()], 1);
+    cfg.fairness = Some(FairnessConfig::default());
+    let r = router(cfg).await;
+    let c = client();
+    let reply = send(
+        &c,
+        "POST",
+        &r.url("/v1/chat/completions"),
+        &chat("hi", 2),
+        &[("x-priority-class", "platinum")],
+    )
+    .await;
+    assert_eq!(reply.status, 400);
+    let msg = reply.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        msg.contains("platinum") && msg.contains("interactive, standard, batch"),
+        "{msg}"
+    );
+    // The default class works.
+    let ok = send(
+        &c,
+        "POST",
+        &r.url("/v1/chat/completions"),
+        &chat("hi", 2),
+        &[],
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+}

@@ -50,6 +50,94 @@ pub struct ProgramSchedulingSpec {
     /// Secret key holding the workers' API key (sent as Bearer by the router).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret_ref: Option<SecretKeySelector>,
+    /// Fair multi-tenant queueing in the router; absent = off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fairness: Option<FairnessParams>,
+}
+
+/// Fair multi-tenant queueing (the router's `fairness`, camelCase; omitted fields take its
+/// defaults). Tenant names in `tenantClasses`/`tenantWeights` are kept exactly as written.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct FairnessParams {
+    #[x_kube(validation = kube::core::Rule::new("self in ['header', 'api_key', 'user']")
+        .message("fairness.tenantSource must be header, api_key or user"))]
+    pub tenant_source: Option<String>,
+    pub tenant_header: Option<String>,
+    pub default_tenant: Option<String>,
+    #[x_kube(validation = kube::core::Rule::new("self in ['vtc', 'round_robin']")
+        .message("fairness.discipline must be vtc or round_robin"))]
+    pub discipline: Option<String>,
+    /// Highest priority first.
+    pub classes: Option<Vec<PriorityClassParams>>,
+    pub class_header: Option<String>,
+    pub default_class: Option<String>,
+    pub tenant_classes: Option<std::collections::BTreeMap<String, String>>,
+    pub tenant_weights: Option<std::collections::BTreeMap<String, f64>>,
+    pub input_weight: Option<f64>,
+    pub output_weight: Option<f64>,
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("fairness.maxQueuePerTenant must be at least 1"))]
+    pub max_queue_per_tenant: Option<u32>,
+    pub queue_timeout_seconds: Option<f64>,
+    pub metrics_max_age_seconds: Option<f64>,
+    pub metrics_top_tenants: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PriorityClassParams {
+    pub name: String,
+    pub max_waiting_requests: Option<u32>,
+    pub only_when_idle: Option<bool>,
+    pub max_tpot_seconds: Option<f64>,
+}
+
+impl FairnessParams {
+    pub fn to_router(&self) -> Result<program_router::config::FairnessConfig, String> {
+        use program_router::config::fairness::PriorityClass;
+        let mut c = program_router::config::FairnessConfig::default();
+        let word = |v: &String| serde_json::Value::String(v.clone());
+        if let Some(v) = &self.tenant_source {
+            c.tenant_source = serde_json::from_value(word(v))
+                .map_err(|_| format!("fairness.tenantSource: unknown source {v:?}"))?;
+        }
+        if let Some(v) = &self.discipline {
+            c.discipline = serde_json::from_value(word(v))
+                .map_err(|_| format!("fairness.discipline: unknown discipline {v:?}"))?;
+        }
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = &self.$f { c.$f = v.clone(); } )* };
+        }
+        set!(
+            tenant_header,
+            default_tenant,
+            class_header,
+            default_class,
+            tenant_classes,
+            tenant_weights,
+            input_weight,
+            output_weight,
+            max_queue_per_tenant,
+            queue_timeout_seconds,
+            metrics_max_age_seconds,
+            metrics_top_tenants
+        );
+        if let Some(classes) = &self.classes {
+            c.classes = classes
+                .iter()
+                .map(|p| PriorityClass {
+                    name: p.name.clone(),
+                    max_waiting_requests: p
+                        .max_waiting_requests
+                        .unwrap_or_else(program_router::config::fairness::default_max_waiting),
+                    only_when_idle: p.only_when_idle.unwrap_or(false),
+                    max_tpot_seconds: p.max_tpot_seconds,
+                })
+                .collect();
+        }
+        c.validate().map_err(|e| e.to_string())?;
+        Ok(c)
+    }
 }
 
 fn default_worker_port() -> i32 {
@@ -289,6 +377,42 @@ mod tests {
         for k in router.as_object().expect("object").keys() {
             assert!(crd_keys.contains(k), "CRD lacks {k}");
         }
+    }
+
+    #[test]
+    fn fairness_converts_keeping_tenant_names_and_defaults() {
+        let p: FairnessParams = serde_json::from_value(serde_json::json!({
+            "tenantSource": "api_key",
+            "tenantWeights": {"searchTeam": 2.0},
+            "tenantClasses": {"nightlyEvals": "batch"},
+            "classes": [{"name": "interactive", "maxTpotSeconds": 0.1}, {"name": "standard"}, {"name": "batch", "onlyWhenIdle": true}],
+            "maxQueuePerTenant": 8
+        }))
+        .expect("params");
+        let c = p.to_router().expect("valid");
+        assert_eq!(
+            c.tenant_weights.get("searchTeam"),
+            Some(&2.0),
+            "tenant names kept"
+        );
+        assert_eq!(c.tenant_classes["nightlyEvals"], "batch");
+        assert_eq!(c.classes[0].max_tpot_seconds, Some(0.1));
+        assert_eq!(c.classes[1].max_waiting_requests, 3);
+        assert!(c.classes[2].only_when_idle);
+        assert_eq!(c.max_queue_per_tenant, 8);
+        assert_eq!(
+            c.tenant_header, "x-tenant-id",
+            "omitted fields take the router default"
+        );
+        let bad = FairnessParams {
+            default_class: Some("gold".into()),
+            ..Default::default()
+        };
+        assert!(
+            bad.to_router()
+                .expect_err("invalid")
+                .contains("fairness.default_class")
+        );
     }
 
     #[test]

@@ -209,6 +209,7 @@ mod tests {
             router: Default::default(),
             program_scheduling: None,
             api_key_secret_ref: None,
+            fairness: None,
         }
     }
 

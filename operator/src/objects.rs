@@ -288,6 +288,7 @@ mod tests {
                     key: "token".into(),
                     optional: None,
                 }),
+                fairness: None,
             },
         );
         p.metadata.namespace = Some("ml".into());

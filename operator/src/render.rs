@@ -40,6 +40,9 @@ pub fn render(
     if let Some(ps) = &spec.program_scheduling {
         cfg.program_scheduling = Some(ps.to_router().map_err(RenderError)?);
     }
+    if let Some(f) = &spec.fairness {
+        cfg.fairness = Some(f.to_router().map_err(RenderError)?);
+    }
     cfg.validate().map_err(|e| RenderError(e.to_string()))?;
     Ok(cfg)
 }
@@ -58,6 +61,7 @@ mod tests {
             router,
             program_scheduling: ps,
             api_key_secret_ref: None,
+            fairness: None,
         }
     }
 

@@ -114,6 +114,10 @@ spec:
             ),
             ("workerPort: 70000", "workerPort must be a TCP port"),
             (
+                "fairness: {discipline: lottery}",
+                "fairness.discipline must be vtc or round_robin",
+            ),
+            (
                 "programScheduling: {resumeOrder: lifo}",
                 "resumeOrder must be mru or fcfs",
             ),

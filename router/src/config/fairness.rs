@@ -50,7 +50,8 @@ pub struct PriorityClass {
     pub max_tpot_seconds: Option<f64>,
 }
 
-fn default_max_waiting() -> u32 {
+/// Default `max_waiting_requests` of a class (the fair-queueing account's suggestion: 3).
+pub fn default_max_waiting() -> u32 {
     3
 }
 

@@ -64,7 +64,7 @@ pub struct RunResult {
     pub wall_seconds: f64,
 }
 
-struct Procs(Vec<Child>);
+pub(crate) struct Procs(pub(crate) Vec<Child>);
 
 impl Drop for Procs {
     fn drop(&mut self) {
@@ -75,12 +75,12 @@ impl Drop for Procs {
     }
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
-fn get(url: &str) -> Option<(u16, String)> {
+pub(crate) fn get(url: &str) -> Option<(u16, String)> {
     // A blocking one-shot GET over loopback, for readiness and scrapes.
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://")?;
@@ -105,7 +105,7 @@ fn get(url: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-fn wait_ok(url: &str, secs: f64) -> bool {
+pub(crate) fn wait_ok(url: &str, secs: f64) -> bool {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     while Instant::now() < deadline {
         if matches!(get(url), Some((200, _))) {
@@ -125,7 +125,7 @@ fn counter(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-fn spawn(bin: &Path, args: &[String]) -> Result<Child, String> {
+pub(crate) fn spawn(bin: &Path, args: &[String]) -> Result<Child, String> {
     Command::new(bin)
         .args(args)
         .stdin(Stdio::null())

@@ -6,6 +6,7 @@
 
 pub mod compare;
 pub mod des;
+pub mod fairness;
 pub mod oracle;
 pub mod replay;
 pub mod workload;

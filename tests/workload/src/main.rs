@@ -62,6 +62,43 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// One power user against light tenants on one simulated rank: FIFO vs round robin vs VTC
+    /// (program-router) and vllm-router for reference, side by side on fresh simulators.
+    Fairness {
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "fifo,round-robin,vtc,vllm-router"
+        )]
+        variants: Vec<progbench::fairness::FairVariant>,
+        #[arg(long, default_value_t = 200)]
+        power_requests: usize,
+        #[arg(long, default_value_t = 5)]
+        light_tenants: usize,
+        #[arg(long, default_value_t = 4)]
+        light_requests: usize,
+        /// Wall seconds between the power backlog and the light tenants' arrival.
+        #[arg(long, default_value_t = 0.5)]
+        light_delay_secs: f64,
+        #[arg(long, default_value_t = 32)]
+        max_tokens: u32,
+        #[arg(long, default_value_t = 64)]
+        prompt_words: usize,
+        /// The simulated rank's batch size (vLLM's --max-num-seqs).
+        #[arg(long, default_value_t = 16)]
+        max_num_seqs: usize,
+        /// Simulated seconds per wall second.
+        #[arg(long, default_value_t = 10.0)]
+        time_scale: f64,
+        /// Fair queueing's max_waiting_requests.
+        #[arg(long, default_value_t = 3)]
+        max_waiting: u32,
+        /// vllm-router binary (default: $PROGSCHED_VENV/bin/vllm-router).
+        #[arg(long)]
+        vllm_router: Option<PathBuf>,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Replay a workload through the scheduler core and simulated ranks in virtual time, side by
     /// side for each mode.
     Sim {
@@ -104,7 +141,7 @@ struct WorkloadArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Cmd::Compare { .. } = &cli.cmd {
+    if matches!(cli.cmd, Cmd::Compare { .. } | Cmd::Fairness { .. }) {
         let rt = match tokio::runtime::Runtime::new() {
             Ok(rt) => rt,
             Err(e) => {
@@ -112,7 +149,13 @@ fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        return match rt.block_on(compare(cli.cmd)) {
+        let work = async {
+            match cli.cmd {
+                Cmd::Fairness { .. } => fairness(cli.cmd).await,
+                _ => compare(cli.cmd).await,
+            }
+        };
+        return match rt.block_on(work) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
             Err(e) => {
@@ -128,6 +171,112 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn venv_vllm_router() -> Option<PathBuf> {
+    let venv = std::env::var("PROGSCHED_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/progsched/venv")
+        });
+    let p = venv.join("bin/vllm-router");
+    p.exists().then_some(p)
+}
+
+fn bin_dir() -> Result<PathBuf, String> {
+    std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .ok_or_else(|| "cannot locate the binaries' folder".to_string())
+}
+
+async fn fairness(cmd: Cmd) -> Result<bool, String> {
+    let Cmd::Fairness {
+        variants,
+        power_requests,
+        light_tenants,
+        light_requests,
+        light_delay_secs,
+        max_tokens,
+        prompt_words,
+        max_num_seqs,
+        time_scale,
+        max_waiting,
+        vllm_router,
+        json,
+    } = cmd
+    else {
+        return Ok(false);
+    };
+    let setup = progbench::fairness::FairSetup {
+        power_requests,
+        light_tenants,
+        light_requests,
+        light_delay: light_delay_secs,
+        max_tokens,
+        prompt_words,
+        max_num_seqs,
+        time_scale,
+        max_waiting,
+        bin_dir: bin_dir()?,
+        vllm_router: vllm_router.or_else(venv_vllm_router),
+    };
+    let mut results = Vec::new();
+    for v in variants {
+        eprintln!("running {v:?} ...");
+        results.push(progbench::fairness::run(v, &setup).await);
+    }
+    let fifo = results
+        .iter()
+        .find(|r| r.ok && r.variant == progbench::fairness::FairVariant::Fifo)
+        .cloned();
+    println!(
+        "{:<12} {:>10} {:>10} {:>10} {:>10} {:>6} {:>9} {:>10} {:>10}  status",
+        "variant",
+        "light p50",
+        "light p95",
+        "power p50",
+        "power p95",
+        "Jain",
+        "tok/s",
+        "light p95",
+        "tok/s"
+    );
+    println!(
+        "{:<12} {:>10} {:>10} {:>10} {:>10} {:>6} {:>9} {:>10} {:>10}",
+        "", "TTFT s", "TTFT s", "TTFT s", "TTFT s", "", "", "÷ FIFO", "÷ FIFO"
+    );
+    for r in &results {
+        let (lr, tr) = match &fifo {
+            Some(f) if f.light_ttft_p95 > 0.0 && f.tokens_per_second > 0.0 => (
+                format!("{:.3}", r.light_ttft_p95 / f.light_ttft_p95),
+                format!("{:.3}", r.tokens_per_second / f.tokens_per_second),
+            ),
+            _ => ("-".into(), "-".into()),
+        };
+        println!(
+            "{:<12} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>6.3} {:>9.0} {:>10} {:>10}  {}",
+            format!("{:?}", r.variant),
+            r.light_ttft_p50,
+            r.light_ttft_p95,
+            r.power_ttft_p50,
+            r.power_ttft_p95,
+            r.jain,
+            r.tokens_per_second,
+            lr,
+            tr,
+            r.failure.as_deref().unwrap_or("ok")
+        );
+    }
+    if let Some(path) = json {
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(results.iter().all(|r| r.ok))
 }
 
 async fn compare(cmd: Cmd) -> Result<bool, String> {
@@ -233,7 +382,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
 
 fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
-        Cmd::Compare { .. } => Ok(()),
+        Cmd::Compare { .. } | Cmd::Fairness { .. } => Ok(()),
         Cmd::Gen { w, out } => {
             let turns = workload::generate(w.preset, w.programs, w.rate, w.seed);
             std::fs::write(&out, workload::to_jsonl(&turns))

@@ -1,0 +1,75 @@
+//! `progbench fairness` on a tiny configuration: real binaries on loopback, fresh simulators per
+//! run, every request served in every variant, and the light tenants ahead of the power user's
+//! backlog only when fair queueing is on.
+
+use std::path::PathBuf;
+
+use progbench::fairness::{FairSetup, FairVariant, run};
+
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    exe.parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .to_path_buf()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_queueing_puts_light_tenants_ahead_of_a_backlog_and_serves_everything() {
+    let dir = bin_dir();
+    for b in ["vllm-sim", "program-router"] {
+        assert!(
+            dir.join(b).exists(),
+            "{b} must be built (cargo build --workspace --bins) in {}",
+            dir.display()
+        );
+    }
+    let venv = std::env::var("PROGSCHED_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/progsched/venv")
+        });
+    let vllm_router = Some(venv.join("bin/vllm-router")).filter(|p| p.exists());
+    if vllm_router.is_none() && std::env::var("CI").is_ok() {
+        panic!("vllm-router must be installed in CI ({})", venv.display());
+    }
+    let setup = FairSetup {
+        power_requests: 40,
+        light_tenants: 3,
+        light_requests: 2,
+        light_delay: 0.2,
+        max_tokens: 16,
+        prompt_words: 16,
+        max_num_seqs: 4,
+        time_scale: 20.0,
+        max_waiting: 1,
+        bin_dir: dir,
+        vllm_router: vllm_router.clone(),
+    };
+    let mut variants = vec![FairVariant::Fifo, FairVariant::RoundRobin, FairVariant::Vtc];
+    if vllm_router.is_some() {
+        variants.push(FairVariant::VllmRouter);
+    }
+    let mut results = Vec::new();
+    for v in variants {
+        let r = run(v, &setup).await;
+        assert!(r.ok, "{v:?}: {:?}", r.failure);
+        results.push(r);
+    }
+    let tokens = results[0].output_tokens;
+    assert!(tokens > 0);
+    for r in &results {
+        assert_eq!(
+            r.output_tokens, tokens,
+            "{:?} served different work",
+            r.variant
+        );
+        assert!(r.jain > 0.0 && r.jain <= 1.0 + 1e-9, "{r:?}");
+    }
+    let (fifo, vtc) = (&results[0], &results[2]);
+    assert!(
+        vtc.light_ttft_p95 < fifo.light_ttft_p95,
+        "light tenants wait less with VTC: {vtc:?} vs {fifo:?}"
+    );
+    assert!(vtc.jain > fifo.jain, "{vtc:?} vs {fifo:?}");
+}

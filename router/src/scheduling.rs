@@ -264,6 +264,7 @@ impl ProgramRuntime {
         model: &str,
         identity: Identity,
         prompt_bytes: usize,
+        tenant: Option<(String, f64)>,
     ) -> (ProgramTicket, Admission) {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let guard = ProgramTicket {
@@ -282,6 +283,7 @@ impl ProgramRuntime {
                 model: model.to_string(),
                 identity,
                 prompt_tokens,
+                tenant,
             },
         );
         let admission = match self.deliver(&mut g, ds, Some(ticket)) {

@@ -256,3 +256,51 @@ async fn unknown_class_is_a_400_naming_the_classes() {
     .await;
     assert_eq!(ok.status, 200, "{}", ok.text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn program_requests_use_the_request_pool_and_plain_ones_the_fair_queue() {
+    let sim = sim(&[]).await;
+    let mut cfg = workers(&[sim.base()], 1);
+    cfg.fairness = Some(FairnessConfig::default());
+    cfg.program_scheduling = Some(Default::default());
+    cfg.agentic_context = program_router::config::AgenticContextMode::Strip;
+    let r = router(cfg).await;
+    let c = client();
+    let program = serde_json::json!({
+        "model": "sim-model", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}],
+        "vllm_xargs": {"agentic_context": {"program_id": "agent-1"}},
+    })
+    .to_string();
+    let reply = send(
+        &c,
+        "POST",
+        &r.url("/v1/chat/completions"),
+        &program,
+        &[("x-tenant-id", "acme")],
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let m = format!("http://{}", r.metrics_addr);
+    let dispatched = || async {
+        metric(
+            &client(),
+            &m,
+            "program_router_fair_requests_total",
+            &[("outcome", "dispatched")],
+        )
+        .await
+    };
+    assert_eq!(
+        dispatched().await,
+        0.0,
+        "a Program request is scheduled by the RequestPool"
+    );
+    let plain = chat_as(&c, &r.url("/v1/chat/completions"), "acme", 2).await;
+    assert_eq!(plain.status, 200, "{}", plain.text());
+    assert_eq!(
+        dispatched().await,
+        1.0,
+        "a plain request waits its turn in the fair queue"
+    );
+}

@@ -30,6 +30,9 @@ pub struct Arrival {
     pub identity: Identity,
     /// Estimated prompt tokens of this request.
     pub prompt_tokens: u64,
+    /// Tenant and share weight, when fair queueing is configured: among retained requests of
+    /// equal force/priority/yield tier, tenants are served in start-time fair queueing order.
+    pub tenant: Option<(String, f64)>,
 }
 
 /// What the data plane must do.
@@ -161,13 +164,15 @@ impl Retained {
     }
 }
 
-/// Order within a rank's queue: forced first, then higher priority, then not-yielded, then
-/// MRU/FCFS; the ticket breaks ties.
+/// Order within a rank's queue: forced first, then higher priority, then not-yielded, then the
+/// tenant's fair-queueing start tag (0 without fair queueing), then MRU/FCFS; the ticket breaks
+/// ties.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct QueueKey {
     not_forced: bool,
     neg_priority: i64,
     yielded: bool,
+    fair_tag: u64,
     order: i64,
     ticket: Ticket,
 }
@@ -270,6 +275,10 @@ pub struct Scheduler {
     pub notes: Vec<Note>,
     /// All ranks' intervals, for `ttl_evidence: pooled`.
     pub(crate) pooled_intervals: Window,
+    /// Start-time fair queueing: each tenant's last finish tag, and the virtual time (start tag
+    /// of the latest request to enter service), in weighted tokens.
+    tenant_finish: FxHashMap<String, u64>,
+    virtual_time: u64,
 }
 
 /// Microseconds, rounded so that `us(x as f64 / 1e6) == x`: a timer read back through
@@ -311,6 +320,8 @@ impl Scheduler {
             counters: Counters::default(),
             notes: Vec::new(),
             pooled_intervals: Window::new(w),
+            tenant_finish: FxHashMap::default(),
+            virtual_time: 0,
         }
     }
 
@@ -598,6 +609,29 @@ impl Scheduler {
             ResumeOrder::Fcfs => self.arrivals,
             ResumeOrder::Mru => -self.arrivals,
         };
+        // Start-time fair queueing over tenants: a request's tag is where its tenant's previous
+        // request ends in virtual service (or the current virtual time, for a tenant that was
+        // idle), so a heavy tenant's backlog cannot keep a light tenant's request behind it.
+        if self.tenant_finish.len() > 4096 {
+            // A tenant whose finish tag is behind virtual time starts there anyway.
+            let v = self.virtual_time;
+            self.tenant_finish.retain(|_, f| *f > v);
+        }
+        let fair_tag = match &a.tenant {
+            Some((tenant, weight)) => {
+                let start = self
+                    .tenant_finish
+                    .get(tenant)
+                    .copied()
+                    .unwrap_or(0)
+                    .max(self.virtual_time);
+                let cost = (demand as f64 / weight.max(1e-9)).ceil() as u64;
+                self.tenant_finish
+                    .insert(tenant.clone(), start.saturating_add(cost.max(1)));
+                start
+            }
+            None => 0,
+        };
         let p = self.program_mut(slot);
         p.retained += 1;
         let yielded = p.yielded;
@@ -605,6 +639,7 @@ impl Scheduler {
             not_forced: true,
             neg_priority: -a.identity.priority,
             yielded,
+            fair_tag,
             order,
             ticket: a.ticket,
         };
@@ -703,6 +738,8 @@ impl Scheduler {
             return;
         };
         self.ranks[r.rank].queue.remove(&r.key);
+        // Virtual time follows the start tag of what enters service.
+        self.virtual_time = self.virtual_time.max(r.key.fair_tag);
         let since = self.retained_at.remove(&ticket).unwrap_or(now);
         let p = self.program(r.program);
         // An active Program (another of its requests was admitted meanwhile, maybe on another

@@ -28,6 +28,7 @@ fn arrival(ticket: Ticket, program: &str, prompt: u64) -> Arrival {
             ..Default::default()
         },
         prompt_tokens: prompt,
+        tenant: None,
     }
 }
 
@@ -259,6 +260,62 @@ fn resume_order_priority_then_mru_or_fcfs() {
         }
         assert_eq!(got, want, "{order:?}");
     }
+}
+
+#[test]
+fn tenants_resume_fairly_within_a_tier_and_weights_scale_shares() {
+    // One Program slot: retained requests resume one at a time, in the order asked.
+    let c = ProgramSchedulingConfig {
+        resume_order: ResumeOrder::Fcfs,
+        max_active_programs_per_target: 1,
+        ..cfg()
+    };
+    let tenant = |a: Arrival, t: &str, w: f64| Arrival {
+        tenant: Some((t.into(), w)),
+        ..a
+    };
+    let order = |heavy_weight: f64| {
+        let mut s = sched(c.clone(), 1);
+        s.on_arrival(0.0, tenant(arrival(1, "first", 10), "heavy", heavy_weight));
+        // The heavy tenant's backlog arrives before the light tenant's two requests.
+        for (i, t) in (2..=5).zip(1..) {
+            s.on_arrival(
+                f64::from(t),
+                tenant(arrival(i, &format!("h{i}"), 10), "heavy", heavy_weight),
+            );
+        }
+        s.on_arrival(9.0, tenant(arrival(6, "l6", 10), "light", 1.0));
+        s.on_arrival(9.5, tenant(arrival(7, "l7", 10), "light", 1.0));
+        let mut got = Vec::new();
+        let mut next = 1;
+        for t in 0..6 {
+            let d = s.on_complete(10.0 + f64::from(t), next, usage(10, 1));
+            let ids = dispatched(&d);
+            assert_eq!(ids.len(), 1, "{d:?}");
+            next = ids[0];
+            got.push(next);
+        }
+        got
+    };
+    // FCFS alone would give 2, 3, 4, 5, 6, 7. The heavy tenant was already served once (ticket
+    // 1), so the light tenant goes next, then the two alternate (ties resolve FCFS).
+    assert_eq!(order(1.0), vec![6, 2, 7, 3, 4, 5]);
+    // A heavy tenant with weight 2 gets two turns per light turn.
+    assert_eq!(order(2.0), vec![6, 2, 3, 7, 4, 5]);
+    // Without tenants nothing changes: the spec's FCFS.
+    let mut s = sched(c.clone(), 1);
+    s.on_arrival(0.0, arrival(1, "first", 10));
+    for i in 2..=7 {
+        s.on_arrival(i as f64, arrival(i, &format!("p{i}"), 10));
+    }
+    let mut got = Vec::new();
+    let mut next = 1;
+    for t in 0..6 {
+        let d = s.on_complete(10.0 + f64::from(t), next, usage(10, 1));
+        next = dispatched(&d)[0];
+        got.push(next);
+    }
+    assert_eq!(got, vec![2, 3, 4, 5, 6, 7]);
 }
 
 #[test]
@@ -601,13 +658,21 @@ mod properties {
                 } => {
                     next += 1;
                     outcome.insert(next, "pending");
-                    let a = with(
+                    let mut a = with(
                         arrival(next, &format!("p{program}"), u64::from(*prompt)),
                         |i| {
                             i.kv_retention_ttl_seconds = ttl.map(f64::from);
                             i.priority = i64::from(*priority);
                         },
                     );
+                    // Tenant-fair resume takes part in every invariant: three tenants (one
+                    // weighted), and some requests without a tenant.
+                    a.tenant = match program % 4 {
+                        0 => None,
+                        1 => Some(("t1".into(), 1.0)),
+                        2 => Some(("t2".into(), 2.0)),
+                        _ => Some(("t3".into(), 0.5)),
+                    };
                     s.on_arrival(now, a)
                 }
                 Ev::Complete { pick, growth } if !in_flight.is_empty() => {

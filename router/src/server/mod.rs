@@ -440,7 +440,13 @@ async fn program_admission(
         return Ok((None, None));
     };
     let model = peeked.model.as_deref().unwrap_or("");
-    let (ticket, admission) = rt.admit(model, id, prompt_bytes);
+    // With fair queueing configured, retained requests resume tenant-fairly within a tier.
+    let tenant = applied.fair.as_ref().map(|f| {
+        let t = f.tenant(headers, peeked.user.as_deref());
+        let w = f.cfg.tenant_weights.get(&t).copied().unwrap_or(1.0);
+        (t, w)
+    });
+    let (ticket, admission) = rt.admit(model, id, prompt_bytes, tenant);
     let queue_timeout = || {
         ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,

@@ -325,6 +325,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                                 model: "sim".into(),
                                 identity,
                                 prompt_tokens: p.prompt.len() as u64,
+                                tenant: None,
                             };
                             let start = Instant::now();
                             let ds = s.on_arrival(now, a);

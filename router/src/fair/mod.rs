@@ -16,6 +16,9 @@ use rustc_hash::FxHashMap;
 /// The caller's id for a request.
 pub type Ticket = u64;
 
+/// Tenants remembered per class before idle ones are forgotten (see [`FairQueue::push`]).
+const MAX_IDLE_TENANTS: usize = 1024;
+
 /// How tenants share one class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Discipline {
@@ -139,6 +142,12 @@ impl FairQueue {
             .filter(|(name, t)| !t.queue.is_empty() && name.as_str() != tenant)
             .map(|(_, t)| t.counter)
             .fold(f64::INFINITY, f64::min);
+        if c.tenants.len() > MAX_IDLE_TENANTS {
+            // Forget idle tenants whose counter is at or below the floor: on return they would
+            // be lifted to it anyway, so only memory changes.
+            c.tenants
+                .retain(|name, t| !t.queue.is_empty() || t.counter > floor || name == tenant);
+        }
         let t = c.tenants.entry(tenant.to_string()).or_default();
         if t.queue.len() >= max {
             return Err(Refused::TenantQueueFull(tenant.to_string()));

@@ -169,3 +169,37 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn idle_tenants_are_forgotten_without_changing_order() {
+    let mut q = FairQueue::new(FairParams {
+        discipline: Discipline::Vtc,
+        classes: vec!["c".into()],
+        input_weight: 1.0,
+        output_weight: 2.0,
+        tenant_weights: Default::default(),
+        max_queue_per_tenant: 10,
+        queue_timeout: 1e9,
+    });
+    // Many one-off tenants (say, hashed API keys) come and go.
+    for i in 0..5000u64 {
+        q.push(0.0, i, &format!("k{i}"), "c", 10).expect("push");
+        let d = q.pop(0.0, |_| true).expect("pop");
+        q.complete(&d, 5);
+    }
+    assert!(
+        q.classes[0].tenants.len() <= MAX_IDLE_TENANTS + 1,
+        "{}",
+        q.classes[0].tenants.len()
+    );
+    // A backlogged tenant keeps its counter and place.
+    q.push(1.0, 10_000, "busy", "c", 100).expect("push");
+    q.push(1.0, 10_001, "busy", "c", 100).expect("push");
+    q.push(1.0, 10_002, "new", "c", 100).expect("push");
+    let first = q.pop(1.0, |_| true).expect("pop");
+    let second = q.pop(1.0, |_| true).expect("pop");
+    assert_ne!(
+        first.tenant, second.tenant,
+        "VTC alternates between the two"
+    );
+}

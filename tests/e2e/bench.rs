@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 
 use harness::kubelet::Kubelet;
 use harness::{ControlPlane, Operator, Scratch, free_port, percentile, wait_for};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use program_operator::crd::ProgramScheduling;
 use serde_json::json;
 
@@ -40,55 +39,22 @@ async fn bench() {
     let edits = env_num("PROGSCHED_BENCH_EDITS", 20) as usize;
     let steady = Duration::from_secs(env_num("PROGSCHED_BENCH_STEADY_SECS", 60));
     let cp = ControlPlane::start();
-    cp.kubectl(&[
-        "apply",
-        "--server-side",
-        "-f",
-        harness::crds_dir().to_str().expect("path"),
-    ])
-    .expect_ok("crds");
-    cp.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/programschedulings.scheduling.program-router.dev",
-    ])
-    .expect_ok("established");
+    cp.install_crds();
     let client = cp.client().await;
     let ns = "bench";
-    let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns"),
-    )
-    .await
-    .expect("namespace");
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    wait_for(Duration::from_secs(30), || async {
-        sas.get_opt("default").await.ok().flatten().map(|_| ())
-    })
-    .await
-    .expect("default ServiceAccount");
+    cp.namespace(&client, ns).await;
 
     let scratch = Scratch::new("bench");
     let kubelet = Kubelet::new(client.clone(), ns, scratch.0.clone());
     let routers_task = kubelet.run_routers();
     let labels = BTreeMap::from([("app".to_string(), "vllm".to_string())]);
     let worker_port = free_port(std::net::Ipv4Addr::LOCALHOST);
-    let router_port = free_port(std::net::Ipv4Addr::LOCALHOST);
-    let metrics_port = free_port(std::net::Ipv4Addr::LOCALHOST);
     let op = Operator::start(&cp, &scratch.0, &["--namespace", ns]);
-    let manifest = format!(
-        r#"
-apiVersion: scheduling.program-router.dev/v1alpha1
-kind: ProgramScheduling
-metadata: {{name: fleet, namespace: {ns}}}
-spec:
-  workerSelector: {{matchLabels: {{app: vllm}}}}
-  workerPort: {worker_port}
-  router: {{replicas: 1, port: {router_port}, metricsPort: {metrics_port}, policy: round_robin}}
-  programScheduling: {{queueTimeoutSeconds: 600}}
-"#
+    let (manifest, router_port) = harness::fleet_manifest(
+        ns,
+        worker_port,
+        1,
+        "  programScheduling: {queueTimeoutSeconds: 600}\n",
     );
     cp.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))
         .expect_ok("apply");

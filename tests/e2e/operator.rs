@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use harness::kubelet::Kubelet;
 use harness::{ControlPlane, Operator, Scratch, free_port, wait_for};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, Resource};
 use program_operator::crd::ProgramScheduling;
 use serde_json::json;
@@ -30,45 +30,6 @@ fn run<F: std::future::Future<Output = ()>>(f: F) {
         .build()
         .expect("runtime")
         .block_on(f);
-}
-
-fn install_crds(cp: &ControlPlane) {
-    let dir = harness::crds_dir();
-    cp.kubectl(&[
-        "apply",
-        "--server-side",
-        "--field-manager=e2e",
-        "-f",
-        dir.to_str().expect("path"),
-    ])
-    .expect_ok("kubectl apply crds/");
-    cp.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/programschedulings.scheduling.program-router.dev",
-    ])
-    .expect_ok("CRD established");
-}
-
-async fn namespace(client: &Client, name: &str) {
-    let api: Api<Namespace> = Api::all(client.clone());
-    api.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns"),
-    )
-    .await
-    .expect("create namespace");
-    // The ServiceAccount admission plugin needs the namespace's default ServiceAccount.
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            sas.get_opt("default").await.ok().flatten().map(|_| ())
-        })
-        .await
-        .is_some(),
-        "controller manager created the default ServiceAccount"
-    );
 }
 
 fn condition(ps: &ProgramScheduling, t: &str) -> Option<(String, String)> {
@@ -88,7 +49,7 @@ fn worker_labels() -> BTreeMap<String, String> {
 fn crd_installs_and_cel_rules_reject_bad_resources_with_their_message() {
     run(async {
         let cp = ControlPlane::start();
-        install_crds(&cp);
+        cp.install_crds();
         let good = r#"
 apiVersion: scheduling.program-router.dev/v1alpha1
 kind: ProgramScheduling
@@ -151,10 +112,10 @@ spec:
 fn operator_discovers_workers_rolls_out_routers_and_reports_status() {
     run(async {
         let cp = ControlPlane::start();
-        install_crds(&cp);
+        cp.install_crds();
         let client = cp.client().await;
         let ns = "agents";
-        namespace(&client, ns).await;
+        cp.namespace(&client, ns).await;
         let scratch = Scratch::new("story");
         let kubelet = Kubelet::new(client.clone(), ns, scratch.0.clone());
         let routers_task = kubelet.run_routers();
@@ -168,20 +129,12 @@ fn operator_discovers_workers_rolls_out_routers_and_reports_status() {
             .add_worker("vllm-1", worker_labels(), worker_port, 2, 2)
             .await;
 
-        let router_port = free_port(std::net::Ipv4Addr::LOCALHOST);
-        let metrics_port = free_port(std::net::Ipv4Addr::LOCALHOST);
         let op = Operator::start(&cp, &scratch.0, &["--namespace", ns]);
-        let manifest = format!(
-            r#"
-apiVersion: scheduling.program-router.dev/v1alpha1
-kind: ProgramScheduling
-metadata: {{name: fleet, namespace: {ns}}}
-spec:
-  workerSelector: {{matchLabels: {{app: vllm}}}}
-  workerPort: {worker_port}
-  router: {{replicas: 2, port: {router_port}, metricsPort: {metrics_port}, policy: round_robin}}
-  programScheduling: {{globalQueue: true}}
-"#
+        let (manifest, router_port) = harness::fleet_manifest(
+            ns,
+            worker_port,
+            2,
+            "  programScheduling: {globalQueue: true}\n",
         );
         cp.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))
             .expect_ok("apply ProgramScheduling");
@@ -457,7 +410,7 @@ spec:
 fn leader_election_runs_one_controller_and_hands_over() {
     run(async {
         let cp = ControlPlane::start();
-        install_crds(&cp);
+        cp.install_crds();
         let scratch = Scratch::new("lease");
         let args = [
             "--leader-elect",

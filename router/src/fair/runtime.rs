@@ -28,6 +28,8 @@ use crate::workers::TargetState;
 
 /// How often the dispatcher asks for fresh backend metrics while requests wait for room.
 const POLL: Duration = Duration::from_millis(100);
+/// Tenants in the served-tokens account (Jain's index) before the least served half is dropped.
+const MAX_SERVED_TENANTS: usize = 4096;
 
 /// Fair-queueing series (registered once per process).
 #[derive(Clone)]
@@ -457,18 +459,27 @@ impl FairRuntime {
         }
     }
 
-    fn finish(&self, d: &Dispatched, output_tokens: u64) {
+    /// A tenant's share weight (default 1).
+    pub fn weight(&self, tenant: &str) -> f64 {
+        self.cfg.tenant_weights.get(tenant).copied().unwrap_or(1.0)
+    }
+
+    /// Frees a released request's seat and charges its real tokens to its tenant.
+    fn finish(&self, d: &Dispatched, input_tokens: u64, output_tokens: u64) {
         let mut g = self.lock();
         g.queue.complete(d, output_tokens);
         g.completed_since_observation += 1;
-        let w = self
-            .cfg
-            .tenant_weights
-            .get(&d.tenant)
-            .copied()
-            .unwrap_or(1.0);
-        *g.served.entry(d.tenant.clone()).or_default() +=
-            self.cfg.output_weight * output_tokens as f64 / w;
+        let cost = (self.cfg.input_weight * input_tokens as f64
+            + self.cfg.output_weight * output_tokens as f64)
+            / self.weight(&d.tenant);
+        *g.served.entry(d.tenant.clone()).or_default() += cost;
+        if g.served.len() > MAX_SERVED_TENANTS {
+            // Keep the most-served half: Jain's index is over the tenants that matter now.
+            let mut v: Vec<f64> = g.served.values().copied().collect();
+            v.sort_by(f64::total_cmp);
+            let cut = v[v.len() / 2];
+            g.served.retain(|_, x| *x >= cut);
+        }
         let xs: Vec<f64> = g.served.values().copied().collect();
         let (s, s2) = xs.iter().fold((0.0, 0.0), |(a, b), x| (a + x, b + x * x));
         if s2 > 0.0 {
@@ -476,23 +487,13 @@ impl FairRuntime {
         }
         let mut top: Vec<(&String, &f64)> = g.served.iter().collect();
         top.sort_by(|a, b| b.1.total_cmp(a.1));
+        // Only the current top tenants keep a series (bounded label set).
+        self.metrics.served.reset();
         for (t, v) in top.into_iter().take(self.cfg.metrics_top_tenants as usize) {
             self.metrics.served.with_label_values(&[t.as_str()]).set(*v);
         }
         drop(g);
         self.wake.notify_one();
-    }
-
-    /// Charges the input tokens of a dispatched request to its tenant's served total.
-    fn charge_input(&self, d: &Dispatched, input_tokens: u64) {
-        let w = self
-            .cfg
-            .tenant_weights
-            .get(&d.tenant)
-            .copied()
-            .unwrap_or(1.0);
-        *self.lock().served.entry(d.tenant.clone()).or_default() +=
-            self.cfg.input_weight * input_tokens as f64 / w;
     }
 }
 
@@ -537,8 +538,7 @@ impl FairPermit {
     /// The request finished with `prompt_tokens` in and `completion_tokens` out.
     pub fn complete(mut self, prompt_tokens: u64, completion_tokens: u64) {
         if let Some(d) = self.d.take() {
-            self.rt.charge_input(&d, prompt_tokens);
-            self.rt.finish(&d, completion_tokens);
+            self.rt.finish(&d, prompt_tokens, completion_tokens);
         }
     }
 }
@@ -546,7 +546,7 @@ impl FairPermit {
 impl Drop for FairPermit {
     fn drop(&mut self) {
         if let Some(d) = self.d.take() {
-            self.rt.finish(&d, 0);
+            self.rt.finish(&d, 0, 0);
         }
     }
 }

@@ -443,7 +443,7 @@ async fn program_admission(
     // With fair queueing configured, retained requests resume tenant-fairly within a tier.
     let tenant = applied.fair.as_ref().map(|f| {
         let t = f.tenant(headers, peeked.user.as_deref());
-        let w = f.cfg.tenant_weights.get(&t).copied().unwrap_or(1.0);
+        let w = f.weight(&t);
         (t, w)
     });
     let (ticket, admission) = rt.admit(model, id, prompt_bytes, tenant);

@@ -182,6 +182,65 @@ impl ControlPlane {
     }
 }
 
+impl ControlPlane {
+    /// `kubectl apply --server-side -f crds/` and wait until the API serves the kind.
+    pub fn install_crds(&self) {
+        let dir = crds_dir();
+        self.kubectl(&[
+            "apply",
+            "--server-side",
+            "--field-manager=e2e",
+            "-f",
+            dir.to_str().expect("path"),
+        ])
+        .expect_ok("kubectl apply crds/");
+        self.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/programschedulings.scheduling.program-router.dev",
+        ])
+        .expect_ok("CRD established");
+    }
+
+    /// Creates a namespace and waits for its default ServiceAccount (which the ServiceAccount
+    /// admission plugin needs before any Pod can be created there).
+    pub async fn namespace(&self, client: &Client, name: &str) {
+        use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+        let api: kube::Api<Namespace> = kube::Api::all(client.clone());
+        api.create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("ns"),
+        )
+        .await
+        .expect("create namespace");
+        let sas: kube::Api<ServiceAccount> = kube::Api::namespaced(client.clone(), name);
+        assert!(
+            wait_for(Duration::from_secs(30), || async {
+                sas.get_opt("default").await.ok().flatten().map(|_| ())
+            })
+            .await
+            .is_some(),
+            "controller manager created the default ServiceAccount"
+        );
+    }
+}
+
+/// A ProgramScheduling `fleet` selecting pods labelled app=vllm, with free router ports; returns
+/// the manifest and the router port.
+pub fn fleet_manifest(ns: &str, worker_port: u16, replicas: u32, extra: &str) -> (String, u16) {
+    let (router_port, metrics_port) = (
+        free_port(Ipv4Addr::LOCALHOST),
+        free_port(Ipv4Addr::LOCALHOST),
+    );
+    let manifest = format!(
+        "apiVersion: scheduling.program-router.dev/v1alpha1\nkind: ProgramScheduling\n\
+         metadata: {{name: fleet, namespace: {ns}}}\nspec:\n  workerSelector: {{matchLabels: {{app: vllm}}}}\n  \
+         workerPort: {worker_port}\n  router: {{replicas: {replicas}, port: {router_port}, metricsPort: {metrics_port}, policy: round_robin}}\n{extra}"
+    );
+    (manifest, router_port)
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -75,6 +75,25 @@ impl Drop for Procs {
     }
 }
 
+/// The peer vllm-router installed in `$PROGSCHED_VENV` (default `~/.cache/progsched/venv`).
+pub fn venv_vllm_router() -> Option<PathBuf> {
+    let venv = std::env::var("PROGSCHED_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/progsched/venv")
+        });
+    Some(venv.join("bin/vllm-router")).filter(|p| p.exists())
+}
+
+/// The folder of the workspace's binaries as seen from a test binary
+/// (`target/<profile>/deps/<test>` → `target/<profile>`).
+pub fn test_bin_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()))
+        .unwrap_or_default()
+}
+
 pub(crate) fn free_port() -> Result<u16, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())

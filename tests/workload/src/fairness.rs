@@ -151,22 +151,28 @@ fn words(tenant: usize, i: usize, n: usize) -> String {
         .collect::<String>()
 }
 
+impl FairResult {
+    fn new(variant: FairVariant) -> Self {
+        FairResult {
+            variant,
+            ok: false,
+            failure: None,
+            errors: 0,
+            light_ttft_p50: 0.0,
+            light_ttft_p95: 0.0,
+            power_ttft_p50: 0.0,
+            power_ttft_p95: 0.0,
+            jain: 0.0,
+            window_tokens: Vec::new(),
+            output_tokens: 0,
+            tokens_per_second: 0.0,
+        }
+    }
+}
+
 /// Runs one variant on a fresh simulator.
 pub async fn run(v: FairVariant, s: &FairSetup) -> FairResult {
-    let mut r = FairResult {
-        variant: v,
-        ok: false,
-        failure: None,
-        errors: 0,
-        light_ttft_p50: 0.0,
-        light_ttft_p95: 0.0,
-        power_ttft_p50: 0.0,
-        power_ttft_p95: 0.0,
-        jain: 0.0,
-        window_tokens: Vec::new(),
-        output_tokens: 0,
-        tokens_per_second: 0.0,
-    };
+    let mut r = FairResult::new(v);
     match inner(v, s, &mut r).await {
         Ok(()) => r.ok = true,
         Err(e) => r.failure = Some(e),
@@ -417,19 +423,6 @@ mod tests {
     }
 
     fn run_result() -> FairResult {
-        FairResult {
-            variant: FairVariant::Vtc,
-            ok: true,
-            failure: None,
-            errors: 0,
-            light_ttft_p50: 0.0,
-            light_ttft_p95: 0.0,
-            power_ttft_p50: 0.0,
-            power_ttft_p95: 0.0,
-            jain: 0.0,
-            window_tokens: Vec::new(),
-            output_tokens: 0,
-            tokens_per_second: 0.0,
-        }
+        FairResult::new(FairVariant::Vtc)
     }
 }

@@ -173,16 +173,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn venv_vllm_router() -> Option<PathBuf> {
-    let venv = std::env::var("PROGSCHED_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/progsched/venv")
-        });
-    let p = venv.join("bin/vllm-router");
-    p.exists().then_some(p)
-}
-
 fn bin_dir() -> Result<PathBuf, String> {
     std::env::current_exe()
         .map_err(|e| e.to_string())?
@@ -220,7 +210,7 @@ async fn fairness(cmd: Cmd) -> Result<bool, String> {
         time_scale,
         max_waiting,
         bin_dir: bin_dir()?,
-        vllm_router: vllm_router.or_else(venv_vllm_router),
+        vllm_router: vllm_router.or_else(progbench::compare::venv_vllm_router),
     };
     let mut results = Vec::new();
     for v in variants {
@@ -296,21 +286,8 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     else {
         return Ok(false);
     };
-    let bin_dir = std::env::current_exe()
-        .map_err(|e| e.to_string())?
-        .parent()
-        .map(std::path::Path::to_path_buf)
-        .ok_or("cannot locate the binaries' folder")?;
-    let vllm_router = vllm_router.or_else(|| {
-        let venv = std::env::var("PROGSCHED_VENV")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| {
-                PathBuf::from(std::env::var("HOME").unwrap_or_default())
-                    .join(".cache/progsched/venv")
-            });
-        let p = venv.join("bin/vllm-router");
-        p.exists().then_some(p)
-    });
+    let bin_dir = bin_dir()?;
+    let vllm_router = vllm_router.or_else(progbench::compare::venv_vllm_router);
     let program_config: serde_json::Value =
         serde_json::from_str(&program_config).map_err(|e| format!("--program-config: {e}"))?;
     let setup = progbench::compare::Setup {

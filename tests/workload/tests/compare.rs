@@ -1,24 +1,14 @@
 //! The compare pipeline on a tiny configuration: real binaries on loopback, fresh simulators per
 //! run, identical token totals across runs. No timing assertions.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use progbench::compare::{Setup, Variant, check_comparable, run_variant};
 use progbench::workload::{Preset, generate};
 
-fn bin_dir() -> PathBuf {
-    // target/<profile>/deps/compare-<hash> → target/<profile>
-    let exe = std::env::current_exe().expect("test binary");
-    exe.parent()
-        .and_then(|p| p.parent())
-        .expect("target dir")
-        .to_path_buf()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn program_router_variants_serve_identical_work() {
-    let dir = bin_dir();
+    let dir = progbench::compare::test_bin_dir();
     for b in ["vllm-sim", "program-router"] {
         assert!(
             dir.join(b).exists(),
@@ -26,12 +16,7 @@ async fn program_router_variants_serve_identical_work() {
             dir.display()
         );
     }
-    let venv = std::env::var("PROGSCHED_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/progsched/venv")
-        });
-    let vllm_router = Some(venv.join("bin/vllm-router")).filter(|p| p.exists());
+    let vllm_router = progbench::compare::venv_vllm_router();
     let setup = Setup {
         servers: 1,
         dp: 2,
@@ -48,7 +33,7 @@ async fn program_router_variants_serve_identical_work() {
     if vllm_router.is_some() {
         variants.push(Variant::VrHash);
     } else if std::env::var("CI").is_ok() {
-        panic!("vllm-router must be installed in CI ({})", venv.display());
+        panic!("vllm-router must be installed in CI (PROGSCHED_VENV)");
     }
     let mut results = Vec::new();
     for v in variants {

@@ -2,21 +2,11 @@
 //! run, every request served in every variant, and the light tenants ahead of the power user's
 //! backlog only when fair queueing is on.
 
-use std::path::PathBuf;
-
 use progbench::fairness::{FairSetup, FairVariant, run};
-
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    exe.parent()
-        .and_then(|p| p.parent())
-        .expect("target dir")
-        .to_path_buf()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_queueing_puts_light_tenants_ahead_of_a_backlog_and_serves_everything() {
-    let dir = bin_dir();
+    let dir = progbench::compare::test_bin_dir();
     for b in ["vllm-sim", "program-router"] {
         assert!(
             dir.join(b).exists(),
@@ -24,14 +14,9 @@ async fn fair_queueing_puts_light_tenants_ahead_of_a_backlog_and_serves_everythi
             dir.display()
         );
     }
-    let venv = std::env::var("PROGSCHED_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/progsched/venv")
-        });
-    let vllm_router = Some(venv.join("bin/vllm-router")).filter(|p| p.exists());
+    let vllm_router = progbench::compare::venv_vllm_router();
     if vllm_router.is_none() && std::env::var("CI").is_ok() {
-        panic!("vllm-router must be installed in CI ({})", venv.display());
+        panic!("vllm-router must be installed in CI (PROGSCHED_VENV)");
     }
     let setup = FairSetup {
         power_requests: 40,

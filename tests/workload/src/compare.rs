@@ -85,13 +85,27 @@ pub fn venv_vllm_router() -> Option<PathBuf> {
     Some(venv.join("bin/vllm-router")).filter(|p| p.exists())
 }
 
-/// The folder of the workspace's binaries as seen from a test binary
-/// (`target/<profile>/deps/<test>` → `target/<profile>`).
-pub fn test_bin_dir() -> PathBuf {
-    std::env::current_exe()
+/// For the suites that run real binaries: the folder of the workspace's binaries as seen from a
+/// test binary (`target/<profile>/deps/<test>` → `target/<profile>`), checked to hold vllm-sim
+/// and program-router, and the peer vllm-router (required when `CI` is set).
+pub fn test_binaries() -> (PathBuf, Option<PathBuf>) {
+    let dir = std::env::current_exe()
         .ok()
         .and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()))
-        .unwrap_or_default()
+        .unwrap_or_default();
+    for b in ["vllm-sim", "program-router"] {
+        assert!(
+            dir.join(b).exists(),
+            "{b} must be built (cargo build --workspace --bins) in {}",
+            dir.display()
+        );
+    }
+    let vllm_router = venv_vllm_router();
+    assert!(
+        vllm_router.is_some() || std::env::var("CI").is_err(),
+        "vllm-router must be installed in CI (pip install vllm-router==0.1.17 into $PROGSCHED_VENV)"
+    );
+    (dir, vllm_router)
 }
 
 pub(crate) fn free_port() -> Result<u16, String> {

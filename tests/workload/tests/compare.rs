@@ -8,15 +8,7 @@ use progbench::workload::{Preset, generate};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn program_router_variants_serve_identical_work() {
-    let dir = progbench::compare::test_bin_dir();
-    for b in ["vllm-sim", "program-router"] {
-        assert!(
-            dir.join(b).exists(),
-            "{b} must be built (cargo build --workspace --bins) in {}",
-            dir.display()
-        );
-    }
-    let vllm_router = progbench::compare::venv_vllm_router();
+    let (dir, vllm_router) = progbench::compare::test_binaries();
     let setup = Setup {
         servers: 1,
         dp: 2,
@@ -32,8 +24,6 @@ async fn program_router_variants_serve_identical_work() {
     let mut variants = vec![Variant::PrHash, Variant::PrProgram];
     if vllm_router.is_some() {
         variants.push(Variant::VrHash);
-    } else if std::env::var("CI").is_ok() {
-        panic!("vllm-router must be installed in CI (PROGSCHED_VENV)");
     }
     let mut results = Vec::new();
     for v in variants {

@@ -6,18 +6,7 @@ use progbench::fairness::{FairSetup, FairVariant, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_queueing_puts_light_tenants_ahead_of_a_backlog_and_serves_everything() {
-    let dir = progbench::compare::test_bin_dir();
-    for b in ["vllm-sim", "program-router"] {
-        assert!(
-            dir.join(b).exists(),
-            "{b} must be built (cargo build --workspace --bins) in {}",
-            dir.display()
-        );
-    }
-    let vllm_router = progbench::compare::venv_vllm_router();
-    if vllm_router.is_none() && std::env::var("CI").is_ok() {
-        panic!("vllm-router must be installed in CI (PROGSCHED_VENV)");
-    }
+    let (dir, vllm_router) = progbench::compare::test_binaries();
     let setup = FairSetup {
         power_requests: 40,
         light_tenants: 3,

@@ -550,3 +550,135 @@ impl Drop for FairPermit {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RouterConfig;
+    use crate::config::fairness::PriorityClass;
+    use crate::observe::scrape::EngineSample;
+    use crate::workers::{Observation, TargetSet};
+
+    fn class(name: &str, max_waiting: u32, idle: bool, tpot: Option<f64>) -> PriorityClass {
+        PriorityClass {
+            name: name.into(),
+            max_waiting_requests: max_waiting,
+            only_when_idle: idle,
+            max_tpot_seconds: tpot,
+        }
+    }
+
+    /// Two single-rank backends; returns the runtime and the targets to observe.
+    fn setup() -> (Arc<FairRuntime>, TargetSet) {
+        let cfg = RouterConfig {
+            workers: ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+                .iter()
+                .map(|u| crate::config::WorkerConfig {
+                    url: (*u).into(),
+                    dp_rank: None,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let metrics = crate::observe::metrics::Metrics::new().expect("metrics");
+        let targets = TargetSet::build(&cfg, None, &metrics);
+        let fair = FairnessConfig {
+            classes: vec![
+                class("interactive", 3, false, Some(0.15)),
+                class("standard", 3, false, None),
+                class("batch", 3, true, None),
+            ],
+            ..Default::default()
+        };
+        let rt = FairRuntime::new(
+            fair,
+            targets.targets.clone(),
+            FairMetrics::new(&Registry::new()).expect("fair metrics"),
+            Arc::new(Notify::new()),
+        );
+        (rt, targets)
+    }
+
+    /// A new observation of backend `i`: `waiting` requests, and ten tokens decoded at `tpot`
+    /// seconds each since the previous one (the latency histogram grows accordingly).
+    fn observe(t: &TargetSet, i: usize, waiting: f64, tpot: f64) {
+        let prev = t.backends[i]
+            .observed(0)
+            .map(|(s, _)| s)
+            .unwrap_or_default();
+        let sample = EngineSample {
+            waiting,
+            itl_sum: prev.itl_sum + 10.0 * tpot,
+            itl_count: prev.itl_count + 10.0,
+            ..Default::default()
+        };
+        t.backends[i].set_observation(Observation {
+            at: Instant::now(),
+            engines: [(0, sample)].into_iter().collect(),
+        });
+    }
+
+    #[test]
+    fn class_gates_follow_waiting_tpot_idleness_and_staleness() {
+        let (rt, t) = setup();
+        // No observation at all: stale counts as saturated.
+        assert_eq!(rt.allowances(&rt.lock()), vec![0, 0, 0]);
+        // Both idle and fast: 3 + 3 for everyone, batch included.
+        observe(&t, 0, 0.0, 0.05);
+        observe(&t, 1, 0.0, 0.05);
+        assert_eq!(rt.allowances(&rt.lock()), vec![6, 6, 6]);
+        // One backend has 2 waiting: batch stops, the others lose 2.
+        observe(&t, 1, 2.0, 0.05);
+        assert_eq!(rt.allowances(&rt.lock()), vec![4, 4, 0]);
+        // That backend is also slow: interactive gets nothing from it.
+        observe(&t, 1, 2.0, 0.3);
+        assert_eq!(rt.allowances(&rt.lock()), vec![3, 4, 0]);
+        // Sends since the observation use the room up; completions give it back.
+        rt.lock().sent_since_observation = 3;
+        assert_eq!(rt.allowances(&rt.lock()), vec![0, 1, 0]);
+        rt.lock().completed_since_observation = 2;
+        assert_eq!(rt.allowances(&rt.lock()), vec![2, 3, 0]);
+        rt.observed();
+        assert_eq!(rt.allowances(&rt.lock()), vec![3, 4, 0]);
+    }
+
+    #[test]
+    fn tenant_and_class_come_from_the_configured_sources() {
+        let (rt, _) = setup();
+        let mut h = http::HeaderMap::new();
+        assert_eq!(
+            rt.tenant(&h, Some("u1")),
+            "default",
+            "header source ignores `user`"
+        );
+        h.insert("x-tenant-id", http::HeaderValue::from_static(" acme "));
+        assert_eq!(rt.tenant(&h, None), "acme");
+        assert_eq!(rt.class(&h, "acme"), "standard");
+        h.insert("x-priority-class", http::HeaderValue::from_static("batch"));
+        assert_eq!(rt.class(&h, "acme"), "batch");
+
+        let mut cfg = rt.cfg.clone();
+        cfg.tenant_source = TenantSource::ApiKey;
+        cfg.tenant_classes
+            .insert("key-x".into(), "interactive".into());
+        let (_, t) = setup();
+        let rt = FairRuntime::new(
+            cfg,
+            t.targets.clone(),
+            FairMetrics::new(&Registry::new()).expect("m"),
+            Arc::new(Notify::new()),
+        );
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_static("Bearer sk-secret"),
+        );
+        let tenant = rt.tenant(&h, None);
+        assert!(
+            tenant.starts_with("key-") && !tenant.contains("secret"),
+            "{tenant}"
+        );
+        assert_eq!(tenant, rt.tenant(&h, None), "stable");
+        assert_eq!(rt.class(&http::HeaderMap::new(), "key-x"), "interactive");
+    }
+}

@@ -66,6 +66,21 @@ pub struct Report {
     pub scheduler_median_us: f64,
     pub scheduler_p99_us: f64,
     pub wall_seconds: f64,
+    /// Distributions and time series for the HTML report.
+    #[serde(skip)]
+    pub series: Series,
+}
+
+/// What the report plots: ascending JCTs and queue waits, and samples over time of the token
+/// cache hit so far and each rank's KV usage.
+#[derive(Debug, Clone, Default)]
+pub struct Series {
+    pub jcts: Vec<f64>,
+    pub waits: Vec<f64>,
+    /// (seconds, cumulative token hit rate)
+    pub hit: Vec<(f64, f64)>,
+    /// Per rank: (seconds, KV usage 0..1)
+    pub kv_usage: Vec<Vec<(f64, f64)>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -188,7 +203,37 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
         };
     }
 
+    // Samples for the report, about 200 over the run.
+    let horizon = progs
+        .iter()
+        .map(|p| {
+            p.turns.iter().map(|t| t.gap_after).sum::<f64>()
+                + p.turns.first().map_or(0.0, |t| t.program_arrival)
+        })
+        .fold(0.0, f64::max)
+        .max(1.0);
+    let sample_every = horizon / 200.0;
+    let mut next_sample = 0.0f64;
+    let mut hit_series: Vec<(f64, f64)> = Vec::new();
+    let mut kv_series: Vec<Vec<(f64, f64)>> = vec![Vec::new(); engines.len()];
+
     while open > 0 {
+        if now >= next_sample {
+            let (p, c) = engines.iter().fold((0usize, 0usize), |(p, c), e| {
+                let s = e.stats();
+                (
+                    p + s.prompt_tokens as usize,
+                    c + s.prompt_tokens_cached as usize,
+                )
+            });
+            if p > 0 {
+                hit_series.push((now, c as f64 / p as f64));
+            }
+            for (r, e) in engines.iter().enumerate() {
+                kv_series[r].push((now, e.load().kv_usage));
+            }
+            next_sample = now + sample_every;
+        }
         // The next instant anything happens.
         let mut next = heap.peek().map(|Reverse((t, _))| *t as f64 / 1e6);
         for e in &engines {
@@ -406,5 +451,11 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
         scheduler_median_us: percentile(&ns, 0.5),
         scheduler_p99_us: percentile(&ns, 0.99),
         wall_seconds: wall.elapsed().as_secs_f64(),
+        series: Series {
+            jcts: jcts.clone(),
+            waits: waits.clone(),
+            hit: hit_series,
+            kv_usage: kv_series,
+        },
     }
 }

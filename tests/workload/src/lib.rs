@@ -9,4 +9,5 @@ pub mod des;
 pub mod fairness;
 pub mod oracle;
 pub mod replay;
+pub mod report;
 pub mod workload;

@@ -123,6 +123,9 @@ enum Cmd {
         /// Also write the reports as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// The HTML report with plots (default: progbench-report.html in the temp folder).
+        #[arg(long)]
+        html: Option<PathBuf>,
     },
 }
 
@@ -381,6 +384,7 @@ fn run(cli: Cli) -> Result<(), String> {
             modes,
             program_config,
             json,
+            html,
         } => {
             if ranks == 0 {
                 return Err("--ranks must be >= 1".into());
@@ -432,6 +436,23 @@ fn run(cli: Cli) -> Result<(), String> {
                 let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
                 std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
             }
+            let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-report.html"));
+            let header = format!(
+                "{} Programs ({:?}), {} ranks × {} KV blocks\noracle: H* = {:.1}% token hit, JCT* = {:.1} s mean",
+                turns
+                    .iter()
+                    .map(|t| &t.program_id)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len(),
+                w.preset,
+                ranks,
+                num_gpu_blocks,
+                oracle.token_hit * 100.0,
+                oracle.mean_jct_seconds
+            );
+            std::fs::write(&html, progbench::report::html(&header, &reports))
+                .map_err(|e| format!("{}: {e}", html.display()))?;
+            println!("\nreport: {}", html.display());
             Ok(())
         }
     }

@@ -1,0 +1,166 @@
+//! The self-contained HTML report of `progbench sim`: the results table and SVG plots drawn with
+//! plotters — JCT and queue-wait CDFs per mode, token cache hit over time per mode, and per-rank
+//! KV usage over time.
+
+use plotters::prelude::*;
+
+use crate::des::Report;
+
+type Line<'a> = (String, Vec<(f64, f64)>);
+
+fn chart(title: &str, x_desc: &str, y_desc: &str, y_max: f64, lines: &[Line<'_>]) -> String {
+    let x_max = lines
+        .iter()
+        .flat_map(|(_, pts)| pts.iter().map(|p| p.0))
+        .fold(0.0f64, f64::max)
+        .max(1e-9);
+    let mut svg = String::new();
+    let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
+        let root = SVGBackend::with_string(&mut svg, (720, 380)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut c = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(55)
+            .build_cartesian_2d(0f64..x_max * 1.02, 0f64..y_max)?;
+        c.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw()?;
+        for (i, (name, pts)) in lines.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            c.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
+                .label(name.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+        }
+        c.configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.85))
+            .draw()?;
+        root.present()?;
+        Ok(())
+    })();
+    match drawn {
+        Ok(()) => svg,
+        Err(e) => format!("<p>plot {title:?} failed: {e}</p>"),
+    }
+}
+
+/// (value, fraction ≤ value) of ascending `xs`.
+fn cdf(xs: &[f64]) -> Vec<(f64, f64)> {
+    let n = xs.len().max(1) as f64;
+    xs.iter()
+        .enumerate()
+        .map(|(i, x)| (*x, (i + 1) as f64 / n))
+        .collect()
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The whole report; `header` is free text shown above the table (the oracle line, the command).
+pub fn html(header: &str, reports: &[Report]) -> String {
+    let mut rows = String::new();
+    for r in reports {
+        rows.push_str(&format!(
+            "<tr><td>{}</td><td>{:.1}%</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+            escape(&r.mode),
+            r.token_hit_rate * 100.0,
+            r.mean_jct_seconds,
+            r.p50_jct_seconds,
+            r.p90_jct_seconds,
+            r.p99_jct_seconds,
+            r.mean_queue_wait_seconds,
+            r.programs_completed,
+            r.preemptions,
+            r.force_resumes,
+        ));
+    }
+    let by_mode = |f: &dyn Fn(&Report) -> Vec<(f64, f64)>| -> Vec<Line<'_>> {
+        reports.iter().map(|r| (r.mode.clone(), f(r))).collect()
+    };
+    let mut plots = vec![
+        chart(
+            "Job completion time (CDF)",
+            "JCT, seconds",
+            "fraction of Programs",
+            1.0,
+            &by_mode(&|r| cdf(&r.series.jcts)),
+        ),
+        chart(
+            "Queue wait (CDF)",
+            "wait before dispatch, seconds",
+            "fraction of requests",
+            1.0,
+            &by_mode(&|r| cdf(&r.series.waits)),
+        ),
+        chart(
+            "Token cache hit so far",
+            "time, seconds",
+            "cached / prompt tokens",
+            1.0,
+            &by_mode(&|r| r.series.hit.clone()),
+        ),
+    ];
+    for r in reports {
+        let lines: Vec<Line<'_>> = r
+            .series
+            .kv_usage
+            .iter()
+            .enumerate()
+            .map(|(i, pts)| (format!("rank {i}"), pts.clone()))
+            .collect();
+        plots.push(chart(
+            &format!("KV usage per rank — {}", r.mode),
+            "time, seconds",
+            "KV usage",
+            1.05,
+            &lines,
+        ));
+    }
+    let figures: String = plots
+        .into_iter()
+        .map(|svg| format!("<figure>{svg}</figure>\n"))
+        .collect();
+    format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>progbench report</title>\n\
+         <style>body{{font-family:sans-serif;margin:2em;max-width:1500px}}table{{border-collapse:collapse}}\
+         td,th{{border:1px solid #bbb;padding:4px 10px;text-align:right}}td:first-child{{text-align:left}}\
+         figure{{display:inline-block;margin:8px}}</style></head><body>\n\
+         <h1>progbench</h1>\n<pre>{}</pre>\n<table><tr><th>mode</th><th>token hit</th><th>JCT mean s</th>\
+         <th>p50</th><th>p90</th><th>p99</th><th>queue wait mean s</th><th>Programs done</th>\
+         <th>preemptions</th><th>force resumes</th></tr>\n{rows}</table>\n{figures}</body></html>\n",
+        escape(header)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cdf_ends_at_one_and_is_monotone() {
+        let c = cdf(&[1.0, 2.0, 2.0, 5.0]);
+        assert_eq!(c.last(), Some(&(5.0, 1.0)));
+        assert!(c.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 < w[1].1));
+    }
+
+    #[test]
+    fn charts_are_svg_with_every_series_named() {
+        let svg = chart(
+            "t",
+            "x",
+            "y",
+            1.0,
+            &[
+                ("alpha".into(), vec![(0.0, 0.1), (1.0, 0.5)]),
+                ("beta".into(), vec![(0.0, 0.2), (2.0, 0.9)]),
+            ],
+        );
+        assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
+        assert!(svg.contains("alpha") && svg.contains("beta"));
+        assert!(svg.contains("<polyline") || svg.contains("<path"));
+    }
+}

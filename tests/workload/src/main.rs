@@ -140,6 +140,34 @@ struct WorkloadArgs {
     rate: f64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Arrival pattern (both keep the mean rate).
+    #[arg(long, value_enum, default_value_t = ArrivalArg::Poisson)]
+    arrivals: ArrivalArg,
+    /// Bursty arrivals: mean Programs per burst.
+    #[arg(long, default_value_t = 8.0)]
+    burst_size: f64,
+    /// Bursty arrivals: mean seconds between Programs within a burst.
+    #[arg(long, default_value_t = 1.0)]
+    burst_spacing: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ArrivalArg {
+    Poisson,
+    Bursty,
+}
+
+impl WorkloadArgs {
+    fn turns(&self) -> Vec<workload::Turn> {
+        let arrivals = match self.arrivals {
+            ArrivalArg::Poisson => workload::Arrivals::Poisson,
+            ArrivalArg::Bursty => workload::Arrivals::Bursty {
+                mean_size: self.burst_size,
+                spacing: self.burst_spacing,
+            },
+        };
+        workload::generate_with(self.preset, self.programs, self.rate, self.seed, arrivals)
+    }
 }
 
 fn main() -> ExitCode {
@@ -304,7 +332,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         vllm_router,
         program_config,
     };
-    let turns = workload::generate(w.preset, w.programs, w.rate, w.seed);
+    let turns = w.turns();
     let mut results = Vec::new();
     for v in variants {
         eprintln!("running {v:?} ...");
@@ -364,7 +392,7 @@ fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
         Cmd::Compare { .. } | Cmd::Fairness { .. } => Ok(()),
         Cmd::Gen { w, out } => {
-            let turns = workload::generate(w.preset, w.programs, w.rate, w.seed);
+            let turns = w.turns();
             std::fs::write(&out, workload::to_jsonl(&turns))
                 .map_err(|e| format!("{}: {e}", out.display()))?;
             println!(
@@ -393,7 +421,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 Some(p) => workload::from_jsonl(
                     &std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?,
                 )?,
-                None => workload::generate(w.preset, w.programs, w.rate, w.seed),
+                None => w.turns(),
             };
             let ps: ProgramSchedulingConfig = serde_json::from_str(&program_config)
                 .map_err(|e| format!("--program-config: {e}"))?;

@@ -113,13 +113,65 @@ fn lognormal(rng: &mut StdRng, median: f64, sigma: f64) -> f64 {
 
 /// Generates `programs` Programs arriving as a Poisson process of `rate` per second.
 pub fn generate(preset: Preset, programs: u32, rate: f64, seed: u64) -> Vec<Turn> {
+    generate_with(preset, programs, rate, seed, Arrivals::Poisson)
+}
+
+/// How Program arrivals are spread over time; both keep the mean rate.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Arrivals {
+    /// Independent arrivals (exponential gaps).
+    Poisson,
+    /// Bursts: burst starts are Poisson at `rate / mean_size`; a burst brings a geometric number
+    /// of Programs (mean `mean_size`) spaced by exponential gaps of mean `spacing` seconds —
+    /// a team kicking off many agents at once, a CI job fanning out.
+    Bursty { mean_size: f64, spacing: f64 },
+}
+
+/// Like [`generate`] with an arrival pattern.
+pub fn generate_with(
+    preset: Preset,
+    programs: u32,
+    rate: f64,
+    seed: u64,
+    arrivals: Arrivals,
+) -> Vec<Turn> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let inter =
-        Exp::new(rate.max(1e-9)).unwrap_or_else(|_| Exp::new(1.0).expect("rate 1 is valid"));
+    let exp =
+        |r: f64| Exp::new(r.max(1e-9)).unwrap_or_else(|_| Exp::new(1.0).expect("rate 1 is valid"));
+    // Bursty arrival times come from their own stream, so the Programs themselves (turns, sizes,
+    // gaps) are the same as with Poisson arrivals for the same seed.
+    let bursty: Option<Vec<f64>> = match arrivals {
+        Arrivals::Poisson => None,
+        Arrivals::Bursty { mean_size, spacing } => {
+            let mut r2 = StdRng::seed_from_u64(seed ^ 0x6275_7273_7479);
+            let size = mean_size.max(1.0);
+            let (starts, within) = (exp(rate / size), exp(1.0 / spacing.max(1e-6)));
+            let mut out = Vec::with_capacity(programs as usize);
+            let mut t = 0.0;
+            while out.len() < programs as usize {
+                t += starts.sample(&mut r2);
+                let mut at = t;
+                out.push(at);
+                // Geometric size with mean `size`: continue with probability 1 − 1/size.
+                while out.len() < programs as usize && r2.random::<f64>() < 1.0 - 1.0 / size {
+                    at += within.sample(&mut r2);
+                    out.push(at);
+                }
+            }
+            out.sort_by(f64::total_cmp);
+            Some(out)
+        }
+    };
+    let inter = exp(rate);
     let mut t = 0.0;
     let mut out = Vec::new();
     for p in 0..programs {
-        t += inter.sample(&mut rng);
+        // The Poisson draw is taken either way, so the Programs' own draws stay aligned.
+        let poisson = t + inter.sample(&mut rng);
+        t = match &bursty {
+            Some(times) => times[p as usize],
+            None => poisson,
+        };
         let preset_here = match preset {
             Preset::Mixed => {
                 [Preset::SweAgent, Preset::Chat, Preset::LongTools][rng.random_range(0..3)]
@@ -264,5 +316,52 @@ mod tests {
             "mean inter-arrival {}",
             last / 400.0
         );
+    }
+
+    #[test]
+    fn bursty_arrivals_keep_the_rate_and_the_programs_but_cluster() {
+        let cv = |turns: &[Turn]| {
+            let starts: Vec<f64> = programs(turns)
+                .iter()
+                .map(|p| p[0].program_arrival)
+                .collect();
+            let gaps: Vec<f64> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+            let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+            let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
+            (1.0 / mean, var.sqrt() / mean)
+        };
+        let poisson = generate(Preset::Chat, 4000, 2.0, 9);
+        let bursty = generate_with(
+            Preset::Chat,
+            4000,
+            2.0,
+            9,
+            Arrivals::Bursty {
+                mean_size: 8.0,
+                spacing: 0.05,
+            },
+        );
+        let (rp, cvp) = cv(&poisson);
+        let (rb, cvb) = cv(&bursty);
+        assert!(
+            (rp - 2.0).abs() < 0.15 && (rb - 2.0).abs() < 0.3,
+            "rates {rp} {rb}"
+        );
+        assert!((cvp - 1.0).abs() < 0.1, "Poisson gaps have CV ≈ 1: {cvp}");
+        assert!(cvb > 2.0, "bursts make gaps far more variable: {cvb}");
+        // The Programs themselves are the same; only when they start differs.
+        let shape = |t: &[Turn]| -> Vec<(String, u32, u32, u32)> {
+            t.iter()
+                .map(|x| {
+                    (
+                        x.program_id.clone(),
+                        x.step,
+                        x.append_tokens,
+                        x.output_tokens,
+                    )
+                })
+                .collect()
+        };
+        assert!(shape(&poisson) == shape(&bursty), "the Programs differ");
     }
 }

@@ -371,6 +371,7 @@ async fn generate(
             sent: 0,
             finished: false,
             buf: VecDeque::new(),
+            cut: None,
         };
         let mut r = Response::new(
             body.map_err(|e| -> HandlerError { Box::new(e) })

@@ -95,7 +95,14 @@ pub struct SseBody {
     pub sent: u32,
     pub finished: bool,
     pub buf: VecDeque<Bytes>,
+    /// Set once an injected cut is due: the tokens already produced are written first, and the
+    /// connection drops when this timer fires, so a client reliably sees exactly `fail_after`
+    /// tokens before the cut (an error right after a data frame can overtake its flush).
+    pub cut: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// How long an injected cut waits after the last delivered token.
+const CUT_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The error that cuts a stream on purpose.
 #[derive(Debug, thiserror::Error)]
@@ -167,6 +174,12 @@ impl HttpBody for SseBody {
         if let Some(b) = this.buf.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(b))));
         }
+        if let Some(t) = this.cut.as_mut() {
+            return match t.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(InjectedFailure(this.sent)))),
+                Poll::Pending => Poll::Pending,
+            };
+        }
         if this.finished {
             return Poll::Ready(None);
         }
@@ -183,13 +196,13 @@ impl HttpBody for SseBody {
             if let Some(n) = this.fail_after
                 && this.sent >= n
             {
+                this.cut = Some(Box::pin(tokio::time::sleep(CUT_DELAY)));
                 if !out.is_empty() {
-                    this.buf.push_back(Bytes::from(std::mem::take(&mut out)));
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
                 }
-                return match this.buf.pop_front() {
-                    Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
-                    None => Poll::Ready(Some(Err(InjectedFailure(this.sent)))),
-                };
+                // Nothing left to deliver: wait out the timer (polled on the next call).
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
             match msg {
                 RankMsg::Token { index } => this.token_frame(index, &mut out),

@@ -7,6 +7,7 @@
 //! by a wall-clock limit; loopback only in tests and benches.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -14,6 +15,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -107,6 +109,7 @@ async fn program_task(
     turns: Vec<Turn>,
     index: u64,
     start: Instant,
+    done: Arc<AtomicU64>,
 ) -> (Vec<RequestRecord>, Option<f64>, u64, bool) {
     let first = &turns[0];
     let arrive = start + Duration::from_secs_f64(first.program_arrival / cfg.time_scale);
@@ -169,6 +172,7 @@ async fn program_task(
                 .unwrap_or(0),
             completion_tokens: u["completion_tokens"].as_u64().unwrap_or(0),
         };
+        done.fetch_add(1, Ordering::Relaxed);
         let ok = status == 200;
         if ok {
             context_estimate = (rec.prompt_tokens + rec.completion_tokens) as usize + 8;
@@ -204,6 +208,7 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
     let cfg = Arc::new(cfg);
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
+    let done = Arc::new(AtomicU64::new(0));
     for (i, p) in programs(turns).into_iter().enumerate() {
         set.spawn(program_task(
             client.clone(),
@@ -211,8 +216,26 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
             p,
             i as u64,
             start,
+            done.clone(),
         ));
     }
+    // Progress on stderr (drawn only when it is a terminal): requests answered, with an ETA.
+    let bar = ProgressBar::new(turns.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{wide_bar}] {pos}/{len} requests, ETA {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let ticker = {
+        let (bar, done) = (bar.clone(), done.clone());
+        tokio::spawn(async move {
+            loop {
+                bar.set_position(done.load(Ordering::Relaxed));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
     let mut report = ReplayReport {
         requests: Vec::new(),
         jct: Vec::new(),
@@ -240,6 +263,8 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
             }
         }
     }
+    ticker.abort();
+    bar.finish_and_clear();
     report
 }
 

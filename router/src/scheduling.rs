@@ -32,8 +32,16 @@ pub struct ProgramMetrics {
     armed_ttl: Histogram,
     interval: Histogram,
     miss_impact: Histogram,
+    growth: Histogram,
+    admission_demand: Histogram,
+    admission_used_ratio: Histogram,
     coefficient: Gauge,
 }
+
+const TOKENS: &[f64] = &[
+    0.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+];
+const RATIOS: &[f64] = &[0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0, 1.05, 1.2];
 
 const SECONDS: &[f64] = &[
     0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
@@ -101,6 +109,27 @@ impl ProgramMetrics {
                 "vllm_router_agent_aware_cache_miss_impact_seconds",
                 "Modelled cost of losing a Program's KV, prefill * (2 - alpha)."
             ))?),
+            growth: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "vllm_router_agent_aware_context_growth_tokens",
+                    "Growth of a Program's context between two of its completions, in tokens."
+                )
+                .buckets(TOKENS.to_vec())
+            )?),
+            admission_demand: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "vllm_router_agent_aware_admission_demand_tokens",
+                    "Tokens reserved per admission (context, decode buffer and growth reserve)."
+                )
+                .buckets(TOKENS.to_vec())
+            )?),
+            admission_used_ratio: reg!(Histogram::with_opts(
+                HistogramOpts::new(
+                    "vllm_router_agent_aware_admission_used_ratio",
+                    "A rank's reserved tokens over its capacity right after an admission."
+                )
+                .buckets(RATIOS.to_vec())
+            )?),
             coefficient: reg!(Gauge::new(
                 "vllm_router_agent_aware_token_estimate_coefficient",
                 "Learned prompt tokens per request byte."
@@ -230,7 +259,13 @@ impl ProgramRuntime {
                 program,
                 rank,
                 forced,
+                demand,
+                used_ratio,
             } => {
+                m.admission_demand.observe(demand as f64);
+                if let Some(r) = used_ratio {
+                    m.admission_used_ratio.observe(r);
+                }
                 m.transitions
                     .with_label_values(&[if forced { "force_resume" } else { "admit" }])
                     .inc();
@@ -255,6 +290,7 @@ impl ProgramRuntime {
             Note::QueueWait { seconds, .. } => m.queue_wait.observe(seconds),
             Note::Interval { seconds, .. } => m.interval.observe(seconds),
             Note::CacheMissImpact { seconds, .. } => m.miss_impact.observe(seconds),
+            Note::ContextGrowth { tokens, .. } => m.growth.observe(tokens.max(0.0)),
         }
     }
 

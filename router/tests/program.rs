@@ -104,6 +104,30 @@ async fn retains_under_pressure_then_releases_when_the_ttl_ends() {
         ) >= 1.0
     );
     assert!(metric_in(&text, "vllm_router_agent_aware_queue_wait_seconds", &[]) >= 2.0);
+    // Admission capacity snapshots: one per admission, the ledger ratio within the capacity.
+    assert_eq!(
+        metric_in(
+            &text,
+            "vllm_router_agent_aware_admission_demand_tokens_count",
+            &[]
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric_in(
+            &text,
+            "vllm_router_agent_aware_admission_used_ratio_count",
+            &[]
+        ),
+        2.0
+    );
+    let overfill = text
+        .lines()
+        .find(|l| l.starts_with("vllm_router_agent_aware_admission_used_ratio_bucket{le=\"1\""));
+    assert!(
+        overfill.is_some_and(|l| l.ends_with(" 2")),
+        "no admission overfilled the rank: {overfill:?}"
+    );
 }
 
 #[tokio::test]

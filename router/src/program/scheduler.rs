@@ -233,6 +233,15 @@ pub enum Note {
         program: String,
         rank: Rank,
         forced: bool,
+        /// Tokens the admission reserved for the Program.
+        demand: u64,
+        /// The rank's ledger after admission over its token capacity (when one is known).
+        used_ratio: Option<f64>,
+    },
+    /// Context growth of a Program between two of its completions (tokens).
+    ContextGrowth {
+        rank: Rank,
+        tokens: f64,
     },
     Pause {
         program: String,
@@ -775,10 +784,17 @@ impl Scheduler {
         if r.forced() {
             self.counters.force_resumes += 1;
         }
+        let used_ratio = self
+            .capacity(rank)
+            .0
+            .filter(|c| *c > 0)
+            .map(|c| self.ranks[rank].used_tokens as f64 / c as f64);
         self.notes.push(Note::Admit {
             program: name,
             rank,
             forced: r.forced(),
+            demand: r.demand,
+            used_ratio,
         });
         out.push(Decision::Dispatch { ticket, rank });
     }
@@ -804,6 +820,10 @@ impl Scheduler {
         if usage.is_some() && prev_context > 0 {
             let growth = context as f64 - prev_context as f64;
             self.ranks[rank].growth.push(growth);
+            self.notes.push(Note::ContextGrowth {
+                rank,
+                tokens: growth,
+            });
         }
         if binding_only || self.program(f.program).in_flight > 0 {
             return out;

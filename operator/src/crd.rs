@@ -182,6 +182,12 @@ pub struct RouterSpec {
     /// Extra command-line arguments for program-router.
     #[serde(default)]
     pub extra_args: Vec<String>,
+    /// Service session affinity: `ClientIP` keeps a client on one router replica, so one
+    /// scheduler sees all of a Program's requests when each agent is one client.
+    #[serde(default = "d::session_affinity")]
+    #[x_kube(validation = kube::core::Rule::new("self in ['None', 'ClientIP']")
+        .message("router.sessionAffinity must be None or ClientIP"))]
+    pub session_affinity: String,
 }
 
 /// Defaults of [`RouterSpec`], per field so that a partial `router:` is complete.
@@ -201,6 +207,9 @@ mod d {
     pub fn policy() -> String {
         "cache_aware".into()
     }
+    pub fn session_affinity() -> String {
+        "None".into()
+    }
     pub fn service_type() -> String {
         "ClusterIP".into()
     }
@@ -217,6 +226,7 @@ impl Default for RouterSpec {
             policy: d::policy(),
             service_type: d::service_type(),
             extra_args: Vec::new(),
+            session_affinity: d::session_affinity(),
         }
     }
 }

@@ -246,6 +246,7 @@ pub fn service(ps: &ProgramScheduling) -> Value {
         "metadata": meta(ps),
         "spec": {
             "type": r.service_type,
+            "sessionAffinity": r.session_affinity,
             "selector": selector_labels(ps),
             "ports": [
                 { "name": "http", "port": r.port, "targetPort": "http", "protocol": "TCP" },
@@ -330,7 +331,16 @@ mod tests {
         }
         let _: ServiceAccount = typed(service_account(&p));
         let _: ConfigMap = typed(config_map(&p, &file));
-        let _: Service = typed(service(&p));
+        let svc: Service = typed(service(&p));
+        assert_eq!(
+            svc.spec.and_then(|s| s.session_affinity).as_deref(),
+            Some("None")
+        );
+        let sticky = ps(RouterSpec {
+            session_affinity: "ClientIP".into(),
+            ..Default::default()
+        });
+        assert_eq!(service(&sticky)["spec"]["sessionAffinity"], "ClientIP");
         let _: PodDisruptionBudget = typed(pod_disruption_budget(&p));
         let d: Deployment = typed(deployment(&p, &cfg));
         let pod = d.spec.template.spec.expect("pod");

@@ -75,6 +75,10 @@ spec:
             ),
             ("workerPort: 70000", "workerPort must be a TCP port"),
             (
+                "router: {sessionAffinity: Sticky}",
+                "router.sessionAffinity must be None or ClientIP",
+            ),
+            (
                 "fairness: {discipline: lottery}",
                 "fairness.discipline must be vtc or round_robin",
             ),

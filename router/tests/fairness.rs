@@ -24,6 +24,12 @@ fn fairness(max_waiting: u32) -> FairnessConfig {
     }
 }
 
+/// Requests waiting in the router's fair queue, all classes.
+async fn depth(c: &HttpClient, r: &Router) -> f64 {
+    let m = format!("http://{}", r.metrics_addr);
+    metric(c, &m, "program_router_fair_queue_depth", &[]).await
+}
+
 async fn chat_as(c: &HttpClient, url: &str, tenant: &str, tokens: u32) -> Reply {
     send(
         c,
@@ -56,17 +62,7 @@ async fn backpressure_holds_the_backlog_in_the_router_and_a_light_tenant_overtak
     // Let the backlog form, then the light tenant asks once.
     let c = client();
     assert!(
-        eventually(5.0, || async {
-            metric(
-                &c,
-                &format!("http://{}", r.metrics_addr),
-                "program_router_fair_queue_depth",
-                &[],
-            )
-            .await
-                >= 8.0
-        })
-        .await,
+        eventually(5.0, || async { depth(&c, &r).await >= 8.0 }).await,
         "the router holds the backlog"
     );
     let sim_waiting = metric(&c, &sim.base(), "vllm:num_requests_waiting", &[]).await;
@@ -125,19 +121,7 @@ async fn stale_metrics_hold_requests_full_queues_get_429_and_waits_time_out_with
     let a = tokio::spawn(async move { chat_as(&c1, &u1, "acme", 4).await });
     let b = tokio::spawn(async move { chat_as(&c2, &u2, "acme", 4).await });
     let c = client();
-    assert!(
-        eventually(5.0, || async {
-            metric(
-                &c,
-                &format!("http://{}", r.metrics_addr),
-                "program_router_fair_queue_depth",
-                &[],
-            )
-            .await
-                == 2.0
-        })
-        .await
-    );
+    assert!(eventually(5.0, || async { depth(&c, &r).await == 2.0 }).await);
     let full = chat_as(&c, &url, "acme", 4).await;
     assert_eq!(full.status, 429, "{}", full.text());
     assert_eq!(full.json()["error"]["code"], "tenant_queue_full");
@@ -215,10 +199,7 @@ async fn a_client_that_leaves_is_removed_from_the_queue() {
         .await,
         "the abandoned request was cancelled"
     );
-    assert_eq!(
-        metric(&c, &m, "program_router_fair_queue_depth", &[]).await,
-        0.0
-    );
+    assert_eq!(depth(&c, &r).await, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

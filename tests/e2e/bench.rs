@@ -48,7 +48,7 @@ async fn bench() {
     let kubelet = Kubelet::new(client.clone(), ns, scratch.0.clone());
     let routers_task = kubelet.run_routers();
     let labels = BTreeMap::from([("app".to_string(), "vllm".to_string())]);
-    let worker_port = free_port(std::net::Ipv4Addr::LOCALHOST);
+    let worker_port = free_port();
     let op = Operator::start(&cp, &scratch.0, &["--namespace", ns]);
     let (manifest, router_port) = harness::fleet_manifest(
         ns,

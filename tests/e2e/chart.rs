@@ -220,7 +220,7 @@ fn chart_installs_with_least_privilege_runs_the_example_and_upgrades_cleanly() {
 
             // The minimal example in team-a, with this machine's free ports.
             let client = cp.client().await;
-            let worker_port = free_port(std::net::Ipv4Addr::LOCALHOST);
+            let worker_port = free_port();
             let kubelet = Kubelet::new(client.clone(), "team-a", scratch.0.clone());
             let routers = kubelet.run_routers();
             kubelet
@@ -237,8 +237,8 @@ fn chart_installs_with_least_privilege_runs_the_example_and_upgrades_cleanly() {
                 .replace("workerPort: 8000", &format!("workerPort: {worker_port}"))
                 + &format!(
                     "  router: {{replicas: 1, port: {}, metricsPort: {}}}\n",
-                    free_port(std::net::Ipv4Addr::LOCALHOST),
-                    free_port(std::net::Ipv4Addr::LOCALHOST)
+                    free_port(),
+                    free_port()
                 );
             cp.kubectl_stdin(&["apply", "-n", "team-a", "-f", "-"], Some(&example))
                 .expect_ok("apply the minimal example");

@@ -125,7 +125,7 @@ fn operator_discovers_workers_rolls_out_routers_and_reports_status() {
         let routers_task = kubelet.run_routers();
 
         // Two worker pods × 2 DP ranks each (global ranks 0-1 and 2-3).
-        let worker_port = free_port(std::net::Ipv4Addr::LOCALHOST);
+        let worker_port = free_port();
         let w0 = kubelet
             .add_worker("vllm-0", worker_labels(), worker_port, 2, 0)
             .await;

@@ -134,6 +134,9 @@ struct Inner {
     served: FxHashMap<String, f64>,
     sent_since_observation: u64,
     completed_since_observation: u64,
+    /// `served` changed since the Jain/served series were last published (by the dispatcher,
+    /// off the request path).
+    served_changed: bool,
 }
 
 /// The fair queue of one applied configuration.
@@ -181,6 +184,7 @@ impl FairRuntime {
                 served: FxHashMap::default(),
                 sent_since_observation: 0,
                 completed_since_observation: 0,
+                served_changed: false,
             }),
             cfg,
             targets: ArcSwap::from_pointee(targets),
@@ -434,8 +438,39 @@ impl FairRuntime {
             }
         }
         g.sent_since_observation += sent;
-        self.publish_depth(&g);
+        if sent > 0 {
+            self.publish_depth(&g);
+        }
+        if g.served_changed {
+            self.publish_served(&mut g);
+        }
         (0..self.cfg.classes.len()).any(|c| g.queue.queued(c) > 0)
+    }
+
+    /// Jain's index and the top tenants' served tokens; bounds the account to
+    /// `MAX_SERVED_TENANTS` by dropping the least served half.
+    fn publish_served(&self, g: &mut Inner) {
+        g.served_changed = false;
+        if g.served.len() > MAX_SERVED_TENANTS {
+            let mut v: Vec<f64> = g.served.values().copied().collect();
+            v.sort_by(f64::total_cmp);
+            let cut = v[v.len() / 2];
+            g.served.retain(|_, x| *x >= cut);
+        }
+        let (n, s, s2) = g
+            .served
+            .values()
+            .fold((0.0, 0.0, 0.0), |(n, a, b), x| (n + 1.0, a + x, b + x * x));
+        if s2 > 0.0 {
+            self.metrics.jain.set(s * s / (n * s2));
+        }
+        let mut top: Vec<(&String, &f64)> = g.served.iter().collect();
+        top.sort_by(|a, b| b.1.total_cmp(a.1));
+        // Only the current top tenants keep a series (bounded label set).
+        self.metrics.served.reset();
+        for (t, v) in top.into_iter().take(self.cfg.metrics_top_tenants as usize) {
+            self.metrics.served.with_label_values(&[t.as_str()]).set(*v);
+        }
     }
 
     /// Runs until retired or `stop` changes.
@@ -473,25 +508,7 @@ impl FairRuntime {
             + self.cfg.output_weight * output_tokens as f64)
             / self.weight(&d.tenant);
         *g.served.entry(d.tenant.clone()).or_default() += cost;
-        if g.served.len() > MAX_SERVED_TENANTS {
-            // Keep the most-served half: Jain's index is over the tenants that matter now.
-            let mut v: Vec<f64> = g.served.values().copied().collect();
-            v.sort_by(f64::total_cmp);
-            let cut = v[v.len() / 2];
-            g.served.retain(|_, x| *x >= cut);
-        }
-        let xs: Vec<f64> = g.served.values().copied().collect();
-        let (s, s2) = xs.iter().fold((0.0, 0.0), |(a, b), x| (a + x, b + x * x));
-        if s2 > 0.0 {
-            self.metrics.jain.set(s * s / (xs.len() as f64 * s2));
-        }
-        let mut top: Vec<(&String, &f64)> = g.served.iter().collect();
-        top.sort_by(|a, b| b.1.total_cmp(a.1));
-        // Only the current top tenants keep a series (bounded label set).
-        self.metrics.served.reset();
-        for (t, v) in top.into_iter().take(self.cfg.metrics_top_tenants as usize) {
-            self.metrics.served.with_label_values(&[t.as_str()]).set(*v);
-        }
+        g.served_changed = true;
         drop(g);
         self.wake.notify_one();
     }

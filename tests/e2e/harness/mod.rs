@@ -229,10 +229,7 @@ impl ControlPlane {
 /// A ProgramScheduling `fleet` selecting pods labelled app=vllm, with free router ports; returns
 /// the manifest and the router port.
 pub fn fleet_manifest(ns: &str, worker_port: u16, replicas: u32, extra: &str) -> (String, u16) {
-    let (router_port, metrics_port) = (
-        free_port(Ipv4Addr::LOCALHOST),
-        free_port(Ipv4Addr::LOCALHOST),
-    );
+    let (router_port, metrics_port) = (free_port(), free_port());
     let manifest = format!(
         "apiVersion: scheduling.program-router.dev/v1alpha1\nkind: ProgramScheduling\n\
          metadata: {{name: fleet, namespace: {ns}}}\nspec:\n  workerSelector: {{matchLabels: {{app: vllm}}}}\n  \
@@ -292,7 +289,7 @@ impl Operator {
         log_dir: &Path,
         extra: &[&str],
     ) -> Self {
-        let port = free_port(Ipv4Addr::LOCALHOST);
+        let port = free_port();
         let log = log_dir.join(format!("operator-{port}.log"));
         let file = std::fs::File::create(&log).expect("operator log");
         let child = Command::new(env!("CARGO_BIN_EXE_program-operator"))
@@ -371,7 +368,7 @@ impl Drop for Operator {
 }
 
 /// A TCP port free on every address (so a per-IP bind on 127.0.0.x cannot collide).
-pub fn free_port(_on: Ipv4Addr) -> u16 {
+pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))
         .expect("probe port");
     l.local_addr().expect("addr").port()

@@ -17,7 +17,7 @@ use crate::config::ProgramSchedulingConfig;
 use crate::program::diagnostics::{Diagnostics, RankInfo, snapshot};
 use crate::program::identity::Identity;
 use crate::program::scheduler::{
-    Arrival, Decision, Note, Observation, Rank, Scheduler, Ticket, Usage,
+    Arrival, Decision, Note, Observation, Rank, RejectReason, Scheduler, Ticket, Usage,
 };
 
 /// Program-scheduling series (registered once per process; ranks are labelled by target id).
@@ -138,44 +138,21 @@ impl ProgramMetrics {
     }
 }
 
-struct Inner {
-    sched: Scheduler,
-    waiters: FxHashMap<Ticket, oneshot::Sender<Decision>>,
-    tokens_per_byte: f64,
+/// The scheduler's ranks as the data plane knows them: target ids (what a decision names), base
+/// URLs for diagnostics, per-rank gauges and observation freshness. Changes with `retarget`.
+struct Layout {
+    ids: Vec<String>,
+    info: Vec<RankInfo>,
+    /// Per-rank gauges (queue size, active Programs, used tokens), resolved once per layout.
+    gauges: Vec<[prometheus::IntGauge; 3]>,
     fresh: Vec<bool>,
 }
 
-/// How a request was admitted.
-pub enum Admission {
-    /// Dispatch now to this rank.
-    Now(Rank),
-    /// Retained: the decision arrives on the receiver.
-    Wait(oneshot::Receiver<Decision>),
-    /// Rejected at once.
-    Rejected,
-}
+/// A target as Program scheduling sees it: id, base URL, DP rank.
+pub type TargetInfo = (String, String, Option<u32>);
 
-/// Program scheduling for one applied target set.
-pub struct ProgramRuntime {
-    inner: Mutex<Inner>,
-    epoch: Instant,
-    next_ticket: AtomicU64,
-    wake: Notify,
-    retired: AtomicBool,
-    info: Vec<RankInfo>,
-    ids: Vec<String>,
-    metrics: ProgramMetrics,
-    /// Per-rank gauges (queue size, active Programs, used tokens), resolved once.
-    rank_gauges: Vec<[prometheus::IntGauge; 3]>,
-    interval: Duration,
-}
-
-impl ProgramRuntime {
-    pub fn new(
-        cfg: ProgramSchedulingConfig,
-        targets: &[(String, String, Option<u32>)],
-        metrics: ProgramMetrics,
-    ) -> Arc<Self> {
+impl Layout {
+    fn new(targets: &[TargetInfo], metrics: &ProgramMetrics, old: Option<&Layout>) -> Self {
         let ids: Vec<String> = targets.iter().map(|t| t.0.clone()).collect();
         let info = targets
             .iter()
@@ -184,9 +161,7 @@ impl ProgramRuntime {
                 dp_rank: t.2,
             })
             .collect();
-        let interval = Duration::from_secs_f64(cfg.metrics_interval_seconds);
-        metrics.coefficient.set(0.25);
-        let rank_gauges = ids
+        let gauges = ids
             .iter()
             .map(|id| {
                 [
@@ -196,23 +171,111 @@ impl ProgramRuntime {
                 ]
             })
             .collect();
+        // A surviving target keeps its freshness, so fallback/recovery events stay one each.
+        let fresh = ids
+            .iter()
+            .map(|id| {
+                old.and_then(|o| o.ids.iter().position(|x| x == id).map(|i| o.fresh[i]))
+                    .unwrap_or(false)
+            })
+            .collect();
+        Layout {
+            ids,
+            info,
+            gauges,
+            fresh,
+        }
+    }
+}
+
+struct Inner {
+    sched: Scheduler,
+    waiters: FxHashMap<Ticket, oneshot::Sender<Placement>>,
+    tokens_per_byte: f64,
+    layout: Layout,
+}
+
+/// Where a request goes, named by target id so that it stays meaningful across a reload that
+/// re-orders or changes the targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// Dispatch to this target.
+    Target(String),
+    /// Retained longer than the queue timeout (or the request's deadline).
+    QueueTimeout,
+    /// No target is configured.
+    NoTarget,
+}
+
+/// How a request was admitted.
+pub enum Admission {
+    /// Decided at once.
+    Now(Placement),
+    /// Retained: the placement arrives on the receiver (closed if the runtime is retired).
+    Wait(oneshot::Receiver<Placement>),
+}
+
+/// Program scheduling for one Program-scheduling configuration; its target set follows reloads.
+pub struct ProgramRuntime {
+    inner: Mutex<Inner>,
+    epoch: Instant,
+    next_ticket: AtomicU64,
+    wake: Notify,
+    retired: AtomicBool,
+    metrics: ProgramMetrics,
+    interval: Duration,
+}
+
+impl ProgramRuntime {
+    pub fn new(
+        cfg: ProgramSchedulingConfig,
+        targets: &[TargetInfo],
+        metrics: ProgramMetrics,
+    ) -> Arc<Self> {
+        let layout = Layout::new(targets, &metrics, None);
+        let interval = Duration::from_secs_f64(cfg.metrics_interval_seconds);
+        metrics.coefficient.set(0.25);
         Arc::new(ProgramRuntime {
             inner: Mutex::new(Inner {
-                sched: Scheduler::new(cfg, ids.clone()),
+                sched: Scheduler::new(cfg, layout.ids.clone()),
                 waiters: FxHashMap::default(),
                 tokens_per_byte: 0.25,
-                fresh: vec![false; ids.len()],
+                layout,
             }),
             epoch: Instant::now(),
             next_ticket: AtomicU64::new(1),
             wake: Notify::new(),
             retired: AtomicBool::new(false),
-            info,
-            ids,
             metrics,
-            rank_gauges,
             interval,
         })
+    }
+
+    /// The target set changed (same Program-scheduling configuration): Programs, TTLs, windows
+    /// and retained requests carry over by target id (see `Scheduler::retarget`). Series of
+    /// removed targets are deleted. An empty set is the caller's to handle (retire).
+    pub fn retarget(&self, targets: &[TargetInfo]) {
+        let mut g = self.lock();
+        let layout = Layout::new(targets, &self.metrics, Some(&g.layout));
+        for id in g.layout.ids.iter().filter(|id| !layout.ids.contains(id)) {
+            let m = &self.metrics;
+            for v in [
+                &m.queue_size,
+                &m.active_programs,
+                &m.used_tokens,
+                &m.observation_fresh,
+            ] {
+                let _ = v.remove_label_values(&[id]);
+            }
+            tracing::info!(event = "program_target_removed", target = %id,
+                "target left the set; its Programs are re-homed");
+        }
+        let now = self.now();
+        let ds = g.sched.retarget(now, layout.ids.clone());
+        g.layout = layout;
+        self.deliver(&mut g, ds, None);
+        drop(g);
+        self.wake.notify_one();
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -229,22 +292,35 @@ impl ProgramRuntime {
         g: &mut Inner,
         decisions: Vec<Decision>,
         own: Option<Ticket>,
-    ) -> Option<Decision> {
+    ) -> Option<Placement> {
         let mut mine = None;
         for d in decisions {
-            let t = match d {
-                Decision::Dispatch { ticket, .. } | Decision::Reject { ticket, .. } => ticket,
+            let (t, placement) = match d {
+                Decision::Dispatch { ticket, rank } => (
+                    ticket,
+                    match g.layout.ids.get(rank) {
+                        Some(id) => Placement::Target(id.clone()),
+                        None => Placement::NoTarget,
+                    },
+                ),
+                Decision::Reject { ticket, reason } => (
+                    ticket,
+                    match reason {
+                        RejectReason::QueueTimeout => Placement::QueueTimeout,
+                        RejectReason::NoTarget => Placement::NoTarget,
+                    },
+                ),
             };
             if Some(t) == own {
-                mine = Some(d);
+                mine = Some(placement);
             } else if let Some(w) = g.waiters.remove(&t) {
-                let _ = w.send(d);
+                let _ = w.send(placement);
             }
         }
         for note in g.sched.take_notes() {
-            self.record(note);
+            self.record(&g.layout.ids, note);
         }
-        for (r, g) in g.sched.ranks.iter().zip(&self.rank_gauges) {
+        for (r, g) in g.sched.ranks.iter().zip(&g.layout.gauges) {
             g[0].set(r.queue.len() as i64);
             g[1].set(i64::from(r.active_programs));
             g[2].set(r.used_tokens as i64);
@@ -252,8 +328,9 @@ impl ProgramRuntime {
         mine
     }
 
-    fn record(&self, note: Note) {
+    fn record(&self, ids: &[String], note: Note) {
         let m = &self.metrics;
+        let id = |rank: Rank| ids.get(rank).map_or("", String::as_str);
         match note {
             Note::Admit {
                 program,
@@ -269,7 +346,7 @@ impl ProgramRuntime {
                 m.transitions
                     .with_label_values(&[if forced { "force_resume" } else { "admit" }])
                     .inc();
-                tracing::info!(event = "program_admit", program = %program, target = %self.ids[rank], forced);
+                tracing::info!(event = "program_admit", program = %program, target = %id(rank), forced);
             }
             Note::Pause {
                 program,
@@ -277,7 +354,7 @@ impl ProgramRuntime {
                 reason,
             } => {
                 m.transitions.with_label_values(&[reason.as_str()]).inc();
-                tracing::info!(event = "program_pause", program = %program, target = %self.ids[rank], reason = reason.as_str());
+                tracing::info!(event = "program_pause", program = %program, target = %id(rank), reason = reason.as_str());
             }
             Note::TtlArmed {
                 program,
@@ -285,7 +362,7 @@ impl ProgramRuntime {
                 seconds,
             } => {
                 m.armed_ttl.observe(seconds);
-                tracing::debug!(event = "ttl_armed", program = %program, target = %self.ids[rank], seconds);
+                tracing::debug!(event = "ttl_armed", program = %program, target = %id(rank), seconds);
             }
             Note::QueueWait { seconds, .. } => m.queue_wait.observe(seconds),
             Note::Interval { seconds, .. } => m.interval.observe(seconds),
@@ -323,8 +400,7 @@ impl ProgramRuntime {
             },
         );
         let admission = match self.deliver(&mut g, ds, Some(ticket)) {
-            Some(Decision::Dispatch { rank, .. }) => Admission::Now(rank),
-            Some(Decision::Reject { .. }) => Admission::Rejected,
+            Some(p) => Admission::Now(p),
             None => {
                 let (tx, rx) = oneshot::channel();
                 g.waiters.insert(ticket, tx);
@@ -363,9 +439,12 @@ impl ProgramRuntime {
         self.wake.notify_one();
     }
 
-    /// Feeds a backend observation of `rank`.
-    pub fn observe(&self, rank: Rank, obs: Observation) {
+    /// Feeds a backend observation of the target `id` (ignored if it is not in the set).
+    pub fn observe(&self, id: &str, obs: Observation) {
         let mut g = self.lock();
+        let Some(rank) = g.layout.ids.iter().position(|x| x == id) else {
+            return;
+        };
         let now = self.now();
         let ds = g.sched.on_observation(now, rank, obs);
         self.deliver(&mut g, ds, None);
@@ -374,16 +453,17 @@ impl ProgramRuntime {
 
     /// Logs the fallback/recovery transitions of a rank's capacity observation, once each.
     fn freshness(&self, g: &mut Inner, rank: Rank, fresh: bool) {
-        let was = std::mem::replace(&mut g.fresh[rank], fresh);
+        let was = std::mem::replace(&mut g.layout.fresh[rank], fresh);
+        let id = &g.layout.ids[rank];
         self.metrics
             .observation_fresh
-            .with_label_values(&[&self.ids[rank]])
+            .with_label_values(&[id])
             .set(i64::from(fresh));
         if was && !fresh {
-            tracing::warn!(event = "capacity_observation_fallback", target = %self.ids[rank],
+            tracing::warn!(event = "capacity_observation_fallback", target = %id,
                 "backend observation is stale; admission falls back to the router ledger");
         } else if !was && fresh {
-            tracing::info!(event = "capacity_observation_recovered", target = %self.ids[rank]);
+            tracing::info!(event = "capacity_observation_recovered", target = %id);
         }
     }
 
@@ -398,11 +478,11 @@ impl ProgramRuntime {
                 let now = self.now();
                 let ds = g.sched.on_tick(now);
                 self.deliver(&mut g, ds, None);
-                for r in 0..self.ids.len() {
+                for r in 0..g.layout.ids.len() {
                     let fresh = g.sched.ranks[r]
                         .observation
                         .is_some_and(|(at, _)| now - at <= 3.0 * self.interval.as_secs_f64());
-                    if g.fresh[r] && !fresh {
+                    if g.layout.fresh[r] && !fresh {
                         self.freshness(&mut g, r, false);
                     }
                 }
@@ -429,7 +509,7 @@ impl ProgramRuntime {
 
     pub fn diagnostics(&self) -> Diagnostics {
         let g = self.lock();
-        snapshot(&g.sched, self.now(), &self.info, g.tokens_per_byte, 200)
+        snapshot(&g.sched, self.now(), &g.layout.info, g.tokens_per_byte, 200)
     }
 }
 

@@ -223,8 +223,15 @@ impl RouterState {
         } else {
             Arc::from(policies::build(&config, &targets))
         };
-        let program = if same_ids && config.program_scheduling == prev.config.program_scheduling {
+        let same_ps = config.program_scheduling == prev.config.program_scheduling;
+        let program = if same_ps && same_ids {
             prev.program.clone()
+        } else if let (true, Some(rt), false) = (same_ps, &prev.program, targets.targets.is_empty())
+        {
+            // Only the targets changed (a worker pod came or went): Programs, TTLs, windows and
+            // retained requests carry over by target id.
+            rt.retarget(&program_targets(&targets));
+            Some(rt.clone())
         } else {
             if let Some(old) = &prev.program {
                 // Requests it still retains get 503 and may retry against the new configuration.
@@ -290,10 +297,17 @@ fn program_runtime(
     metrics: &ProgramMetrics,
 ) -> Option<Arc<ProgramRuntime>> {
     let ps = config.program_scheduling.clone()?;
-    let ranks: Vec<(String, String, Option<u32>)> = targets
+    Some(ProgramRuntime::new(
+        ps,
+        &program_targets(targets),
+        metrics.clone(),
+    ))
+}
+
+fn program_targets(targets: &TargetSet) -> Vec<crate::scheduling::TargetInfo> {
+    targets
         .targets
         .iter()
         .map(|t| (t.id.clone(), t.spec.url.clone(), t.spec.dp_rank))
-        .collect();
-    Some(ProgramRuntime::new(ps, &ranks, metrics.clone()))
+        .collect()
 }

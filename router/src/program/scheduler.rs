@@ -52,6 +52,8 @@ pub enum Decision {
 pub enum RejectReason {
     /// Retained longer than `queue_timeout_seconds` (or the request's deadline).
     QueueTimeout,
+    /// The scheduler has no rank at all (an empty target set).
+    NoTarget,
 }
 
 /// Usage of a finished request.
@@ -80,6 +82,8 @@ pub enum PauseReason {
     SegmentYield,
     CapacityRepair,
     Cancelled,
+    /// Its rank left the target set; it was re-homed and resumes through admission.
+    TargetRemoved,
 }
 
 impl PauseReason {
@@ -90,6 +94,7 @@ impl PauseReason {
             PauseReason::SegmentYield => "max_segment_yield",
             PauseReason::CapacityRepair => "capacity_repair",
             PauseReason::Cancelled => "cancelled",
+            PauseReason::TargetRemoved => "target_removed",
         }
     }
 }
@@ -217,6 +222,22 @@ pub(crate) struct RankState {
     pub repairing: bool,
 }
 
+impl RankState {
+    fn new(id: String, window: usize) -> Self {
+        RankState {
+            id,
+            used_tokens: 0,
+            active_programs: 0,
+            queue: BTreeSet::new(),
+            observation: None,
+            intervals: Window::new(window),
+            growth: Window::new(window),
+            members: Default::default(),
+            repairing: false,
+        }
+    }
+}
+
 /// Counters exposed as metrics.
 #[derive(Debug, Clone, Default)]
 pub struct Counters {
@@ -302,17 +323,7 @@ impl Scheduler {
         let w = cfg.stats_window_size as usize;
         let ranks = rank_ids
             .into_iter()
-            .map(|id| RankState {
-                id,
-                used_tokens: 0,
-                active_programs: 0,
-                queue: BTreeSet::new(),
-                observation: None,
-                intervals: Window::new(w),
-                growth: Window::new(w),
-                members: Default::default(),
-                repairing: false,
-            })
+            .map(|id| RankState::new(id, w))
             .collect();
         Scheduler {
             cfg,
@@ -438,9 +449,12 @@ impl Scheduler {
         if r.active_programs >= self.cfg.max_active_programs_per_target {
             return false;
         }
+        // A rank that holds no active Program takes any demand: one larger than the rank would
+        // otherwise wait for nothing until its force-resume deadline (vLLM chunks and preempts).
         match self.capacity(rank).0 {
             Some(cap) => {
-                (r.used_tokens + demand) as f64 <= cap as f64 * self.cfg.low_watermark_ratio
+                r.active_programs == 0
+                    || (r.used_tokens + demand) as f64 <= cap as f64 * self.cfg.low_watermark_ratio
             }
             None => true,
         }
@@ -502,6 +516,12 @@ impl Scheduler {
 
     /// A request with Program identity arrives.
     pub fn on_arrival(&mut self, now: f64, a: Arrival) -> Vec<Decision> {
+        if self.ranks.is_empty() {
+            return vec![Decision::Reject {
+                ticket: a.ticket,
+                reason: RejectReason::NoTarget,
+            }];
+        }
         self.arrivals += 1;
         let key = (a.model.clone(), a.identity.program_id.clone());
         let slot = match self.index.get(&key) {
@@ -679,6 +699,119 @@ impl Scheduler {
                     self.pump(r, now, &mut out);
                 }
             }
+        }
+        out
+    }
+
+    /// The target set changed to `rank_ids` (the data plane's new order). A rank whose id stays
+    /// keeps everything — ledger, queue, windows, observation, bound Programs — under its new
+    /// index; a new id starts empty. Programs bound to a removed rank are re-homed with the
+    /// binding strategy: an active one is paused (`target_removed`, its KV is gone), a paused or
+    /// new one just moves, and its retained requests move to the new home's queue with their
+    /// place (key and deadlines) intact. In-flight requests on a removed rank are forgotten:
+    /// their completion is ignored. Every rank is then pumped. An empty `rank_ids` is refused
+    /// (nothing to re-home to); the caller retires the scheduler instead.
+    pub fn retarget(&mut self, now: f64, rank_ids: Vec<String>) -> Vec<Decision> {
+        let mut out = Vec::new();
+        if rank_ids.is_empty() {
+            return out;
+        }
+        let w = self.cfg.stats_window_size as usize;
+        let old_len = self.ranks.len();
+        let mut old: FxHashMap<String, (Rank, RankState)> = std::mem::take(&mut self.ranks)
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| (r.id.clone(), (i, r)))
+            .collect();
+        let mut remap: Vec<Option<Rank>> = vec![None; old_len];
+        self.ranks = rank_ids
+            .into_iter()
+            .enumerate()
+            .map(|(new, id)| match old.remove(&id) {
+                Some((i, r)) => {
+                    remap[i] = Some(new);
+                    r
+                }
+                None => RankState::new(id, w),
+            })
+            .collect();
+        // What is left in `old` was removed; its members need a new home.
+        let mut orphans: Vec<usize> = old
+            .into_values()
+            .flat_map(|(_, r)| r.members.into_iter())
+            .collect();
+        orphans.sort_unstable();
+        let n = self.ranks.len();
+        self.rr %= n;
+        // Surviving Programs and requests follow their rank's new index.
+        for p in self.programs.iter_mut().flatten() {
+            if let Some(Some(r)) = remap.get(p.rank) {
+                p.rank = *r;
+            }
+        }
+        let mut lost: Vec<usize> = Vec::new();
+        self.in_flight
+            .retain(|_, f| match remap.get(f.rank).copied().flatten() {
+                Some(r) => {
+                    f.rank = r;
+                    true
+                }
+                None => {
+                    lost.push(f.program);
+                    false
+                }
+            });
+        for slot in lost {
+            let p = self.program_mut(slot);
+            p.in_flight = p.in_flight.saturating_sub(1);
+        }
+        for slot in orphans {
+            let name = self.program(slot).key.1.clone();
+            let home = self.bind(&name);
+            self.ranks[home].members.insert(slot);
+            let p = self.program_mut(slot);
+            let was_active = p.active();
+            p.rank = home;
+            if was_active {
+                // Its ledger went with the removed rank; its KV is gone with the engine.
+                p.phase = Phase::Paused {
+                    since: now,
+                    reason: PauseReason::TargetRemoved,
+                };
+                p.reserved = 0;
+                p.rounds = 0;
+                p.pause_on_complete = false;
+                p.timer_gen += 1;
+                let generation = p.timer_gen;
+                *self
+                    .counters
+                    .pauses
+                    .entry(PauseReason::TargetRemoved.as_str())
+                    .or_default() += 1;
+                self.notes.push(Note::Pause {
+                    program: name,
+                    rank: home,
+                    reason: PauseReason::TargetRemoved,
+                });
+                let release_at = now + self.cfg.paused_retention_ttl_seconds;
+                self.timer(release_at, TimerKind::Release, slot as u64, generation);
+            }
+        }
+        // Retained requests on a removed rank queue at their Program's (new) home.
+        let programs = &self.programs;
+        let ranks = &mut self.ranks;
+        for r in self.retained.values_mut() {
+            match remap.get(r.rank).copied().flatten() {
+                Some(new) => r.rank = new,
+                None => {
+                    let home = programs[r.program].as_ref().map_or(0, |p| p.rank);
+                    r.rank = home;
+                    ranks[home].queue.insert(r.key);
+                }
+            }
+        }
+        for rank in 0..n {
+            self.pump(rank, now, &mut out);
         }
         out
     }
@@ -1080,6 +1213,27 @@ impl Scheduler {
                 return Err(format!(
                     "rank {i}: queue {} vs retained {queued}",
                     r.queue.len()
+                ));
+            }
+        }
+        for (slot, p) in self.programs.iter().enumerate() {
+            if let Some(p) = p
+                && !self
+                    .ranks
+                    .get(p.rank)
+                    .is_some_and(|r| r.members.contains(&slot))
+            {
+                return Err(format!(
+                    "Program {:?} bound to rank {} that does not list it",
+                    p.key, p.rank
+                ));
+            }
+        }
+        for (t, f) in &self.in_flight {
+            if f.rank >= self.ranks.len() || self.programs[f.program].is_none() {
+                return Err(format!(
+                    "ticket {t} in flight on rank {} or for a released Program",
+                    f.rank
                 ));
             }
         }

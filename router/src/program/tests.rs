@@ -85,6 +85,17 @@ fn admits_while_tokens_fit_then_retains_and_releases_on_pause() {
 }
 
 #[test]
+fn a_demand_larger_than_the_rank_runs_when_the_rank_is_empty() {
+    let mut s = sched(cfg(), 1);
+    // 1,500 tokens never fit 1,000: admitted at once on the empty rank, not at the force deadline.
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "big", 1500))), [1]);
+    // While it runs, the rank is not empty: the next one waits.
+    assert!(dispatched(&s.on_arrival(0.1, arrival(2, "b", 10))).is_empty());
+    assert_eq!(dispatched(&s.on_complete(1.0, 1, usage(1500, 10))), [2]);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
 fn program_count_guard_without_token_capacity() {
     let c = ProgramSchedulingConfig {
         token_capacity_per_dp_rank: None,
@@ -589,6 +600,113 @@ fn paused_programs_are_released_after_retention() {
     assert_eq!(s.programs.iter().flatten().count(), 0);
 }
 
+fn rank_of(d: &[Decision], ticket: Ticket) -> Option<Rank> {
+    d.iter().find_map(|x| match x {
+        Decision::Dispatch { ticket: t, rank } if *t == ticket => Some(*rank),
+        _ => None,
+    })
+}
+
+#[test]
+fn retarget_keeps_surviving_ranks_state_under_their_new_index() {
+    // r0 and r1; "a" acts on r1 with a 100 s TTL, "b" waits behind it there.
+    let mut s = sched(cfg(), 2);
+    let a = |t| {
+        with(arrival(t, "a", 900), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        })
+    };
+    // Round robin binds the first Program to r1.
+    assert_eq!(rank_of(&s.on_arrival(0.0, a(1)), 1), Some(1));
+    s.on_complete(0.5, 1, usage(900, 10));
+    s.on_arrival(0.6, arrival(2, "x", 10)); // binds r0
+    // "b" binds r1 and waits there: 910 + 500 > 1000.
+    assert!(dispatched(&s.on_arrival(0.7, arrival(3, "b", 500))).is_empty());
+    assert_eq!(s.ranks[1].queue.len(), 1);
+    let queued_before = s.retained_requests();
+    // r0 leaves, r9 joins in front: r1 is now index 1 of ["r9", "r1"].
+    s.retarget(1.0, vec!["r9".into(), "r1".into()]);
+    s.check_invariants().expect("ledger after retarget");
+    assert_eq!(s.ranks[1].id, "r1");
+    assert_eq!(s.ranks[1].active_programs, 1, "a still acts on r1");
+    assert_eq!(s.retained_requests(), queued_before, "nobody was dropped");
+    // a comes back within its TTL: dispatched at once, on r1's new index.
+    assert_eq!(rank_of(&s.on_arrival(2.0, a(4)), 4), Some(1));
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn retarget_rehomes_programs_of_a_removed_rank_and_forgets_their_in_flight() {
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 500.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 2);
+    let long = |t, p: &str| {
+        with(arrival(t, p, 600), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        })
+    };
+    // Round robin: "a" on r1 acts; "b" on r0 is in flight; "c" on r1 waits (610 + 600 > 1000).
+    assert_eq!(rank_of(&s.on_arrival(0.0, long(1, "a")), 1), Some(1));
+    s.on_complete(0.5, 1, usage(600, 10));
+    assert_eq!(rank_of(&s.on_arrival(0.6, long(2, "b")), 2), Some(0));
+    assert!(dispatched(&s.on_arrival(0.7, long(3, "c"))).is_empty());
+    assert_eq!(s.ranks[1].queue.len(), 1, "c waits on r1");
+    s.take_notes();
+    // r1 leaves: a (acting) is paused as target_removed and re-homed; c follows its Program to
+    // r0, keeping its place, and waits there behind b (600 + 600 > 1000).
+    let d = s.retarget(1.0, vec!["r0".into()]);
+    s.check_invariants().expect("ledger after retarget");
+    assert!(dispatched(&d).is_empty());
+    assert_eq!(s.num_ranks(), 1);
+    assert_eq!(s.retained_requests(), 1);
+    assert_eq!(s.ranks[0].queue.len(), 1);
+    assert_eq!(s.counters.pauses.get("target_removed"), Some(&1));
+    assert!(s.take_notes().iter().any(|n| matches!(
+        n,
+        Note::Pause {
+            program,
+            reason: PauseReason::TargetRemoved,
+            rank: 0,
+        } if program == "a"
+    )));
+    // b finishes and holds r0 through its 100 s TTL; c is served when it lapses.
+    assert!(dispatched(&s.on_complete(2.0, 2, usage(600, 10))).is_empty());
+    assert_eq!(dispatched(&s.on_tick(102.0)), [3]);
+    s.check_invariants().expect("ledger");
+    // a comes back: paused, so through admission on its new home (held by c now).
+    assert!(dispatched(&s.on_arrival(103.0, long(4, "a"))).is_empty());
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn retarget_ignores_completion_of_a_request_on_a_removed_rank() {
+    let mut s = sched(cfg(), 2);
+    assert_eq!(
+        rank_of(&s.on_arrival(0.0, arrival(1, "a", 600)), 1),
+        Some(1)
+    );
+    s.retarget(1.0, vec!["r0".into()]);
+    s.check_invariants().expect("ledger");
+    assert!(s.on_complete(2.0, 1, usage(600, 10)).is_empty());
+    s.check_invariants()
+        .expect("ledger after the stale completion");
+    assert_eq!(s.ranks[0].used_tokens, 0);
+    // A scheduler with no rank rejects at once instead of indexing nothing.
+    let mut empty = sched(cfg(), 0);
+    assert!(matches!(
+        empty.on_arrival(0.0, arrival(9, "z", 1))[..],
+        [Decision::Reject {
+            reason: RejectReason::NoTarget,
+            ..
+        }]
+    ));
+    // An empty new set is refused: nothing changes.
+    s.retarget(3.0, vec![]);
+    assert_eq!(s.num_ranks(), 1);
+}
+
 mod properties {
     use super::*;
     use proptest::prelude::*;
@@ -615,6 +733,11 @@ mod properties {
         Tick {
             dt: u8,
         },
+        /// A reload: the ids whose bit is set in `mask` (of r0..r4, never none), rotated.
+        Retarget {
+            mask: u8,
+            rotate: u8,
+        },
     }
 
     fn ev() -> impl Strategy<Value = Ev> {
@@ -631,6 +754,7 @@ mod properties {
             any::<u8>().prop_map(|pick| Ev::Cancel { pick }),
             (0u8..3, 0u8..4).prop_map(|(rank, waiting)| Ev::Observe { rank, waiting }),
             (0u8..40).prop_map(|dt| Ev::Tick { dt }),
+            (1u8..32, 0u8..5).prop_map(|(mask, rotate)| Ev::Retarget { mask, rotate }),
         ]
     }
 
@@ -707,6 +831,15 @@ mod properties {
                 Ev::Tick { dt } => {
                     now += f64::from(*dt) * 0.5;
                     s.on_tick(now)
+                }
+                Ev::Retarget { mask, rotate } => {
+                    let mut ids: Vec<String> = (0..5)
+                        .filter(|i| mask & (1 << i) != 0)
+                        .map(|i| format!("r{i}"))
+                        .collect();
+                    let k = *rotate as usize % ids.len();
+                    ids.rotate_left(k);
+                    s.retarget(now, ids)
                 }
                 Ev::Complete { .. } => continue,
             };

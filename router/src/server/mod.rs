@@ -274,7 +274,7 @@ async fn dispatch(
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     let (parts, body) = read_body(state, req).await?;
-    let applied = state.applied.load_full();
+    let mut applied = state.applied.load_full();
     if !generate {
         // Other /v1/* endpoints (models, tokenize, ...) pass through unchanged.
         return proxy::forward(
@@ -314,7 +314,7 @@ async fn dispatch(
     )?;
     let (pin, ticket) = match &applied.program {
         Some(rt) => {
-            program_admission(
+            let (placed, ticket) = program_admission(
                 rt,
                 &applied,
                 &peeked,
@@ -322,7 +322,17 @@ async fn dispatch(
                 &parts.headers,
                 prompt.len(),
             )
-            .await?
+            .await?;
+            match placed {
+                Some(id) => {
+                    // The decision names a target id: a reload while the request waited may have
+                    // re-ordered or changed the targets, so resolve it against the newest set.
+                    let (fresh, index) = resolve_target(state, applied, &id)?;
+                    applied = fresh;
+                    (Some(index), ticket)
+                }
+                None => (None, ticket),
+            }
         }
         None => (None, None),
     };
@@ -356,6 +366,29 @@ async fn dispatch(
         },
     )
     .await
+}
+
+/// The applied configuration to forward under and the index of target `id` in it: the request's
+/// own snapshot when it still holds the target, else the newest one; 503 if neither does (the
+/// target was removed between the decision and now).
+fn resolve_target(
+    state: &Arc<RouterState>,
+    applied: Arc<crate::state::Applied>,
+    id: &str,
+) -> Result<(Arc<crate::state::Applied>, usize), ApiError> {
+    let find = |a: &crate::state::Applied| a.targets.targets.iter().position(|t| t.id == id);
+    if let Some(i) = find(&applied) {
+        return Ok((applied, i));
+    }
+    let newest = state.applied.load_full();
+    match find(&newest) {
+        Some(i) => Ok((newest, i)),
+        None => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "reconfigured",
+            format!("target {id} left the configuration while the request waited; retry"),
+        )),
+    }
 }
 
 /// Waits in the fair queue; errors are OpenAI-style 429 (tenant queue full), 504 (queue timeout),
@@ -416,10 +449,9 @@ async fn program_admission(
     body: &[u8],
     headers: &http::HeaderMap,
     prompt_bytes: usize,
-) -> Result<(Option<usize>, Option<crate::scheduling::ProgramTicket>), ApiError> {
+) -> Result<(Option<String>, Option<crate::scheduling::ProgramTicket>), ApiError> {
     use crate::program::identity;
-    use crate::program::scheduler::Decision;
-    use crate::scheduling::Admission;
+    use crate::scheduling::{Admission, Placement};
     let Some(ps) = &applied.config.program_scheduling else {
         return Ok((None, None));
     };
@@ -457,20 +489,19 @@ async fn program_admission(
             ),
         )
     };
-    let rank = match admission {
-        Admission::Now(rank) => rank,
-        Admission::Rejected => return Err(queue_timeout()),
-        Admission::Wait(rx) => match rx.await {
-            Ok(Decision::Dispatch { rank, .. }) => rank,
-            Ok(Decision::Reject { .. }) => return Err(queue_timeout()),
-            Err(_) => {
-                return Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "reconfigured",
-                    "Program scheduling was reconfigured while the request waited; retry",
-                ));
-            }
-        },
+    let placement = match admission {
+        Admission::Now(p) => p,
+        Admission::Wait(rx) => rx.await.map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "reconfigured",
+                "Program scheduling was reconfigured while the request waited; retry",
+            )
+        })?,
     };
-    Ok((Some(rank), Some(ticket)))
+    match placement {
+        Placement::Target(id) => Ok((Some(id), Some(ticket))),
+        Placement::QueueTimeout => Err(queue_timeout()),
+        Placement::NoTarget => Err(ApiError::no_target()),
+    }
 }

@@ -102,13 +102,13 @@ async fn observe_one(state: Arc<RouterState>, backend: Arc<Backend>, timeout: Du
             let engines = parse_vllm_metrics(&text);
             let applied = state.applied.load_full();
             if let Some(rt) = &applied.program {
-                for (i, t) in applied.targets.targets.iter().enumerate() {
+                for t in applied.targets.targets.iter() {
                     if !Arc::ptr_eq(&t.backend, &backend) {
                         continue;
                     }
                     if let Some(e) = engines.get(&t.spec.dp_rank.unwrap_or(0)) {
                         rt.observe(
-                            i,
+                            &t.id,
                             crate::program::scheduler::Observation {
                                 waiting: e.waiting,
                                 running: e.running,

@@ -285,6 +285,10 @@ pub struct ProgramSchedulingParams {
     /// Extension: samples before the automatic TTL acts (1..=statsWindowSize).
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("ttlMinSamples must be at least 1"))]
     pub ttl_min_samples: Option<u32>,
+    /// Extension: multiple of the modelled drain time used as the force-resume deadline (0 =
+    /// always forceResumeTimeoutSeconds).
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("forceResumeWorkloadFactor must be >= 0"))]
+    pub force_resume_workload_factor: Option<f64>,
     pub prefill_cost_model: Option<PrefillCostModelParams>,
     pub decode_throughput_model: Option<DecodeThroughputModelParams>,
 }

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use prometheus::{Gauge, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 use rustc_hash::FxHashMap;
 use tokio::sync::{Notify, oneshot};
 
@@ -35,11 +37,17 @@ pub struct ProgramMetrics {
     growth: Histogram,
     admission_demand: Histogram,
     admission_used_ratio: Histogram,
+    shared_prefix: HistogramVec,
     coefficient: Gauge,
 }
 
 const TOKENS: &[f64] = &[
     0.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+];
+/// The peer's buckets for shared-prefix observations (0, then 128 · 2^k up to 1 Mi).
+const PREFIX_TOKENS: &[f64] = &[
+    0.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0, 131072.0,
+    262144.0, 524288.0, 1048576.0,
 ];
 const RATIOS: &[f64] = &[0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0, 1.05, 1.2];
 
@@ -129,6 +137,14 @@ impl ProgramMetrics {
                     "A rank's reserved tokens over its capacity right after an admission."
                 )
                 .buckets(RATIOS.to_vec())
+            )?),
+            shared_prefix: reg!(HistogramVec::new(
+                HistogramOpts::new(
+                    "vllm_router_agent_aware_shared_prefix_observed_tokens",
+                    "Prompt tokens found cached on a Program's first run on a rank (shared with other Programs)."
+                )
+                .buckets(PREFIX_TOKENS.to_vec()),
+                &["target"]
             )?),
             coefficient: reg!(Gauge::new(
                 "vllm_router_agent_aware_token_estimate_coefficient",
@@ -267,6 +283,7 @@ impl ProgramRuntime {
             ] {
                 let _ = v.remove_label_values(&[id]);
             }
+            let _ = m.shared_prefix.remove_label_values(&[id]);
             tracing::info!(event = "program_target_removed", target = %id,
                 "target left the set; its Programs are re-homed");
         }
@@ -368,6 +385,20 @@ impl ProgramRuntime {
             Note::Interval { seconds, .. } => m.interval.observe(seconds),
             Note::CacheMissImpact { seconds, .. } => m.miss_impact.observe(seconds),
             Note::ContextGrowth { tokens, .. } => m.growth.observe(tokens.max(0.0)),
+            Note::SharedPrefix { rank, tokens } => {
+                m.shared_prefix
+                    .with_label_values(&[id(rank)])
+                    .observe(tokens as f64);
+                tracing::debug!(event = "cache_observation", target = %id(rank), shared_prefix_tokens = tokens);
+            }
+            Note::BatchGain {
+                rank,
+                benefit,
+                cost,
+            } => {
+                m.transitions.with_label_values(&["batch_gain_admit"]).inc();
+                tracing::debug!(event = "batch_gain_admit", target = %id(rank), benefit_seconds = benefit, cost_seconds = cost);
+            }
         }
     }
 

@@ -436,3 +436,77 @@ async fn a_reload_that_changes_targets_keeps_programs_and_retained_requests() {
     assert_eq!(a3.status, 200, "{}", a3.text());
     assert_eq!(served(&c, &s2.base()).await, 1.0);
 }
+
+#[tokio::test]
+async fn a_prefix_shared_between_programs_is_observed_and_reported() {
+    let ps = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(100_000),
+        ..Default::default()
+    };
+    let (_s, r) = setup(ps).await;
+    let c = client();
+    let system = "s ".repeat(400);
+    let body = |program: &str| {
+        json!({
+            "model": "sim-model",
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": format!("task for {program}")},
+            ],
+            "max_tokens": 4,
+            "vllm_xargs": {"agentic_context": {"program_id": program}},
+        })
+        .to_string()
+    };
+    for p in ["prog-a", "prog-b"] {
+        let reply = post(&c, &r.url(CHAT), &body(p)).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    let d = diagnostics(&c, &r).await;
+    let programs = d["ranks"][0]["programs"].as_array().expect("programs");
+    let get = |name: &str| {
+        programs
+            .iter()
+            .find(|p| p["program"] == name)
+            .unwrap_or_else(|| panic!("{name} listed: {d}"))
+    };
+    // a ran first: nothing was cached. b found the system prompt cached: shared, so not private.
+    assert_eq!(get("prog-a")["shared_prefix_tokens"], 0, "{d}");
+    let b = get("prog-b");
+    let shared = b["shared_prefix_tokens"].as_u64().expect("shared");
+    assert!(shared >= 300, "b shares the 400-token system prompt: {b}");
+    assert!(b["shared_prefix_freshness_remaining_seconds"].as_f64() > Some(0.0));
+    // Reported, but not yet discounted: the rank's growth window is still filling.
+    assert_eq!(b["private_tokens"], b["logical_tokens"], "{b}");
+    let rolling = &d["ranks"][0]["rolling"];
+    assert_eq!(
+        rolling["shared_prefix_freshness_seconds"], 100.0,
+        "warm-up lifetime"
+    );
+    assert!(
+        rolling["request_throughput_per_second"].as_f64() > Some(0.0),
+        "{rolling}"
+    );
+    let text = get_metrics(&c, &r).await;
+    assert_eq!(
+        metric_in(
+            &text,
+            "vllm_router_agent_aware_shared_prefix_observed_tokens_count",
+            &[]
+        ),
+        2.0
+    );
+    assert!(
+        metric_in(
+            &text,
+            "vllm_router_agent_aware_shared_prefix_observed_tokens_sum",
+            &[]
+        ) >= 300.0
+    );
+}
+
+async fn get_metrics(c: &HttpClient, r: &Router) -> String {
+    get(c, &format!("http://{}/metrics", r.metrics_addr))
+        .await
+        .text()
+}

@@ -129,6 +129,10 @@ pub struct ProgramSchedulingConfig {
     /// Extension: samples needed before the automatic TTL is active; null = `stats_window_size`
     /// (the spec's rule).
     pub ttl_min_samples: Option<u32>,
+    /// Extension: the workload-derived force-resume deadline is this many times the time the
+    /// rank needs to serve the work already queued or active; 0 = always
+    /// `force_resume_timeout_seconds`.
+    pub force_resume_workload_factor: f64,
     pub prefill_cost_model: PrefillCostModel,
     pub decode_throughput_model: DecodeThroughputModel,
 }
@@ -161,6 +165,7 @@ impl Default for ProgramSchedulingConfig {
             enable_batch_gain_admission: true,
             ttl_evidence: TtlEvidence::default(),
             ttl_min_samples: None,
+            force_resume_workload_factor: 0.0,
             prefill_cost_model: PrefillCostModel::default(),
             decode_throughput_model: DecodeThroughputModel::default(),
         }
@@ -270,6 +275,12 @@ impl ProgramSchedulingConfig {
         if self.stats_window_size == 0 {
             return Err(err("stats_window_size", "must be >= 1"));
         }
+        finite_min(
+            "force_resume_workload_factor",
+            self.force_resume_workload_factor,
+            0.0,
+            false,
+        )?;
         if let Some(n) = self.ttl_min_samples
             && (n == 0 || n > self.stats_window_size)
         {

@@ -16,7 +16,17 @@ pub struct Diagnostics {
     pub cross_rank_headroom_ratio: f64,
     pub retained_requests: usize,
     pub token_estimate_coefficient: f64,
+    /// Totals since the scheduler started (ours).
+    pub counters: CounterDiagnostics,
     pub ranks: Vec<RankDiagnostics>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CounterDiagnostics {
+    pub queue_timeouts: u64,
+    pub force_resumes: u64,
+    pub cross_rank_migrations: u64,
+    pub batch_gain_admissions: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -53,6 +63,17 @@ pub struct Rolling {
     pub avg_request_interval_seconds: Option<f64>,
     pub growth_samples: usize,
     pub avg_context_growth_tokens: Option<f64>,
+    /// Completions per second and tokens (prompt + completion) per second over the window.
+    pub request_throughput_per_second: Option<f64>,
+    pub token_throughput_per_second: Option<f64>,
+    /// Mean rounds a Program runs per activation before it pauses.
+    pub avg_segment_rounds: Option<f64>,
+    /// Lifetime of a shared-prefix observation on this rank right now.
+    pub shared_prefix_freshness_seconds: f64,
+    /// The force-resume deadline a request queued now would get, and the modelled time the rank
+    /// needs to serve its queued and active work (null until throughput is measured).
+    pub force_resume_deadline_seconds: f64,
+    pub drain_seconds: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -70,12 +91,21 @@ pub struct ProgramDiagnostics {
     pub expected_resume: bool,
     pub step_id: Option<u64>,
     pub context_tokens: u64,
+    /// Prompt tokens shared with other Programs (observed on its first run on this rank) and
+    /// how long that observation stays valid (0 when stale: the prefix counts as private).
+    pub shared_prefix_tokens: u64,
+    pub shared_prefix_freshness_remaining_seconds: f64,
+    /// Context plus the decode buffer, and the part of it not covered by a fresh shared prefix.
+    pub logical_tokens: u64,
+    pub private_tokens: u64,
     pub reserved_tokens: u64,
     pub in_flight_requests: u32,
     pub queued_requests: u32,
     pub rounds_in_segment: u32,
     pub armed_ttl_seconds: f64,
     pub ttl_remaining_seconds: Option<f64>,
+    /// Time until its earliest waiting request is forced (absent when none waits).
+    pub force_resume_remaining_seconds: Option<f64>,
     pub idle_seconds: f64,
 }
 
@@ -94,24 +124,29 @@ pub fn snapshot(
     max_programs: usize,
 ) -> Diagnostics {
     let cfg = &s.cfg;
+    let force = s.force_deadlines();
     let ranks = s
         .ranks
         .iter()
         .enumerate()
         .map(|(i, r)| {
             let (cap, source) = s.capacity(i);
+            let freshness = s.shared_prefix_freshness(i);
             let obs = r.observation;
             let fresh = obs.is_some_and(|(at, _)| now - at <= 3.0 * cfg.metrics_interval_seconds);
             let programs: Vec<_> = r
                 .members
                 .iter()
-                .filter_map(|slot| s.programs[*slot].as_ref())
+                .filter_map(|slot| s.programs[*slot].as_ref().map(|p| (*slot, p)))
                 .collect();
-            let count =
-                |f: &dyn Fn(&Phase) -> bool| programs.iter().filter(|p| f(&p.phase)).count() as u32;
+            let count = |f: &dyn Fn(&Phase) -> bool| {
+                programs.iter().filter(|(_, p)| f(&p.phase)).count() as u32
+            };
             let mut listed: Vec<ProgramDiagnostics> = programs
                 .iter()
-                .map(|p| {
+                .map(|(slot, p)| {
+                    let logical = p.context_tokens + cfg.decode_buffer_tokens;
+                    let shared = s.fresh_shared(p, now).min(p.context_tokens);
                     let (state, status, reason, remaining) = match p.phase {
                         Phase::New => ("queued", "new", None, None),
                         Phase::Reasoning => ("active", "reasoning", None, None),
@@ -136,12 +171,23 @@ pub fn snapshot(
                         expected_resume: p.identity.expected_resume,
                         step_id: p.last_step,
                         context_tokens: p.context_tokens,
+                        shared_prefix_tokens: p.shared_prefix,
+                        shared_prefix_freshness_remaining_seconds: if p.shared_prefix > 0 {
+                            (p.shared_at + freshness - now).max(0.0)
+                        } else {
+                            0.0
+                        },
+                        logical_tokens: logical,
+                        private_tokens: logical - shared,
                         reserved_tokens: p.reserved,
                         in_flight_requests: p.in_flight,
                         queued_requests: p.retained,
                         rounds_in_segment: p.rounds,
                         armed_ttl_seconds: p.armed_ttl,
                         ttl_remaining_seconds: remaining,
+                        force_resume_remaining_seconds: force
+                            .get(slot)
+                            .map(|at| (at - now).max(0.0)),
                         idle_seconds: (now - p.last_activity).max(0.0),
                     }
                 })
@@ -171,7 +217,7 @@ pub fn snapshot(
                 router_active_reasoning_programs: count(&|p| matches!(p, Phase::Reasoning)),
                 router_active_acting_programs: count(&|p| matches!(p, Phase::Acting { .. })),
                 router_paused_programs: count(&|p| matches!(p, Phase::Paused { .. })),
-                router_in_flight_requests: programs.iter().map(|p| p.in_flight).sum(),
+                router_in_flight_requests: programs.iter().map(|(_, p)| p.in_flight).sum(),
                 router_queued_requests: r.queue.len(),
                 rolling: Rolling {
                     request_samples: r.intervals.len(),
@@ -179,6 +225,12 @@ pub fn snapshot(
                     avg_request_interval_seconds: r.intervals.mean(),
                     growth_samples: r.growth.len(),
                     avg_context_growth_tokens: r.growth.mean(),
+                    request_throughput_per_second: r.throughput.requests_per_second(),
+                    token_throughput_per_second: r.throughput.tokens_per_second(),
+                    avg_segment_rounds: r.segment_rounds.mean(),
+                    shared_prefix_freshness_seconds: freshness,
+                    force_resume_deadline_seconds: s.force_resume_after(i),
+                    drain_seconds: s.drain_seconds(i),
                 },
                 programs: listed,
             }
@@ -195,6 +247,12 @@ pub fn snapshot(
         cross_rank_headroom_ratio: cfg.cross_rank_headroom_ratio,
         retained_requests: s.retained_requests(),
         token_estimate_coefficient: coefficient,
+        counters: CounterDiagnostics {
+            queue_timeouts: s.counters.queue_timeouts,
+            force_resumes: s.counters.force_resumes,
+            cross_rank_migrations: s.counters.cross_rank_migrations,
+            batch_gain_admissions: s.counters.batch_gain_admissions,
+        },
         ranks,
     }
 }

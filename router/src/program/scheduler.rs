@@ -11,9 +11,9 @@ use std::collections::{BTreeSet, BinaryHeap};
 
 use rustc_hash::FxHashMap;
 
-use super::cost::cache_miss_impact_seconds;
+use super::cost::{cache_miss_impact_seconds, decode_throughput};
 use super::identity::Identity;
-use super::window::{Window, best_ttl};
+use super::window::{Throughput, Window, best_ttl};
 use crate::config::ProgramSchedulingConfig;
 use crate::config::program::ResumeOrder;
 
@@ -146,6 +146,12 @@ pub(crate) struct Program {
     pub timer_gen: u64,
     pub identity: Identity,
     pub armed_ttl: f64,
+    /// Prompt tokens that were already cached when this Program first ran on its rank (a prefix
+    /// shared with other Programs, e.g. a system prompt), and when that was observed.
+    pub shared_prefix: u64,
+    pub shared_at: f64,
+    /// The next completion is the first on this placement: its cached tokens measure sharing.
+    pub fresh_start: bool,
 }
 
 impl Program {
@@ -160,6 +166,10 @@ struct Retained {
     rank: Rank,
     key: QueueKey,
     demand: u64,
+    /// The growth-reserve part of `demand` (what batch-gain admission may bypass).
+    growth: u64,
+    /// When the request becomes forced.
+    force_at: f64,
 }
 
 impl Retained {
@@ -220,6 +230,14 @@ pub(crate) struct RankState {
     pub members: rustc_hash::FxHashSet<usize>,
     /// Capacity repair flagged Programs at the last observation.
     pub repairing: bool,
+    /// Completions (request and token throughput), for shared-prefix freshness, the
+    /// force-resume deadline and batch gain.
+    pub throughput: Throughput,
+    /// Rounds Programs ran per activation before pausing.
+    pub segment_rounds: Window,
+    /// The largest shared prefix observed on this rank and when: Programs reserve only their
+    /// private tokens, so admission counts this prefix once for the whole rank while fresh.
+    pub shared_prefix: Option<(u64, f64)>,
 }
 
 impl RankState {
@@ -234,6 +252,9 @@ impl RankState {
             growth: Window::new(window),
             members: Default::default(),
             repairing: false,
+            throughput: Throughput::new(window),
+            segment_rounds: Window::new(window),
+            shared_prefix: None,
         }
     }
 }
@@ -244,6 +265,8 @@ pub struct Counters {
     pub queue_timeouts: u64,
     pub force_resumes: u64,
     pub cross_rank_migrations: u64,
+    /// Admissions that bypassed the growth reserve on modelled batch gain.
+    pub batch_gain_admissions: u64,
     pub pauses: FxHashMap<&'static str, u64>,
 }
 
@@ -285,6 +308,18 @@ pub enum Note {
     CacheMissImpact {
         rank: Rank,
         seconds: f64,
+    },
+    /// Prompt tokens found cached on a Program's first run on a rank: shared with others.
+    SharedPrefix {
+        rank: Rank,
+        tokens: u64,
+    },
+    /// An admission bypassed the growth reserve because the modelled batch gain covered the
+    /// risk (`benefit` and `cost` in seconds).
+    BatchGain {
+        rank: Rank,
+        benefit: f64,
+        cost: f64,
     },
 }
 
@@ -413,20 +448,177 @@ impl Scheduler {
         }
     }
 
-    fn demand(&self, p: &Program, prompt_tokens: u64, expected_output: Option<u64>) -> u64 {
+    /// Tokens a Program needs on its rank — (context or prompt estimate, less a fresh shared
+    /// prefix) + output allowance + growth reserve — and the growth-reserve part of it.
+    fn demand(
+        &self,
+        p: &Program,
+        prompt_tokens: u64,
+        expected_output: Option<u64>,
+        now: f64,
+    ) -> (u64, u64) {
         let growth = if self.ranks[p.rank].growth.complete() {
             self.ranks[p.rank].growth.mean().unwrap_or(0.0).max(0.0) as u64
         } else {
             0
         };
-        p.context_tokens.max(prompt_tokens)
-            + expected_output.unwrap_or(self.cfg.decode_buffer_tokens)
-            + growth
+        let logical = p.context_tokens.max(prompt_tokens);
+        let private = logical - self.fresh_shared(p, now).min(logical);
+        (
+            private + expected_output.unwrap_or(self.cfg.decode_buffer_tokens) + growth,
+            growth,
+        )
+    }
+
+    /// How long a shared-prefix observation on `rank` stays valid: the warm-up lifetime until
+    /// the rank's interval window is mature (or when no estimate exists), then the time for
+    /// `shared_prefix_freshness_kv_turnovers` whole-KV-pool turnovers at the rank's measured
+    /// token throughput.
+    pub fn shared_prefix_freshness(&self, rank: Rank) -> f64 {
+        let warmup = self.cfg.shared_prefix_freshness_warmup_seconds;
+        let r = &self.ranks[rank];
+        if !r.intervals.complete() {
+            return warmup;
+        }
+        match (self.capacity(rank).0, r.throughput.tokens_per_second()) {
+            (Some(cap), Some(rate)) if rate > 0.0 => {
+                self.cfg.shared_prefix_freshness_kv_turnovers * cap as f64 / rate
+            }
+            _ => warmup,
+        }
+    }
+
+    /// Tokens of the rank's shared prefix, counted once in admission while fresh.
+    fn shared_floor(&self, rank: Rank, now: f64) -> u64 {
+        match self.ranks[rank].shared_prefix {
+            Some((tokens, at))
+                if self.ranks[rank].growth.complete()
+                    && now - at <= self.shared_prefix_freshness(rank) =>
+            {
+                tokens
+            }
+            _ => 0,
+        }
+    }
+
+    /// The Program's shared prefix if its observation is still fresh, else 0. Until the rank's
+    /// growth window is complete there is no growth reserve, and the double-counted prefix is
+    /// the ledger's only margin for decode growth: nothing is discounted then.
+    pub(crate) fn fresh_shared(&self, p: &Program, now: f64) -> u64 {
+        if p.shared_prefix > 0
+            && self.ranks[p.rank].growth.complete()
+            && now - p.shared_at <= self.shared_prefix_freshness(p.rank)
+        {
+            p.shared_prefix
+        } else {
+            0
+        }
+    }
+
+    /// Seconds `rank` needs to serve the work already there — retained requests, one more, and
+    /// the rounds its active Programs are expected to run (mean rounds per activation) — at its
+    /// measured request throughput; `None` until enough completions are measured.
+    pub fn drain_seconds(&self, rank: Rank) -> Option<f64> {
+        let r = &self.ranks[rank];
+        let min_samples = (self.cfg.stats_window_size as usize).clamp(2, 16);
+        let rate = r
+            .throughput
+            .requests_per_second()
+            .filter(|x| *x > 0.0 && r.throughput.len() >= min_samples)?;
+        let rounds = r.segment_rounds.mean().unwrap_or(1.0).max(1.0);
+        let work = r.queue.len() as f64 + 1.0 + f64::from(r.active_programs) * rounds;
+        Some(work / rate)
+    }
+
+    /// Seconds after which a request queued now on `rank` is forced. With
+    /// `force_resume_workload_factor` > 0, that factor × [`Self::drain_seconds`] within
+    /// [`metrics_interval_seconds`, `force_resume_timeout_seconds`] (the spec's workload-derived
+    /// deadline); otherwise, or before throughput is measured, `force_resume_timeout_seconds`.
+    pub fn force_resume_after(&self, rank: Rank) -> f64 {
+        let limit = self.cfg.force_resume_timeout_seconds;
+        let k = self.cfg.force_resume_workload_factor;
+        match self.drain_seconds(rank) {
+            Some(d) if k > 0.0 => {
+                (k * d).clamp(self.cfg.metrics_interval_seconds.min(limit), limit)
+            }
+            _ => limit,
+        }
+    }
+
+    /// Batch-gain admission: when only the growth reserve keeps a candidate out, admit it if the
+    /// decode throughput it adds over its expected wait covers the risk of running out of
+    /// growth room. Benefit = η · W, with η the marginal efficiency of one more request in the
+    /// modelled decode batch (`decode_throughput_model`) and W the candidate's expected wait
+    /// ([`Self::drain_seconds`]). Cost = P(overflow) · (cache-miss impact of the candidate +
+    /// of an average active Program on the rank), P(overflow) the share of the growth reserve
+    /// that would be missing. Returns (benefit, cost) when the bypass is taken.
+    fn batch_gain(
+        &self,
+        rank: Rank,
+        base: u64,
+        growth: u64,
+        now: f64,
+        cap: u64,
+    ) -> Option<(f64, f64)> {
+        if !self.cfg.enable_batch_gain_admission || growth == 0 {
+            return None;
+        }
+        let r = &self.ranks[rank];
+        let room = cap as f64 * self.cfg.low_watermark_ratio;
+        let used = (r.used_tokens + self.shared_floor(rank, now)) as f64;
+        if used + base as f64 > room {
+            return None; // immediate capacity is never bypassed
+        }
+        // No throughput measured yet: nothing to model the gain with.
+        let wait = self.drain_seconds(rank)?;
+        let batch = match self.observation_fresh(rank, now) {
+            Some(o) => o.running.max(0.0) as u64,
+            None => u64::from(r.active_programs),
+        };
+        let m = &self.cfg.decode_throughput_model;
+        let efficiency = if batch == 0 {
+            1.0
+        } else {
+            let t0 = decode_throughput(m, batch, r.used_tokens);
+            let t1 = decode_throughput(m, batch + 1, r.used_tokens + base);
+            if t1 <= 0.0 {
+                0.0
+            } else {
+                ((t1 - t0) / (t1 / (batch + 1) as f64)).clamp(0.0, 1.0)
+            }
+        };
+        let benefit = efficiency * wait;
+        let shortfall = used + (base + growth) as f64 - room;
+        let p_overflow = (shortfall / growth as f64).clamp(0.0, 1.0);
+        let mean_context = if r.active_programs > 0 {
+            r.used_tokens / u64::from(r.active_programs)
+        } else {
+            0
+        };
+        let pc = &self.cfg.prefill_cost_model;
+        let cost = p_overflow
+            * (cache_miss_impact_seconds(pc, base) + cache_miss_impact_seconds(pc, mean_context));
+        (benefit >= cost).then_some((benefit, cost))
     }
 
     fn observation_fresh(&self, rank: Rank, now: f64) -> Option<Observation> {
         let (at, o) = self.ranks[rank].observation?;
         (now - at <= 3.0 * self.cfg.metrics_interval_seconds).then_some(o)
+    }
+
+    /// How many tokens `rank` would reserve for a retained request, if it can take it now: its
+    /// whole demand, or its demand less the growth reserve when batch gain pays for the bypass.
+    fn admission(&self, rank: Rank, r: &Retained, now: f64) -> Option<(u64, Option<(f64, f64)>)> {
+        if self.can_admit(rank, r.demand, now, r.forced()) {
+            return Some((r.demand, None));
+        }
+        let base = r.demand - r.growth;
+        if r.forced() || !self.can_admit(rank, base, now, false) {
+            return None;
+        }
+        let cap = self.capacity(rank).0?;
+        self.batch_gain(rank, base, r.growth, now, cap)
+            .map(|g| (base, Some(g)))
     }
 
     /// Whether `rank` can take a Program needing `demand` more tokens. A forced resume skips the
@@ -437,7 +629,8 @@ impl Scheduler {
         if forced {
             return r.active_programs == 0
                 || self.capacity(rank).0.is_none_or(|cap| {
-                    (r.used_tokens + demand) as f64 <= cap as f64 * self.cfg.low_watermark_ratio
+                    (r.used_tokens + self.shared_floor(rank, now) + demand) as f64
+                        <= cap as f64 * self.cfg.low_watermark_ratio
                 });
         }
         if self.cfg.admission_waiting_request_threshold > 0
@@ -477,6 +670,11 @@ impl Scheduler {
         if !was_active || old_rank != rank {
             p.placed_at = now;
         }
+        if old_rank != rank {
+            // A shared prefix observed on the old rank says nothing about this one.
+            p.fresh_start = true;
+            p.shared_prefix = 0;
+        }
         if was_active {
             self.ranks[old_rank].used_tokens = self.ranks[old_rank]
                 .used_tokens
@@ -493,7 +691,7 @@ impl Scheduler {
         if !p.active() {
             return;
         }
-        let (rank, reserved) = (p.rank, p.reserved);
+        let (rank, reserved, rounds) = (p.rank, p.reserved, p.rounds);
         p.phase = Phase::Paused { since: now, reason };
         p.reserved = 0;
         p.rounds = 0;
@@ -504,6 +702,9 @@ impl Scheduler {
         let name = p.key.1.clone();
         self.ranks[rank].used_tokens = self.ranks[rank].used_tokens.saturating_sub(reserved);
         self.ranks[rank].active_programs = self.ranks[rank].active_programs.saturating_sub(1);
+        if rounds > 0 {
+            self.ranks[rank].segment_rounds.push(f64::from(rounds));
+        }
         *self.counters.pauses.entry(reason.as_str()).or_default() += 1;
         self.notes.push(Note::Pause {
             program: name,
@@ -546,6 +747,9 @@ impl Scheduler {
                     timer_gen: 0,
                     identity: a.identity.clone(),
                     armed_ttl: 0.0,
+                    shared_prefix: 0,
+                    shared_at: now,
+                    fresh_start: true,
                 };
                 let slot = match self.free_slots.pop() {
                     Some(s) => {
@@ -604,10 +808,11 @@ impl Scheduler {
         };
         if holds_capacity && self.program(slot).retained == 0 {
             // Acting and reasoning Programs keep their place: never reclaimed by admission.
-            let demand = self.demand(
+            let (demand, _) = self.demand(
                 self.program(slot),
                 a.prompt_tokens,
                 a.identity.expected_output_length,
+                now,
             );
             let p = self.program_mut(slot);
             p.phase = Phase::Reasoning;
@@ -629,10 +834,11 @@ impl Scheduler {
             self.pause(slot, PauseReason::TtlExpired, now);
         }
         // New or paused: through the RequestPool, in resume order.
-        let demand = self.demand(
+        let (demand, growth) = self.demand(
             self.program(slot),
             a.prompt_tokens,
             a.identity.expected_output_length,
+            now,
         );
         let order = match self.cfg.resume_order {
             ResumeOrder::Fcfs => self.arrivals,
@@ -672,6 +878,14 @@ impl Scheduler {
             order,
             ticket: a.ticket,
         };
+        let deadline = a.identity.deadline_seconds;
+        let queue_limit = deadline.map_or(self.cfg.queue_timeout_seconds, |d| {
+            d.min(self.cfg.queue_timeout_seconds)
+        });
+        // Workload-derived, bounded by `force_resume_timeout_seconds`; a request deadline can
+        // only shorten it.
+        let workload = self.force_resume_after(rank);
+        let force_limit = deadline.map_or(workload, |d| d.min(workload));
         self.ranks[rank].queue.insert(key);
         self.retained.insert(
             a.ticket,
@@ -680,16 +894,11 @@ impl Scheduler {
                 rank,
                 key,
                 demand,
+                growth,
+                force_at: now + force_limit,
             },
         );
         self.retained_at.insert(a.ticket, now);
-        let deadline = a.identity.deadline_seconds;
-        let queue_limit = deadline.map_or(self.cfg.queue_timeout_seconds, |d| {
-            d.min(self.cfg.queue_timeout_seconds)
-        });
-        let force_limit = deadline.map_or(self.cfg.force_resume_timeout_seconds, |d| {
-            d.min(self.cfg.force_resume_timeout_seconds)
-        });
         self.timer(now + force_limit, TimerKind::ForceResume, a.ticket, 0);
         self.timer(now + queue_limit, TimerKind::QueueTimeout, a.ticket, 0);
         self.pump(rank, now, &mut out);
@@ -772,6 +981,8 @@ impl Scheduler {
             let p = self.program_mut(slot);
             let was_active = p.active();
             p.rank = home;
+            p.fresh_start = true;
+            p.shared_prefix = 0;
             if was_active {
                 // Its ledger went with the removed rank; its KV is gone with the engine.
                 p.phase = Phase::Paused {
@@ -826,10 +1037,23 @@ impl Scheduler {
                 continue;
             };
             let holds = self.program(r.program).active();
-            if !(holds || self.can_admit(rank, r.demand, now, r.forced())) {
+            let reserve = if holds {
+                Some((r.demand, None))
+            } else {
+                self.admission(rank, &r, now)
+            };
+            let Some((reserve, gain)) = reserve else {
                 break;
+            };
+            if let Some((benefit, cost)) = gain {
+                self.counters.batch_gain_admissions += 1;
+                self.notes.push(Note::BatchGain {
+                    rank,
+                    benefit,
+                    cost,
+                });
             }
-            self.admit(ticket, rank, now, out);
+            self.admit(ticket, rank, reserve, now, out);
         }
         if !self.cfg.global_queue {
             return;
@@ -871,11 +1095,20 @@ impl Scheduler {
             }
             let Some((_, ticket)) = best else { break };
             self.counters.cross_rank_migrations += 1;
-            self.admit(ticket, rank, now, out);
+            let demand = self.retained.get(&ticket).map_or(0, |r| r.demand);
+            self.admit(ticket, rank, demand, now, out);
         }
     }
 
-    fn admit(&mut self, ticket: Ticket, rank: Rank, now: f64, out: &mut Vec<Decision>) {
+    /// Dispatches retained `ticket` on `rank`, reserving `reserve` tokens for its Program.
+    fn admit(
+        &mut self,
+        ticket: Ticket,
+        rank: Rank,
+        reserve: u64,
+        now: f64,
+        out: &mut Vec<Decision>,
+    ) {
         let Some(r) = self.retained.remove(&ticket) else {
             return;
         };
@@ -897,7 +1130,7 @@ impl Scheduler {
             p.phase = Phase::Reasoning;
             p.timer_gen += 1;
         } else {
-            self.activate(r.program, rank, r.demand, now);
+            self.activate(r.program, rank, reserve, now);
         }
         let p = self.program_mut(r.program);
         p.retained -= 1;
@@ -926,7 +1159,7 @@ impl Scheduler {
             program: name,
             rank,
             forced: r.forced(),
-            demand: r.demand,
+            demand: reserve,
             used_ratio,
         });
         out.push(Decision::Dispatch { ticket, rank });
@@ -946,10 +1179,28 @@ impl Scheduler {
         p.last_complete = Some(now);
         p.last_activity = now;
         let prev_context = p.context_tokens;
+        let mut shared = None;
         if let Some(u) = usage {
             p.context_tokens = u.prompt_tokens + u.completion_tokens;
+            if std::mem::take(&mut p.fresh_start) {
+                // First run on this placement: whatever was cached came from other Programs.
+                p.shared_prefix = u.cached_tokens.min(u.prompt_tokens);
+                p.shared_at = now;
+                shared = Some(p.shared_prefix);
+            }
         }
         let context = p.context_tokens;
+        if let Some(u) = usage {
+            self.ranks[rank]
+                .throughput
+                .push(now, u.prompt_tokens + u.completion_tokens);
+        }
+        if let Some(tokens) = shared {
+            self.notes.push(Note::SharedPrefix { rank, tokens });
+            if tokens > 0 && tokens >= self.shared_floor(rank, now) {
+                self.ranks[rank].shared_prefix = Some((tokens, now));
+            }
+        }
         if usage.is_some() && prev_context > 0 {
             let growth = context as f64 - prev_context as f64;
             self.ranks[rank].growth.push(growth);
@@ -961,8 +1212,9 @@ impl Scheduler {
         if binding_only || self.program(f.program).in_flight > 0 {
             return out;
         }
-        // Hold exactly the context just computed.
-        let held = context + self.cfg.decode_buffer_tokens;
+        // Hold exactly the context just computed, less a prefix other Programs keep cached.
+        let shared = self.fresh_shared(self.program(f.program), now).min(context);
+        let held = context - shared + self.cfg.decode_buffer_tokens;
         let p = self.program_mut(f.program);
         if p.active() {
             let before = p.reserved;
@@ -1174,6 +1426,18 @@ impl Scheduler {
     /// The next time `on_tick` has work (for the driver's sleep).
     pub fn next_deadline(&self) -> Option<f64> {
         self.timers.peek().map(|Reverse(t)| t.at_us as f64 / 1e6)
+    }
+
+    /// Each Program's earliest force-resume time among its waiting requests (diagnostics).
+    pub(crate) fn force_deadlines(&self) -> FxHashMap<usize, f64> {
+        let mut m: FxHashMap<usize, f64> = FxHashMap::default();
+        for r in self.retained.values() {
+            let at = if r.forced() { f64::MIN } else { r.force_at };
+            m.entry(r.program)
+                .and_modify(|x| *x = x.min(at))
+                .or_insert(at);
+        }
+        m
     }
 
     /// Drains the notes gathered since the last call.

@@ -707,6 +707,234 @@ fn retarget_ignores_completion_of_a_request_on_a_removed_rank() {
     assert_eq!(s.num_ranks(), 1);
 }
 
+fn find<'a>(s: &'a Scheduler, program: &str) -> &'a Program {
+    s.programs
+        .iter()
+        .flatten()
+        .find(|p| p.key.1 == program)
+        .expect("program exists")
+}
+
+#[test]
+fn a_shared_prefix_is_reserved_once_per_rank_while_its_observation_is_fresh() {
+    let c = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(2000),
+        stats_window_size: 1,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    // The growth window is complete (mean 0): the discount is active.
+    s.ranks[0].growth.push(0.0);
+    let hold = |t, p: &str| {
+        with(arrival(t, p, 600), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        })
+    };
+    assert_eq!(dispatched(&s.on_arrival(0.0, hold(1, "a"))), [1]);
+    assert_eq!(dispatched(&s.on_arrival(0.0, hold(2, "c"))), [2]);
+    // 400 of each 600-token prompt were already cached: a system prompt both share.
+    let u = Usage {
+        prompt_tokens: 600,
+        completion_tokens: 10,
+        cached_tokens: 400,
+    };
+    s.on_complete(1.0, 1, Some(u));
+    s.on_complete(1.0, 2, Some(u));
+    assert!(s.take_notes().contains(&Note::SharedPrefix {
+        rank: 0,
+        tokens: 400
+    }));
+    assert_eq!(
+        s.ranks[0].used_tokens, 420,
+        "each holds its 210 private tokens"
+    );
+    // d (1,100) fits beside 420 private + the 400 shared prefix counted once (1,920 ≤ 2,000);
+    // counting the prefix per Program (1,220 + 1,100) it would not.
+    assert_eq!(dispatched(&s.on_arrival(2.0, arrival(3, "d", 1100))), [3]);
+    assert_eq!(s.fresh_shared(find(&s, "a"), 50.0), 400);
+    // The interval window is immature: observations live `shared_prefix_freshness_warmup_seconds`.
+    assert_eq!(s.shared_prefix_freshness(0), 100.0);
+    assert_eq!(
+        s.fresh_shared(find(&s, "a"), 102.0),
+        0,
+        "stale: counted as private"
+    );
+    // A later run on the same placement does not re-measure sharing (its own KV is cached).
+    s.on_complete(3.0, 3, usage(1100, 10));
+    s.on_tick(150.0);
+    s.on_arrival(150.0, arrival(4, "a", 620));
+    s.on_complete(
+        151.0,
+        4,
+        Some(Usage {
+            cached_tokens: 610,
+            ..u
+        }),
+    );
+    assert_eq!(find(&s, "a").shared_prefix, 400);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn no_shared_prefix_discount_before_the_growth_window_is_complete() {
+    let mut s = sched(cfg(), 1);
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 600), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        }),
+    );
+    let u = Usage {
+        prompt_tokens: 600,
+        completion_tokens: 10,
+        cached_tokens: 400,
+    };
+    s.on_complete(1.0, 1, Some(u));
+    // Observed and reported, but the whole context stays reserved: no growth reserve exists yet.
+    assert_eq!(find(&s, "a").shared_prefix, 400);
+    assert_eq!(s.ranks[0].used_tokens, 610);
+}
+
+#[test]
+fn shared_prefix_freshness_follows_kv_turnover_once_mature() {
+    let c = ProgramSchedulingConfig {
+        stats_window_size: 2,
+        shared_prefix_freshness_kv_turnovers: 2.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.ranks[0].intervals.push(1.0);
+    s.ranks[0].intervals.push(1.0);
+    // 500 tokens/s through a 1,000-token rank: one turnover every 2 s, two in 4 s.
+    s.ranks[0].throughput.push(0.0, 500);
+    s.ranks[0].throughput.push(1.0, 500);
+    assert_eq!(s.shared_prefix_freshness(0), 4.0);
+}
+
+#[test]
+fn the_force_resume_deadline_follows_queued_work_and_measured_throughput() {
+    let c = ProgramSchedulingConfig {
+        force_resume_timeout_seconds: 300.0,
+        queue_timeout_seconds: 600.0,
+        metrics_interval_seconds: 1.0,
+        force_resume_workload_factor: 1.0,
+        ..cfg()
+    };
+    let mut s = sched(c.clone(), 1);
+    assert_eq!(s.force_resume_after(0), 300.0, "no throughput measured yet");
+    // Two completions per second over the window.
+    for i in 0..16 {
+        s.ranks[0].throughput.push(f64::from(i - 16) * 0.5, 100);
+    }
+    assert_eq!(s.force_resume_after(0), 1.0, "an empty rank: the floor");
+    // One acting Program holding the rank (one round per activation so far) and two waiting.
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 900), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        }),
+    );
+    s.on_complete(0.5, 1, usage(900, 10));
+    s.on_arrival(1.0, arrival(2, "b", 500));
+    s.on_arrival(1.0, arrival(3, "c", 500));
+    // (2 queued + itself + 1 active × 1 round) / measured requests per second (≈ 2).
+    let rate = s.ranks[0].throughput.requests_per_second().expect("rate");
+    assert!((s.force_resume_after(0) - 4.0 / rate).abs() < 1e-9);
+    assert!(s.force_resume_after(0) < 3.0);
+    // The waiting requests carry their own deadlines, shorter than the configured 300 s.
+    let d = super::diagnostics::snapshot(&s, 1.0, &[], 0.25, 10);
+    let waiting = d.ranks[0]
+        .programs
+        .iter()
+        .filter_map(|p| p.force_resume_remaining_seconds)
+        .collect::<Vec<_>>();
+    assert_eq!(waiting.len(), 2);
+    assert!(waiting.iter().all(|x| *x < 3.0), "{waiting:?}");
+    // Forced at their deadline, yet still bound by physical room: nothing runs while a holds
+    // the rank; when its TTL ends the forced requests go first.
+    s.on_tick(5.0);
+    let d = super::diagnostics::snapshot(&s, 5.0, &[], 0.25, 10);
+    assert!(
+        d.ranks[0]
+            .programs
+            .iter()
+            .filter_map(|p| p.force_resume_remaining_seconds)
+            .all(|x| x == 0.0)
+    );
+    assert_eq!(s.counters.force_resumes, 0);
+    let mut got = dispatched(&s.on_tick(101.0));
+    got.sort_unstable();
+    assert_eq!(got, [2, 3]);
+    assert_eq!(s.counters.force_resumes, 2);
+    s.check_invariants().expect("ledger");
+    // The factor scales the estimate (1 request / 2 per s × 3); 0 keeps the configured timeout.
+    for (factor, expect) in [(3.0, 1.5), (0.0, 300.0)] {
+        let mut s = sched(
+            ProgramSchedulingConfig {
+                force_resume_workload_factor: factor,
+                ..c.clone()
+            },
+            1,
+        );
+        for i in 0..16 {
+            s.ranks[0].throughput.push(f64::from(i) * 0.5, 100);
+        }
+        assert_eq!(s.force_resume_after(0), expect);
+    }
+}
+
+fn batch_gain_setup(enable: bool) -> (Scheduler, Vec<Decision>) {
+    let c = ProgramSchedulingConfig {
+        stats_window_size: 2,
+        enable_batch_gain_admission: enable,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    // Three rounds of "a" fill the windows: growth mean 100 tokens, intervals 1 s, throughput.
+    let mut t = 0.0;
+    for (ticket, prompt) in [(1, 100), (2, 200), (3, 300)] {
+        s.on_arrival(t, arrival(ticket, "a", prompt));
+        s.on_complete(t + 1.0, ticket, usage(prompt, 100));
+        t += 2.0;
+    }
+    assert!(s.ranks[0].growth.complete());
+    // "big" holds 850 + 100 growth; "c" needs 40 + 100: only its growth reserve does not fit.
+    assert_eq!(dispatched(&s.on_arrival(t, arrival(4, "big", 850))), [4]);
+    let d = s.on_arrival(t + 0.1, arrival(5, "c", 40));
+    (s, d)
+}
+
+#[test]
+fn batch_gain_admission_bypasses_only_the_growth_reserve() {
+    let (mut s, d) = batch_gain_setup(true);
+    assert_eq!(
+        dispatched(&d),
+        [5],
+        "the modelled gain covers the overflow risk"
+    );
+    assert_eq!(s.counters.batch_gain_admissions, 1);
+    assert_eq!(
+        s.ranks[0].used_tokens,
+        950 + 40,
+        "c reserved its demand less the growth reserve"
+    );
+    assert!(
+        s.take_notes()
+            .iter()
+            .any(|n| matches!(n, Note::BatchGain { benefit, cost, .. } if benefit >= cost))
+    );
+    // Immediate capacity is never bypassed: 20 more tokens than the rank has stay out.
+    assert!(dispatched(&s.on_arrival(7.0, arrival(6, "d", 20))).is_empty());
+    s.check_invariants().expect("ledger");
+
+    let (s, d) = batch_gain_setup(false);
+    assert!(
+        dispatched(&d).is_empty(),
+        "disabled: the growth reserve holds"
+    );
+    assert_eq!(s.counters.batch_gain_admissions, 0);
+}
+
 mod properties {
     use super::*;
     use proptest::prelude::*;
@@ -802,7 +1030,14 @@ mod properties {
                 Ev::Complete { pick, growth } if !in_flight.is_empty() => {
                     let t = in_flight.remove(*pick as usize % in_flight.len());
                     outcome.insert(t, "completed");
-                    s.on_complete(now, t, usage(500, u64::from(*growth)))
+                    // Some completions report cached tokens, so shared-prefix observations and
+                    // the reservations they shrink take part too.
+                    let u = Usage {
+                        prompt_tokens: 500,
+                        completion_tokens: u64::from(*growth),
+                        cached_tokens: u64::from(*growth) * 7 % 500,
+                    };
+                    s.on_complete(now, t, Some(u))
                 }
                 Ev::Cancel { pick } => {
                     let pending: Vec<Ticket> = outcome

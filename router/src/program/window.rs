@@ -61,6 +61,63 @@ impl Window {
     }
 }
 
+/// Request and token throughput of a rank over its most recent completions (at most `cap`).
+#[derive(Debug, Clone)]
+pub struct Throughput {
+    cap: usize,
+    /// (completion time, tokens processed by that request: prompt + completion).
+    samples: VecDeque<(f64, u64)>,
+    tokens: u64,
+}
+
+impl Throughput {
+    pub fn new(cap: usize) -> Self {
+        Throughput {
+            cap: cap.max(2),
+            samples: VecDeque::with_capacity(cap.max(2)),
+            tokens: 0,
+        }
+    }
+
+    pub fn push(&mut self, at: f64, tokens: u64) {
+        if !at.is_finite() {
+            return;
+        }
+        if self.samples.len() == self.cap
+            && let Some((_, old)) = self.samples.pop_front()
+        {
+            self.tokens -= old;
+        }
+        self.samples.push_back((at, tokens));
+        self.tokens += tokens;
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    fn span(&self) -> Option<f64> {
+        let (first, last) = (self.samples.front()?.0, self.samples.back()?.0);
+        (self.samples.len() >= 2 && last > first).then_some(last - first)
+    }
+
+    /// Completions per second between the first and the last sample.
+    pub fn requests_per_second(&self) -> Option<f64> {
+        self.span().map(|s| (self.samples.len() - 1) as f64 / s)
+    }
+
+    /// Tokens per second between the first and the last sample (the first sample's tokens were
+    /// processed before the span began).
+    pub fn tokens_per_second(&self) -> Option<f64> {
+        let first = self.samples.front()?.1;
+        self.span().map(|s| (self.tokens - first) as f64 / s)
+    }
+}
+
 /// `argmax_τ F(τ)·B − τ` over `τ ∈ {0} ∪ samples`, `τ ≤ cap` (samples ascending).
 pub fn best_ttl(sorted_intervals: &[f64], miss_impact_seconds: f64, cap: f64) -> f64 {
     let n = sorted_intervals.len();
@@ -100,6 +157,22 @@ mod tests {
         assert!(w.complete());
         assert_eq!(w.sorted(), vec![2.0, 3.0, 4.0]);
         assert_eq!(w.mean(), Some(3.0));
+    }
+
+    #[test]
+    fn throughput_over_the_newest_completions() {
+        let mut t = Throughput::new(3);
+        assert_eq!(t.requests_per_second(), None);
+        t.push(0.0, 1000);
+        assert_eq!(t.requests_per_second(), None, "one sample has no span");
+        t.push(1.0, 100);
+        t.push(2.0, 300);
+        assert_eq!(t.requests_per_second(), Some(1.0));
+        assert_eq!(t.tokens_per_second(), Some(200.0));
+        // The oldest falls out: samples at 1, 2, 5.
+        t.push(5.0, 600);
+        assert_eq!(t.requests_per_second(), Some(0.5));
+        assert_eq!(t.tokens_per_second(), Some(225.0));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use rustc_hash::FxHashMap;
 use tokio::sync::{Notify, oneshot};
 
 use crate::config::ProgramSchedulingConfig;
+use crate::policies::prefix_index::PrefixIndex;
 use crate::program::diagnostics::{Diagnostics, RankInfo, snapshot};
 use crate::program::identity::Identity;
 use crate::program::scheduler::{
@@ -240,6 +241,8 @@ pub struct ProgramRuntime {
     retired: AtomicBool,
     metrics: ProgramMetrics,
     interval: Duration,
+    /// `cache_aware` binding: arrivals carry their prompt's block chain.
+    cache_binding: bool,
 }
 
 impl ProgramRuntime {
@@ -250,6 +253,8 @@ impl ProgramRuntime {
     ) -> Arc<Self> {
         let layout = Layout::new(targets, &metrics, None);
         let interval = Duration::from_secs_f64(cfg.metrics_interval_seconds);
+        let cache_binding =
+            cfg.binding_strategy == crate::config::program::BindingStrategy::CacheAware;
         metrics.coefficient.set(0.25);
         Arc::new(ProgramRuntime {
             inner: Mutex::new(Inner {
@@ -264,6 +269,7 @@ impl ProgramRuntime {
             retired: AtomicBool::new(false),
             metrics,
             interval,
+            cache_binding,
         })
     }
 
@@ -402,14 +408,21 @@ impl ProgramRuntime {
         }
     }
 
-    /// Admits a request with Program identity; `prompt_bytes` sizes its token estimate.
+    /// Admits a request with Program identity; `prompt` (the request's messages or prompt, as
+    /// sent) sizes its token estimate and, for `cache_aware` binding, locates cached prefixes.
     pub fn admit(
         self: &Arc<Self>,
         model: &str,
         identity: Identity,
-        prompt_bytes: usize,
+        prompt: &[u8],
         tenant: Option<(String, f64)>,
     ) -> (ProgramTicket, Admission) {
+        let prompt_bytes = prompt.len();
+        let prefix = if self.cache_binding {
+            PrefixIndex::chain(prompt)
+        } else {
+            Vec::new()
+        };
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let guard = ProgramTicket {
             rt: self.clone(),
@@ -428,6 +441,7 @@ impl ProgramRuntime {
                 identity,
                 prompt_tokens,
                 tenant,
+                prefix,
             },
         );
         let admission = match self.deliver(&mut g, ds, Some(ticket)) {

@@ -34,9 +34,10 @@ pub enum ResumeOrder {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum BindingStrategy {
-    #[default]
+    /// The spec's default; ours is `least_program_count` (measured: see docs/benchmarks.md).
     ConsistentHash,
     ProgramRoundRobin,
+    #[default]
     LeastProgramCount,
     ReasoningTokenBalance,
     CacheAware,

@@ -6,6 +6,7 @@
 mod cache_aware;
 mod consistent_hash;
 mod power_of_two;
+pub mod prefix_index;
 mod random;
 mod round_robin;
 

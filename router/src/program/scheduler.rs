@@ -16,6 +16,7 @@ use super::identity::Identity;
 use super::window::{Throughput, Window, best_ttl};
 use crate::config::ProgramSchedulingConfig;
 use crate::config::program::ResumeOrder;
+use crate::policies::prefix_index::PrefixIndex;
 
 /// The data plane's id for one request.
 pub type Ticket = u64;
@@ -33,7 +34,17 @@ pub struct Arrival {
     /// Tenant and share weight, when fair queueing is configured: among retained requests of
     /// equal force/priority/yield tier, tenants are served in start-time fair queueing order.
     pub tenant: Option<(String, f64)>,
+    /// The prompt's block chain ([`PrefixIndex::chain`]) for `cache_aware` binding; empty
+    /// otherwise.
+    pub prefix: Vec<u64>,
 }
+
+/// `cache_aware` binding follows a rank that holds at least this share of the prompt's blocks...
+const CACHE_AFFINITY: f64 = 0.3;
+/// ...unless it runs more than this many active Programs beyond the least loaded rank.
+const AFFINITY_SLACK: u32 = 2;
+/// Prompt blocks remembered per rank for `cache_aware` binding (64 bytes each: 4 MiB of prompt).
+const PREFIX_BUDGET_BLOCKS: usize = 1 << 16;
 
 /// What the data plane must do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,6 +355,8 @@ pub struct Scheduler {
     /// of the latest request to enter service), in weighted tokens.
     tenant_finish: FxHashMap<String, u64>,
     virtual_time: u64,
+    /// Which prompt blocks each rank has seen (`cache_aware` binding only).
+    prefix: PrefixIndex,
 }
 
 /// Microseconds, rounded so that `us(x as f64 / 1e6) == x`: a timer read back through
@@ -377,6 +390,7 @@ impl Scheduler {
             pooled_intervals: Window::new(w),
             tenant_finish: FxHashMap::default(),
             virtual_time: 0,
+            prefix: PrefixIndex::default(),
         }
     }
 
@@ -420,12 +434,13 @@ impl Scheduler {
         self.programs[slot].as_mut().expect("live program slot")
     }
 
-    /// Initial home rank of a new Program.
-    fn bind(&mut self, program_id: &str) -> Rank {
+    /// Initial home rank of a new Program (`chain`: its prompt's blocks, for `cache_aware`).
+    fn bind(&mut self, program_id: &str, chain: &[u64]) -> Rank {
         use crate::config::program::BindingStrategy as B;
         let n = self.ranks.len();
         match self.cfg.binding_strategy {
-            B::ConsistentHash | B::CacheAware => {
+            B::CacheAware => self.bind_cache_aware(chain),
+            B::ConsistentHash => {
                 // Rendezvous hashing: stable, and adding a rank moves only its share.
                 (0..n)
                     .max_by_key(|r| {
@@ -450,6 +465,41 @@ impl Scheduler {
 
     /// Tokens a Program needs on its rank — (context or prompt estimate, less a fresh shared
     /// prefix) + output allowance + growth reserve — and the growth-reserve part of it.
+    /// `cache_aware` binding: the rank holding the longest leading part of the prompt (a shared
+    /// system prompt, a parent's context) when it covers at least [`CACHE_AFFINITY`] of it and
+    /// the rank is not more than [`AFFINITY_SLACK`] active Programs busier than the least loaded
+    /// one; otherwise the least loaded rank by reserved tokens, then active Programs.
+    fn bind_cache_aware(&mut self, chain: &[u64]) -> Rank {
+        let n = self.ranks.len();
+        let load = |r: &RankState| (r.used_tokens, r.active_programs);
+        let least = (0..n)
+            .min_by_key(|r| (load(&self.ranks[*r]), *r))
+            .unwrap_or(0);
+        if chain.is_empty() {
+            return least;
+        }
+        let ids: Vec<String> = self.ranks.iter().map(|r| r.id.clone()).collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let matched = self.prefix.matched(chain, &refs);
+        let best = (0..n)
+            .max_by(|a, b| {
+                matched[*a]
+                    .cmp(&matched[*b])
+                    .then(load(&self.ranks[*b]).cmp(&load(&self.ranks[*a])))
+            })
+            .unwrap_or(least);
+        let covers = matched[best] as f64 / chain.len() as f64;
+        let slack = self.ranks[least].active_programs + AFFINITY_SLACK;
+        if matched[best] > 0
+            && covers >= CACHE_AFFINITY
+            && self.ranks[best].active_programs <= slack
+        {
+            best
+        } else {
+            least
+        }
+    }
+
     fn demand(
         &self,
         p: &Program,
@@ -728,7 +778,7 @@ impl Scheduler {
         let slot = match self.index.get(&key) {
             Some(s) => *s,
             None => {
-                let rank = self.bind(&a.identity.program_id);
+                let rank = self.bind(&a.identity.program_id, &a.prefix);
                 let p = Program {
                     key: key.clone(),
                     rank,
@@ -766,6 +816,11 @@ impl Scheduler {
                 slot
             }
         };
+        if !a.prefix.is_empty() {
+            let home = self.program(slot).rank;
+            let id = self.ranks[home].id.clone();
+            self.prefix.record(&id, &a.prefix, PREFIX_BUDGET_BLOCKS);
+        }
         let mut out = Vec::new();
         let binding_only = self.cfg.binding_only;
         let p = self.program_mut(slot);
@@ -944,6 +999,9 @@ impl Scheduler {
                 None => RankState::new(id, w),
             })
             .collect();
+        for id in old.keys() {
+            self.prefix.forget(id);
+        }
         // What is left in `old` was removed; its members need a new home.
         let mut orphans: Vec<usize> = old
             .into_values()
@@ -976,7 +1034,7 @@ impl Scheduler {
         }
         for slot in orphans {
             let name = self.program(slot).key.1.clone();
-            let home = self.bind(&name);
+            let home = self.bind(&name, &[]);
             self.ranks[home].members.insert(slot);
             let p = self.program_mut(slot);
             let was_active = p.active();

@@ -29,6 +29,7 @@ fn arrival(ticket: Ticket, program: &str, prompt: u64) -> Arrival {
         },
         prompt_tokens: prompt,
         tenant: None,
+        prefix: Vec::new(),
     }
 }
 
@@ -705,6 +706,40 @@ fn retarget_ignores_completion_of_a_request_on_a_removed_rank() {
     // An empty new set is refused: nothing changes.
     s.retarget(3.0, vec![]);
     assert_eq!(s.num_ranks(), 1);
+}
+
+#[test]
+fn cache_aware_binding_follows_a_shared_prefix_within_the_balance_slack() {
+    use crate::policies::prefix_index::PrefixIndex;
+    let c = ProgramSchedulingConfig {
+        binding_strategy: BindingStrategy::CacheAware,
+        token_capacity_per_dp_rank: Some(100_000),
+        ..cfg()
+    };
+    let mut s = sched(c, 3);
+    // Same 4 KiB system prompt, then a task of its own.
+    let prompt = |task: &str| {
+        let mut p = vec![b's'; 4096];
+        p.extend_from_slice(format!("task {task}").as_bytes());
+        PrefixIndex::chain(&p)
+    };
+    let with_prefix = |t, name: &str| Arrival {
+        prefix: prompt(name),
+        ..arrival(t, name, 1000)
+    };
+    let ranks: Vec<Rank> = (1..=4)
+        .map(|t| {
+            rank_of(&s.on_arrival(0.0, with_prefix(t, &format!("p{t}"))), t).expect("dispatched")
+        })
+        .collect();
+    // The first lands on the least loaded rank; the next two follow its cached system prompt;
+    // the fourth would make that rank 3 Programs busier than the idle ones: balance wins.
+    assert_eq!(&ranks[..3], &[ranks[0]; 3], "{ranks:?}");
+    assert_ne!(ranks[3], ranks[0], "{ranks:?}");
+    // Without a prompt chain: the least loaded rank by reserved tokens.
+    let free = rank_of(&s.on_arrival(0.0, arrival(9, "plain", 10)), 9).expect("dispatched");
+    assert!(free != ranks[0] && free != ranks[3], "{free} {ranks:?}");
+    s.check_invariants().expect("ledger");
 }
 
 fn find<'a>(s: &'a Scheduler, program: &str) -> &'a Program {

@@ -314,15 +314,9 @@ async fn dispatch(
     )?;
     let (pin, ticket) = match &applied.program {
         Some(rt) => {
-            let (placed, ticket) = program_admission(
-                rt,
-                &applied,
-                &peeked,
-                &original,
-                &parts.headers,
-                prompt.len(),
-            )
-            .await?;
+            let (placed, ticket) =
+                program_admission(rt, &applied, &peeked, &original, &parts.headers, &prompt)
+                    .await?;
             match placed {
                 Some(id) => {
                     // The decision names a target id: a reload while the request waited may have
@@ -448,7 +442,7 @@ async fn program_admission(
     peeked: &request::Peeked,
     body: &[u8],
     headers: &http::HeaderMap,
-    prompt_bytes: usize,
+    prompt: &[u8],
 ) -> Result<(Option<String>, Option<crate::scheduling::ProgramTicket>), ApiError> {
     use crate::program::identity;
     use crate::scheduling::{Admission, Placement};
@@ -478,7 +472,7 @@ async fn program_admission(
         let w = f.weight(&t);
         (t, w)
     });
-    let (ticket, admission) = rt.admit(model, id, prompt_bytes, tenant);
+    let (ticket, admission) = rt.admit(model, id, prompt, tenant);
     let queue_timeout = || {
         ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,

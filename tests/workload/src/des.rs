@@ -121,6 +121,13 @@ fn rank_of(program: &str, ranks: usize) -> usize {
         .unwrap_or(0)
 }
 
+/// The block chain the router would compute for a prompt: token ids as little-endian bytes, so
+/// a 64-byte block is 16 tokens.
+fn prefix_chain(prompt: &[u32]) -> Vec<u64> {
+    let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+    program_router::policies::prefix_index::PrefixIndex::chain(&bytes)
+}
+
 /// Replays `turns` on `ranks` simulated ranks shaped by `engine`.
 pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> Report {
     let wall = Instant::now();
@@ -136,6 +143,8 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
         Mode::Program(c) => c.metrics_interval_seconds,
         Mode::ConsistentHash => f64::INFINITY,
     };
+    let cache_binding = matches!(mode, Mode::Program(c)
+        if c.binding_strategy == program_router::config::program::BindingStrategy::CacheAware);
     let mut progs: Vec<Prog> = programs(turns)
         .into_iter()
         .map(|t| Prog {
@@ -371,6 +380,11 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                                 identity,
                                 prompt_tokens: p.prompt.len() as u64,
                                 tenant: None,
+                                prefix: if cache_binding {
+                                    prefix_chain(&p.prompt)
+                                } else {
+                                    Vec::new()
+                                },
                             };
                             let start = Instant::now();
                             let ds = s.on_arrival(now, a);

@@ -454,8 +454,17 @@ impl Scheduler {
                 self.rr = (self.rr + 1) % n.max(1);
                 self.rr
             }
+            // Programs bound to the rank (active, waiting, or paused in a tool call and likely to
+            // return), then active Programs plus requests waiting there.
             B::LeastProgramCount => (0..n)
-                .min_by_key(|r| (self.ranks[*r].active_programs, *r))
+                .min_by_key(|r| {
+                    let x = &self.ranks[*r];
+                    (
+                        x.members.len(),
+                        x.active_programs as usize + x.queue.len(),
+                        *r,
+                    )
+                })
                 .unwrap_or(0),
             B::ReasoningTokenBalance => (0..n)
                 .min_by_key(|r| (self.ranks[*r].used_tokens, *r))
@@ -1267,7 +1276,15 @@ impl Scheduler {
                 tokens: growth,
             });
         }
-        if binding_only || self.program(f.program).in_flight > 0 {
+        if binding_only {
+            // Nothing to schedule, but the binding is forgotten after the paused retention like
+            // any idle Program's (or a long-running router would keep every Program forever).
+            if self.program(f.program).in_flight == 0 {
+                self.release_later(f.program, now);
+            }
+            return out;
+        }
+        if self.program(f.program).in_flight > 0 {
             return out;
         }
         // Hold exactly the context just computed, less a prefix other Programs keep cached.
@@ -1359,11 +1376,25 @@ impl Scheduler {
         };
         let p = self.program_mut(f.program);
         p.in_flight = p.in_flight.saturating_sub(1);
-        if p.in_flight == 0 && !self.cfg.binding_only {
+        if p.in_flight > 0 {
+            return out;
+        }
+        if self.cfg.binding_only {
+            self.release_later(f.program, now);
+        } else {
             self.pause(f.program, PauseReason::Cancelled, now);
             self.pump(f.rank, now, &mut out);
         }
         out
+    }
+
+    /// `binding_only`: forget an idle Program's binding after the paused retention.
+    fn release_later(&mut self, slot: usize, now: f64) {
+        let at = now + self.cfg.paused_retention_ttl_seconds;
+        let p = self.program_mut(slot);
+        p.timer_gen += 1;
+        let generation = p.timer_gen;
+        self.timer(at, TimerKind::Release, slot as u64, generation);
     }
 
     fn maybe_forget(&mut self, slot: usize) {
@@ -1460,7 +1491,8 @@ impl Scheduler {
                     let slot = t.id as usize;
                     if let Some(Some(p)) = self.programs.get(slot)
                         && p.timer_gen == t.generation
-                        && matches!(p.phase, Phase::Paused { .. })
+                        && (matches!(p.phase, Phase::Paused { .. })
+                            || self.cfg.binding_only && p.phase == Phase::New)
                         && p.retained == 0
                         && p.in_flight == 0
                     {

@@ -742,6 +742,48 @@ fn cache_aware_binding_follows_a_shared_prefix_within_the_balance_slack() {
     s.check_invariants().expect("ledger");
 }
 
+#[test]
+fn binding_only_balances_bound_programs_and_forgets_idle_ones() {
+    let c = ProgramSchedulingConfig {
+        binding_only: true,
+        binding_strategy: BindingStrategy::LeastProgramCount,
+        paused_retention_ttl_seconds: 60.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 2);
+    // Nobody is ever active in binding_only: bound Programs are what least_program_count counts.
+    let r1 = rank_of(&s.on_arrival(0.0, arrival(1, "a", 10)), 1).expect("dispatched");
+    s.on_complete(1.0, 1, usage(10, 1));
+    let r2 = rank_of(&s.on_arrival(2.0, arrival(2, "b", 10)), 2).expect("dispatched");
+    assert_ne!(r1, r2, "the second Program goes to the other rank");
+    s.on_cancel(3.0, 2);
+    // Both are forgotten after the retention; a returning "a" binds afresh.
+    s.on_tick(70.0);
+    assert!(
+        s.programs.iter().flatten().next().is_none(),
+        "bindings released"
+    );
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn least_program_count_spreads_a_burst_of_new_programs() {
+    // One rank's worth of capacity per Program: the burst queues, and must not all queue on
+    // the same idle rank.
+    let c = ProgramSchedulingConfig {
+        binding_strategy: BindingStrategy::LeastProgramCount,
+        max_active_programs_per_target: 1,
+        ..cfg()
+    };
+    let mut s = sched(c, 2);
+    for t in 1..=6 {
+        s.on_arrival(0.0, arrival(t, &format!("p{t}"), 10));
+    }
+    assert_eq!(s.ranks[0].active_programs + s.ranks[1].active_programs, 2);
+    assert_eq!(s.ranks[0].queue.len(), 2);
+    assert_eq!(s.ranks[1].queue.len(), 2);
+}
+
 fn find<'a>(s: &'a Scheduler, program: &str) -> &'a Program {
     s.programs
         .iter()
@@ -1234,8 +1276,15 @@ mod properties {
         #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
         #[test]
-        fn every_request_ends_exactly_once_and_the_ledger_holds(events in proptest::collection::vec(ev(), 1..120), global in any::<bool>(), fcfs in any::<bool>()) {
+        fn every_request_ends_exactly_once_and_the_ledger_holds(events in proptest::collection::vec(ev(), 1..120), global in any::<bool>(), fcfs in any::<bool>(), binding in 0u8..4, only in proptest::bool::weighted(0.1)) {
             let c = ProgramSchedulingConfig {
+                binding_strategy: match binding {
+                    0 => BindingStrategy::ProgramRoundRobin,
+                    1 => BindingStrategy::LeastProgramCount,
+                    2 => BindingStrategy::ConsistentHash,
+                    _ => BindingStrategy::CacheAware,
+                },
+                binding_only: only,
                 global_queue: global,
                 resume_order: if fcfs { ResumeOrder::Fcfs } else { ResumeOrder::Mru },
                 queue_timeout_seconds: 30.0,

@@ -19,7 +19,7 @@ use serde::Serialize;
 use vllm_sim::engine::{Engine, EngineEvent, EngineParams, SeqRequest};
 use vllm_sim::tokenizer::splitmix;
 
-use crate::workload::{Turn, programs};
+use crate::workload::{SPAWN_DELAY_SECONDS, Turn, programs};
 
 /// How requests are placed.
 #[derive(Debug, Clone)]
@@ -99,6 +99,14 @@ struct Prog {
     arrived_at: f64,
     output: Vec<u32>,
     done: bool,
+    /// Subagents: the parent's index and whether the parent waits for this one.
+    parent: Option<usize>,
+    blocks_parent: bool,
+    /// Subagents to start when the turn with this step completes.
+    children_after: FxHashMap<u32, Vec<usize>>,
+    /// Blocking subagents still running, and when the parent's own tool gap ends.
+    blockers: u32,
+    ready_at: f64,
 }
 
 fn token(a: u64, b: u64, i: u64) -> u32 {
@@ -157,13 +165,43 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
             prompt: Vec::new(),
             output: Vec::new(),
             done: false,
+            parent: None,
+            blocks_parent: false,
+            children_after: FxHashMap::default(),
+            blockers: 0,
+            ready_at: 0.0,
         })
         .collect();
+    // Subagents start when their parent's turn completes, not at their arrival time.
+    let index: FxHashMap<String, usize> = progs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.turns[0].program_id.clone(), i))
+        .collect();
+    for i in 0..progs.len() {
+        let t = &progs[i].turns[0];
+        let (parent, step, blocks) = (
+            t.parent_program_id
+                .as_ref()
+                .and_then(|x| index.get(x).copied()),
+            t.spawned_after_step.unwrap_or(0),
+            t.blocks_parent,
+        );
+        if let Some(pi) = parent {
+            progs[i].parent = Some(pi);
+            progs[i].blocks_parent = blocks;
+            progs[pi].children_after.entry(step).or_default().push(i);
+        }
+    }
     let mut heap: BinaryHeap<Reverse<(i64, Ev)>> = BinaryHeap::new();
     let at = |t: f64| (t * 1e6).round() as i64;
     for (i, p) in progs.iter().enumerate() {
-        heap.push(Reverse((at(p.started), Ev::Arrive(i))));
+        if p.parent.is_none() {
+            heap.push(Reverse((at(p.started), Ev::Arrive(i))));
+        }
     }
+    // Programs that ended this instant (their parents and unspawned children need attention).
+    let mut ended: Vec<usize> = Vec::new();
     if interval.is_finite() {
         heap.push(Reverse((0, Ev::Observe)));
     }
@@ -206,6 +244,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                         let p = &mut progs[ticket as usize];
                         p.done = true;
                         open -= 1;
+                        ended.push(ticket as usize);
                     }
                 }
             }
@@ -280,7 +319,21 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                         let out = std::mem::take(&mut p.output);
                         p.history.extend_from_slice(&out);
                         let gap = p.turns[p.next].gap_after;
+                        let step = p.turns[p.next].step;
                         p.next += 1;
+                        // Subagents spawned after this turn start now; blocking ones hold the
+                        // parent's next turn.
+                        let kids = p.children_after.remove(&step).unwrap_or_default();
+                        let mut blocking = 0;
+                        for c in kids {
+                            let start = now + SPAWN_DELAY_SECONDS;
+                            progs[c].started = start;
+                            blocking += u32::from(progs[c].blocks_parent);
+                            heap.push(Reverse((at(start), Ev::Arrive(c))));
+                        }
+                        let p = &mut progs[i];
+                        p.blockers += blocking;
+                        p.ready_at = now + gap;
                         let finished = p.next >= p.turns.len();
                         if let Some(s) = sched.as_mut() {
                             let u = Usage {
@@ -298,7 +351,8 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                             p.done = true;
                             open -= 1;
                             jcts.push(now - p.started);
-                        } else {
+                            ended.push(i);
+                        } else if p.blockers == 0 {
                             heap.push(Reverse((at(now + gap), Ev::Arrive(i))));
                         }
                     }
@@ -361,6 +415,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                         open -= 1;
                         truncated += 1;
                         jcts.push(now - p.started);
+                        ended.push(i);
                         continue;
                     }
                     p.prompt = p.history.clone();
@@ -369,6 +424,8 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                         Some(s) => {
                             let identity = Identity {
                                 program_id: turn.program_id.clone(),
+                                parent_program_id: turn.parent_program_id.clone(),
+                                root_program_id: Some(turn.root_program_id().to_string()),
                                 task_id: Some(turn.task_id.clone()),
                                 step_id: Some(u64::from(turn.step)),
                                 expected_resume: p.next + 1 < p.turns.len(),
@@ -411,6 +468,31 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
             let ds = s.on_tick(now);
             timed(&mut sched_ns, start);
             dispatch!(ds, now);
+        }
+
+        // Dependencies of what ended: a parent waiting on its last blocking subagent resumes
+        // (after its own tool gap); subagents a parent never reached are abandoned.
+        while let Some(i) = ended.pop() {
+            if let (Some(pi), true) = (progs[i].parent, progs[i].blocks_parent) {
+                let parent = &mut progs[pi];
+                parent.blockers = parent.blockers.saturating_sub(1);
+                if parent.blockers == 0 && !parent.done {
+                    heap.push(Reverse((at(parent.ready_at.max(now)), Ev::Arrive(pi))));
+                }
+            }
+            let orphans: Vec<usize> = progs[i]
+                .children_after
+                .drain()
+                .flat_map(|(_, v)| v)
+                .collect();
+            for c in orphans {
+                if !progs[c].done {
+                    progs[c].done = true;
+                    open -= 1;
+                    truncated += 1;
+                    ended.push(c);
+                }
+            }
         }
     }
 

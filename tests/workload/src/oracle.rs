@@ -25,10 +25,14 @@ pub fn bounds(turns: &[Turn], engine: &EngineParams) -> Oracle {
     let mut seen_system = std::collections::BTreeSet::new();
     let (mut prompt, mut cached) = (0u64, 0u64);
     let mut jcts = Vec::new();
-    for p in programs(turns) {
+    let progs = programs(turns);
+    // A blocking subagent's parent waits for it: per (parent, step), the longest of them.
+    let mut waits: std::collections::HashMap<(String, u32), f64> = Default::default();
+    let mut own: Vec<f64> = Vec::new();
+    for p in &progs {
         let mut context = 0u64;
         let mut jct = 0.0;
-        for turn in &p {
+        for turn in p {
             let first = turn.step == 0;
             let system = u64::from(turn.system_tokens);
             let reusable = if first {
@@ -58,7 +62,28 @@ pub fn bounds(turns: &[Turn], engine: &EngineParams) -> Oracle {
             context += u64::from(turn.output_tokens);
             jct += turn.gap_after;
         }
-        jcts.push(jct);
+        own.push(jct);
+    }
+    for (p, jct) in progs.iter().zip(&own) {
+        let t = &p[0];
+        if let (Some(parent), Some(step), true) =
+            (&t.parent_program_id, t.spawned_after_step, t.blocks_parent)
+        {
+            let w = waits.entry((parent.clone(), step)).or_default();
+            *w = w.max(crate::workload::SPAWN_DELAY_SECONDS + jct);
+        }
+    }
+    for (p, jct) in progs.iter().zip(own) {
+        // The parent's next turn starts after max(its own gap, its blocking subagents).
+        let extra: f64 = p
+            .iter()
+            .filter_map(|turn| {
+                waits
+                    .get(&(turn.program_id.clone(), turn.step))
+                    .map(|w| (w - turn.gap_after).max(0.0))
+            })
+            .sum();
+        jcts.push(jct + extra);
     }
     Oracle {
         token_hit: if prompt == 0 {
@@ -89,6 +114,9 @@ mod tests {
             append_tokens: append,
             output_tokens: output,
             gap_after: gap,
+            parent_program_id: None,
+            spawned_after_step: None,
+            blocks_parent: false,
         }
     }
 

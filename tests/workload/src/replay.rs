@@ -19,7 +19,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::workload::{Turn, programs};
+use rustc_hash::FxHashMap;
+use tokio::sync::watch;
+
+use crate::workload::{SPAWN_DELAY_SECONDS, Turn, programs};
 
 /// How a request says which Program it belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -103,6 +106,74 @@ fn text(a: u64, b: u64, tokens: u32) -> String {
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// How far a Program got: turns completed, and whether it has ended (finished or failed).
+#[derive(Debug, Clone, Copy, Default)]
+struct Progress {
+    steps_done: u32,
+    ended: bool,
+}
+
+/// Every Program's progress, for subagent dependencies: a subagent starts when its parent's
+/// turn completes; a parent's next turn waits for its blocking subagents.
+struct Links {
+    progress: FxHashMap<String, watch::Sender<Progress>>,
+    /// (parent, step) → blocking subagents spawned after that step.
+    blockers: FxHashMap<(String, u32), Vec<String>>,
+}
+
+impl Links {
+    fn new(programs: &[Vec<Turn>]) -> Self {
+        let mut blockers: FxHashMap<(String, u32), Vec<String>> = FxHashMap::default();
+        for p in programs {
+            let t = &p[0];
+            if let (Some(parent), Some(step), true) =
+                (&t.parent_program_id, t.spawned_after_step, t.blocks_parent)
+            {
+                blockers
+                    .entry((parent.clone(), step))
+                    .or_default()
+                    .push(t.program_id.clone());
+            }
+        }
+        Links {
+            progress: programs
+                .iter()
+                .map(|p| {
+                    (
+                        p[0].program_id.clone(),
+                        watch::channel(Progress::default()).0,
+                    )
+                })
+                .collect(),
+            blockers,
+        }
+    }
+
+    fn set(&self, program: &str, f: impl FnOnce(&mut Progress)) {
+        if let Some(tx) = self.progress.get(program) {
+            tx.send_modify(f);
+        }
+    }
+
+    /// Waits until `program` satisfies `ready` (or has ended, or is unknown).
+    async fn wait(&self, program: &str, ready: impl Fn(&Progress) -> bool) {
+        let Some(tx) = self.progress.get(program) else {
+            return;
+        };
+        let mut rx = tx.subscribe();
+        let _ = rx.wait_for(|p| p.ended || ready(p)).await;
+    }
+}
+
+/// Marks the Program ended however its task returns, so nothing waits on it forever.
+struct EndGuard(Arc<Links>, String);
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        self.0.set(&self.1, |p| p.ended = true);
+    }
+}
+
 async fn program_task(
     client: HttpClient,
     cfg: Arc<ReplayConfig>,
@@ -110,10 +181,23 @@ async fn program_task(
     index: u64,
     start: Instant,
     done: Arc<AtomicU64>,
+    links: Arc<Links>,
 ) -> (Vec<RequestRecord>, Option<f64>, u64, bool) {
     let first = &turns[0];
-    let arrive = start + Duration::from_secs_f64(first.program_arrival / cfg.time_scale);
-    tokio::time::sleep_until(arrive.into()).await;
+    let _end = EndGuard(links.clone(), first.program_id.clone());
+    match (&first.parent_program_id, first.spawned_after_step) {
+        (Some(parent), Some(step)) => {
+            links.wait(parent, |p| p.steps_done > step).await;
+            tokio::time::sleep(Duration::from_secs_f64(
+                SPAWN_DELAY_SECONDS / cfg.time_scale,
+            ))
+            .await;
+        }
+        _ => {
+            let arrive = start + Duration::from_secs_f64(first.program_arrival / cfg.time_scale);
+            tokio::time::sleep_until(arrive.into()).await;
+        }
+    }
     let began = Instant::now();
     let mut messages = vec![
         json!({"role": "system", "content": text(1, u64::from(first.system_prompt), first.system_tokens)}),
@@ -129,8 +213,13 @@ async fn program_task(
         messages.push(json!({"role": "user", "content": user}));
         let mut body =
             json!({"model": cfg.model, "messages": messages, "max_tokens": turn.output_tokens});
-        let ctx = json!({"program_id": turn.program_id, "task_id": turn.task_id, "step_id": turn.step,
+        let mut ctx = json!({"program_id": turn.program_id, "task_id": turn.task_id, "step_id": turn.step,
             "expected_resume": turn.gap_after > 0.0});
+        if let Some(parent) = &turn.parent_program_id {
+            ctx["parent_program_id"] = json!(parent);
+            ctx["root_program_id"] = json!(turn.root_program_id());
+            ctx["blocks_parent"] = json!(turn.blocks_parent);
+        }
         match cfg.context {
             ContextMode::Object => body["vllm_xargs"] = json!({"agentic_context": ctx}),
             ContextMode::String => body["vllm_xargs"] = json!({"agentic_context": ctx.to_string()}),
@@ -186,9 +275,20 @@ async fn program_task(
             .unwrap_or_default()
             .to_string();
         messages.push(json!({"role": "assistant", "content": reply}));
-        if turn.gap_after > 0.0 {
-            tokio::time::sleep(Duration::from_secs_f64(turn.gap_after / cfg.time_scale)).await;
-        }
+        links.set(&turn.program_id, |p| p.steps_done = turn.step + 1);
+        let gap = tokio::time::sleep(Duration::from_secs_f64(turn.gap_after / cfg.time_scale));
+        // The next turn needs its own tool gap to pass and every blocking subagent to finish.
+        let kids = links
+            .blockers
+            .get(&(turn.program_id.clone(), turn.step))
+            .cloned()
+            .unwrap_or_default();
+        let children = async {
+            for k in &kids {
+                links.wait(k, |_| false).await;
+            }
+        };
+        tokio::join!(gap, children);
     }
     (
         records,
@@ -209,7 +309,9 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     let done = Arc::new(AtomicU64::new(0));
-    for (i, p) in programs(turns).into_iter().enumerate() {
+    let all = programs(turns);
+    let links = Arc::new(Links::new(&all));
+    for (i, p) in all.into_iter().enumerate() {
         set.spawn(program_task(
             client.clone(),
             cfg.clone(),
@@ -217,6 +319,7 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
             i as u64,
             start,
             done.clone(),
+            links.clone(),
         ));
     }
     // Progress on stderr (drawn only when it is a terminal): requests answered, with an ETA.

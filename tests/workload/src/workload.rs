@@ -28,6 +28,29 @@ pub struct Turn {
     pub output_tokens: u32,
     /// Tool or user time after this turn's completion before the next turn; 0 on the last turn.
     pub gap_after: f64,
+    /// A subagent: the Program that spawned it (absent for root Programs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_program_id: Option<String>,
+    /// A subagent starts when its parent's turn with this step completes (plus
+    /// [`SPAWN_DELAY_SECONDS`]); `program_arrival` is then only the root's arrival.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawned_after_step: Option<u32>,
+    /// The parent's next turn waits until this subagent has finished (and its own tool gap has
+    /// passed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blocks_parent: bool,
+}
+
+/// Seconds between a parent's turn completing and the subagents it spawned starting.
+pub const SPAWN_DELAY_SECONDS: f64 = 0.1;
+
+impl Turn {
+    /// The Program's root (itself for a root Program).
+    pub fn root_program_id(&self) -> &str {
+        self.parent_program_id
+            .as_deref()
+            .unwrap_or(&self.program_id)
+    }
 }
 
 /// A workload preset, calibrated to published agentic statistics (see docs/benchmarks.md).
@@ -42,6 +65,9 @@ pub enum Preset {
     LongTools,
     /// A mix of the three.
     Mixed,
+    /// Lead agents that spawn subagents (1–3 at a time after ~15 % of their turns), most of
+    /// which block the lead until they finish; subagents share the lead's system prompt.
+    MultiAgent,
 }
 
 /// Shape parameters of one preset.
@@ -65,7 +91,7 @@ impl Preset {
         match self {
             // Scaled to simulator-sized KV pools: ~80 steps become 12–40, 6.5K appends become
             // ~600 tokens, keeping the ratios (appends ≫ outputs, most gaps short, heavy tail).
-            Preset::SweAgent | Preset::Mixed => Shape {
+            Preset::SweAgent | Preset::Mixed | Preset::MultiAgent => Shape {
                 turns: (12, 40),
                 system_tokens: 2048,
                 system_prompts: 2,
@@ -182,16 +208,89 @@ pub fn generate_with(
         let turns = rng.random_range(s.turns.0..=s.turns.1);
         let system_prompt = rng.random_range(0..s.system_prompts);
         let program_id = format!("p{p:05}");
+        let first = out.len();
+        push_program(
+            &mut out,
+            &mut rng,
+            &s,
+            Root {
+                program_id: &program_id,
+                task: p,
+                turns,
+                arrival: t,
+                system_prompt,
+            },
+            None,
+        );
+        if preset_here == Preset::MultiAgent {
+            let lead: Vec<Turn> = out[first..].to_vec();
+            let mut k = 0;
+            for turn in lead.iter().filter(|x| x.gap_after > 0.0) {
+                if rng.random::<f64>() >= 0.15 {
+                    continue;
+                }
+                for _ in 0..rng.random_range(1..=3u32) {
+                    let child = Shape {
+                        turns: (3, 10),
+                        first_append_median: 600.0,
+                        ..s
+                    };
+                    let child_turns = rng.random_range(child.turns.0..=child.turns.1);
+                    let blocks = rng.random::<f64>() < 0.8;
+                    push_program(
+                        &mut out,
+                        &mut rng,
+                        &child,
+                        Root {
+                            program_id: &format!("{program_id}-s{k}"),
+                            task: p,
+                            turns: child_turns,
+                            arrival: t,
+                            system_prompt,
+                        },
+                        Some((&program_id, turn.step, blocks)),
+                    );
+                    k += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Where a generated Program starts.
+struct Root<'a> {
+    program_id: &'a str,
+    task: u32,
+    turns: u32,
+    arrival: f64,
+    system_prompt: u32,
+}
+
+/// Appends one Program's turns; `parent` = (parent id, the step it spawns after, blocks).
+fn push_program(
+    out: &mut Vec<Turn>,
+    rng: &mut StdRng,
+    s: &Shape,
+    root: Root<'_>,
+    parent: Option<(&str, u32, bool)>,
+) {
+    let Root {
+        program_id,
+        task: p,
+        turns,
+        arrival: t,
+        system_prompt,
+    } = root;
+    {
         for step in 0..turns {
             let median = if step == 0 {
                 s.first_append_median
             } else {
                 s.append_median
             };
-            let append =
-                lognormal(&mut rng, median, s.append_sigma).clamp(8.0, 8.0 * median) as u32;
-            let output =
-                lognormal(&mut rng, s.output_median, s.output_sigma).clamp(1.0, 2048.0) as u32;
+            let append = lognormal(rng, median, s.append_sigma).clamp(8.0, 8.0 * median) as u32;
+            let output = lognormal(rng, s.output_median, s.output_sigma).clamp(1.0, 2048.0) as u32;
             let gap = if step + 1 == turns {
                 0.0
             } else {
@@ -205,10 +304,10 @@ pub fn generate_with(
                         break;
                     }
                 }
-                lognormal(&mut rng, g.1, g.2).min(s.gap_cap)
+                lognormal(rng, g.1, g.2).min(s.gap_cap)
             };
             out.push(Turn {
-                program_id: program_id.clone(),
+                program_id: program_id.to_string(),
                 task_id: format!("task-{p:05}"),
                 step,
                 program_arrival: t,
@@ -217,10 +316,12 @@ pub fn generate_with(
                 append_tokens: append,
                 output_tokens: output,
                 gap_after: gap,
+                parent_program_id: parent.map(|x| x.0.to_string()),
+                spawned_after_step: parent.map(|x| x.1),
+                blocks_parent: parent.is_some_and(|x| x.2),
             });
         }
     }
-    out
 }
 
 /// Groups turns by Program, in arrival order.

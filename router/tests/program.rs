@@ -43,6 +43,34 @@ async fn diagnostics(c: &HttpClient, r: &Router) -> Value {
     get(c, &r.url("/scheduling/diagnostics")).await.json()
 }
 
+/// Program "a" is served and keeps its KV for `ttl` seconds of tool time; "b" is then sent in the
+/// background and is retained behind it (checked). Returns b's pending reply.
+async fn hold_a_then_retain_b(
+    c: &HttpClient,
+    r: &Router,
+    ttl: f64,
+) -> tokio::task::JoinHandle<Reply> {
+    let a = post(
+        c,
+        &r.url(CHAT),
+        &program_body("prog-a", 500, json!({"kv_retention_ttl_seconds": ttl})),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let url = r.url(CHAT);
+    let c2 = client();
+    let b =
+        tokio::spawn(async move { post(&c2, &url, &program_body("prog-b", 500, json!({}))).await });
+    assert!(
+        eventually(2.0, || async {
+            diagnostics(c, r).await["retained_requests"] == 1
+        })
+        .await,
+        "b is retained"
+    );
+    b
+}
+
 #[tokio::test]
 async fn retains_under_pressure_then_releases_when_the_ttl_ends() {
     // ~1,000-byte prompts estimate to ~250 tokens; capacity 400 fits one Program at a time.
@@ -53,25 +81,8 @@ async fn retains_under_pressure_then_releases_when_the_ttl_ends() {
     };
     let (_s, r) = setup(ps).await;
     let c = client();
-    let a = post(
-        &c,
-        &r.url(CHAT),
-        &program_body("prog-a", 500, json!({"kv_retention_ttl_seconds": 1.0})),
-    )
-    .await;
-    assert_eq!(a.status, 200, "{}", a.text());
-    // a now holds its KV for 1 s of tool time; b must wait in the RequestPool.
-    let url = r.url(CHAT);
-    let c2 = client();
-    let b =
-        tokio::spawn(async move { post(&c2, &url, &program_body("prog-b", 500, json!({}))).await });
-    assert!(
-        eventually(2.0, || async {
-            diagnostics(&c, &r).await["retained_requests"] == 1
-        })
-        .await,
-        "b is retained"
-    );
+    // a holds its KV for 1 s of tool time; b must wait in the RequestPool.
+    let b = hold_a_then_retain_b(&c, &r, 1.0).await;
     let d = diagnostics(&c, &r).await;
     let rank = &d["ranks"][0];
     assert_eq!(rank["router_active_acting_programs"], 1, "{d}");
@@ -93,9 +104,7 @@ async fn retains_under_pressure_then_releases_when_the_ttl_ends() {
     );
     let d = diagnostics(&c, &r).await;
     assert_eq!(d["retained_requests"], 0);
-    let text = get(&c, &format!("http://{}/metrics", r.metrics_addr))
-        .await
-        .text();
+    let text = get_metrics(&c, &r).await;
     assert!(
         metric_in(
             &text,
@@ -351,24 +360,7 @@ async fn a_reload_that_changes_targets_keeps_programs_and_retained_requests() {
     let r = router(config(&[s1.base()])).await;
     let c = client();
     // a acts on s1 for 1.5 s of tool time; b waits behind it in the RequestPool.
-    let a = post(
-        &c,
-        &r.url(CHAT),
-        &program_body("prog-a", 500, json!({"kv_retention_ttl_seconds": 1.5})),
-    )
-    .await;
-    assert_eq!(a.status, 200, "{}", a.text());
-    let url = r.url(CHAT);
-    let c2 = client();
-    let b =
-        tokio::spawn(async move { post(&c2, &url, &program_body("prog-b", 500, json!({}))).await });
-    assert!(
-        eventually(2.0, || async {
-            diagnostics(&c, &r).await["retained_requests"] == 1
-        })
-        .await,
-        "b is retained"
-    );
+    let b = hold_a_then_retain_b(&c, &r, 1.5).await;
     // A worker joins in front of s1, so s1's rank moves from index 0 to 1: nothing is lost.
     assert!(
         r.state
@@ -410,9 +402,7 @@ async fn a_reload_that_changes_targets_keeps_programs_and_retained_requests() {
         .unwrap_or_else(|| panic!("prog-a moved to s2: {d}"));
     assert_eq!(pa["status"], "paused", "{pa}");
     assert_eq!(pa["pause_reason"], "target_removed", "{pa}");
-    let text = get(&c, &format!("http://{}/metrics", r.metrics_addr))
-        .await
-        .text();
+    let text = get_metrics(&c, &r).await;
     assert_eq!(
         metric_in(
             &text,

@@ -86,6 +86,10 @@ spec:
                 "programScheduling: {resumeOrder: lifo}",
                 "resumeOrder must be mru or fcfs",
             ),
+            (
+                "programScheduling: {forceResumeWorkloadFactor: -1}",
+                "forceResumeWorkloadFactor must be >= 0",
+            ),
         ] {
             let doc = format!(
                 "apiVersion: scheduling.program-router.dev/v1alpha1\nkind: ProgramScheduling\n\

@@ -417,6 +417,10 @@ mod tests {
                 r#"{"metrics_interval_seconds":0}"#,
                 "metrics_interval_seconds",
             ),
+            (
+                r#"{"force_resume_workload_factor":-1}"#,
+                "force_resume_workload_factor",
+            ),
             (r#"{"resume_order":"lifo"}"#, "unknown variant"),
             (r#"{"no_such_field":1}"#, "no_such_field"),
         ];

@@ -472,8 +472,6 @@ impl Scheduler {
         }
     }
 
-    /// Tokens a Program needs on its rank — (context or prompt estimate, less a fresh shared
-    /// prefix) + output allowance + growth reserve — and the growth-reserve part of it.
     /// `cache_aware` binding: the rank holding the longest leading part of the prompt (a shared
     /// system prompt, a parent's context) when it covers at least [`CACHE_AFFINITY`] of it and
     /// the rank is not more than [`AFFINITY_SLACK`] active Programs busier than the least loaded
@@ -487,9 +485,8 @@ impl Scheduler {
         if chain.is_empty() {
             return least;
         }
-        let ids: Vec<String> = self.ranks.iter().map(|r| r.id.clone()).collect();
-        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-        let matched = self.prefix.matched(chain, &refs);
+        let ids: Vec<&str> = self.ranks.iter().map(|r| r.id.as_str()).collect();
+        let matched = self.prefix.matched(chain, &ids);
         let best = (0..n)
             .max_by(|a, b| {
                 matched[*a]
@@ -509,6 +506,8 @@ impl Scheduler {
         }
     }
 
+    /// Tokens a Program needs on its rank — (context or prompt estimate, less a fresh shared
+    /// prefix) + output allowance + growth reserve — and the growth-reserve part of it.
     fn demand(
         &self,
         p: &Program,
@@ -686,11 +685,7 @@ impl Scheduler {
     fn can_admit(&self, rank: Rank, demand: u64, now: f64, forced: bool) -> bool {
         let r = &self.ranks[rank];
         if forced {
-            return r.active_programs == 0
-                || self.capacity(rank).0.is_none_or(|cap| {
-                    (r.used_tokens + self.shared_floor(rank, now) + demand) as f64
-                        <= cap as f64 * self.cfg.low_watermark_ratio
-                });
+            return self.fits(rank, demand, now);
         }
         if self.cfg.admission_waiting_request_threshold > 0
             && let Some(o) = self.observation_fresh(rank, now)
@@ -701,15 +696,20 @@ impl Scheduler {
         if r.active_programs >= self.cfg.max_active_programs_per_target {
             return false;
         }
-        // A rank that holds no active Program takes any demand: one larger than the rank would
-        // otherwise wait for nothing until its force-resume deadline (vLLM chunks and preempts).
-        match self.capacity(rank).0 {
-            Some(cap) => {
-                r.active_programs == 0
-                    || (r.used_tokens + demand) as f64 <= cap as f64 * self.cfg.low_watermark_ratio
-            }
-            None => true,
-        }
+        self.fits(rank, demand, now)
+    }
+
+    /// Token capacity: the rank's ledger, its shared prefix (counted once) and `demand` within
+    /// capacity × `low_watermark_ratio`. A rank that holds no active Program takes any demand:
+    /// one larger than the rank would otherwise wait for nothing until its force-resume deadline
+    /// (vLLM chunks and preempts). Without a known capacity, always.
+    fn fits(&self, rank: Rank, demand: u64, now: f64) -> bool {
+        let r = &self.ranks[rank];
+        r.active_programs == 0
+            || self.capacity(rank).0.is_none_or(|cap| {
+                (r.used_tokens + self.shared_floor(rank, now) + demand) as f64
+                    <= cap as f64 * self.cfg.low_watermark_ratio
+            })
     }
 
     fn activate(&mut self, slot: usize, rank: Rank, demand: u64, now: f64) {
@@ -746,24 +746,31 @@ impl Scheduler {
     }
 
     fn pause(&mut self, slot: usize, reason: PauseReason, now: f64) {
-        let p = self.program_mut(slot);
+        let p = self.program(slot);
         if !p.active() {
             return;
         }
         let (rank, reserved, rounds) = (p.rank, p.reserved, p.rounds);
+        let r = &mut self.ranks[rank];
+        r.used_tokens = r.used_tokens.saturating_sub(reserved);
+        r.active_programs = r.active_programs.saturating_sub(1);
+        if rounds > 0 {
+            r.segment_rounds.push(f64::from(rounds));
+        }
+        self.park(slot, reason, now);
+    }
+
+    /// The Program side of a pause (its rank's ledger is the caller's): paused, nothing
+    /// reserved, counted, noted, and forgotten after `paused_retention_ttl_seconds`.
+    fn park(&mut self, slot: usize, reason: PauseReason, now: f64) {
+        let p = self.program_mut(slot);
         p.phase = Phase::Paused { since: now, reason };
         p.reserved = 0;
         p.rounds = 0;
         p.yielded = reason == PauseReason::SegmentYield;
         p.pause_on_complete = false;
         p.timer_gen += 1;
-        let generation = p.timer_gen;
-        let name = p.key.1.clone();
-        self.ranks[rank].used_tokens = self.ranks[rank].used_tokens.saturating_sub(reserved);
-        self.ranks[rank].active_programs = self.ranks[rank].active_programs.saturating_sub(1);
-        if rounds > 0 {
-            self.ranks[rank].segment_rounds.push(f64::from(rounds));
-        }
+        let (generation, rank, name) = (p.timer_gen, p.rank, p.key.1.clone());
         *self.counters.pauses.entry(reason.as_str()).or_default() += 1;
         self.notes.push(Note::Pause {
             program: name,
@@ -827,8 +834,8 @@ impl Scheduler {
         };
         if !a.prefix.is_empty() {
             let home = self.program(slot).rank;
-            let id = self.ranks[home].id.clone();
-            self.prefix.record(&id, &a.prefix, PREFIX_BUDGET_BLOCKS);
+            self.prefix
+                .record(&self.ranks[home].id, &a.prefix, PREFIX_BUDGET_BLOCKS);
         }
         let mut out = Vec::new();
         let binding_only = self.cfg.binding_only;
@@ -1052,27 +1059,7 @@ impl Scheduler {
             p.shared_prefix = 0;
             if was_active {
                 // Its ledger went with the removed rank; its KV is gone with the engine.
-                p.phase = Phase::Paused {
-                    since: now,
-                    reason: PauseReason::TargetRemoved,
-                };
-                p.reserved = 0;
-                p.rounds = 0;
-                p.pause_on_complete = false;
-                p.timer_gen += 1;
-                let generation = p.timer_gen;
-                *self
-                    .counters
-                    .pauses
-                    .entry(PauseReason::TargetRemoved.as_str())
-                    .or_default() += 1;
-                self.notes.push(Note::Pause {
-                    program: name,
-                    rank: home,
-                    reason: PauseReason::TargetRemoved,
-                });
-                let release_at = now + self.cfg.paused_retention_ttl_seconds;
-                self.timer(release_at, TimerKind::Release, slot as u64, generation);
+                self.park(slot, PauseReason::TargetRemoved, now);
             }
         }
         // Retained requests on a removed rank queue at their Program's (new) home.

@@ -825,6 +825,10 @@ fn a_shared_prefix_is_reserved_once_per_rank_while_its_observation_is_fresh() {
         s.ranks[0].used_tokens, 420,
         "each holds its 210 private tokens"
     );
+    // The prefix itself is still counted once: e (1,200) would fit beside the private tokens
+    // alone (1,620) but not with the prefix (2,020 > 2,000).
+    assert!(dispatched(&s.on_arrival(2.0, arrival(5, "e", 1200))).is_empty());
+    s.on_cancel(2.0, 5);
     // d (1,100) fits beside 420 private + the 400 shared prefix counted once (1,920 ≤ 2,000);
     // counting the prefix per Program (1,220 + 1,100) it would not.
     assert_eq!(dispatched(&s.on_arrival(2.0, arrival(3, "d", 1100))), [3]);

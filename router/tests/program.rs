@@ -500,3 +500,19 @@ async fn get_metrics(c: &HttpClient, r: &Router) -> String {
         .await
         .text()
 }
+
+#[tokio::test]
+async fn a_program_request_with_no_worker_configured_gets_503() {
+    let r = router(RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        ..workers(&[], 1)
+    })
+    .await;
+    let c = client();
+    let reply = post(&c, &r.url(CHAT), &program_body("prog-a", 5, json!({}))).await;
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert!(reply.json()["error"]["message"].is_string());
+    // The router stays up and answers the next one the same way.
+    let again = post(&c, &r.url(CHAT), &program_body("prog-b", 5, json!({}))).await;
+    assert_eq!(again.status, 503);
+}

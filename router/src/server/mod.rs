@@ -320,7 +320,8 @@ async fn dispatch(
             match placed {
                 Some(id) => {
                     // The decision names a target id: a reload while the request waited may have
-                    // re-ordered or changed the targets, so resolve it against the newest set.
+                    // re-ordered or changed the targets, so find it by id (the request's snapshot
+                    // first, then the newest configuration).
                     let (fresh, index) = resolve_target(state, applied, &id)?;
                     applied = fresh;
                     (Some(index), ticket)

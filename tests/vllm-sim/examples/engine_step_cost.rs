@@ -29,6 +29,7 @@ fn main() {
                 max_tokens: 2000,
                 priority: 0,
                 output_seed: u64::from(s),
+                prefix_hashes: Vec::new(),
             },
             0.0,
         );
@@ -73,6 +74,7 @@ fn main() {
                     max_tokens: 1,
                     priority: 0,
                     output_seed: 1,
+                    prefix_hashes: Vec::new(),
                 },
                 0.0,
             );

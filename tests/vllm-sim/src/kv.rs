@@ -45,15 +45,22 @@ pub fn extend_block_hashes(tokens: &[u32], block_size: usize, out: &mut Vec<u64>
     }
 }
 
+/// One block's bookkeeping, kept together so that touching a block costs one cache miss (a
+/// replay over many ranks touches thousands of random blocks per request).
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    hash: Option<u64>,
+    ref_count: u32,
+    // Intrusive doubly linked free queue over block ids.
+    prev: u32,
+    next: u32,
+    in_free: bool,
+}
+
 /// The block pool.
 #[derive(Debug)]
 pub struct BlockPool {
-    ref_count: Vec<u32>,
-    hash: Vec<Option<u64>>,
-    // Intrusive doubly linked free queue over block ids.
-    prev: Vec<u32>,
-    next: Vec<u32>,
-    in_free: Vec<bool>,
+    blocks: Vec<Block>,
     head: u32,
     tail: u32,
     free_len: usize,
@@ -66,11 +73,16 @@ impl BlockPool {
     pub fn new(num_blocks: usize) -> Self {
         let n = u32::try_from(num_blocks).unwrap_or(u32::MAX - 1) as usize;
         let mut pool = BlockPool {
-            ref_count: vec![0; n],
-            hash: vec![None; n],
-            prev: vec![NIL; n],
-            next: vec![NIL; n],
-            in_free: vec![false; n],
+            blocks: vec![
+                Block {
+                    hash: None,
+                    ref_count: 0,
+                    prev: NIL,
+                    next: NIL,
+                    in_free: false,
+                };
+                n
+            ],
             head: NIL,
             tail: NIL,
             free_len: 0,
@@ -85,7 +97,7 @@ impl BlockPool {
 
     /// Total blocks.
     pub fn num_blocks(&self) -> usize {
-        self.ref_count.len()
+        self.blocks.len()
     }
 
     /// Blocks with no reference (free, whether or not they still hold cached content).
@@ -127,7 +139,7 @@ impl BlockPool {
     pub fn count_unreferenced(&self, blocks: &[BlockId]) -> usize {
         blocks
             .iter()
-            .filter(|b| self.ref_count[**b as usize] == 0)
+            .filter(|b| self.blocks[**b as usize].ref_count == 0)
             .count()
     }
 
@@ -135,44 +147,51 @@ impl BlockPool {
     pub fn touch(&mut self, blocks: &[BlockId]) {
         for b in blocks {
             let i = *b as usize;
-            if self.ref_count[i] == 0 {
+            if self.blocks[i].ref_count == 0 {
                 self.unlink(*b);
             }
-            self.ref_count[i] += 1;
+            self.blocks[i].ref_count += 1;
         }
     }
 
     /// Allocates `n` new blocks, evicting cached content in LRU order. `None` if fewer than `n`
     /// blocks are free; then nothing is allocated.
     pub fn allocate(&mut self, n: usize) -> Option<Vec<BlockId>> {
-        if n > self.free_len {
-            return None;
-        }
         let mut out = Vec::with_capacity(n);
+        self.allocate_into(n, &mut out).then_some(out)
+    }
+
+    /// [`allocate`](Self::allocate), appending the blocks to `out` (a sequence's own block list).
+    /// `false` if fewer than `n` blocks are free; then nothing is allocated.
+    pub fn allocate_into(&mut self, n: usize, out: &mut Vec<BlockId>) -> bool {
+        if n > self.free_len {
+            return false;
+        }
+        out.reserve(n);
         for _ in 0..n {
             let b = self.head;
             self.unlink(b);
-            if let Some(h) = self.hash[b as usize].take() {
+            if let Some(h) = self.blocks[b as usize].hash.take() {
                 if self.cached.get(&h) == Some(&b) {
                     self.cached.remove(&h);
                 }
                 self.evictions += 1;
             }
-            self.ref_count[b as usize] = 1;
+            self.blocks[b as usize].ref_count = 1;
             out.push(b);
         }
-        Some(out)
+        true
     }
 
     /// Records that `block` now holds the full block identified by `hash`. A block whose content
     /// is already cached elsewhere stays unhashed (the first copy wins, as in vLLM).
     pub fn register(&mut self, block: BlockId, hash: u64) {
-        if self.hash[block as usize].is_some() {
+        if self.blocks[block as usize].hash.is_some() {
             return;
         }
         if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
             e.insert(block);
-            self.hash[block as usize] = Some(hash);
+            self.blocks[block as usize].hash = Some(hash);
         }
     }
 
@@ -181,9 +200,9 @@ impl BlockPool {
     pub fn free(&mut self, blocks: &[BlockId]) {
         for b in blocks.iter().rev() {
             let i = *b as usize;
-            debug_assert!(self.ref_count[i] > 0, "double free of block {b}");
-            self.ref_count[i] = self.ref_count[i].saturating_sub(1);
-            if self.ref_count[i] == 0 {
+            debug_assert!(self.blocks[i].ref_count > 0, "double free of block {b}");
+            self.blocks[i].ref_count = self.blocks[i].ref_count.saturating_sub(1);
+            if self.blocks[i].ref_count == 0 {
                 self.push_free(*b);
             }
         }
@@ -196,36 +215,36 @@ impl BlockPool {
 
     fn push_free(&mut self, b: BlockId) {
         let i = b as usize;
-        debug_assert!(!self.in_free[i]);
-        self.prev[i] = self.tail;
-        self.next[i] = NIL;
+        debug_assert!(!self.blocks[i].in_free);
+        self.blocks[i].prev = self.tail;
+        self.blocks[i].next = NIL;
         if self.tail == NIL {
             self.head = b;
         } else {
-            self.next[self.tail as usize] = b;
+            self.blocks[self.tail as usize].next = b;
         }
         self.tail = b;
-        self.in_free[i] = true;
+        self.blocks[i].in_free = true;
         self.free_len += 1;
     }
 
     fn unlink(&mut self, b: BlockId) {
         let i = b as usize;
-        debug_assert!(self.in_free[i]);
-        let (p, n) = (self.prev[i], self.next[i]);
+        debug_assert!(self.blocks[i].in_free);
+        let (p, n) = (self.blocks[i].prev, self.blocks[i].next);
         if p == NIL {
             self.head = n;
         } else {
-            self.next[p as usize] = n;
+            self.blocks[p as usize].next = n;
         }
         if n == NIL {
             self.tail = p;
         } else {
-            self.prev[n as usize] = p;
+            self.blocks[n as usize].prev = p;
         }
-        self.prev[i] = NIL;
-        self.next[i] = NIL;
-        self.in_free[i] = false;
+        self.blocks[i].prev = NIL;
+        self.blocks[i].next = NIL;
+        self.blocks[i].in_free = false;
         self.free_len -= 1;
     }
 }

@@ -95,13 +95,33 @@ pub const GENERATION_PROMPT: &str = "<|assistant|>";
 /// Always a space followed by at most six characters, so every generated token is exactly one
 /// token again when a client sends it back.
 pub fn output_token_text(seed: u64, index: u32) -> String {
-    let v = splitmix(seed ^ u64::from(index).wrapping_mul(0x9E37_79B9_7F4A_7C15)) % 100_000;
-    format!(" w{v}")
+    format!(" w{}", output_word(seed, index))
 }
 
-/// The id of the `index`-th generated token (the id of [`output_token_text`]).
+fn output_word(seed: u64, index: u32) -> u64 {
+    splitmix(seed ^ u64::from(index).wrapping_mul(0x9E37_79B9_7F4A_7C15)) % 100_000
+}
+
+/// The id of the `index`-th generated token (the id of [`output_token_text`]), computed without
+/// formatting the text: the engine calls this for every generated token.
 pub fn output_token_id(seed: u64, index: u32) -> u32 {
-    fnv1a(output_token_text(seed, index).as_bytes())
+    let mut v = output_word(seed, index);
+    let mut digits = [0u8; 20];
+    let mut n = 0;
+    loop {
+        digits[n] = b'0' + (v % 10) as u8;
+        n += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let mut text = [0u8; 22];
+    text[..2].copy_from_slice(b" w");
+    for (k, d) in digits[..n].iter().rev().enumerate() {
+        text[2 + k] = *d;
+    }
+    fnv1a(&text[..2 + n])
 }
 
 fn fnv1a(bytes: &[u8]) -> u32 {
@@ -162,6 +182,20 @@ mod tests {
     fn count_matches_tokenize_on_unicode() {
         for s in ["héllo wörld ✓✓✓✓✓✓✓✓✓✓", "  a\t\tb\n\nc", "x"] {
             assert_eq!(count_tokens(s), tokenize(s).len(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn output_token_id_is_the_id_of_its_text() {
+        for seed in [0, 1, 42, u64::MAX] {
+            for index in (0..2000).chain([u32::MAX]) {
+                let text = output_token_text(seed, index);
+                assert_eq!(
+                    tokenize(&text),
+                    vec![output_token_id(seed, index)],
+                    "{text:?}"
+                );
+            }
         }
     }
 

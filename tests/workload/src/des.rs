@@ -17,6 +17,7 @@ use program_router::program::scheduler::{Arrival, Decision, Observation, Schedul
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use vllm_sim::engine::{Engine, EngineEvent, EngineParams, SeqRequest};
+use vllm_sim::kv::extend_block_hashes;
 use vllm_sim::tokenizer::splitmix;
 
 use crate::workload::{SPAWN_DELAY_SECONDS, Turn, programs};
@@ -92,12 +93,15 @@ enum Ev {
 struct Prog {
     turns: Vec<Turn>,
     next: usize,
+    /// The context so far (moved into the engine while a request runs, and back with its output).
     history: Vec<u32>,
+    /// Chained block hashes of `history`'s full blocks, extended turn by turn (the engine would
+    /// otherwise rehash the whole context on every request).
+    hashes: Vec<u64>,
     prompt: Vec<u32>,
     rank: usize,
     started: f64,
     arrived_at: f64,
-    output: Vec<u32>,
     done: bool,
     /// Subagents: the parent's index and whether the parent waits for this one.
     parent: Option<usize>,
@@ -139,7 +143,16 @@ fn prefix_chain(prompt: &[u32]) -> Vec<u64> {
 /// Replays `turns` on `ranks` simulated ranks shaped by `engine`.
 pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> Report {
     let wall = Instant::now();
-    let mut engines: Vec<Engine> = (0..ranks).map(|_| Engine::new(engine.clone())).collect();
+    let mut engines: Vec<Engine> = (0..ranks)
+        .map(|_| {
+            let mut e = Engine::new(engine.clone());
+            e.set_token_events(false);
+            e
+        })
+        .collect();
+    // When each engine next has something to report (its step in progress ends, or it has work
+    // and no step), kept current after every advance and submit: only engines due are advanced.
+    let mut next_at: Vec<f64> = vec![f64::INFINITY; ranks];
     let mut sched = match mode {
         Mode::Program(c) => Some(Scheduler::new(
             (**c).clone(),
@@ -162,8 +175,8 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
             turns: t,
             next: 0,
             history: Vec::new(),
+            hashes: Vec::new(),
             prompt: Vec::new(),
-            output: Vec::new(),
             done: false,
             parent: None,
             blocks_parent: false,
@@ -211,6 +224,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
     let (mut jcts, mut waits) = (Vec::new(), Vec::new());
     let (mut requests, mut truncated, mut open) = (0u64, 0usize, progs.len());
     let mut events = Vec::new();
+    let mut happened: Vec<(usize, EngineEvent)> = Vec::new();
     let mut now = 0.0f64;
     let timed = |ns: &mut Vec<u32>, start: Instant| {
         ns.push(start.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32)
@@ -227,15 +241,18 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                         waits.push($now - p.arrived_at);
                         let turn = &p.turns[p.next];
                         let seed = splitmix((i as u64) << 20 | u64::from(turn.step));
+                        extend_block_hashes(&p.prompt, engine.block_size, &mut p.hashes);
                         let id = engines[rank].submit(
                             SeqRequest {
                                 prompt: std::mem::take(&mut p.prompt),
                                 max_tokens: turn.output_tokens,
                                 priority: 0,
                                 output_seed: seed,
+                                prefix_hashes: p.hashes.clone(),
                             },
                             $now,
                         );
+                        next_at[rank] = engines[rank].next_event_time().unwrap_or(f64::INFINITY);
                         seqs.insert((rank, id), i);
                         requests += 1;
                     }
@@ -267,6 +284,10 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
 
     while open > 0 {
         if now >= next_sample {
+            for (r, e) in engines.iter_mut().enumerate() {
+                e.sync(now);
+                next_at[r] = e.next_event_time().unwrap_or(f64::INFINITY);
+            }
             let (p, c) = engines.iter().fold((0usize, 0usize), |(p, c), e| {
                 let s = e.stats();
                 (
@@ -284,10 +305,9 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
         }
         // The next instant anything happens.
         let mut next = heap.peek().map(|Reverse((t, _))| *t as f64 / 1e6);
-        for e in &engines {
-            if let Some(t) = e.next_event_time() {
-                next = Some(next.map_or(t, |n: f64| n.min(t)));
-            }
+        let due = next_at.iter().copied().fold(f64::INFINITY, f64::min);
+        if due.is_finite() {
+            next = Some(next.map_or(due, |n: f64| n.min(due)));
         }
         if let Some(s) = &sched
             && let Some(t) = s.next_deadline()
@@ -298,26 +318,29 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
         now = t.max(now);
 
         // Engine steps that end now: completions.
-        let mut happened: Vec<(usize, EngineEvent)> = Vec::new();
+        happened.clear();
         for (r, e) in engines.iter_mut().enumerate() {
+            if next_at[r] > now {
+                continue;
+            }
             e.advance(now, &mut events);
+            next_at[r] = e.next_event_time().unwrap_or(f64::INFINITY);
             happened.extend(events.drain(..).map(|ev| (r, ev)));
         }
         {
-            for (r, ev) in happened {
+            for (r, ev) in happened.drain(..) {
                 match ev {
-                    EngineEvent::Token { id, token, .. } => {
-                        if let Some(i) = seqs.get(&(r, id)) {
-                            progs[*i].output.push(token);
-                        }
-                    }
-                    EngineEvent::Finished { id, outcome } => {
+                    EngineEvent::Token { .. } => {}
+                    EngineEvent::Finished {
+                        id,
+                        outcome,
+                        tokens,
+                    } => {
                         let Some(i) = seqs.remove(&(r, id)) else {
                             continue;
                         };
                         let p = &mut progs[i];
-                        let out = std::mem::take(&mut p.output);
-                        p.history.extend_from_slice(&out);
+                        p.history = tokens;
                         let gap = p.turns[p.next].gap_after;
                         let step = p.turns[p.next].step;
                         p.next += 1;
@@ -370,8 +393,11 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                 Ev::Observe => {
                     if let Some(s) = sched.as_mut() {
                         let loads: Vec<Observation> = engines
-                            .iter()
-                            .map(|e| {
+                            .iter_mut()
+                            .enumerate()
+                            .map(|(r, e)| {
+                                e.sync(now);
+                                next_at[r] = e.next_event_time().unwrap_or(f64::INFINITY);
                                 let l = e.load();
                                 Observation {
                                     waiting: l.waiting as f64,
@@ -405,6 +431,10 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                         );
                     }
                     let pid = i as u64 + 1_000;
+                    // Room for the append and the output, so neither the extension nor the
+                    // engine's sequence reallocates.
+                    p.history
+                        .reserve(turn.append_tokens as usize + turn.output_tokens as usize);
                     p.history.extend(
                         (0..turn.append_tokens)
                             .map(|k| token(pid, u64::from(turn.step), u64::from(k))),
@@ -418,7 +448,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                         ended.push(i);
                         continue;
                     }
-                    p.prompt = p.history.clone();
+                    p.prompt = std::mem::take(&mut p.history);
                     p.arrived_at = now;
                     match sched.as_mut() {
                         Some(s) => {
@@ -473,6 +503,9 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
         // Dependencies of what ended: a parent waiting on its last blocking subagent resumes
         // (after its own tool gap); subagents a parent never reached are abandoned.
         while let Some(i) = ended.pop() {
+            // Its context is no longer needed (a long replay would otherwise keep every one).
+            let p = &mut progs[i];
+            (p.history, p.hashes, p.prompt) = (Vec::new(), Vec::new(), Vec::new());
             if let (Some(pi), true) = (progs[i].parent, progs[i].blocks_parent) {
                 let parent = &mut progs[pi];
                 parent.blockers = parent.blockers.saturating_sub(1);

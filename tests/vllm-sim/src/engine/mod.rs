@@ -8,6 +8,12 @@
 //! [`advance`](Engine::advance) to a later time and collect the [`EngineEvent`]s of every step
 //! that ended by then. The HTTP server drives it with wall-clock time × `--time-scale`; a
 //! discrete-event harness drives the same code in virtual time.
+//!
+//! Without per-token events ([`Engine::set_token_events`]), a run of plain decode steps reports
+//! nothing until a sequence finishes, so [`Engine::next_event_time`] looks ahead to that step
+//! (the decode-run horizon) and a caller in virtual time wakes once per run instead of once per
+//! step. The steps in between are still simulated one by one, with the same arithmetic, when the
+//! caller advances or submits; [`Engine::sync`] brings the engine to a time before reading it.
 
 mod seq;
 pub mod stats;
@@ -115,8 +121,13 @@ pub enum EngineEvent {
         token: u32,
         time: f64,
     },
-    /// Sequence `id` finished (after its last `Token` event, if any).
-    Finished { id: SeqId, outcome: Outcome },
+    /// Sequence `id` finished (after its last `Token` event, if any). `tokens` is the whole
+    /// sequence, prompt then output: a replay continues the context from it without copying.
+    Finished {
+        id: SeqId,
+        outcome: Outcome,
+        tokens: Vec<u32>,
+    },
 }
 
 /// The end of a sequence, with what usage reports.
@@ -156,6 +167,14 @@ pub struct Engine {
     next_id: SeqId,
     next_order: u64,
     stats: EngineStats,
+    token_events: bool,
+    /// End of the step in which the current decode run's first sequence finishes (see the module
+    /// doc); `None` when the next step's end is the next event.
+    horizon: Option<f64>,
+    /// Events of steps simulated by [`sync`](Self::sync), reported by the next `advance`.
+    pending: Vec<EngineEvent>,
+    /// The last completed step's list, reused by the next (no allocation per step).
+    spare: Vec<(SeqId, usize)>,
 }
 
 impl Engine {
@@ -172,7 +191,18 @@ impl Engine {
             next_id: 1,
             next_order: 0,
             stats: EngineStats::default(),
+            token_events: true,
+            horizon: None,
+            pending: Vec::new(),
+            spare: Vec::new(),
         }
+    }
+
+    /// Whether [`advance`](Self::advance) reports a [`EngineEvent::Token`] per generated token
+    /// (default on, for streaming). A caller that needs only whole outputs turns them off and
+    /// reads [`EngineEvent::Finished`]'s `tokens`.
+    pub fn set_token_events(&mut self, on: bool) {
+        self.token_events = on;
     }
 
     pub fn params(&self) -> &EngineParams {
@@ -205,17 +235,36 @@ impl Engine {
         !self.seqs.is_empty()
     }
 
-    /// When the step in progress ends (the next time `advance` has something to report).
+    /// The next time `advance` has something to report: the end of the step in progress, or of
+    /// the decode run's finishing step when token events are off; now if work waits for a step.
     pub fn next_event_time(&self) -> Option<f64> {
+        if !self.pending.is_empty() {
+            return Some(self.clock);
+        }
         match &self.step {
-            Some(s) => Some(s.end),
+            Some(s) => Some(self.horizon.unwrap_or(s.end)),
             None if !self.waiting.is_empty() || !self.running.is_empty() => Some(self.clock),
             None => None,
         }
     }
 
+    /// Simulates the steps that end at or before `now` without reporting them yet (the next
+    /// `advance` does), so that [`load`](Self::load) and [`stats`](Self::stats) describe `now`.
+    /// Like `advance` at each of those step ends, it starts the step that follows each of them;
+    /// with no step in progress it does nothing (requests submitted at one instant share a step).
+    pub fn sync(&mut self, now: f64) {
+        if self.step.is_none() {
+            return;
+        }
+        let mut pending = std::mem::take(&mut self.pending);
+        self.run_until(now, &mut pending);
+        self.pending = pending;
+    }
+
     /// Adds a request at time `now` (at or after the engine's clock). It joins the next step.
     pub fn submit(&mut self, req: SeqRequest, now: f64) -> SeqId {
+        self.sync(now);
+        self.horizon = None;
         if self.step.is_none() && now > self.clock {
             self.clock = now;
         }
@@ -223,7 +272,7 @@ impl Engine {
         self.next_id += 1;
         let order = self.next_order;
         self.next_order += 1;
-        let seq = Seq::new(req, order, now.max(self.clock));
+        let seq = Seq::new(req, self.params.block_size, order, now.max(self.clock));
         self.waiting.insert(seq.wait_key(self.by_priority(), id));
         self.seqs.insert(id, seq);
         id
@@ -232,7 +281,9 @@ impl Engine {
     /// Removes a request wherever it is and frees its blocks. Returns its outcome, or `None` if
     /// the id is unknown (already finished).
     pub fn abort(&mut self, id: SeqId, now: f64) -> Option<Outcome> {
+        self.sync(now);
         let seq = self.seqs.remove(&id)?;
+        self.horizon = None;
         if seq.running {
             self.running.retain(|r| *r != id);
         } else {
@@ -245,6 +296,11 @@ impl Engine {
 
     /// Simulates every step that ends at or before `until`, appending what happened to `events`.
     pub fn advance(&mut self, until: f64, events: &mut Vec<EngineEvent>) {
+        events.append(&mut self.pending);
+        self.run_until(until, events);
+    }
+
+    fn run_until(&mut self, until: f64, events: &mut Vec<EngineEvent>) {
         loop {
             if let Some(step) = &self.step {
                 if step.end > until {
@@ -252,6 +308,9 @@ impl Engine {
                 }
                 let step = self.step.take().expect("checked above");
                 self.clock = step.end;
+                if self.horizon.is_some_and(|h| step.end >= h) {
+                    self.horizon = None;
+                }
                 self.complete(step, events);
                 continue;
             }
@@ -259,7 +318,12 @@ impl Engine {
                 break;
             }
             match self.schedule() {
-                Some(step) => self.step = Some(step),
+                Some(step) => {
+                    if self.horizon.is_none() {
+                        self.horizon = self.decode_run_horizon(&step);
+                    }
+                    self.step = Some(step);
+                }
                 None => break,
             }
         }
@@ -279,7 +343,8 @@ impl Engine {
     /// Picks what runs in the next step and how long it takes; `None` when there is nothing.
     fn schedule(&mut self) -> Option<Step> {
         let mut budget = self.params.max_num_batched_tokens;
-        let mut scheduled: Vec<(SeqId, usize)> = Vec::new();
+        let mut scheduled = std::mem::take(&mut self.spare);
+        scheduled.clear();
         let mut preempted_any = false;
 
         // Running sequences first: one decode token each, or the next prefill chunk.
@@ -297,12 +362,8 @@ impl Engine {
             let mut self_preempted = false;
             let mut shifted = false;
             loop {
-                if let Some(new) = self.pool.allocate(need) {
-                    self.seqs
-                        .get_mut(&id)
-                        .expect("running seq exists")
-                        .blocks
-                        .extend(new);
+                let blocks = &mut self.seqs.get_mut(&id).expect("running seq exists").blocks;
+                if self.pool.allocate_into(need, blocks) {
                     break;
                 }
                 let victim = self.pick_victim();
@@ -351,10 +412,10 @@ impl Engine {
                 break;
             }
             self.pool.touch(&hit);
-            let new = self.pool.allocate(need).expect("checked free blocks");
             let s = self.seqs.get_mut(&id).expect("waiting seq exists");
             s.blocks = hit;
-            s.blocks.extend(new);
+            let allocated = self.pool.allocate_into(need, &mut s.blocks);
+            assert!(allocated, "checked free blocks");
             s.num_computed = computed;
             s.registered = s.blocks.len().min(computed / bs);
             s.prefill_done = 0;
@@ -375,6 +436,7 @@ impl Engine {
         }
 
         if scheduled.is_empty() {
+            self.spare = scheduled;
             return None;
         }
         let timing = self.params.timing;
@@ -395,6 +457,53 @@ impl Engine {
             end: self.clock + dur,
             scheduled,
         })
+    }
+
+    /// When token events are off and `step` starts a run of plain decode steps that nothing can
+    /// change until a sequence finishes (every running sequence decodes, none waits, the free
+    /// blocks cover the run's growth so nothing is preempted), the end of that finishing step,
+    /// computed with exactly the arithmetic of [`schedule`](Self::schedule). `None` otherwise.
+    fn decode_run_horizon(&self, step: &Step) -> Option<f64> {
+        if self.token_events
+            || !self.waiting.is_empty()
+            || step.scheduled.len() != self.running.len()
+        {
+            return None;
+        }
+        let mut steps = u32::MAX;
+        let mut context = 0u64;
+        for (id, k) in &step.scheduled {
+            let s = &self.seqs[id];
+            if !s.is_decode(*k) {
+                return None;
+            }
+            steps = steps.min(s.max_tokens.saturating_sub(s.outputs));
+            context += s.tokens.len() as u64;
+        }
+        if steps <= 1 {
+            return None;
+        }
+        let grow: usize = step
+            .scheduled
+            .iter()
+            .map(|(id, _)| {
+                let s = &self.seqs[id];
+                self.cdiv(s.num_computed + steps as usize)
+                    .saturating_sub(s.blocks.len())
+            })
+            .sum();
+        if grow > self.pool.num_free() {
+            return None;
+        }
+        let timing = self.params.timing;
+        let batch = step.scheduled.len() as u64;
+        let mut end = step.end;
+        for _ in 1..steps {
+            context += batch;
+            let decode = timing.decode_step_seconds(batch, context);
+            end += timing.mixed_step_seconds(0.0, decode);
+        }
+        Some(end)
     }
 
     /// The running sequence to preempt: the last admitted (FCFS) or the lowest priority.
@@ -434,7 +543,7 @@ impl Engine {
         // Inter-token latencies, run-length grouped: decoding sequences usually share one value.
         let mut itl: (f64, u64) = (0.0, 0);
         let mut finished: Vec<SeqId> = Vec::new();
-        for (id, k) in step.scheduled {
+        for &(id, k) in &step.scheduled {
             let Some(s) = self.seqs.get_mut(&id) else {
                 continue;
             };
@@ -478,12 +587,14 @@ impl Engine {
                 itl = (gap, itl.1 + 1);
             }
             s.last_token = end;
-            events.push(EngineEvent::Token {
-                id,
-                index,
-                token,
-                time: end,
-            });
+            if self.token_events {
+                events.push(EngineEvent::Token {
+                    id,
+                    index,
+                    token,
+                    time: end,
+                });
+            }
             if s.outputs >= s.max_tokens {
                 finished.push(id);
             }
@@ -502,8 +613,10 @@ impl Engine {
             events.push(EngineEvent::Finished {
                 id,
                 outcome: outcome(&s, FinishReason::Length, end),
+                tokens: s.tokens,
             });
         }
+        self.spare = step.scheduled;
     }
 }
 

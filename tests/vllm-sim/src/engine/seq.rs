@@ -32,6 +32,12 @@ pub struct SeqRequest {
     pub priority: i64,
     /// Seeds the generated token ids (equal prompts and seeds give equal outputs).
     pub output_seed: u64,
+    /// Chained hashes of the prompt's leading full blocks ([`crate::kv::extend_block_hashes`]),
+    /// when the caller already has them: a replay that grows one context turn after turn hashes
+    /// only what each turn adds. Any leading part of the list (or none); entries beyond the
+    /// prompt's full blocks are ignored. Wrong hashes give wrong cache hits, so only pass hashes
+    /// computed with the engine's block size.
+    pub prefix_hashes: Vec<u64>,
 }
 
 #[derive(Debug)]
@@ -62,8 +68,10 @@ pub(crate) struct Seq {
 }
 
 impl Seq {
-    pub fn new(req: SeqRequest, order: u64, arrival: f64) -> Self {
+    pub fn new(req: SeqRequest, block_size: usize, order: u64, arrival: f64) -> Self {
         let prompt_len = req.prompt.len();
+        let mut hashes = req.prefix_hashes;
+        hashes.truncate(prompt_len / block_size);
         let mut tokens = req.prompt;
         tokens.reserve(req.max_tokens as usize);
         Seq {
@@ -81,7 +89,7 @@ impl Seq {
             num_computed: 0,
             prefill_done: 0,
             blocks: Vec::new(),
-            hashes: Vec::new(),
+            hashes,
             registered: 0,
             cached_tokens: None,
             running: false,

@@ -16,6 +16,7 @@ fn req(prompt: Vec<u32>, max_tokens: u32) -> SeqRequest {
         max_tokens,
         priority: 0,
         output_seed: 7,
+        prefix_hashes: Vec::new(),
     }
 }
 
@@ -37,7 +38,7 @@ fn drain(e: &mut Engine) -> Vec<EngineEvent> {
 fn outcome_of(ev: &[EngineEvent], want: SeqId) -> Outcome {
     ev.iter()
         .find_map(|e| match e {
-            EngineEvent::Finished { id, outcome } if *id == want => Some(*outcome),
+            EngineEvent::Finished { id, outcome, .. } if *id == want => Some(*outcome),
             _ => None,
         })
         .expect("finished event")
@@ -304,4 +305,151 @@ fn same_inputs_give_same_events() {
         drain(&mut e)
     };
     assert_eq!(run(), run());
+}
+
+/// What a discrete-event driver sees: each finish with the time the driver woke for it, the
+/// load at probe times, the engine's counters, and how often the driver woke.
+#[derive(Debug, PartialEq)]
+struct Replay {
+    finishes: Vec<(f64, SeqId, Outcome, Vec<u32>)>,
+    loads: Vec<Load>,
+    steps: u64,
+    preemptions: u64,
+    generation_tokens: u64,
+    cached: u64,
+    wakes: usize,
+}
+
+/// Drives an engine the way the virtual-time harness does: wake at the next arrival, probe or
+/// engine event, whichever is first; submit arrivals due; read the load at probes.
+fn replay(token_events: bool, arrivals: &[(f64, SeqRequest)], probes: &[f64]) -> Replay {
+    let mut e = Engine::new(params(48));
+    e.set_token_events(token_events);
+    let mut r = Replay {
+        finishes: Vec::new(),
+        loads: Vec::new(),
+        steps: 0,
+        preemptions: 0,
+        generation_tokens: 0,
+        cached: 0,
+        wakes: 0,
+    };
+    let (mut a, mut p) = (0, 0);
+    let mut ev = Vec::new();
+    loop {
+        let now = [
+            arrivals.get(a).map(|x| x.0),
+            probes.get(p).copied(),
+            e.next_event_time(),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(f64::INFINITY, f64::min);
+        if now.is_infinite() {
+            break;
+        }
+        r.wakes += 1;
+        e.advance(now, &mut ev);
+        for x in ev.drain(..) {
+            if let EngineEvent::Finished {
+                id,
+                outcome,
+                tokens,
+            } = x
+            {
+                r.finishes.push((now, id, outcome, tokens));
+            }
+        }
+        while a < arrivals.len() && arrivals[a].0 <= now {
+            e.submit(arrivals[a].1.clone(), now);
+            a += 1;
+        }
+        while p < probes.len() && probes[p] <= now {
+            e.sync(now);
+            r.loads.push(e.load());
+            p += 1;
+        }
+    }
+    let s = e.stats();
+    (r.steps, r.preemptions, r.generation_tokens, r.cached) = (
+        s.steps,
+        s.preemptions,
+        s.generation_tokens,
+        s.prompt_tokens_cached,
+    );
+    r
+}
+
+#[test]
+fn decode_runs_without_token_events_match_step_by_step_exactly() {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    for seed in 0..20u64 {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut t = 0.0;
+        let arrivals: Vec<(f64, SeqRequest)> = (0..30)
+            .map(|i| {
+                t += rng.random_range(0.0..0.3);
+                // Few distinct prompt heads, so prefixes are shared and reused.
+                let head = prompt(rng.random_range(0..4), rng.random_range(16..160));
+                let mut p = head;
+                p.extend(prompt(1000 + i, rng.random_range(1..40)));
+                (
+                    t,
+                    SeqRequest {
+                        output_seed: u64::from(i),
+                        ..req(p, rng.random_range(1..120))
+                    },
+                )
+            })
+            .collect();
+        let probes: Vec<f64> = (1..60).map(|k| f64::from(k) * 0.17).collect();
+        let lazy = replay(false, &arrivals, &probes);
+        let stepwise = replay(true, &arrivals, &probes);
+        assert_eq!(lazy.finishes.len(), 30, "seed {seed}");
+        for (now, _, o, tokens) in &lazy.finishes {
+            // The driver woke exactly when the finishing step ended.
+            assert_eq!(*now, o.finished, "seed {seed}");
+            assert_eq!(tokens.len(), o.prompt_tokens + o.completion_tokens as usize);
+        }
+        assert!(
+            lazy.wakes < stepwise.wakes,
+            "seed {seed}: {} wakes vs {}",
+            lazy.wakes,
+            stepwise.wakes
+        );
+        assert_eq!(
+            Replay { wakes: 0, ..lazy },
+            Replay {
+                wakes: 0,
+                ..stepwise
+            },
+            "seed {seed}"
+        );
+    }
+}
+
+#[test]
+fn prefix_hashes_given_by_the_caller_change_nothing() {
+    let run = |given: bool| {
+        let mut e = Engine::new(params(64));
+        let p = prompt(90, 150);
+        let mut hashes = Vec::new();
+        crate::kv::extend_block_hashes(&p, 16, &mut hashes);
+        hashes.truncate(5); // any leading part will do
+        e.submit(req(p.clone(), 4), 0.0);
+        let ev = drain(&mut e);
+        let b = e.submit(
+            SeqRequest {
+                prefix_hashes: if given { hashes } else { Vec::new() },
+                ..req(p, 4)
+            },
+            e.clock(),
+        );
+        let ev2 = drain(&mut e);
+        (ev, outcome_of(&ev2, b), e.stats().prompt_tokens_cached)
+    };
+    let (with, without) = (run(true), run(false));
+    assert_eq!(with, without);
+    assert_eq!(with.1.cached_tokens, 144);
 }

@@ -356,6 +356,7 @@ async fn generate(
         max_tokens: job.max_tokens,
         priority: job.priority,
         output_seed,
+        prefix_hashes: Vec::new(),
     };
     let (mut submission, mut rx) = rank.submit(seq, job.stream || fail_after.is_some());
 

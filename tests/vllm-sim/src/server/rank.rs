@@ -69,7 +69,7 @@ impl Inner {
                         let _ = s.tx.send(RankMsg::Token { index });
                     }
                 }
-                EngineEvent::Finished { id, outcome } => {
+                EngineEvent::Finished { id, outcome, .. } => {
                     if let Some(s) = self.subs.remove(&id) {
                         let _ = s.tx.send(RankMsg::Done(outcome));
                     }

@@ -516,3 +516,205 @@ async fn a_program_request_with_no_worker_configured_gets_503() {
     let again = post(&c, &r.url(CHAT), &program_body("prog-b", 5, json!({}))).await;
     assert_eq!(again.status, 503);
 }
+
+/// Field names of vllm-router 0.1.17's `/scheduling/diagnostics` (from a captured sample), by
+/// level: a user moving from it keeps every field.
+const PEER_TOP: &[&str] = &[
+    "enabled",
+    "binding_only",
+    "global_queue",
+    "resume_order",
+    "cross_rank_headroom_ratio",
+    "retained_requests",
+    "prediction_mode",
+    "return_time_profile_keys",
+    "output_length_profile_keys",
+    "token_estimation",
+    "ranks",
+];
+const PEER_RANK: &[&str] = &[
+    "target_id",
+    "base_url",
+    "dp_rank",
+    "configured_token_capacity",
+    "router_estimated_used_tokens",
+    "router_estimated_headroom_tokens",
+    "vllm_usage_scaled_tokens",
+    "observed_active_reasoning_tokens",
+    "observed_active_program_tokens",
+    "tracked_active_reasoning_requests",
+    "observed_router_active_reasoning_programs",
+    "observed_router_active_reasoning_requests",
+    "active_program_token_delta_since_observation",
+    "future_pause_relief_tokens",
+    "active_acting_private_tokens",
+    "router_minus_vllm_used_tokens",
+    "router_active_programs",
+    "router_active_reasoning_programs",
+    "router_active_acting_programs",
+    "router_paused_reasoning_programs",
+    "router_paused_acting_programs",
+    "router_in_flight_requests",
+    "router_queued_programs",
+    "router_queued_requests",
+    "vllm_kv_cache_usage",
+    "vllm_running_requests",
+    "vllm_waiting_requests",
+    "observation_age_seconds",
+    "observation_fresh",
+    "capacity_accounting_source",
+    "rolling",
+    "programs",
+];
+const PEER_ROLLING: &[&str] = &[
+    "request_samples",
+    "continuity_samples",
+    "ttl_pause_samples",
+    "request_window_complete",
+    "continuity_window_complete",
+    "avg_prompt_tokens",
+    "avg_completion_tokens",
+    "avg_cached_prompt_tokens",
+    "avg_cached_prompt_ratio",
+    "avg_context_growth_tokens",
+    "avg_e2e_seconds",
+    "avg_decode_seconds",
+    "avg_router_queue_seconds",
+    "avg_rounds_since_ttl_pause",
+    "request_throughput_per_second",
+    "fitted_acting_ttl_seconds",
+];
+const PEER_PROGRAM: &[&str] = &[
+    "program",
+    "generation",
+    "state",
+    "status",
+    "expected_resume",
+    "task_id",
+    "session_id",
+    "agent_id",
+    "parent_program_id",
+    "root_program_id",
+    "blocks_parent",
+    "agent_role",
+    "spawn_reason",
+    "workflow_profile_id",
+    "profile_version",
+    "step_id",
+    "request_id",
+    "request_priority",
+    "request_deadline_seconds",
+    "expected_output_tokens",
+    "kv_retention_ttl_seconds",
+    "home_target",
+    "last_target",
+    "placement",
+    "estimated_context_tokens",
+    "shared_prefix_tokens",
+    "shared_prefix_freshness_remaining_seconds",
+    "logical_tokens",
+    "private_tokens",
+    "in_flight_requests",
+    "waiting_requests",
+    "segment_served_rounds",
+    "rounds_since_activation",
+    "rounds_since_ttl_pause",
+    "pause_when_idle",
+    "pause_reason",
+    "acting_seconds",
+    "queued_seconds",
+    "ttl_remaining_seconds",
+    "force_resume_remaining_seconds",
+    "force_resume_timeout_seconds",
+    "force_resume_active_remaining_rounds",
+    "force_resume_pool_remaining_rounds",
+    "force_resume_request_throughput_per_second",
+    "predicted_return_probability",
+    "predicted_ttl_seconds",
+    "return_prediction_support",
+    "return_prediction_online_support",
+    "return_prediction_backoff_level",
+    "return_prediction_source",
+    "last_return_actual_seconds",
+    "predicted_output_tokens",
+    "predicted_output_p50",
+    "predicted_output_p95",
+    "predicted_output_p99",
+    "output_prediction_support",
+    "output_prediction_online_support",
+    "output_prediction_backoff_level",
+    "output_prediction_source",
+    "output_prediction_mature",
+    "last_output_actual_tokens",
+];
+
+fn missing(v: &Value, names: &[&str]) -> Vec<String> {
+    names
+        .iter()
+        .filter(|n| v.get(**n).is_none())
+        .map(|n| n.to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn diagnostics_cover_the_peers_fields() {
+    let ps = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(400),
+        decode_buffer_tokens: 10,
+        ..Default::default()
+    };
+    let (_s, r) = setup(ps).await;
+    let c = client();
+    // a acts for 30 s of tool time; b waits behind it.
+    let b = hold_a_then_retain_b(&c, &r, 30.0).await;
+    let d = diagnostics(&c, &r).await;
+    assert_eq!(missing(&d, PEER_TOP), Vec::<String>::new(), "{d}");
+    let rank = &d["ranks"][0];
+    assert_eq!(missing(rank, PEER_RANK), Vec::<String>::new(), "{rank}");
+    assert_eq!(
+        missing(&rank["rolling"], PEER_ROLLING),
+        Vec::<String>::new()
+    );
+    let progs = rank["programs"].as_array().expect("programs");
+    assert_eq!(progs.len(), 2, "{rank}");
+    for p in progs {
+        assert_eq!(missing(p, PEER_PROGRAM), Vec::<String>::new(), "{p}");
+    }
+    // The values say what happened: a ran once (4 output tokens) and is acting on its TTL; b
+    // waits; nothing is predicted here.
+    assert_eq!(d["prediction_mode"], "off");
+    assert_eq!(
+        d["token_estimation"][0]["tokens_per_byte"],
+        d["token_estimate_coefficient"]
+    );
+    assert_eq!(rank["router_queued_programs"], 1);
+    assert_eq!(rank["rolling"]["request_samples"], 1);
+    assert_eq!(rank["rolling"]["avg_completion_tokens"], 4.0);
+    assert!(rank["rolling"]["avg_e2e_seconds"].as_f64().expect("e2e") > 0.0);
+    assert_eq!(
+        rank["active_acting_private_tokens"],
+        rank["router_estimated_used_tokens"]
+    );
+    let find = |name: &str| {
+        progs
+            .iter()
+            .find(|p| p["program"] == name)
+            .unwrap_or_else(|| panic!("{name} listed: {rank}"))
+    };
+    let a = find("prog-a");
+    assert_eq!(a["status"], "acting");
+    assert_eq!(a["kv_retention_ttl_seconds"], 30.0);
+    assert_eq!(a["predicted_ttl_seconds"], 30.0);
+    assert_eq!(a["last_output_actual_tokens"], 4);
+    assert_eq!(a["home_target"], rank["target_id"]);
+    assert_eq!(a["last_target"], rank["target_id"]);
+    assert_eq!(a["placement"], "binding");
+    assert!(a["acting_seconds"].as_f64().expect("acting") >= 0.0);
+    assert!(a["predicted_output_tokens"].is_null());
+    let wb = find("prog-b");
+    assert_eq!(wb["waiting_requests"], 1);
+    assert!(wb["queued_seconds"].as_f64().expect("queued") > 0.0);
+    assert_eq!(wb["force_resume_timeout_seconds"], 300.0);
+    assert_eq!(wb["force_resume_pool_remaining_rounds"], 1.0);
+    b.abort();
+}

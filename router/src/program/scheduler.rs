@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 
 use super::cost::{cache_miss_impact_seconds, decode_throughput};
 use super::identity::Identity;
-use super::window::{Throughput, Window, best_ttl};
+use super::window::{RequestSample, RequestWindow, Throughput, Window, best_ttl};
 use crate::config::ProgramSchedulingConfig;
 use crate::config::program::ResumeOrder;
 use crate::policies::prefix_index::PrefixIndex;
@@ -163,10 +163,20 @@ pub(crate) struct Program {
     pub shared_at: f64,
     /// The next completion is the first on this placement: its cached tokens measure sharing.
     pub fresh_start: bool,
+    /// Times it moved to another rank (cross-rank resume, re-home), and how it got its rank.
+    pub generation: u32,
+    pub placement: &'static str,
+    /// The rank its latest request was dispatched to.
+    pub last_rank: Option<Rank>,
+    /// Its latest measured return (tool gap) and output length.
+    pub last_return: Option<f64>,
+    pub last_output: Option<u64>,
+    /// Completions since its last TTL-expiry pause.
+    pub rounds_since_ttl_pause: u32,
 }
 
 impl Program {
-    fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         matches!(self.phase, Phase::Reasoning | Phase::Acting { .. })
     }
 }
@@ -208,6 +218,9 @@ struct InFlight {
     program: usize,
     rank: Rank,
     kv_retention_ttl: Option<f64>,
+    /// When it was dispatched and how long it waited in the pool first.
+    dispatched_at: f64,
+    queued: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -249,6 +262,10 @@ pub(crate) struct RankState {
     /// The largest shared prefix observed on this rank and when: Programs reserve only their
     /// private tokens, so admission counts this prefix once for the whole rank while fresh.
     pub shared_prefix: Option<(u64, f64)>,
+    /// The router's ledger when the last observation arrived (diagnostics).
+    pub used_at_observation: u64,
+    /// Per-request measurements of the latest completions (diagnostics).
+    pub requests: RequestWindow,
 }
 
 impl RankState {
@@ -266,6 +283,8 @@ impl RankState {
             throughput: Throughput::new(window),
             segment_rounds: Window::new(window),
             shared_prefix: None,
+            used_at_observation: 0,
+            requests: RequestWindow::new(window),
         }
     }
 }
@@ -733,6 +752,8 @@ impl Scheduler {
             // A shared prefix observed on the old rank says nothing about this one.
             p.fresh_start = true;
             p.shared_prefix = 0;
+            p.generation += 1;
+            p.placement = "cross_rank";
         }
         if was_active {
             self.ranks[old_rank].used_tokens = self.ranks[old_rank]
@@ -767,6 +788,9 @@ impl Scheduler {
         p.phase = Phase::Paused { since: now, reason };
         p.reserved = 0;
         p.rounds = 0;
+        if reason == PauseReason::TtlExpired {
+            p.rounds_since_ttl_pause = 0;
+        }
         p.yielded = reason == PauseReason::SegmentYield;
         p.pause_on_complete = false;
         p.timer_gen += 1;
@@ -816,6 +840,12 @@ impl Scheduler {
                     shared_prefix: 0,
                     shared_at: now,
                     fresh_start: true,
+                    generation: 0,
+                    placement: "binding",
+                    last_rank: None,
+                    last_return: None,
+                    last_output: None,
+                    rounds_since_ttl_pause: 0,
                 };
                 let slot = match self.free_slots.pop() {
                     Some(s) => {
@@ -850,6 +880,9 @@ impl Scheduler {
             ..a.identity.clone()
         };
         let interval = p.last_complete.map(|t| now - t);
+        if interval.is_some() {
+            p.last_return = interval;
+        }
         let (rank, phase) = (p.rank, p.phase);
         if let Some(iv) = interval {
             self.ranks[rank].intervals.push(iv);
@@ -860,11 +893,14 @@ impl Scheduler {
             program: slot,
             rank,
             kv_retention_ttl: a.identity.kv_retention_ttl_seconds,
+            dispatched_at: now,
+            queued: 0.0,
         };
         if binding_only {
             let p = self.program_mut(slot);
             p.in_flight += 1;
             p.last_activity = now;
+            p.last_rank = Some(rank);
             self.in_flight.insert(a.ticket, inflight);
             out.push(Decision::Dispatch {
                 ticket: a.ticket,
@@ -890,6 +926,7 @@ impl Scheduler {
             p.in_flight += 1;
             p.timer_gen += 1;
             p.last_activity = now;
+            p.last_rank = Some(rank);
             let grow = demand.saturating_sub(p.reserved);
             p.reserved += grow;
             self.ranks[rank].used_tokens += grow;
@@ -1028,6 +1065,7 @@ impl Scheduler {
         self.rr %= n;
         // Surviving Programs and requests follow their rank's new index.
         for p in self.programs.iter_mut().flatten() {
+            p.last_rank = p.last_rank.and_then(|l| remap.get(l).copied().flatten());
             if let Some(Some(r)) = remap.get(p.rank) {
                 p.rank = *r;
             }
@@ -1057,6 +1095,8 @@ impl Scheduler {
             p.rank = home;
             p.fresh_start = true;
             p.shared_prefix = 0;
+            p.generation += 1;
+            p.placement = "target_removed";
             if was_active {
                 // Its ledger went with the removed rank; its KV is gone with the engine.
                 self.park(slot, PauseReason::TargetRemoved, now);
@@ -1191,6 +1231,7 @@ impl Scheduler {
         p.in_flight += 1;
         // A successful resume clears the one-shot yield marker.
         p.yielded = false;
+        p.last_rank = Some(rank);
         let name = p.key.1.clone();
         let kv_ttl = p.identity.kv_retention_ttl_seconds;
         self.in_flight.insert(
@@ -1199,6 +1240,8 @@ impl Scheduler {
                 program: r.program,
                 rank,
                 kv_retention_ttl: kv_ttl,
+                dispatched_at: now,
+                queued: now - since,
             },
         );
         if r.forced() {
@@ -1234,7 +1277,9 @@ impl Scheduler {
         p.last_activity = now;
         let prev_context = p.context_tokens;
         let mut shared = None;
+        p.rounds_since_ttl_pause += 1;
         if let Some(u) = usage {
+            p.last_output = Some(u.completion_tokens);
             p.context_tokens = u.prompt_tokens + u.completion_tokens;
             if std::mem::take(&mut p.fresh_start) {
                 // First run on this placement: whatever was cached came from other Programs.
@@ -1245,9 +1290,16 @@ impl Scheduler {
         }
         let context = p.context_tokens;
         if let Some(u) = usage {
-            self.ranks[rank]
-                .throughput
+            let r = &mut self.ranks[rank];
+            r.throughput
                 .push(now, u.prompt_tokens + u.completion_tokens);
+            r.requests.push(RequestSample {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+                cached_tokens: u.cached_tokens,
+                e2e_seconds: (now - f.dispatched_at).max(0.0),
+                queue_seconds: f.queued.max(0.0),
+            });
         }
         if let Some(tokens) = shared {
             self.notes.push(Note::SharedPrefix { rank, tokens });
@@ -1333,6 +1385,12 @@ impl Scheduler {
             rank,
             seconds: impact,
         });
+        self.fitted_ttl(rank, context)
+    }
+
+    /// The automatic acting TTL `rank`'s evidence gives a Program with `context` tokens now.
+    pub(crate) fn fitted_ttl(&self, rank: Rank, context: u64) -> f64 {
+        let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context);
         let w = match self.cfg.ttl_evidence {
             crate::config::program::TtlEvidence::Rank => &self.ranks[rank].intervals,
             crate::config::program::TtlEvidence::Pooled => &self.pooled_intervals,
@@ -1402,6 +1460,7 @@ impl Scheduler {
             return out;
         }
         self.ranks[rank].observation = Some((now, obs));
+        self.ranks[rank].used_at_observation = self.ranks[rank].used_tokens;
         // Capacity repair: above the high watermark, reasoning Programs pause when they finish.
         if let (Some(cap), false) = (self.capacity(rank).0, self.cfg.binding_only) {
             let observed = (obs.kv_usage * cap as f64).max(self.ranks[rank].used_tokens as f64);
@@ -1513,6 +1572,22 @@ impl Scheduler {
             m.entry(r.program)
                 .and_modify(|x| *x = x.min(at))
                 .or_insert(at);
+        }
+        m
+    }
+
+    /// Each Program's longest wait among its retained requests, in seconds at `now`
+    /// (diagnostics).
+    pub(crate) fn oldest_waits(&self, now: f64) -> FxHashMap<usize, f64> {
+        let mut m: FxHashMap<usize, f64> = FxHashMap::default();
+        for (ticket, r) in &self.retained {
+            let waited = self
+                .retained_at
+                .get(ticket)
+                .map_or(0.0, |at| (now - at).max(0.0));
+            m.entry(r.program)
+                .and_modify(|x| *x = x.max(waited))
+                .or_insert(waited);
         }
         m
     }

@@ -61,6 +61,59 @@ impl Window {
     }
 }
 
+/// One completed request as the diagnostics' rolling means see it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestSample {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cached_tokens: u64,
+    /// Dispatch to completion, and time waited in the pool before dispatch.
+    pub e2e_seconds: f64,
+    pub queue_seconds: f64,
+}
+
+/// A rank's most recent completed requests (at most `cap`), for rolling means.
+#[derive(Debug, Clone)]
+pub struct RequestWindow {
+    cap: usize,
+    samples: VecDeque<RequestSample>,
+}
+
+impl RequestWindow {
+    pub fn new(cap: usize) -> Self {
+        RequestWindow {
+            cap: cap.max(1),
+            samples: VecDeque::with_capacity(cap.max(1)),
+        }
+    }
+
+    pub fn push(&mut self, s: RequestSample) {
+        if self.samples.len() == self.cap {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(s);
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Whether the window holds `cap` samples.
+    pub fn complete(&self) -> bool {
+        self.samples.len() >= self.cap
+    }
+
+    /// Mean of `f` over the window; `None` when empty.
+    pub fn mean(&self, f: impl Fn(&RequestSample) -> f64) -> Option<f64> {
+        (!self.samples.is_empty())
+            .then(|| self.samples.iter().map(f).sum::<f64>() / self.samples.len() as f64)
+    }
+}
+
 /// Request and token throughput of a rank over its most recent completions (at most `cap`).
 #[derive(Debug, Clone)]
 pub struct Throughput {

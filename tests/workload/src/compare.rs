@@ -27,6 +27,9 @@ pub enum Variant {
     PrBinding,
     /// program-router, full Program scheduling.
     PrProgram,
+    /// program-router, full Program scheduling with `program_scheduling_enable_key: auto`,
+    /// driven with session headers only (a client that sends no `agentic_context`).
+    PrAuto,
     /// vllm-router 0.1.17, consistent_hash.
     VrHash,
     /// vllm-router 0.1.17 with --enable-program-scheduling.
@@ -61,6 +64,9 @@ pub struct RunResult {
     pub p90_jct: f64,
     pub p99_jct: f64,
     pub programs_completed: usize,
+    /// Program admissions the router counted (its `..._transitions_total` admit and
+    /// force_resume): proof that Program scheduling engaged; 0 for plain routing.
+    pub program_admissions: f64,
     pub wall_seconds: f64,
 }
 
@@ -158,6 +164,17 @@ fn counter(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// Program admissions in a router's exposition (admit and force_resume transitions).
+fn admissions(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.starts_with("vllm_router_agent_aware_transitions_total{")
+                && (l.contains("transition=\"admit\"") || l.contains("transition=\"force_resume\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
+        .sum()
+}
+
 pub(crate) fn spawn(bin: &Path, args: &[String]) -> Result<Child, String> {
     Command::new(bin)
         .args(args)
@@ -185,6 +202,7 @@ pub async fn run_variant(turns: &[Turn], v: Variant, s: &Setup) -> RunResult {
         p90_jct: 0.0,
         p99_jct: 0.0,
         programs_completed: 0,
+        program_admissions: 0.0,
         wall_seconds: 0.0,
     };
     match run_inner(turns, v, s, &mut r).await {
@@ -232,6 +250,8 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     }
     let mut binding = ps.clone();
     binding["binding_only"] = serde_json::json!(true);
+    let mut auto = ps.clone();
+    auto["program_scheduling_enable_key"] = serde_json::json!("auto");
     let mut args: Vec<String> = vec![
         "--host".into(),
         "127.0.0.1".into(),
@@ -253,7 +273,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         prom.to_string(),
     ]);
     let (bin, context, health) = match v {
-        Variant::PrHash | Variant::PrBinding | Variant::PrProgram => {
+        Variant::PrHash | Variant::PrBinding | Variant::PrProgram | Variant::PrAuto => {
             args.extend(["--log-level".into(), "warn".into()]);
             match v {
                 Variant::PrBinding => args.extend([
@@ -266,13 +286,19 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
                     "--program-scheduling-config-json".into(),
                     ps.to_string(),
                 ]),
+                Variant::PrAuto => args.extend([
+                    "--enable-program-scheduling".into(),
+                    "--program-scheduling-config-json".into(),
+                    auto.to_string(),
+                ]),
                 _ => {}
             }
-            (
-                s.bin_dir.join("program-router"),
-                ContextMode::Object,
-                "/readiness",
-            )
+            let context = if v == Variant::PrAuto {
+                ContextMode::Headers
+            } else {
+                ContextMode::Object
+            };
+            (s.bin_dir.join("program-router"), context, "/readiness")
         }
         Variant::VrHash | Variant::VrProgram => {
             let bin = s
@@ -315,6 +341,8 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     };
     let rep = replay(turns, cfg).await;
     let alive = pid_alive(&mut router) && matches!(get(&format!("{url}/health")), Some((200, _)));
+    r.program_admissions =
+        get(&format!("http://127.0.0.1:{prom}/metrics")).map_or(0.0, |(_, text)| admissions(&text));
     let mut prompt = 0.0;
     let mut cached = 0.0;
     for sim in &sims {
@@ -382,5 +410,11 @@ mod tests {
         let t = "vllm:prompt_tokens_total{engine=\"0\"} 10\nvllm:prompt_tokens_total{engine=\"1\"} 5\nvllm:prompt_tokens_cached_total{engine=\"0\"} 7\n";
         assert_eq!(counter(t, "vllm:prompt_tokens_total"), 15.0);
         assert_eq!(counter(t, "vllm:prompt_tokens_cached_total"), 7.0);
+    }
+
+    #[test]
+    fn admissions_count_admit_and_force_resume_only() {
+        let t = "vllm_router_agent_aware_transitions_total{transition=\"admit\"} 4\nvllm_router_agent_aware_transitions_total{transition=\"force_resume\"} 1\nvllm_router_agent_aware_transitions_total{transition=\"ttl_expired\"} 9\n";
+        assert_eq!(admissions(t), 5.0);
     }
 }

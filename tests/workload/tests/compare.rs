@@ -21,7 +21,8 @@ async fn program_router_variants_serve_identical_work() {
         program_config: serde_json::json!({}),
     };
     let turns = generate(Preset::Chat, 3, 2.0, 5);
-    let mut variants = vec![Variant::PrHash, Variant::PrProgram];
+    // pr-auto: the same scheduling, identity from session headers only (`enable_key: auto`).
+    let mut variants = vec![Variant::PrHash, Variant::PrProgram, Variant::PrAuto];
     if vllm_router.is_some() {
         variants.push(Variant::VrHash);
     }
@@ -34,5 +35,12 @@ async fn program_router_variants_serve_identical_work() {
         assert!(r.ok, "{:?}: {:?}", r.variant, r.failure);
         assert!(r.requests > 0 && r.programs_completed == 3, "{r:?}");
         assert!(r.server_token_hit > 0.0 && r.server_token_hit < 1.0);
+        // Program scheduling engaged for every Program where it is on, and only there.
+        match r.variant {
+            Variant::PrProgram | Variant::PrAuto => {
+                assert!(r.program_admissions >= 3.0, "{r:?}")
+            }
+            _ => assert_eq!(r.program_admissions, 0.0, "{r:?}"),
+        }
     }
 }

@@ -39,6 +39,15 @@ async fn setup(ps: ProgramSchedulingConfig) -> (vllm_sim::server::Spawned, Route
     (s, r)
 }
 
+/// ~1,000-byte prompts estimate to ~250 tokens; capacity 400 fits one Program at a time.
+fn one_program_fits() -> ProgramSchedulingConfig {
+    ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(400),
+        decode_buffer_tokens: 10,
+        ..Default::default()
+    }
+}
+
 async fn diagnostics(c: &HttpClient, r: &Router) -> Value {
     get(c, &r.url("/scheduling/diagnostics")).await.json()
 }
@@ -73,13 +82,7 @@ async fn hold_a_then_retain_b(
 
 #[tokio::test]
 async fn retains_under_pressure_then_releases_when_the_ttl_ends() {
-    // ~1,000-byte prompts estimate to ~250 tokens; capacity 400 fits one Program at a time.
-    let ps = ProgramSchedulingConfig {
-        token_capacity_per_dp_rank: Some(400),
-        decode_buffer_tokens: 10,
-        ..Default::default()
-    };
-    let (_s, r) = setup(ps).await;
+    let (_s, r) = setup(one_program_fits()).await;
     let c = client();
     // a holds its KV for 1 s of tool time; b must wait in the RequestPool.
     let b = hold_a_then_retain_b(&c, &r, 1.0).await;
@@ -142,11 +145,9 @@ async fn retains_under_pressure_then_releases_when_the_ttl_ends() {
 #[tokio::test]
 async fn queue_timeout_answers_504() {
     let ps = ProgramSchedulingConfig {
-        token_capacity_per_dp_rank: Some(400),
-        decode_buffer_tokens: 10,
         queue_timeout_seconds: 0.5,
         force_resume_timeout_seconds: 0.3,
-        ..Default::default()
+        ..one_program_fits()
     };
     let (_s, r) = setup(ps).await;
     let c = client();
@@ -172,12 +173,7 @@ async fn queue_timeout_answers_504() {
 
 #[tokio::test]
 async fn a_client_that_leaves_the_pool_is_forgotten() {
-    let ps = ProgramSchedulingConfig {
-        token_capacity_per_dp_rank: Some(400),
-        decode_buffer_tokens: 10,
-        ..Default::default()
-    };
-    let (_s, r) = setup(ps).await;
+    let (_s, r) = setup(one_program_fits()).await;
     let c = client();
     post(
         &c,
@@ -658,12 +654,7 @@ fn missing(v: &Value, names: &[&str]) -> Vec<String> {
 
 #[tokio::test]
 async fn diagnostics_cover_the_peers_fields() {
-    let ps = ProgramSchedulingConfig {
-        token_capacity_per_dp_rank: Some(400),
-        decode_buffer_tokens: 10,
-        ..Default::default()
-    };
-    let (_s, r) = setup(ps).await;
+    let (_s, r) = setup(one_program_fits()).await;
     let c = client();
     // a acts for 30 s of tool time; b waits behind it.
     let b = hold_a_then_retain_b(&c, &r, 30.0).await;

@@ -429,21 +429,15 @@ pub fn snapshot(
                 router_queued_programs: programs.iter().filter(|(_, p)| p.retained > 0).count()
                     as u32,
                 rolling: Rolling {
-                    request_samples: r.requests.len(),
-                    request_window_complete: r.requests.complete(),
-                    avg_prompt_tokens: r.requests.mean(|x| x.prompt_tokens as f64),
-                    avg_completion_tokens: r.requests.mean(|x| x.completion_tokens as f64),
-                    avg_cached_prompt_tokens: r.requests.mean(|x| x.cached_tokens as f64),
-                    avg_cached_prompt_ratio: r.requests.mean(|x| {
-                        if x.prompt_tokens == 0 {
-                            0.0
-                        } else {
-                            x.cached_tokens as f64 / x.prompt_tokens as f64
-                        }
-                    }),
-                    avg_e2e_seconds: r.requests.mean(|x| x.e2e_seconds),
+                    request_samples: r.requests.prompt_tokens.len(),
+                    request_window_complete: r.requests.prompt_tokens.complete(),
+                    avg_prompt_tokens: r.requests.prompt_tokens.mean(),
+                    avg_completion_tokens: r.requests.completion_tokens.mean(),
+                    avg_cached_prompt_tokens: r.requests.cached_tokens.mean(),
+                    avg_cached_prompt_ratio: r.requests.cached_ratio.mean(),
+                    avg_e2e_seconds: r.requests.e2e_seconds.mean(),
                     avg_decode_seconds: None,
-                    avg_router_queue_seconds: r.requests.mean(|x| x.queue_seconds),
+                    avg_router_queue_seconds: r.requests.queue_seconds.mean(),
                     continuity_samples: r.intervals.len(),
                     continuity_window_complete: r.intervals.complete(),
                     avg_request_interval_seconds: r.intervals.mean(),

@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 
 use super::cost::{cache_miss_impact_seconds, decode_throughput};
 use super::identity::Identity;
-use super::window::{RequestSample, RequestWindow, Throughput, Window, best_ttl};
+use super::window::{RequestWindows, Throughput, Window, best_ttl};
 use crate::config::ProgramSchedulingConfig;
 use crate::config::program::ResumeOrder;
 use crate::policies::prefix_index::PrefixIndex;
@@ -265,7 +265,7 @@ pub(crate) struct RankState {
     /// The router's ledger when the last observation arrived (diagnostics).
     pub used_at_observation: u64,
     /// Per-request measurements of the latest completions (diagnostics).
-    pub requests: RequestWindow,
+    pub requests: RequestWindows,
 }
 
 impl RankState {
@@ -284,7 +284,7 @@ impl RankState {
             segment_rounds: Window::new(window),
             shared_prefix: None,
             used_at_observation: 0,
-            requests: RequestWindow::new(window),
+            requests: RequestWindows::new(window),
         }
     }
 }
@@ -1293,13 +1293,13 @@ impl Scheduler {
             let r = &mut self.ranks[rank];
             r.throughput
                 .push(now, u.prompt_tokens + u.completion_tokens);
-            r.requests.push(RequestSample {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-                cached_tokens: u.cached_tokens,
-                e2e_seconds: (now - f.dispatched_at).max(0.0),
-                queue_seconds: f.queued.max(0.0),
-            });
+            r.requests.push(
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.cached_tokens,
+                (now - f.dispatched_at).max(0.0),
+                f.queued.max(0.0),
+            );
         }
         if let Some(tokens) = shared {
             self.notes.push(Note::SharedPrefix { rank, tokens });

@@ -61,56 +61,41 @@ impl Window {
     }
 }
 
-/// One completed request as the diagnostics' rolling means see it.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RequestSample {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub cached_tokens: u64,
-    /// Dispatch to completion, and time waited in the pool before dispatch.
-    pub e2e_seconds: f64,
-    pub queue_seconds: f64,
-}
-
-/// A rank's most recent completed requests (at most `cap`), for rolling means.
+/// Per-request measurements of a rank's latest completions, for the diagnostics' rolling means.
 #[derive(Debug, Clone)]
-pub struct RequestWindow {
-    cap: usize,
-    samples: VecDeque<RequestSample>,
+pub struct RequestWindows {
+    pub prompt_tokens: Window,
+    pub completion_tokens: Window,
+    pub cached_tokens: Window,
+    pub cached_ratio: Window,
+    /// Dispatch to completion, and time waited in the pool before dispatch.
+    pub e2e_seconds: Window,
+    pub queue_seconds: Window,
 }
 
-impl RequestWindow {
+impl RequestWindows {
     pub fn new(cap: usize) -> Self {
-        RequestWindow {
-            cap: cap.max(1),
-            samples: VecDeque::with_capacity(cap.max(1)),
+        RequestWindows {
+            prompt_tokens: Window::new(cap),
+            completion_tokens: Window::new(cap),
+            cached_tokens: Window::new(cap),
+            cached_ratio: Window::new(cap),
+            e2e_seconds: Window::new(cap),
+            queue_seconds: Window::new(cap),
         }
     }
 
-    pub fn push(&mut self, s: RequestSample) {
-        if self.samples.len() == self.cap {
-            self.samples.pop_front();
-        }
-        self.samples.push_back(s);
-    }
-
-    pub fn len(&self) -> usize {
-        self.samples.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
-    }
-
-    /// Whether the window holds `cap` samples.
-    pub fn complete(&self) -> bool {
-        self.samples.len() >= self.cap
-    }
-
-    /// Mean of `f` over the window; `None` when empty.
-    pub fn mean(&self, f: impl Fn(&RequestSample) -> f64) -> Option<f64> {
-        (!self.samples.is_empty())
-            .then(|| self.samples.iter().map(f).sum::<f64>() / self.samples.len() as f64)
+    pub fn push(&mut self, prompt: u64, completion: u64, cached: u64, e2e: f64, queue: f64) {
+        self.prompt_tokens.push(prompt as f64);
+        self.completion_tokens.push(completion as f64);
+        self.cached_tokens.push(cached as f64);
+        self.cached_ratio.push(if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        });
+        self.e2e_seconds.push(e2e);
+        self.queue_seconds.push(queue);
     }
 }
 

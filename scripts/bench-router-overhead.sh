@@ -40,6 +40,13 @@ pr_port=$(free_port); pr_prom=$(free_port)
   --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & pr_pid=$!; pids+=($pr_pid)
 wait_up "http://127.0.0.1:$pr_port/readiness"
 
+# The same router with one tokio worker thread (TOKIO_WORKER_THREADS, honoured by tokio): on a
+# machine this small the default (one worker per core) competes with wrk and the simulator.
+p1_port=$(free_port); p1_prom=$(free_port)
+TOKIO_WORKER_THREADS=1 "$target/release/program-router" --port "$p1_port" --prometheus-port "$p1_prom" \
+  --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & p1_pid=$!; pids+=($p1_pid)
+wait_up "http://127.0.0.1:$p1_port/readiness"
+
 vr_port=$(free_port); vr_prom=$(free_port)
 "$venv/bin/vllm-router" --host 127.0.0.1 --port "$vr_port" --worker-urls "http://127.0.0.1:$sim_port" \
   --policy round_robin --prometheus-host 127.0.0.1 --prometheus-port "$vr_prom" --log-level warning >/dev/null 2>&1 & vr_pid=$!; pids+=($vr_pid)
@@ -68,10 +75,10 @@ run() { # name url pid
 to_ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v/1000 } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v } else { sub(/s$/,"",v); print v*1000 } }'; }
 
 # Warm up each path, then measure.
-for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$vr_port"; do
+for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$p1_port" "http://127.0.0.1:$vr_port"; do
   wrk -t1 -c"$CONNS" -d2s -s "$lua" "$u/v1/chat/completions" >/dev/null
 done
-results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; } )
+results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; } )
 printf 'path\treq/s\tp50\tp99\trouter CPU us/req\tpeak RSS\n%s\n' "$results" | column -t -s $'\t'
 d=$(echo "$results" | awk -F'\t' '$1=="direct" {print $2}')
 p=$(echo "$results" | awk -F'\t' '$1=="program-router" {print $2}')
@@ -80,9 +87,11 @@ pp99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="program-router" {print $4}')"
 vp99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="vllm-router" {print $4}')")
 pc=$(echo "$results" | awk -F'\t' '$1=="program-router" {print $5}')
 vc=$(echo "$results" | awk -F'\t' '$1=="vllm-router" {print $5}')
-awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc="$vc" 'BEGIN {
+p1=$(echo "$results" | awk -F'\t' '$1=="program-router-1-thread" {print $2}')
+p1p99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="program-router-1-thread" {print $4}')")
+awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc="$vc" -v p1="$p1" -v p1p="$p1p99" 'BEGIN {
   printf "\nprogram-router / vllm-router CPU per request: %.2fx\n", pc/vc;
-  printf "program-router / vllm-router throughput: %.2fx\n", p/v;
-  printf "program-router / direct throughput:      %.2fx\n", p/d;
-  printf "program-router / vllm-router p99:        %.2fx\n", pp/vp }'
+  printf "program-router / vllm-router throughput: %.2fx (1 thread: %.2fx)\n", p/v, p1/v;
+  printf "program-router / direct throughput:      %.2fx (1 thread: %.2fx)\n", p/d, p1/d;
+  printf "program-router / vllm-router p99:        %.2fx (1 thread: %.2fx)\n", pp/vp, p1p/vp }'
 rm -f "$lua"

@@ -6,6 +6,7 @@
 
 pub mod relay;
 pub mod request;
+pub mod upstream;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,6 +26,7 @@ use crate::server::Body;
 use crate::state::{Applied, RouterState};
 use crate::workers::{InFlight, TargetState};
 use relay::{End, Finish, Relay, Usage};
+use upstream::SendError;
 
 /// The upstream HTTP client (connection pool shared by every target).
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
@@ -40,6 +42,9 @@ pub fn client() -> UpstreamClient {
         .pool_max_idle_per_host(1024)
         .build(http)
 }
+
+/// Upper bound on a TCP connect to a backend.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Header pinning the GLOBAL DP rank.
 pub static DP_RANK: HeaderName = HeaderName::from_static("x-data-parallel-rank");
@@ -84,16 +89,19 @@ fn upstream_request(
     target: &TargetState,
     out: &Outbound<'_>,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
-    let mut parts = http::uri::Parts::default();
-    parts.scheme = Some(target.backend.scheme.clone());
-    parts.authority = target.backend.authority.clone();
-    parts.path_and_query = Some(out.path_and_query.clone());
-    let uri = Uri::from_parts(parts)
-        .map_err(|e| ApiError::upstream(format!("invalid upstream URI: {e}")))?;
+    let authority = target.backend.authority.as_ref().ok_or_else(|| {
+        ApiError::upstream(format!("invalid upstream URL {}", target.backend.url))
+    })?;
+    // Origin-form: the connection is already to the backend.
+    let uri = Uri::from(out.path_and_query.clone());
     let mut req = Request::builder().method(out.method.clone()).uri(uri);
     let h = req
         .headers_mut()
         .ok_or_else(|| ApiError::upstream("request builder failed"))?;
+    h.reserve(out.headers.len() + 4);
+    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+        h.insert(header::HOST, host);
+    }
     for (k, v) in out.headers {
         if !HOP_BY_HOP.contains(k) && k != DP_RANK {
             h.append(k, v.clone());
@@ -176,13 +184,20 @@ pub async fn forward(
         let guard = target.begin();
         let req = upstream_request(&applied, &target, &out)?;
         let sent = Instant::now();
-        let result = tokio::time::timeout_at(deadline, state.client.request(req)).await;
-        let resp = match result {
+        let result = tokio::time::timeout_at(
+            deadline,
+            target
+                .backend
+                .pool
+                .send(&target.backend.addr, CONNECT_TIMEOUT, req),
+        )
+        .await;
+        let (resp, conn) = match result {
             Err(_) => {
                 target.record_outcome(false);
                 return Err(ApiError::upstream_timeout(cfg.limits.request_timeout_secs));
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Ok(Err(e @ SendError::Connect(_))) => {
                 target.record_outcome(false);
                 tracing::warn!(target_id = %target.id, attempt, error = %e, "connect failed");
                 last_error = ApiError::new(
@@ -201,7 +216,7 @@ pub async fn forward(
                     target.id
                 )));
             }
-            Ok(Ok(r)) => r,
+            Ok(Ok(sent)) => sent,
         };
         state.metrics.ttfb.observe(sent.elapsed().as_secs_f64());
         let status = resp.status();
@@ -210,7 +225,11 @@ pub async fn forward(
             target.record_outcome(false);
             tracing::warn!(target_id = %target.id, attempt, "upstream answered 503; retrying");
             // Drain the small error body so the connection can be reused.
-            let _ = tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect()).await;
+            if let Ok(Ok(_)) =
+                tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect()).await
+            {
+                target.backend.pool.put(conn);
+            }
             last_error = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "upstream_unavailable",
@@ -236,6 +255,7 @@ pub async fn forward(
         parts.headers.insert("x-request-id", out.request_id.clone());
         let finish = Box::new(Completion {
             guard,
+            conn: Some(conn),
             ticket: out.ticket.take(),
             fair: out.fair.take(),
             status,
@@ -261,6 +281,8 @@ pub async fn forward(
 /// Runs when a relayed response ends: breaker, metrics, request duration.
 struct Completion {
     guard: InFlight,
+    /// The upstream connection, returned to its backend's pool when the body was read to the end.
+    conn: Option<upstream::Sender>,
     ticket: Option<ProgramTicket>,
     fair: Option<crate::fair::runtime::FairPermit>,
     status: StatusCode,
@@ -286,6 +308,9 @@ impl Finish for Completion {
         }
         // Otherwise the ticket (and fair permit) drop here: the request did not run to completion.
         let target = self.guard.target();
+        if let (End::Complete, Some(conn)) = (end, self.conn.take()) {
+            target.backend.pool.put(conn);
+        }
         match end {
             End::Complete => target.record_outcome(!self.status.is_server_error()),
             End::UpstreamError => target.record_outcome(false),

@@ -32,6 +32,10 @@ pub struct Backend {
     /// `url` split once, so the request path builds URIs without parsing.
     pub scheme: http::uri::Scheme,
     pub authority: Option<http::uri::Authority>,
+    /// `host:port` to connect to (port defaulted from the scheme).
+    pub addr: String,
+    /// Idle keep-alive connections of the proxy path.
+    pub pool: crate::proxy::upstream::ConnPool,
     healthy: AtomicBool,
     checked: AtomicBool,
     ok_streak: AtomicU32,
@@ -42,7 +46,25 @@ pub struct Backend {
 impl Backend {
     pub fn new(url: String) -> Self {
         let parts = url.parse::<http::Uri>().ok().map(http::Uri::into_parts);
+        let addr = parts
+            .as_ref()
+            .and_then(|p| p.authority.as_ref())
+            .map(|a| {
+                let port = a.port_u16().unwrap_or(
+                    if parts.as_ref().and_then(|p| p.scheme.as_ref())
+                        == Some(&http::uri::Scheme::HTTPS)
+                    {
+                        443
+                    } else {
+                        80
+                    },
+                );
+                format!("{}:{port}", a.host())
+            })
+            .unwrap_or_default();
         Backend {
+            addr,
+            pool: Default::default(),
             scheme: parts
                 .as_ref()
                 .and_then(|p| p.scheme.clone())

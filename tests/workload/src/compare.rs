@@ -13,9 +13,15 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::des::percentile;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::des::{Series, percentile};
+use crate::oracle::unloaded_service_seconds;
 use crate::replay::{ContextMode, ReplayConfig, replay};
 use crate::workload::Turn;
+use vllm_sim::engine::EngineParams;
 
 /// One router configuration to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -67,7 +73,22 @@ pub struct RunResult {
     /// Program admissions the router counted (its `..._transitions_total` admit and
     /// force_resume): proof that Program scheduling engaged; 0 for plain routing.
     pub program_admissions: f64,
+    /// Forced resumes and segment yields the router counted (either router's transition metric).
+    pub force_resumes: f64,
+    pub segment_yields: f64,
+    /// Requests and output tokens per workload second, over the replay's duration.
+    pub request_throughput: f64,
+    pub output_token_throughput: f64,
+    /// Queue wait per request, estimated as its latency minus its unloaded service time (cold
+    /// prefill of its uncached tokens, decode at batch 1, by the simulator's cost model): the
+    /// time it spent waiting in the router or the engine, or slowed by batching.
+    pub mean_queue_wait: f64,
+    pub p90_queue_wait: f64,
+    pub p99_queue_wait: f64,
     pub wall_seconds: f64,
+    /// Distributions and the simulators' samples over time, for the HTML report.
+    #[serde(skip)]
+    pub series: Series,
 }
 
 pub(crate) struct Procs(pub(crate) Vec<Child>);
@@ -164,15 +185,94 @@ fn counter(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// Program admissions in a router's exposition (admit and force_resume transitions).
-fn admissions(text: &str) -> f64 {
+/// Program scheduling transitions in a router's exposition, by kind: program-router labels them
+/// `transition`, vllm-router `reason` (per target).
+fn transitions(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for l in text
+        .lines()
+        .filter(|l| l.starts_with("vllm_router_agent_aware_transitions_total{"))
+    {
+        let kind = ["transition=\"", "reason=\""].iter().find_map(|k| {
+            let at = l.find(k)? + k.len();
+            Some(&l[at..at + l[at..].find('"')?])
+        });
+        if let (Some(kind), Some(v)) = (
+            kind,
+            l.rsplit(' ')
+                .next()
+                .and_then(|v| v.trim().parse::<f64>().ok()),
+        ) {
+            *out.entry(kind.to_string()).or_insert(0.0) += v;
+        }
+    }
+    out
+}
+
+fn sum_of(t: &BTreeMap<String, f64>, kinds: &[&str]) -> f64 {
+    kinds.iter().filter_map(|k| t.get(*k)).sum()
+}
+
+/// Program admissions (ordinary and forced).
+fn admissions(t: &BTreeMap<String, f64>) -> f64 {
+    sum_of(t, &["admit", "program_admit", "force_resume"])
+}
+
+/// Each engine's gauge `name` in an exposition, keyed by its `engine` label.
+fn per_engine(text: &str, name: &str) -> Vec<(String, f64)> {
     text.lines()
-        .filter(|l| {
-            l.starts_with("vllm_router_agent_aware_transitions_total{")
-                && (l.contains("transition=\"admit\"") || l.contains("transition=\"force_resume\""))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter_map(|l| {
+            let at = l.find("engine=\"")? + 8;
+            let engine = &l[at..at + l[at..].find('"')?];
+            Some((
+                engine.to_string(),
+                l.rsplit(' ').next()?.trim().parse().ok()?,
+            ))
         })
-        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
-        .sum()
+        .collect()
+}
+
+/// (workload seconds, value) samples.
+type Points = Vec<(f64, f64)>;
+
+/// Scrapes the simulators every `every` until stopped: token cache hit so far (all servers) and
+/// each engine's KV usage, against workload time (wall time × `time_scale`).
+fn sample(
+    sims: Vec<String>,
+    every: Duration,
+    time_scale: f64,
+    stop: Arc<AtomicBool>,
+) -> (Points, Vec<(String, Points)>) {
+    let start = Instant::now();
+    let mut hit = Vec::new();
+    let mut kv: BTreeMap<(usize, String), Vec<(f64, f64)>> = BTreeMap::new();
+    loop {
+        let t = start.elapsed().as_secs_f64() * time_scale;
+        let (mut prompt, mut cached) = (0.0, 0.0);
+        for (i, sim) in sims.iter().enumerate() {
+            let Some((200, text)) = get(&format!("{sim}/metrics")) else {
+                continue;
+            };
+            prompt += counter(&text, "vllm:prompt_tokens_total");
+            cached += counter(&text, "vllm:prompt_tokens_cached_total");
+            for (engine, usage) in per_engine(&text, "vllm:kv_cache_usage_perc") {
+                kv.entry((i, engine)).or_default().push((t, usage));
+            }
+        }
+        if prompt > 0.0 {
+            hit.push((t, cached / prompt));
+        }
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        std::thread::sleep(every);
+    }
+    let kv = kv
+        .into_iter()
+        .map(|((server, engine), pts)| (format!("server {server} rank {engine}"), pts))
+        .collect();
+    (hit, kv)
 }
 
 pub(crate) fn spawn(bin: &Path, args: &[String]) -> Result<Child, String> {
@@ -203,7 +303,15 @@ pub async fn run_variant(turns: &[Turn], v: Variant, s: &Setup) -> RunResult {
         p99_jct: 0.0,
         programs_completed: 0,
         program_admissions: 0.0,
+        force_resumes: 0.0,
+        segment_yields: 0.0,
+        request_throughput: 0.0,
+        output_token_throughput: 0.0,
+        mean_queue_wait: 0.0,
+        p90_queue_wait: 0.0,
+        p99_queue_wait: 0.0,
         wall_seconds: 0.0,
+        series: Series::default(),
     };
     match run_inner(turns, v, s, &mut r).await {
         Ok(()) => r.ok = true,
@@ -339,10 +447,26 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         max_model_len: s.max_model_len,
         limit: s.limit,
     };
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (sims, stop) = (sims.clone(), stop.clone());
+        // About 200 samples over a run of the default length, at least one every 2 s.
+        let every = Duration::from_secs_f64((s.limit.as_secs_f64() / 400.0).clamp(0.1, 2.0));
+        let scale = s.time_scale;
+        std::thread::spawn(move || sample(sims, every, scale, stop))
+    };
+    let replay_started = Instant::now();
     let rep = replay(turns, cfg).await;
+    let replay_seconds = replay_started.elapsed().as_secs_f64() * s.time_scale;
+    stop.store(true, Ordering::Relaxed);
+    let (hit_series, kv_series) = sampler.join().map_err(|_| "the sampler panicked")?;
     let alive = pid_alive(&mut router) && matches!(get(&format!("{url}/health")), Some((200, _)));
-    r.program_admissions =
-        get(&format!("http://127.0.0.1:{prom}/metrics")).map_or(0.0, |(_, text)| admissions(&text));
+    let t = get(&format!("http://127.0.0.1:{prom}/metrics"))
+        .map(|(_, text)| transitions(&text))
+        .unwrap_or_default();
+    r.program_admissions = admissions(&t);
+    r.force_resumes = sum_of(&t, &["force_resume"]);
+    r.segment_yields = sum_of(&t, &["max_segment_yield", "segment_yield"]);
     let mut prompt = 0.0;
     let mut cached = 0.0;
     for sim in &sims {
@@ -369,6 +493,42 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     r.p50_jct = percentile(&j, 0.5);
     r.p90_jct = percentile(&j, 0.9);
     r.p99_jct = percentile(&j, 0.99);
+    if replay_seconds > 0.0 {
+        r.request_throughput = r.requests as f64 / replay_seconds;
+        r.output_token_throughput = r.completion_tokens as f64 / replay_seconds;
+    }
+    let engine = EngineParams {
+        num_gpu_blocks: s.num_gpu_blocks,
+        max_model_len: s.max_model_len,
+        ..Default::default()
+    };
+    let mut waits: Vec<f64> = rep
+        .requests
+        .iter()
+        .filter(|q| q.status == 200)
+        .map(|q| {
+            let service = unloaded_service_seconds(
+                &engine,
+                q.prompt_tokens,
+                q.cached_tokens,
+                q.completion_tokens,
+            );
+            (q.latency_seconds - service).max(0.0)
+        })
+        .collect();
+    waits.sort_by(f64::total_cmp);
+    if !waits.is_empty() {
+        r.mean_queue_wait = waits.iter().sum::<f64>() / waits.len() as f64;
+    }
+    r.p90_queue_wait = percentile(&waits, 0.9);
+    r.p99_queue_wait = percentile(&waits, 0.99);
+    r.series = Series {
+        jcts: j,
+        waits,
+        hit: hit_series,
+        kv_usage: kv_series.iter().map(|(_, pts)| pts.clone()).collect(),
+        kv_names: kv_series.into_iter().map(|(name, _)| name).collect(),
+    };
     if !alive {
         return Err("the router under test was not alive and healthy after the replay".into());
     }
@@ -415,6 +575,25 @@ mod tests {
     #[test]
     fn admissions_count_admit_and_force_resume_only() {
         let t = "vllm_router_agent_aware_transitions_total{transition=\"admit\"} 4\nvllm_router_agent_aware_transitions_total{transition=\"force_resume\"} 1\nvllm_router_agent_aware_transitions_total{transition=\"ttl_expired\"} 9\n";
-        assert_eq!(admissions(t), 5.0);
+        let t = transitions(t);
+        assert_eq!(admissions(&t), 5.0);
+        assert_eq!(sum_of(&t, &["force_resume"]), 1.0);
+    }
+
+    #[test]
+    fn the_peers_transitions_are_read_per_reason_over_targets() {
+        let t = "# TYPE vllm_router_agent_aware_transitions_total counter\nvllm_router_agent_aware_transitions_total{target=\"http://127.0.0.1:1@0\",reason=\"program_admit\"} 3\nvllm_router_agent_aware_transitions_total{target=\"http://127.0.0.1:1@1\",reason=\"program_admit\"} 6\nvllm_router_agent_aware_transitions_total{target=\"http://127.0.0.1:1@1\",reason=\"ttl_expired\"} 2\n";
+        let t = transitions(t);
+        assert_eq!(admissions(&t), 9.0);
+        assert_eq!(t.get("ttl_expired"), Some(&2.0));
+    }
+
+    #[test]
+    fn kv_usage_is_read_per_engine() {
+        let t = "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\nvllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.5\nvllm:kv_cache_usage_perc_other 3\n";
+        assert_eq!(
+            per_engine(t, "vllm:kv_cache_usage_perc"),
+            vec![("0".to_string(), 0.25), ("1".to_string(), 0.5)]
+        );
     }
 }

@@ -82,6 +82,8 @@ pub struct Series {
     pub hit: Vec<(f64, f64)>,
     /// Per rank: (seconds, KV usage 0..1)
     pub kv_usage: Vec<Vec<(f64, f64)>>,
+    /// Legend of each `kv_usage` line (default: "rank i").
+    pub kv_names: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -585,6 +587,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
             waits: waits.clone(),
             hit: hit_series,
             kv_usage: kv_series,
+            kv_names: Vec::new(),
         },
     }
 }

@@ -61,6 +61,9 @@ enum Cmd {
         vllm_router: Option<PathBuf>,
         #[arg(long)]
         json: Option<PathBuf>,
+        /// The HTML report with plots (default: progbench-compare.html in the temp folder).
+        #[arg(long)]
+        html: Option<PathBuf>,
     },
     /// One power user against light tenants on one simulated rank: FIFO vs round robin vs VTC
     /// (program-router) and vllm-router for reference, side by side on fresh simulators.
@@ -235,6 +238,7 @@ async fn demo() -> Result<bool, String> {
         program_config: "{}".into(),
         vllm_router,
         json: None,
+        html: None,
     })
     .await
 }
@@ -416,6 +420,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         program_config,
         vllm_router,
         json,
+        html,
     } = cmd
     else {
         return Ok(false);
@@ -450,12 +455,24 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     }
     progbench::compare::check_comparable(&mut results);
     println!(
-        "{:<12} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10}  status",
-        "variant", "requests", "hit", "JCT mean", "JCT p50", "JCT p90", "JCT p99", "out tokens"
+        "{:<12} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>10} {:>6} {:>6}  status",
+        "variant",
+        "requests",
+        "hit",
+        "JCT mean",
+        "JCT p50",
+        "JCT p90",
+        "JCT p99",
+        "wait",
+        "wait p99",
+        "req/s",
+        "out tokens",
+        "forced",
+        "yield"
     );
     for r in &results {
         println!(
-            "{:<12} {:>9} {:>7.1}% {:>8.1}s {:>8.1}s {:>8.1}s {:>8.1}s {:>10}  {}",
+            "{:<12} {:>9} {:>7.1}% {:>8.1}s {:>8.1}s {:>8.1}s {:>8.1}s {:>7.2}s {:>7.2}s {:>7.2} {:>10} {:>6.0} {:>6.0}  {}",
             format!("{:?}", r.variant),
             r.requests,
             r.server_token_hit * 100.0,
@@ -463,7 +480,12 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
             r.p50_jct,
             r.p90_jct,
             r.p99_jct,
+            r.mean_queue_wait,
+            r.p99_queue_wait,
+            r.request_throughput,
             r.completion_tokens,
+            r.force_resumes,
+            r.segment_yields,
             r.failure.as_deref().unwrap_or("ok"),
         );
     }
@@ -480,6 +502,27 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
             .filter(|r| r.ok)
             .map(|r| (format!("{:?}", r.variant), r.server_token_hit, r.mean_jct)),
     );
+    let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-compare.html"));
+    let header = format!(
+        "{} Programs ({:?}, seed {}), {} servers × {} DP ranks × {} KV blocks, {}× time\n\
+         oracle: H* = {:.1}% token hit, JCT* = {:.1} s mean; times are the workload's seconds",
+        turns
+            .iter()
+            .map(|t| &t.program_id)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        w.preset,
+        w.seed,
+        servers,
+        dp,
+        num_gpu_blocks,
+        time_scale,
+        oracle.token_hit * 100.0,
+        oracle.mean_jct_seconds
+    );
+    std::fs::write(&html, progbench::report::compare_html(&header, &results))
+        .map_err(|e| format!("{}: {e}", html.display()))?;
+    println!("\nreport: {}", html.display());
     if let Some(p) = json {
         let doc = serde_json::json!({"oracle": oracle, "runs": results});
         std::fs::write(

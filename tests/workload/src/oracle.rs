@@ -18,10 +18,26 @@ pub struct Oracle {
     pub mean_jct_seconds: f64,
 }
 
+/// How long one request takes on an otherwise idle engine: the cold prefill of its uncached
+/// prompt tokens, then its output decoded at batch 1 (the first output token comes with the
+/// prefill).
+pub fn unloaded_service_seconds(
+    engine: &EngineParams,
+    prompt: u64,
+    cached: u64,
+    output: u64,
+) -> f64 {
+    let t = &engine.timing;
+    let mut s = t.cold_prefill_seconds(prompt.saturating_sub(cached));
+    for k in 1..output {
+        s += t.decode_step_seconds(1, prompt + k);
+    }
+    s
+}
+
 /// Bounds for `turns` on engines shaped like `engine` (chat-template tokens are ignored).
 pub fn bounds(turns: &[Turn], engine: &EngineParams) -> Oracle {
     let bs = engine.block_size as u64;
-    let t = &engine.timing;
     let mut seen_system = std::collections::BTreeSet::new();
     let (mut prompt, mut cached) = (0u64, 0u64);
     let mut jcts = Vec::new();
@@ -55,10 +71,7 @@ pub fn bounds(turns: &[Turn], engine: &EngineParams) -> Oracle {
             let hit = (reusable.min(context - 1) / bs) * bs;
             prompt += context;
             cached += hit;
-            jct += t.cold_prefill_seconds(context - hit);
-            for k in 1..turn.output_tokens {
-                jct += t.decode_step_seconds(1, context + u64::from(k));
-            }
+            jct += unloaded_service_seconds(engine, context, hit, u64::from(turn.output_tokens));
             context += u64::from(turn.output_tokens);
             jct += turn.gap_after;
         }

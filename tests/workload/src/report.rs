@@ -1,10 +1,11 @@
-//! The self-contained HTML report of `progbench sim`: the results table and SVG plots drawn with
-//! plotters — JCT and queue-wait CDFs per mode, token cache hit over time per mode, and per-rank
-//! KV usage over time.
+//! The self-contained HTML reports of `progbench sim` and `progbench compare`: the results table
+//! and SVG plots drawn with plotters — JCT and queue-wait CDFs per run, token cache hit over time
+//! per run, and per-rank KV usage over time.
 
 use plotters::prelude::*;
 
-use crate::des::Report;
+use crate::compare::RunResult;
+use crate::des::{Report, Series};
 
 type Line<'a> = (String, Vec<(f64, f64)>);
 
@@ -60,26 +61,131 @@ fn escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// The whole report; `header` is free text shown above the table (the oracle line, the command).
+/// The report of `progbench sim`; `header` is free text shown above the table (the oracle line,
+/// the command).
 pub fn html(header: &str, reports: &[Report]) -> String {
-    let mut rows = String::new();
-    for r in reports {
-        rows.push_str(&format!(
-            "<tr><td>{}</td><td>{:.1}%</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.2}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
-            escape(&r.mode),
-            r.token_hit_rate * 100.0,
-            r.mean_jct_seconds,
-            r.p50_jct_seconds,
-            r.p90_jct_seconds,
-            r.p99_jct_seconds,
-            r.mean_queue_wait_seconds,
-            r.programs_completed,
-            r.preemptions,
-            r.force_resumes,
-        ));
-    }
-    let by_mode = |f: &dyn Fn(&Report) -> Vec<(f64, f64)>| -> Vec<Line<'_>> {
-        reports.iter().map(|r| (r.mode.clone(), f(r))).collect()
+    let columns = [
+        "mode",
+        "token hit",
+        "JCT mean s",
+        "p50",
+        "p90",
+        "p99",
+        "queue wait mean s",
+        "Programs done",
+        "preemptions",
+        "force resumes",
+    ];
+    let rows: Vec<Vec<String>> = reports
+        .iter()
+        .map(|r| {
+            vec![
+                r.mode.clone(),
+                format!("{:.1}%", r.token_hit_rate * 100.0),
+                format!("{:.1}", r.mean_jct_seconds),
+                format!("{:.1}", r.p50_jct_seconds),
+                format!("{:.1}", r.p90_jct_seconds),
+                format!("{:.1}", r.p99_jct_seconds),
+                format!("{:.2}", r.mean_queue_wait_seconds),
+                r.programs_completed.to_string(),
+                r.preemptions.to_string(),
+                r.force_resumes.to_string(),
+            ]
+        })
+        .collect();
+    let runs: Vec<(String, &Series)> = reports
+        .iter()
+        .map(|r| (r.mode.clone(), &r.series))
+        .collect();
+    document(
+        header,
+        &columns,
+        &rows,
+        &runs,
+        "wait before dispatch, seconds",
+    )
+}
+
+/// The report of `progbench compare`: one row and one set of plots per router variant, from the
+/// client's records and the simulators' samples.
+pub fn compare_html(header: &str, results: &[RunResult]) -> String {
+    let columns = [
+        "variant",
+        "status",
+        "requests",
+        "token hit",
+        "JCT mean s",
+        "p50",
+        "p90",
+        "p99",
+        "queue wait mean s",
+        "p99",
+        "req/s",
+        "output tok/s",
+        "Programs done",
+        "admissions",
+        "force resumes",
+        "segment yields",
+    ];
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            vec![
+                format!("{:?}", r.variant),
+                r.failure.clone().unwrap_or_else(|| "ok".into()),
+                r.requests.to_string(),
+                format!("{:.1}%", r.server_token_hit * 100.0),
+                format!("{:.1}", r.mean_jct),
+                format!("{:.1}", r.p50_jct),
+                format!("{:.1}", r.p90_jct),
+                format!("{:.1}", r.p99_jct),
+                format!("{:.2}", r.mean_queue_wait),
+                format!("{:.2}", r.p99_queue_wait),
+                format!("{:.2}", r.request_throughput),
+                format!("{:.0}", r.output_token_throughput),
+                r.programs_completed.to_string(),
+                format!("{:.0}", r.program_admissions),
+                format!("{:.0}", r.force_resumes),
+                format!("{:.0}", r.segment_yields),
+            ]
+        })
+        .collect();
+    let runs: Vec<(String, &Series)> = results
+        .iter()
+        .map(|r| (format!("{:?}", r.variant), &r.series))
+        .collect();
+    document(
+        header,
+        &columns,
+        &rows,
+        &runs,
+        "latency above unloaded service time, seconds",
+    )
+}
+
+fn document(
+    header: &str,
+    columns: &[&str],
+    rows: &[Vec<String>],
+    runs: &[(String, &Series)],
+    wait_desc: &str,
+) -> String {
+    let head: String = columns
+        .iter()
+        .map(|c| format!("<th>{}</th>", escape(c)))
+        .collect();
+    let body: String = rows
+        .iter()
+        .map(|r| {
+            let cells: String = r
+                .iter()
+                .map(|c| format!("<td>{}</td>", escape(c)))
+                .collect();
+            format!("<tr>{cells}</tr>\n")
+        })
+        .collect();
+    let each = |f: &dyn Fn(&Series) -> Vec<(f64, f64)>| -> Vec<Line<'_>> {
+        runs.iter().map(|(name, s)| (name.clone(), f(s))).collect()
     };
     let mut plots = vec![
         chart(
@@ -87,33 +193,35 @@ pub fn html(header: &str, reports: &[Report]) -> String {
             "JCT, seconds",
             "fraction of Programs",
             1.0,
-            &by_mode(&|r| cdf(&r.series.jcts)),
+            &each(&|s| cdf(&s.jcts)),
         ),
         chart(
             "Queue wait (CDF)",
-            "wait before dispatch, seconds",
+            wait_desc,
             "fraction of requests",
             1.0,
-            &by_mode(&|r| cdf(&r.series.waits)),
+            &each(&|s| cdf(&s.waits)),
         ),
         chart(
             "Token cache hit so far",
             "time, seconds",
             "cached / prompt tokens",
             1.0,
-            &by_mode(&|r| r.series.hit.clone()),
+            &each(&|s| s.hit.clone()),
         ),
     ];
-    for r in reports {
-        let lines: Vec<Line<'_>> = r
-            .series
+    for (name, s) in runs {
+        let lines: Vec<Line<'_>> = s
             .kv_usage
             .iter()
             .enumerate()
-            .map(|(i, pts)| (format!("rank {i}"), pts.clone()))
+            .map(|(i, pts)| {
+                let label = s.kv_names.get(i).cloned().unwrap_or(format!("rank {i}"));
+                (label, pts.clone())
+            })
             .collect();
         plots.push(chart(
-            &format!("KV usage per rank — {}", r.mode),
+            &format!("KV usage per rank — {name}"),
             "time, seconds",
             "KV usage",
             1.05,
@@ -129,9 +237,7 @@ pub fn html(header: &str, reports: &[Report]) -> String {
          <style>body{{font-family:sans-serif;margin:2em;max-width:1500px}}table{{border-collapse:collapse}}\
          td,th{{border:1px solid #bbb;padding:4px 10px;text-align:right}}td:first-child{{text-align:left}}\
          figure{{display:inline-block;margin:8px}}</style></head><body>\n\
-         <h1>progbench</h1>\n<pre>{}</pre>\n<table><tr><th>mode</th><th>token hit</th><th>JCT mean s</th>\
-         <th>p50</th><th>p90</th><th>p99</th><th>queue wait mean s</th><th>Programs done</th>\
-         <th>preemptions</th><th>force resumes</th></tr>\n{rows}</table>\n{figures}</body></html>\n",
+         <h1>progbench</h1>\n<pre>{}</pre>\n<table><tr>{head}</tr>\n{body}</table>\n{figures}</body></html>\n",
         escape(header)
     )
 }

@@ -42,5 +42,30 @@ async fn program_router_variants_serve_identical_work() {
             }
             _ => assert_eq!(r.program_admissions, 0.0, "{r:?}"),
         }
+        // What the report plots: every Program's JCT, every request's wait, the simulators
+        // sampled during the replay (hit so far within 0..1, one KV line per DP rank).
+        let s = &r.series;
+        assert_eq!(s.jcts.len(), 3);
+        assert_eq!(s.waits.len(), r.requests);
+        assert!(s.waits.iter().all(|w| *w >= 0.0));
+        assert!(r.p99_queue_wait >= r.p90_queue_wait);
+        assert!(!s.hit.is_empty(), "{:?}: no hit samples", r.variant);
+        assert!(
+            s.hit
+                .iter()
+                .all(|(t, h)| *t >= 0.0 && (0.0..=1.0).contains(h))
+        );
+        assert_eq!(s.kv_usage.len(), 2, "{:?}: one KV line per rank", r.variant);
+        assert_eq!(s.kv_names.len(), 2);
+        assert!(s.kv_usage.iter().all(|l| !l.is_empty()));
+        assert!(r.request_throughput > 0.0 && r.output_token_throughput > 0.0);
     }
+    let html = progbench::report::compare_html("tiny", &results);
+    assert!(html.starts_with("<!doctype html>"));
+    // Three shared charts and one KV chart per run, each an inline SVG.
+    assert_eq!(html.matches("<svg").count(), 3 + results.len(), "{html}");
+    for r in &results {
+        assert!(html.contains(&format!("KV usage per rank — {:?}", r.variant)));
+    }
+    assert!(html.contains("server 0 rank 0") && html.contains("server 0 rank 1"));
 }

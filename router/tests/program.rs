@@ -344,6 +344,9 @@ async fn a_reload_that_changes_targets_keeps_programs_and_retained_requests() {
         // 500-word prompts are ~510 tokens: a (held) and b (estimated at first) do not both fit.
         token_capacity_per_dp_rank: Some(700),
         decode_buffer_tokens: 10,
+        // Rank-local: b must stay queued on s1 across the reload (with cross-rank resume the
+        // new, empty rank would take it).
+        global_queue: false,
         ..Default::default()
     };
     let s1 = sim(&["--time-scale", "20"]).await;

@@ -143,7 +143,9 @@ impl Default for ProgramSchedulingConfig {
         ProgramSchedulingConfig {
             program_scheduling_enable_key: EnableKey::default(),
             binding_only: false,
-            global_queue: false,
+            // The spec's default is false; it recommends true for deployment, and true measured
+            // better on mixed and multi-agent fleets (docs/benchmarks.md, cross-rank resume).
+            global_queue: true,
             resume_order: ResumeOrder::default(),
             cross_rank_headroom_ratio: 1.2,
             binding_strategy: BindingStrategy::default(),

@@ -10,6 +10,8 @@ fn cfg() -> ProgramSchedulingConfig {
         token_capacity_per_dp_rank: Some(1000),
         decode_buffer_tokens: 0,
         binding_strategy: BindingStrategy::ProgramRoundRobin,
+        // Rank-local unless a test is about cross-rank resume.
+        global_queue: false,
         ..Default::default()
     }
 }

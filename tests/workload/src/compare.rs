@@ -210,7 +210,11 @@ fn transitions(text: &str) -> BTreeMap<String, f64> {
 }
 
 fn sum_of(t: &BTreeMap<String, f64>, kinds: &[&str]) -> f64 {
-    kinds.iter().filter_map(|k| t.get(*k)).sum()
+    // fold from +0.0: an empty f64 sum is -0.0, which prints as "-0".
+    kinds
+        .iter()
+        .filter_map(|k| t.get(*k))
+        .fold(0.0, |a, b| a + b)
 }
 
 /// Program admissions (ordinary and forced).
@@ -355,6 +359,11 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     let mut ps = s.program_config.clone();
     if ps.get("token_capacity_per_dp_rank").is_none() {
         ps["token_capacity_per_dp_rank"] = serde_json::json!(capacity);
+    }
+    // Our default is cross-rank resume on, the spec's (and vllm-router's) off: say it
+    // explicitly so both routers run the same mode (the spec recommends it on).
+    if ps.get("global_queue").is_none() {
+        ps["global_queue"] = serde_json::json!(true);
     }
     let mut binding = ps.clone();
     binding["binding_only"] = serde_json::json!(true);

@@ -147,7 +147,9 @@ impl Default for ProgramSchedulingConfig {
             // better on mixed and multi-agent fleets (docs/benchmarks.md, cross-rank resume).
             global_queue: true,
             resume_order: ResumeOrder::default(),
-            cross_rank_headroom_ratio: 1.2,
+            // The spec's 1.2 moved Programs too eagerly when every rank was full (a queue timeout
+            // on a small overloaded cluster); 3 kept the gains elsewhere (docs/benchmarks.md).
+            cross_rank_headroom_ratio: 3.0,
             binding_strategy: BindingStrategy::default(),
             hash_virtual_nodes: 160,
             token_capacity_per_dp_rank: None,

@@ -434,15 +434,16 @@ fn capacity_comes_from_cache_config_when_not_configured() {
     assert!(dispatched(&s.on_arrival(0.1, arrival(2, "b", 400))).is_empty());
 }
 
-#[test]
-fn global_queue_moves_a_waiting_program_to_a_rank_with_headroom() {
+/// Two ranks of 1000 tokens, one Program each; rank 1 frees up while "c" (about 510 tokens with
+/// its estimate) waits on full rank 0. Returns the decisions of rank 1's completion.
+fn cross_rank_case(headroom: f64) -> (Vec<Decision>, Scheduler) {
     let c = ProgramSchedulingConfig {
         global_queue: true,
+        cross_rank_headroom_ratio: headroom,
         binding_strategy: BindingStrategy::LeastProgramCount,
         ..cfg()
     };
     let mut s = sched(c, 2);
-    // Fill rank 0 and rank 1 with one Program each, then free rank 1.
     s.on_arrival(
         0.0,
         with(arrival(1, "a", 900), |i| {
@@ -451,11 +452,28 @@ fn global_queue_moves_a_waiting_program_to_a_rank_with_headroom() {
     );
     s.on_arrival(0.0, arrival(2, "b", 900));
     s.on_complete(1.0, 1, usage(900, 10));
-    // c binds to the rank with fewer active Programs; both have one, so rank 0 (full) — it must
-    // wait there until rank 1 frees up, then move.
-    let d = s.on_arrival(2.0, arrival(3, "c", 500));
-    assert!(dispatched(&d).is_empty());
+    assert!(dispatched(&s.on_arrival(2.0, arrival(3, "c", 500))).is_empty());
     let d = s.on_complete(3.0, 2, usage(900, 10));
+    (d, s)
+}
+
+#[test]
+fn the_default_headroom_does_not_move_a_program_unless_the_destination_has_room_to_spare() {
+    // Free 1000 on rank 1 against ~90 on rank 0: 1.2 × demand fits, 3 × demand does not — c
+    // stays for its own rank (and its cache) rather than trading one full queue for another.
+    assert_eq!(
+        ProgramSchedulingConfig::default().cross_rank_headroom_ratio,
+        3.0
+    );
+    let (d, s) = cross_rank_case(3.0);
+    assert!(dispatched(&d).is_empty(), "{d:?}");
+    assert_eq!(s.counters.cross_rank_migrations, 0);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn global_queue_moves_a_waiting_program_to_a_rank_with_headroom() {
+    let (d, s) = cross_rank_case(1.2);
     assert_eq!(d, vec![Decision::Dispatch { ticket: 3, rank: 1 }]);
     assert_eq!(s.counters.cross_rank_migrations, 1);
     s.check_invariants().expect("ledger");

@@ -360,10 +360,14 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     if ps.get("token_capacity_per_dp_rank").is_none() {
         ps["token_capacity_per_dp_rank"] = serde_json::json!(capacity);
     }
-    // Our default is cross-rank resume on, the spec's (and vllm-router's) off: say it
-    // explicitly so both routers run the same mode (the spec recommends it on).
+    // Our defaults for cross-rank resume differ from the spec's (and vllm-router's): on, with
+    // headroom 3 (the spec: off, 1.2, and it recommends on). Say them explicitly so both routers
+    // run the same mode.
     if ps.get("global_queue").is_none() {
         ps["global_queue"] = serde_json::json!(true);
+    }
+    if ps.get("cross_rank_headroom_ratio").is_none() {
+        ps["cross_rank_headroom_ratio"] = serde_json::json!(3.0);
     }
     let mut binding = ps.clone();
     binding["binding_only"] = serde_json::json!(true);

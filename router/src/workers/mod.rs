@@ -46,21 +46,11 @@ pub struct Backend {
 impl Backend {
     pub fn new(url: String) -> Self {
         let parts = url.parse::<http::Uri>().ok().map(http::Uri::into_parts);
+        // Worker URLs are validated as http:// (config), so the default port is 80.
         let addr = parts
             .as_ref()
             .and_then(|p| p.authority.as_ref())
-            .map(|a| {
-                let port = a.port_u16().unwrap_or(
-                    if parts.as_ref().and_then(|p| p.scheme.as_ref())
-                        == Some(&http::uri::Scheme::HTTPS)
-                    {
-                        443
-                    } else {
-                        80
-                    },
-                );
-                format!("{}:{port}", a.host())
-            })
+            .map(|a| format!("{}:{}", a.host(), a.port_u16().unwrap_or(80)))
             .unwrap_or_default();
         Backend {
             addr,
@@ -283,6 +273,17 @@ impl TargetSet {
 mod tests {
     use super::*;
     use crate::config::WorkerConfig;
+
+    #[test]
+    fn backends_connect_to_host_and_port() {
+        for (url, addr) in [
+            ("http://127.0.0.1:8000", "127.0.0.1:8000"),
+            ("http://[::1]:8000/", "[::1]:8000"),
+            ("http://vllm-0.vllm.ml.svc", "vllm-0.vllm.ml.svc:80"),
+        ] {
+            assert_eq!(Backend::new(url.into()).addr, addr, "{url}");
+        }
+    }
 
     #[test]
     fn health_thresholds() {

@@ -28,7 +28,8 @@ use crate::workers::{InFlight, TargetState};
 use relay::{End, Finish, Relay, Usage};
 use upstream::SendError;
 
-/// The upstream HTTP client (connection pool shared by every target).
+/// The pooled HTTP client of health checks, metric scrapes and calibration; proxied requests use
+/// each backend's [`upstream::ConnPool`] instead.
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Builds the pooled upstream client.

@@ -29,8 +29,7 @@ pub struct Observation {
 /// One base URL: health (checked once per URL, not per rank) and observations.
 pub struct Backend {
     pub url: String,
-    /// `url` split once, so the request path builds URIs without parsing.
-    pub scheme: http::uri::Scheme,
+    /// `url`'s authority, parsed once (the `Host` of proxied requests).
     pub authority: Option<http::uri::Authority>,
     /// `host:port` to connect to (port defaulted from the scheme).
     pub addr: String,
@@ -55,10 +54,6 @@ impl Backend {
         Backend {
             addr,
             pool: Default::default(),
-            scheme: parts
-                .as_ref()
-                .and_then(|p| p.scheme.clone())
-                .unwrap_or(http::uri::Scheme::HTTP),
             authority: parts.and_then(|p| p.authority),
             url,
             healthy: AtomicBool::new(false),

@@ -463,7 +463,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
         let (sims, stop) = (sims.clone(), stop.clone());
-        // About 200 samples over a run of the default length, at least one every 2 s.
+        // About 400 samples over the run's time limit, 0.1 s to 2 s apart.
         let every = Duration::from_secs_f64((s.limit.as_secs_f64() / 400.0).clamp(0.1, 2.0));
         let scale = s.time_scale;
         std::thread::spawn(move || sample(sims, every, scale, stop))

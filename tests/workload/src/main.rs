@@ -506,11 +506,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     let header = format!(
         "{} Programs ({:?}, seed {}), {} servers × {} DP ranks × {} KV blocks, {}× time\n\
          oracle: H* = {:.1}% token hit, JCT* = {:.1} s mean; times are the workload's seconds",
-        turns
-            .iter()
-            .map(|t| &t.program_id)
-            .collect::<std::collections::BTreeSet<_>>()
-            .len(),
+        program_count(&turns),
         w.preset,
         w.seed,
         servers,
@@ -520,9 +516,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         oracle.token_hit * 100.0,
         oracle.mean_jct_seconds
     );
-    std::fs::write(&html, progbench::report::compare_html(&header, &results))
-        .map_err(|e| format!("{}: {e}", html.display()))?;
-    println!("\nreport: {}", html.display());
+    write_report(&html, &progbench::report::compare_html(&header, &results))?;
     if let Some(p) = json {
         let doc = serde_json::json!({"oracle": oracle, "runs": results});
         std::fs::write(
@@ -613,26 +607,36 @@ fn run(cli: Cli) -> Result<(), String> {
             let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-report.html"));
             let header = format!(
                 "{} Programs ({:?}), {} ranks × {} KV blocks\noracle: H* = {:.1}% token hit, JCT* = {:.1} s mean",
-                turns
-                    .iter()
-                    .map(|t| &t.program_id)
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .len(),
+                program_count(&turns),
                 w.preset,
                 ranks,
                 num_gpu_blocks,
                 oracle.token_hit * 100.0,
                 oracle.mean_jct_seconds
             );
-            std::fs::write(&html, progbench::report::html(&header, &reports))
-                .map_err(|e| format!("{}: {e}", html.display()))?;
-            println!("\nreport: {}", html.display());
+            write_report(&html, &progbench::report::html(&header, &reports))?;
             Ok(())
         }
     }
 }
 
 /// Excess over the oracle, the measure the benchmark goals use.
+/// Programs in a workload.
+fn program_count(turns: &[progbench::workload::Turn]) -> usize {
+    turns
+        .iter()
+        .map(|t| &t.program_id)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
+
+/// Writes an HTML report and says where.
+fn write_report(path: &std::path::Path, html: &str) -> Result<(), String> {
+    std::fs::write(path, html).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("\nreport: {}", path.display());
+    Ok(())
+}
+
 fn print_oracle(o: &progbench::oracle::Oracle, runs: impl Iterator<Item = (String, f64, f64)>) {
     println!(
         "\noracle: H* = {:.1}% token hit, JCT* = {:.1}s mean (no queueing, all hits, batch-1 decode)",

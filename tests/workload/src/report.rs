@@ -61,6 +61,13 @@ fn escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// Table cells: token hit, then JCT mean, p50, p90, p99 in seconds.
+fn hit_and_jct(hit: f64, jct: [f64; 4]) -> Vec<String> {
+    let mut cells = vec![format!("{:.1}%", hit * 100.0)];
+    cells.extend(jct.iter().map(|j| format!("{j:.1}")));
+    cells
+}
+
 /// The report of `progbench sim`; `header` is free text shown above the table (the oracle line,
 /// the command).
 pub fn html(header: &str, reports: &[Report]) -> String {
@@ -79,18 +86,23 @@ pub fn html(header: &str, reports: &[Report]) -> String {
     let rows: Vec<Vec<String>> = reports
         .iter()
         .map(|r| {
-            vec![
-                r.mode.clone(),
-                format!("{:.1}%", r.token_hit_rate * 100.0),
-                format!("{:.1}", r.mean_jct_seconds),
-                format!("{:.1}", r.p50_jct_seconds),
-                format!("{:.1}", r.p90_jct_seconds),
-                format!("{:.1}", r.p99_jct_seconds),
+            let mut row = vec![r.mode.clone()];
+            row.extend(hit_and_jct(
+                r.token_hit_rate,
+                [
+                    r.mean_jct_seconds,
+                    r.p50_jct_seconds,
+                    r.p90_jct_seconds,
+                    r.p99_jct_seconds,
+                ],
+            ));
+            row.extend([
                 format!("{:.2}", r.mean_queue_wait_seconds),
                 r.programs_completed.to_string(),
                 r.preemptions.to_string(),
                 r.force_resumes.to_string(),
-            ]
+            ]);
+            row
         })
         .collect();
     let runs: Vec<(String, &Series)> = reports
@@ -130,15 +142,16 @@ pub fn compare_html(header: &str, results: &[RunResult]) -> String {
     let rows: Vec<Vec<String>> = results
         .iter()
         .map(|r| {
-            vec![
+            let mut row = vec![
                 format!("{:?}", r.variant),
                 r.failure.clone().unwrap_or_else(|| "ok".into()),
                 r.requests.to_string(),
-                format!("{:.1}%", r.server_token_hit * 100.0),
-                format!("{:.1}", r.mean_jct),
-                format!("{:.1}", r.p50_jct),
-                format!("{:.1}", r.p90_jct),
-                format!("{:.1}", r.p99_jct),
+            ];
+            row.extend(hit_and_jct(
+                r.server_token_hit,
+                [r.mean_jct, r.p50_jct, r.p90_jct, r.p99_jct],
+            ));
+            row.extend([
                 format!("{:.2}", r.mean_queue_wait),
                 format!("{:.2}", r.p99_queue_wait),
                 format!("{:.2}", r.request_throughput),
@@ -147,7 +160,8 @@ pub fn compare_html(header: &str, results: &[RunResult]) -> String {
                 format!("{:.0}", r.program_admissions),
                 format!("{:.0}", r.force_resumes),
                 format!("{:.0}", r.segment_yields),
-            ]
+            ]);
+            row
         })
         .collect();
     let runs: Vec<(String, &Series)> = results

@@ -31,6 +31,15 @@ pub struct Applied {
     pub program: Option<Arc<ProgramRuntime>>,
     /// Fair multi-tenant queueing, when enabled.
     pub fair: Option<Arc<FairRuntime>>,
+    /// `Authorization` sent to workers (`Bearer <api_key>`), built once per configuration.
+    pub authorization: Option<http::HeaderValue>,
+}
+
+/// The workers' `Authorization` header for `config`, if it names an API key that is a valid
+/// header value (validation rejects one that is not).
+fn authorization(config: &RouterConfig) -> Option<http::HeaderValue> {
+    let key = config.api_key.as_ref()?;
+    http::HeaderValue::from_str(&format!("Bearer {key}")).ok()
 }
 
 impl Applied {
@@ -88,6 +97,7 @@ impl RouterState {
         };
         let applied = Applied {
             hash: config.hash(),
+            authorization: authorization(&config),
             config,
             targets,
             policy,
@@ -261,6 +271,7 @@ impl RouterState {
         };
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         self.applied.store(Arc::new(Applied {
+            authorization: authorization(&config),
             config,
             hash,
             targets,

@@ -333,6 +333,14 @@ pub fn file_hash(bytes: &[u8]) -> String {
 impl RouterConfig {
     /// Checks every field; the error names it.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(key) = &self.api_key
+            && (key.is_empty() || http::HeaderValue::from_str(&format!("Bearer {key}")).is_err())
+        {
+            return Err(ConfigError::new(
+                "api_key",
+                "must be non-empty printable ASCII (it is sent as `Authorization: Bearer <key>`)",
+            ));
+        }
         if self.intra_node_data_parallel_size == 0 {
             return Err(ConfigError::new(
                 "intra_node_data_parallel_size",
@@ -550,6 +558,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(bad_url.validate().expect_err("url").field, "workers[0].url");
+        for key in ["", "line\nbreak"] {
+            let c = RouterConfig {
+                api_key: Some(key.into()),
+                ..Default::default()
+            };
+            assert_eq!(c.validate().expect_err("key").field, "api_key", "{key:?}");
+        }
         let mut c = RouterConfig::default();
         c.retry.max_retries = 0;
         assert_eq!(c.validate().expect_err("retry").field, "retry.max_retries");

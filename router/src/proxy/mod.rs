@@ -90,7 +90,7 @@ fn upstream_request(
     target: &TargetState,
     out: &Outbound<'_>,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
-    let authority = target.backend.authority.as_ref().ok_or_else(|| {
+    let host = target.backend.host.as_ref().ok_or_else(|| {
         ApiError::upstream(format!("invalid upstream URL {}", target.backend.url))
     })?;
     // Origin-form: the connection is already to the backend.
@@ -100,9 +100,7 @@ fn upstream_request(
         .headers_mut()
         .ok_or_else(|| ApiError::upstream("request builder failed"))?;
     h.reserve(out.headers.len() + 4);
-    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-        h.insert(header::HOST, host);
-    }
+    h.insert(header::HOST, host.clone());
     for (k, v) in out.headers {
         if !HOP_BY_HOP.contains(k) && k != DP_RANK {
             h.append(k, v.clone());
@@ -111,10 +109,8 @@ fn upstream_request(
     if let Some(rank) = &target.rank_header {
         h.insert(DP_RANK.clone(), rank.clone());
     }
-    if let Some(key) = &applied.config.api_key
-        && let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}"))
-    {
-        h.insert(header::AUTHORIZATION, v);
+    if let Some(v) = &applied.authorization {
+        h.insert(header::AUTHORIZATION, v.clone());
     }
     h.insert("x-request-id", out.request_id.clone());
     if !out.body.is_empty() {

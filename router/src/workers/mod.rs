@@ -29,8 +29,8 @@ pub struct Observation {
 /// One base URL: health (checked once per URL, not per rank) and observations.
 pub struct Backend {
     pub url: String,
-    /// `url`'s authority, parsed once (the `Host` of proxied requests).
-    pub authority: Option<http::uri::Authority>,
+    /// The `Host` of proxied requests (`url`'s authority), built once.
+    pub host: Option<HeaderValue>,
     /// `host:port` to connect to (port defaulted from the scheme).
     pub addr: String,
     /// Idle keep-alive connections of the proxy path.
@@ -54,7 +54,9 @@ impl Backend {
         Backend {
             addr,
             pool: Default::default(),
-            authority: parts.and_then(|p| p.authority),
+            host: parts
+                .and_then(|p| p.authority)
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
             url,
             healthy: AtomicBool::new(false),
             checked: AtomicBool::new(false),

@@ -82,7 +82,8 @@ impl ConnPool {
     }
 
     /// Idle connections held now.
-    pub fn idle(&self) -> usize {
+    #[cfg(test)]
+    fn idle(&self) -> usize {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 

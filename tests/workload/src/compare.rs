@@ -250,7 +250,7 @@ fn sample(
 ) -> (Points, Vec<(String, Points)>) {
     let start = Instant::now();
     let mut hit = Vec::new();
-    let mut kv: BTreeMap<(usize, String), Vec<(f64, f64)>> = BTreeMap::new();
+    let mut kv: BTreeMap<(usize, String), Points> = BTreeMap::new();
     loop {
         let t = start.elapsed().as_secs_f64() * time_scale;
         let (mut prompt, mut cached) = (0.0, 0.0);

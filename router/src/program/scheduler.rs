@@ -191,6 +191,9 @@ struct Retained {
     growth: u64,
     /// When the request becomes forced.
     force_at: f64,
+    /// Which arrival this is (the scheduler's arrival count), so that a timer armed for an
+    /// earlier request that reused the ticket cannot act on this one.
+    arrival: u64,
 }
 
 impl Retained {
@@ -1004,11 +1007,18 @@ impl Scheduler {
                 demand,
                 growth,
                 force_at: now + force_limit,
+                arrival: self.arrivals as u64,
             },
         );
         self.retained_at.insert(a.ticket, now);
-        self.timer(now + force_limit, TimerKind::ForceResume, a.ticket, 0);
-        self.timer(now + queue_limit, TimerKind::QueueTimeout, a.ticket, 0);
+        let arrival = self.arrivals as u64;
+        self.timer(now + force_limit, TimerKind::ForceResume, a.ticket, arrival);
+        self.timer(
+            now + queue_limit,
+            TimerKind::QueueTimeout,
+            a.ticket,
+            arrival,
+        );
         self.pump(rank, now, &mut out);
         if self.cfg.global_queue && self.retained.contains_key(&a.ticket) {
             for r in 0..self.ranks.len() {
@@ -1498,7 +1508,9 @@ impl Scheduler {
             match t.kind {
                 TimerKind::ForceResume => {
                     let ticket = t.id;
-                    if let Some(r) = self.retained.get_mut(&ticket) {
+                    if let Some(r) = self.retained.get_mut(&ticket)
+                        && r.arrival == t.generation
+                    {
                         let old = r.key;
                         r.key.not_forced = false;
                         let (rank, new) = (r.rank, r.key);
@@ -1510,7 +1522,9 @@ impl Scheduler {
                 }
                 TimerKind::QueueTimeout => {
                     let ticket = t.id;
-                    if let Some(r) = self.retained.remove(&ticket) {
+                    if self.retained.get(&ticket).map(|r| r.arrival) == Some(t.generation)
+                        && let Some(r) = self.retained.remove(&ticket)
+                    {
                         self.retained_at.remove(&ticket);
                         self.ranks[r.rank].queue.remove(&r.key);
                         self.program_mut(r.program).retained -= 1;

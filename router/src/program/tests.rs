@@ -174,6 +174,38 @@ fn forced_requests_still_need_token_room_and_time_out_without_it() {
 }
 
 #[test]
+fn a_reused_ticket_answers_only_to_its_own_timers() {
+    // Tickets are meant to be unique, but an embedder (a harness replaying turns) may reuse one
+    // once its request is done: the earlier request's force-resume and queue-timeout timers
+    // must not act on the new one.
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 8.0,
+        force_resume_timeout_seconds: 5.0,
+        ..cfg()
+    };
+    let mut s = held_by_acting(c);
+    assert_eq!(dispatched(&s.on_arrival(1.0, arrival(2, "b", 50))), [2]);
+    s.on_complete(2.0, 2, usage(50, 1));
+    assert!(
+        s.on_arrival(3.0, arrival(2, "c", 900)).is_empty(),
+        "no room"
+    );
+    assert!(
+        s.on_tick(9.5).is_empty(),
+        "the first request's deadline (1 s + 8 s) is not the second's"
+    );
+    assert_eq!(
+        s.on_tick(11.0),
+        vec![Decision::Reject {
+            ticket: 2,
+            reason: RejectReason::QueueTimeout
+        }]
+    );
+    assert_eq!(s.counters.queue_timeouts, 1);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
 fn a_request_deadline_shortens_the_queue_limit_but_never_extends_it() {
     let c = ProgramSchedulingConfig {
         queue_timeout_seconds: 8.0,

@@ -61,6 +61,12 @@ pub struct Report {
     pub p99_queue_wait_seconds: f64,
     pub makespan_seconds: f64,
     pub preemptions: u64,
+    /// KV demand: the contexts of all live Programs (running, queued or in a tool call) over
+    /// the cluster's KV capacity, sampled over the run — its 90th percentile, and the share of
+    /// the run during which it exceeded 1 (when no placement or admission could keep every
+    /// live Program's prefix cached).
+    pub kv_demand_p90: f64,
+    pub kv_demand_over_capacity: f64,
     pub queue_timeouts: u64,
     pub force_resumes: u64,
     pub scheduler_events: u64,
@@ -113,6 +119,9 @@ struct Prog {
     /// Blocking subagents still running, and when the parent's own tool gap ends.
     blockers: u32,
     ready_at: f64,
+    /// Tokens its context holds: the last prompt plus the output asked for (0 before its first
+    /// turn).
+    context: usize,
 }
 
 fn token(a: u64, b: u64, i: u64) -> u32 {
@@ -129,6 +138,18 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// A request's scheduler ticket: unique per (Program, turn), as the router's are per request —
+/// a reused ticket would let a timer armed for an earlier turn (force resume, queue timeout)
+/// act on a later one.
+fn ticket_of(program: usize, step: u32) -> u64 {
+    (program as u64) << 20 | u64::from(step)
+}
+
+/// The Program a ticket belongs to.
+fn program_of(ticket: u64) -> usize {
+    (ticket >> 20) as usize
+}
+
 fn rank_of(program: &str, ranks: usize) -> usize {
     (0..ranks)
         .max_by_key(|r| program_router::policies::stable_hash(format!("{program}#r{r}").as_bytes()))
@@ -142,8 +163,27 @@ fn prefix_chain(prompt: &[u32]) -> Vec<u64> {
     program_router::policies::prefix_index::PrefixIndex::chain(&bytes)
 }
 
+/// What the clients send beyond the workload itself.
+#[derive(Debug, Clone, Default)]
+pub struct Clients {
+    /// `kv_retention_ttl_seconds` on every request (the client's own TTL, which replaces the
+    /// automatic one) — for asking what holding every paused Program's KV would buy.
+    pub retention_ttl_seconds: Option<f64>,
+}
+
 /// Replays `turns` on `ranks` simulated ranks shaped by `engine`.
 pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> Report {
+    run_with(turns, ranks, engine, mode, &Clients::default())
+}
+
+/// [`run`] with clients that send more than the workload says.
+pub fn run_with(
+    turns: &[Turn],
+    ranks: usize,
+    engine: &EngineParams,
+    mode: &Mode,
+    clients: &Clients,
+) -> Report {
     let wall = Instant::now();
     let mut engines: Vec<Engine> = (0..ranks)
         .map(|_| {
@@ -185,6 +225,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
             children_after: FxHashMap::default(),
             blockers: 0,
             ready_at: 0.0,
+            context: 0,
         })
         .collect();
     // Subagents start when their parent's turn completes, not at their arrival time.
@@ -237,7 +278,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
             for d in $ds {
                 match d {
                     Decision::Dispatch { ticket, rank } => {
-                        let i = ticket as usize;
+                        let i = program_of(ticket);
                         let p = &mut progs[i];
                         p.rank = rank;
                         waits.push($now - p.arrived_at);
@@ -260,10 +301,10 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                     }
                     Decision::Reject { ticket, .. } => {
                         // Queue timeout: the Program gives up (counted, not completed).
-                        let p = &mut progs[ticket as usize];
+                        let p = &mut progs[program_of(ticket)];
                         p.done = true;
                         open -= 1;
-                        ended.push(ticket as usize);
+                        ended.push(program_of(ticket));
                     }
                 }
             }
@@ -283,6 +324,8 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
     let mut next_sample = 0.0f64;
     let mut hit_series: Vec<(f64, f64)> = Vec::new();
     let mut kv_series: Vec<Vec<(f64, f64)>> = vec![Vec::new(); engines.len()];
+    // Live Programs' contexts over the cluster's KV, per sample.
+    let mut demand: Vec<f64> = Vec::new();
 
     while open > 0 {
         if now >= next_sample {
@@ -303,6 +346,8 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
             for (r, e) in engines.iter().enumerate() {
                 kv_series[r].push((now, e.load().kv_usage));
             }
+            let live: usize = progs.iter().filter(|p| !p.done).map(|p| p.context).sum();
+            demand.push(live as f64 / (engine.token_capacity() * ranks) as f64);
             next_sample = now + sample_every;
         }
         // The next instant anything happens.
@@ -342,6 +387,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                             continue;
                         };
                         let p = &mut progs[i];
+                        let done_ticket = ticket_of(i, p.turns[p.next].step);
                         p.history = tokens;
                         let gap = p.turns[p.next].gap_after;
                         let step = p.turns[p.next].step;
@@ -367,7 +413,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                                 cached_tokens: outcome.cached_tokens as u64,
                             };
                             let start = Instant::now();
-                            let ds = s.on_complete(now, i as u64, Some(u));
+                            let ds = s.on_complete(now, done_ticket, Some(u));
                             timed(&mut sched_ns, start);
                             dispatch!(ds, now);
                         }
@@ -451,6 +497,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                         continue;
                     }
                     p.prompt = std::mem::take(&mut p.history);
+                    p.context = p.prompt.len() + turn.output_tokens as usize;
                     p.arrived_at = now;
                     match sched.as_mut() {
                         Some(s) => {
@@ -461,10 +508,11 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                                 task_id: Some(turn.task_id.clone()),
                                 step_id: Some(u64::from(turn.step)),
                                 expected_resume: p.next + 1 < p.turns.len(),
+                                kv_retention_ttl_seconds: clients.retention_ttl_seconds,
                                 ..Default::default()
                             };
                             let a = Arrival {
-                                ticket: i as u64,
+                                ticket: ticket_of(i, turn.step),
                                 model: "sim".into(),
                                 identity,
                                 prompt_tokens: p.prompt.len() as u64,
@@ -484,7 +532,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
                             let rank = rank_of(&turn.program_id, ranks);
                             dispatch!(
                                 [Decision::Dispatch {
-                                    ticket: i as u64,
+                                    ticket: ticket_of(i, turn.step),
                                     rank
                                 }],
                                 now
@@ -541,6 +589,7 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
     }
     jcts.sort_by(f64::total_cmp);
     waits.sort_by(f64::total_cmp);
+    demand.sort_by(f64::total_cmp);
     let mut ns: Vec<f64> = sched_ns.iter().map(|x| f64::from(*x) / 1000.0).collect();
     ns.sort_by(f64::total_cmp);
     let mean = |v: &[f64]| {
@@ -576,6 +625,9 @@ pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> 
         p99_queue_wait_seconds: percentile(&waits, 0.99),
         makespan_seconds: now,
         preemptions: preempt,
+        kv_demand_p90: percentile(&demand, 0.9),
+        kv_demand_over_capacity: demand.iter().filter(|d| **d > 1.0).count() as f64
+            / demand.len().max(1) as f64,
         queue_timeouts: counters.queue_timeouts,
         force_resumes: counters.force_resumes,
         scheduler_events: ns.len() as u64,

@@ -46,3 +46,20 @@ fn binding_only_places_like_consistent_hashing_and_never_queues() {
     assert_eq!(r.mean_queue_wait_seconds, 0.0);
     assert_eq!(r.programs_completed + r.programs_truncated, 12);
 }
+
+#[test]
+fn kv_demand_says_when_live_contexts_outgrow_the_cluster() {
+    let turns = generate(Preset::SweAgent, 16, 0.2, 3);
+    let big = EngineParams {
+        num_gpu_blocks: 65536,
+        ..engine()
+    };
+    let roomy = run(&turns, 2, &big, &Mode::ConsistentHash);
+    let tight = run(&turns, 2, &engine(), &Mode::ConsistentHash);
+    assert!(roomy.kv_demand_p90 > 0.0 && roomy.kv_demand_p90 < 1.0, "{roomy:?}");
+    assert_eq!(roomy.kv_demand_over_capacity, 0.0);
+    // The same Programs over 32x less KV: demand scales with it and outgrows it at times.
+    let ratio = tight.kv_demand_p90 / roomy.kv_demand_p90;
+    assert!(ratio > 8.0, "{ratio}");
+    assert!(tight.kv_demand_over_capacity > 0.0 && tight.kv_demand_over_capacity <= 1.0);
+}

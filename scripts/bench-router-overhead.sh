@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Router overhead, side by side in one run: wrk (c=64, 1-token chat completions) against
 #   1. vllm-sim directly (--instant: steps take no time),
-#   2. program-router in front of it,
+#   2. program-router in front of it (default: one I/O thread per core; also with one I/O
+#      thread, and on the shared work-stealing runtime),
 #   3. vllm-router 0.1.17 (PyPI) in front of it.
 # Prints req/s, p50/p99 latency, ratios and the routers' peak RSS. Loopback only; every process
 # started here is stopped at the end.
@@ -40,12 +41,18 @@ pr_port=$(free_port); pr_prom=$(free_port)
   --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & pr_pid=$!; pids+=($pr_pid)
 wait_up "http://127.0.0.1:$pr_port/readiness"
 
-# The same router with one tokio worker thread (TOKIO_WORKER_THREADS, honoured by tokio): on a
-# machine this small the default (one worker per core) competes with wrk and the simulator.
+# The same router with one I/O thread (`--io-threads 1`): on a machine this small the default
+# (one per core) competes with wrk and the simulator for the same two cores.
 p1_port=$(free_port); p1_prom=$(free_port)
-TOKIO_WORKER_THREADS=1 "$target/release/program-router" --port "$p1_port" --prometheus-port "$p1_prom" \
+"$target/release/program-router" --port "$p1_port" --prometheus-port "$p1_prom" --io-threads 1 \
   --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & p1_pid=$!; pids+=($p1_pid)
 wait_up "http://127.0.0.1:$p1_port/readiness"
+
+# And on the shared work-stealing runtime (`--io-threads 0`, the default before I/O threads).
+p0_port=$(free_port); p0_prom=$(free_port)
+"$target/release/program-router" --port "$p0_port" --prometheus-port "$p0_prom" --io-threads 0 \
+  --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & p0_pid=$!; pids+=($p0_pid)
+wait_up "http://127.0.0.1:$p0_port/readiness"
 
 vr_port=$(free_port); vr_prom=$(free_port)
 "$venv/bin/vllm-router" --host 127.0.0.1 --port "$vr_port" --worker-urls "http://127.0.0.1:$sim_port" \
@@ -75,10 +82,10 @@ run() { # name url pid
 to_ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v/1000 } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v } else { sub(/s$/,"",v); print v*1000 } }'; }
 
 # Warm up each path, then measure.
-for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$p1_port" "http://127.0.0.1:$vr_port"; do
+for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$p1_port" "http://127.0.0.1:$p0_port" "http://127.0.0.1:$vr_port"; do
   wrk -t1 -c"$CONNS" -d2s -s "$lua" "$u/v1/chat/completions" >/dev/null
 done
-results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; } )
+results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run program-router-shared-rt "http://127.0.0.1:$p0_port" "$p0_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; } )
 printf 'path\treq/s\tp50\tp99\trouter CPU us/req\tpeak RSS\n%s\n' "$results" | column -t -s $'\t'
 d=$(echo "$results" | awk -F'\t' '$1=="direct" {print $2}')
 p=$(echo "$results" | awk -F'\t' '$1=="program-router" {print $2}')

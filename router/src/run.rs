@@ -30,6 +30,8 @@ pub async fn bind(config: RouterConfig, flags: Flags) -> std::io::Result<Bound> 
         Some(p) => Some(std::fs::read(p)?),
         None => None,
     };
+    // Before any backend's connection pool exists: one idle stack per I/O thread.
+    crate::proxy::upstream::size_for_shards(config.resolved_io_threads());
     let api = TcpListener::bind((config.host.as_str(), config.port)).await?;
     let api_addr = api.local_addr()?;
     let metrics = match config.prometheus_port {
@@ -95,7 +97,8 @@ impl Bound {
             ));
         }
         let drain = Duration::from_secs_f64(state.applied.load().config.limits.drain_timeout_secs);
-        crate::server::serve_api(state.clone(), self.api, shutdown, drain).await;
+        let io_threads = state.applied.load().config.resolved_io_threads();
+        crate::server::serve_api(state.clone(), self.api, shutdown, drain, io_threads).await;
         state.stop();
     }
 }

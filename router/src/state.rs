@@ -206,6 +206,7 @@ impl RouterState {
         for (field, same) in [
             ("host", config.host == prev.config.host),
             ("port", config.port == prev.config.port),
+            ("io_threads", config.io_threads == prev.config.io_threads),
             (
                 "prometheus_host",
                 config.prometheus_host == prev.config.prometheus_host,
@@ -218,7 +219,7 @@ impl RouterState {
             if !same {
                 return Err(ConfigError::new(
                     field,
-                    "listener changes need a restart; not applied",
+                    "listener and thread changes need a restart; not applied",
                 ));
             }
         }

@@ -578,6 +578,24 @@ async fn hot_reload_adds_removes_and_refuses_bad_files() {
         "{st}"
     );
     assert_eq!(post(&c, &r.url(CHAT), &chat("still", 1)).await.status, 200);
+
+    // A valid file that changes what only a restart can change is refused the same way.
+    write(
+        &json!({"workers": [{"url": b.base()}], "policy": {"kind": "round_robin"}, "io_threads": 7}),
+    );
+    assert!(
+        eventually(5.0, || async {
+            get(&c, &r.url("/status")).await.json()["last_reload_error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("io_threads"))
+        })
+        .await,
+        "io_threads change refused"
+    );
+    assert_eq!(
+        get(&c, &r.url("/status")).await.json()["config"]["hash"],
+        applied
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -599,6 +617,67 @@ async fn drain_finishes_requests_in_flight_and_turns_readiness_off() {
     // New connections are refused once drained.
     let refused = tokio::net::TcpStream::connect(r.server.addr).await;
     assert!(refused.is_err());
+}
+
+#[tokio::test]
+async fn every_io_thread_setting_serves_concurrent_streams_and_drains() {
+    let s = sim(&["--time-scale", "10", "-d", "2"]).await;
+    for io_threads in [Some(0), Some(1), Some(3)] {
+        let mut r = router(RouterConfig {
+            io_threads,
+            ..workers(&[s.base()], 2)
+        })
+        .await;
+        if io_threads == Some(3) {
+            let names: Vec<String> = std::fs::read_dir("/proc/self/task")
+                .map(|d| {
+                    d.flatten()
+                        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let io = names.iter().filter(|n| n.starts_with("router-io-")).count();
+            assert!(io >= 3, "{io_threads:?}: {names:?}");
+        }
+        // Concurrent requests on separate connections, streamed and not.
+        let mut calls = Vec::new();
+        for i in 0..12 {
+            let url = r.url(CHAT);
+            calls.push(tokio::spawn(async move {
+                let body = json!({"model": "sim-model", "messages": [{"role": "user", "content": format!("io {i}")}],
+                    "max_tokens": 5, "stream": i % 2 == 0})
+                .to_string();
+                post(&client(), &url, &body).await
+            }));
+        }
+        for (i, call) in calls.into_iter().enumerate() {
+            let resp = call.await.expect("join");
+            assert_eq!(
+                resp.status,
+                200,
+                "{io_threads:?} request {i}: {}",
+                resp.text()
+            );
+            if i % 2 == 0 {
+                assert!(resp.text().ends_with("data: [DONE]\n\n"));
+            } else {
+                assert_eq!(resp.json()["usage"]["completion_tokens"], 5);
+            }
+        }
+        // A request in flight at shutdown finishes; then the port is closed.
+        let url = r.url(CHAT);
+        let inflight = tokio::spawn(async move { post(&client(), &url, &chat("drain", 30)).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        r.server.stop();
+        let resp = inflight.await.expect("join");
+        assert_eq!(resp.status, 200, "{io_threads:?}");
+        assert_eq!(resp.json()["usage"]["completion_tokens"], 30);
+        r.server.stopped().await;
+        assert!(
+            tokio::net::TcpStream::connect(r.server.addr).await.is_err(),
+            "{io_threads:?}: still accepting after the drain"
+        );
+    }
 }
 
 #[tokio::test]

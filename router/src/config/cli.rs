@@ -99,6 +99,10 @@ pub struct Flags {
     pub max_payload_size: Option<u64>,
     #[arg(long)]
     pub drain_timeout_secs: Option<f64>,
+    /// I/O threads, each serving its own connections on a single-threaded runtime (default: one
+    /// per core; 0: the shared multi-threaded runtime).
+    #[arg(long)]
+    pub io_threads: Option<u32>,
     #[arg(long)]
     pub cache_threshold: Option<f64>,
     #[arg(long)]
@@ -192,6 +196,9 @@ impl Flags {
         }
         set!(self.host => c.host);
         set!(self.port => c.port);
+        if let Some(n) = self.io_threads {
+            c.io_threads = Some(n);
+        }
         if let Some(urls) = &self.worker_urls {
             c.workers = urls
                 .iter()

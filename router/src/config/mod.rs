@@ -244,6 +244,12 @@ pub enum LogFormat {
 pub struct RouterConfig {
     pub host: String,
     pub port: u16,
+    /// I/O threads: each accepts and serves its own client connections on a single-threaded
+    /// runtime, and keeps every request and its upstream connection on that thread; `null` =
+    /// one per core the process may use. 0 serves connections on the shared work-stealing
+    /// runtime instead (`TOKIO_WORKER_THREADS` threads), which spreads one client's HTTP/2
+    /// streams over cores. Needs a restart to change.
+    pub io_threads: Option<u32>,
     /// Prometheus listener; `null` port disables it.
     pub prometheus_host: String,
     pub prometheus_port: Option<u16>,
@@ -270,11 +276,15 @@ pub struct RouterConfig {
     pub log_format: LogFormat,
 }
 
+/// More I/O threads than this is a typo, not a machine.
+pub const MAX_IO_THREADS: u32 = 1024;
+
 impl Default for RouterConfig {
     fn default() -> Self {
         RouterConfig {
             host: "127.0.0.1".into(),
             port: 30000,
+            io_threads: None,
             prometheus_host: "127.0.0.1".into(),
             prometheus_port: Some(29000),
             workers: Vec::new(),
@@ -331,6 +341,14 @@ pub fn file_hash(bytes: &[u8]) -> String {
 }
 
 impl RouterConfig {
+    /// The I/O threads to start: `io_threads`, or one per core the process may use.
+    pub fn resolved_io_threads(&self) -> usize {
+        self.io_threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |n| n as usize,
+        )
+    }
+
     /// Checks every field; the error names it.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Some(key) = &self.api_key
@@ -339,6 +357,14 @@ impl RouterConfig {
             return Err(ConfigError::new(
                 "api_key",
                 "must be non-empty printable ASCII (it is sent as `Authorization: Bearer <key>`)",
+            ));
+        }
+        if let Some(n) = self.io_threads
+            && n > MAX_IO_THREADS
+        {
+            return Err(ConfigError::new(
+                "io_threads",
+                format!("must be <= {MAX_IO_THREADS} (got {n})"),
             ));
         }
         if self.intra_node_data_parallel_size == 0 {
@@ -568,6 +594,22 @@ mod tests {
         let mut c = RouterConfig::default();
         c.retry.max_retries = 0;
         assert_eq!(c.validate().expect_err("retry").field, "retry.max_retries");
+        let c = RouterConfig {
+            io_threads: Some(MAX_IO_THREADS + 1),
+            ..Default::default()
+        };
+        assert_eq!(c.validate().expect_err("io").field, "io_threads");
+        for n in [None, Some(0), Some(1), Some(MAX_IO_THREADS)] {
+            let c = RouterConfig {
+                io_threads: n,
+                ..Default::default()
+            };
+            c.validate().expect("valid io_threads");
+            assert!(
+                c.resolved_io_threads() >= usize::from(n != Some(0)),
+                "{n:?}"
+            );
+        }
         let c = RouterConfig {
             program_scheduling: Some(ProgramSchedulingConfig {
                 low_watermark_ratio: 2.0,

@@ -7,11 +7,16 @@
 //! connection (the backend closed it while idle — vLLM closes idle keep-alive connections after
 //! 5 s) is sent again on a fresh one, since no byte of it reached the backend.
 //!
+//! With I/O shards (one single-threaded runtime per core, [`crate::server`]) each shard has its
+//! own stack: a connection's driver task runs on the shard that opened it, so handing it to a
+//! request on another shard would cost two cross-thread wake-ups per request.
+//!
 //! Why not hyper-util's pooled client: per request it runs a checkout future, a keyed pool lock
 //! and a spawned task that waits for the connection to become idle again; this stack needs one
 //! uncontended lock on take and one on return (measured in docs/benchmarks.md, router overhead).
 
-use std::sync::Mutex;
+use std::cell::Cell;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -46,15 +51,51 @@ struct Idle {
     since: Instant,
 }
 
-/// The idle connections of one backend.
-#[derive(Default)]
+thread_local! {
+    /// The I/O shard this thread runs (0 outside shards).
+    static SHARD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Marks the calling thread as I/O shard `i`: its requests use that shard's idle stack.
+pub fn enter_shard(i: usize) {
+    SHARD.with(|s| s.set(i));
+}
+
+static SLOTS: OnceLock<usize> = OnceLock::new();
+
+/// Sizes every pool created from now on for `shards` I/O shards. The first call in a process
+/// wins (routers started in one test process share it; shards beyond it share stacks, which
+/// is correct, only slower).
+pub fn size_for_shards(shards: usize) {
+    let _ = SLOTS.set(shards.max(1));
+}
+
+/// Idle stacks per pool.
+fn slots() -> usize {
+    *SLOTS.get_or_init(|| 1)
+}
+
+/// The idle connections of one backend, one stack per I/O shard.
 pub struct ConnPool {
-    idle: Mutex<Vec<Idle>>,
+    idle: Box<[Mutex<Vec<Idle>>]>,
+}
+
+impl Default for ConnPool {
+    fn default() -> Self {
+        ConnPool {
+            idle: (0..slots()).map(|_| Mutex::new(Vec::new())).collect(),
+        }
+    }
 }
 
 impl ConnPool {
+    /// This thread's stack.
+    fn stack(&self) -> &Mutex<Vec<Idle>> {
+        &self.idle[SHARD.with(Cell::get) % self.idle.len()]
+    }
+
     fn take(&self) -> Option<Sender> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.stack().lock().unwrap_or_else(|p| p.into_inner());
         while let Some(i) = idle.pop() {
             if !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT {
                 return Some(i.sender);
@@ -68,7 +109,7 @@ impl ConnPool {
         if sender.is_closed() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.stack().lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() >= MAX_IDLE {
             idle.retain(|i| !i.sender.is_closed());
             if idle.len() >= MAX_IDLE {
@@ -84,7 +125,7 @@ impl ConnPool {
     /// Idle connections held now.
     #[cfg(test)]
     fn idle(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.stack().lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Sends `req` (origin-form URI, `Host` set) to `addr`, on an idle connection when there is

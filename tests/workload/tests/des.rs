@@ -56,7 +56,10 @@ fn kv_demand_says_when_live_contexts_outgrow_the_cluster() {
     };
     let roomy = run(&turns, 2, &big, &Mode::ConsistentHash);
     let tight = run(&turns, 2, &engine(), &Mode::ConsistentHash);
-    assert!(roomy.kv_demand_p90 > 0.0 && roomy.kv_demand_p90 < 1.0, "{roomy:?}");
+    assert!(
+        roomy.kv_demand_p90 > 0.0 && roomy.kv_demand_p90 < 1.0,
+        "{roomy:?}"
+    );
     assert_eq!(roomy.kv_demand_over_capacity, 0.0);
     // The same Programs over 32x less KV: demand scales with it and outgrows it at times.
     let ratio = tight.kv_demand_p90 / roomy.kv_demand_p90;

@@ -49,12 +49,13 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
 
 /// Serves `listener` until `shutdown` resolves, then drains for `drain` and returns.
 ///
-/// With `io_threads` above 1 the listener is shared by that many I/O shards, each a
+/// With `io_threads` of 1 or more the listener is shared by that many I/O shards, each a
 /// single-threaded runtime on its own thread that accepts, serves and proxies its connections
 /// from start to end (the kernel wakes whichever shard is free). A request then never changes
 /// threads, and its upstream connection lives on the same shard (per-shard idle stacks in
 /// [`crate::proxy::upstream`]). Background work (health checks, scrapes, the Program
-/// scheduler's timers, config reloads) stays on the main runtime.
+/// scheduler's timers, config reloads) stays on the main runtime. With 0, connections are
+/// served on the calling (shared, work-stealing) runtime.
 pub async fn serve_api(
     state: Arc<RouterState>,
     listener: TcpListener,

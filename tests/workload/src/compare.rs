@@ -369,6 +369,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     if ps.get("cross_rank_headroom_ratio").is_none() {
         ps["cross_rank_headroom_ratio"] = serde_json::json!(3.0);
     }
+    to_workload_time(&mut ps, s.time_scale);
     let mut binding = ps.clone();
     binding["binding_only"] = serde_json::json!(true);
     let mut auto = ps.clone();
@@ -555,6 +556,34 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
 }
 
 /// Marks runs whose token totals differ from the first successful one (not comparable).
+/// The spec's settings given in seconds, with their defaults (the same in both routers).
+const SECONDS_FIELDS: [(&str, f64); 6] = [
+    ("metrics_interval_seconds", 1.0),
+    ("queue_timeout_seconds", 600.0),
+    ("force_resume_timeout_seconds", 300.0),
+    ("paused_retention_ttl_seconds", 1800.0),
+    ("shared_prefix_freshness_warmup_seconds", 100.0),
+    ("max_acting_ttl_seconds", 10.0),
+];
+
+/// The simulators run `time_scale` times faster than the workload, so every duration the
+/// routers are configured with (given in workload seconds, or defaulted) is divided by it:
+/// a 1 s metrics poll must stay 1 s of workload time, not become 20. Both routers get the
+/// same JSON. The cost-model coefficients need no scaling: they are calibrated against the
+/// running simulators.
+fn to_workload_time(ps: &mut serde_json::Value, time_scale: f64) {
+    if time_scale == 1.0 || !time_scale.is_finite() || time_scale <= 0.0 {
+        return;
+    }
+    for (field, default) in SECONDS_FIELDS {
+        let v = ps
+            .get(field)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(default);
+        ps[field] = serde_json::json!(v / time_scale);
+    }
+}
+
 pub fn check_comparable(results: &mut [RunResult]) {
     let Some(base) = results
         .iter()
@@ -577,6 +606,28 @@ pub fn check_comparable(results: &mut [RunResult]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn router_durations_follow_the_simulators_time_scale() {
+        let mut ps = serde_json::json!({"queue_timeout_seconds": 100.0, "global_queue": true});
+        to_workload_time(&mut ps, 20.0);
+        assert_eq!(ps["queue_timeout_seconds"], 5.0, "given: scaled");
+        assert_eq!(ps["metrics_interval_seconds"], 0.05, "defaulted: scaled");
+        assert_eq!(ps["max_acting_ttl_seconds"], 0.5);
+        assert_eq!(ps["global_queue"], true, "not a duration");
+        let defaults = program_router::config::ProgramSchedulingConfig::default();
+        let d = serde_json::to_value(&defaults).expect("json");
+        for (field, default) in SECONDS_FIELDS {
+            assert_eq!(
+                d[field].as_f64(),
+                Some(default),
+                "{field}: the router's default"
+            );
+        }
+        let mut same = serde_json::json!({});
+        to_workload_time(&mut same, 1.0);
+        assert_eq!(same, serde_json::json!({}));
+    }
 
     #[test]
     fn counters_sum_over_series_only_for_the_exact_name() {

@@ -54,6 +54,8 @@ enum Cmd {
         /// Wall-clock limit of one run, seconds.
         #[arg(long, default_value_t = 600.0)]
         limit_secs: f64,
+        /// Program scheduling JSON for both routers, in workload seconds: its durations
+        /// (metrics interval, timeouts, TTL cap, retention) are divided by --time-scale.
         #[arg(long, default_value = "{}")]
         program_config: String,
         /// vllm-router binary (default: $PROGSCHED_VENV/bin/vllm-router, then PATH).

@@ -140,6 +140,31 @@ pub(crate) fn free_port() -> Result<u16, String> {
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
+/// First port tried for simulator `i` (below Linux's ephemeral range, away from the routers'
+/// and vLLM's defaults).
+const SIM_PORT_BASE: u16 = 28_700;
+
+/// The port for simulator `i`: the same one in every run when it is free. Hashing rings are
+/// keyed by worker URL, port included, so random ports would give every run (and every variant
+/// of one run) a different Program placement under consistent hashing: baselines that moved by
+/// ten points of hit between runs of the same workload.
+fn sim_port(i: usize) -> Result<u16, String> {
+    let Some(preferred) = u16::try_from(i)
+        .ok()
+        .and_then(|i| SIM_PORT_BASE.checked_add(i))
+    else {
+        return free_port();
+    };
+    if TcpListener::bind(("127.0.0.1", preferred)).is_ok() {
+        return Ok(preferred);
+    }
+    let p = free_port()?;
+    eprintln!(
+        "  simulator port {preferred} is taken; using {p} (hashing places Programs differently)"
+    );
+    Ok(p)
+}
+
 pub(crate) fn get(url: &str) -> Option<(u16, String)> {
     // A blocking one-shot GET over loopback, for readiness and scrapes.
     use std::io::{Read, Write};
@@ -328,8 +353,8 @@ pub async fn run_variant(turns: &[Turn], v: Variant, s: &Setup) -> RunResult {
 async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> Result<(), String> {
     let mut procs = Procs(Vec::new());
     let mut sims = Vec::new();
-    for _ in 0..s.servers {
-        let port = free_port()?;
+    for i in 0..s.servers {
+        let port = sim_port(i)?;
         let args: Vec<String> = [
             "--port",
             &port.to_string(),

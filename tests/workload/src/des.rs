@@ -171,6 +171,19 @@ pub struct Clients {
     pub retention_ttl_seconds: Option<f64>,
 }
 
+impl Clients {
+    /// Clients sending `retention_ttl_seconds` (a finite number of seconds ≥ 0) on every
+    /// request; the error names the command-line flag.
+    pub fn with_retention_ttl(retention_ttl_seconds: Option<f64>) -> Result<Self, String> {
+        if retention_ttl_seconds.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
+            return Err("--client-retention-ttl must be a finite number of seconds >= 0".into());
+        }
+        Ok(Clients {
+            retention_ttl_seconds,
+        })
+    }
+}
+
 /// Replays `turns` on `ranks` simulated ranks shaped by `engine`.
 pub fn run(turns: &[Turn], ranks: usize, engine: &EngineParams, mode: &Mode) -> Report {
     run_with(turns, ranks, engine, mode, &Clients::default())

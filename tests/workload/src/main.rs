@@ -569,14 +569,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if ranks == 0 {
                 return Err("--ranks must be >= 1".into());
             }
-            if client_retention_ttl.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
-                return Err(
-                    "--client-retention-ttl must be a finite number of seconds >= 0".into(),
-                );
-            }
-            let clients = des::Clients {
-                retention_ttl_seconds: client_retention_ttl,
-            };
+            let clients = des::Clients::with_retention_ttl(client_retention_ttl)?;
             let turns = match input {
                 Some(p) => workload::from_jsonl(
                     &std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?,

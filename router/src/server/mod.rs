@@ -3,6 +3,7 @@
 //! Owns how a client request becomes an [`Outbound`] (or an error answer); forwarding itself is
 //! in [`crate::proxy`]. Never panics on input: every failure is an OpenAI-style error.
 
+mod shards;
 pub mod status;
 
 use std::convert::Infallible;
@@ -51,7 +52,8 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
 ///
 /// With `io_threads` of 1 or more the listener is shared by that many I/O shards, each a
 /// single-threaded runtime on its own thread that accepts, serves and proxies its connections
-/// from start to end (the kernel wakes whichever shard is free). A request then never changes
+/// from start to end (the kernel wakes whichever shard is free; a shard that gets more than its
+/// share hands new connections to the least loaded one, see `shards`). A request never changes
 /// threads, and its upstream connection lives on the same shard (per-shard idle stacks in
 /// [`crate::proxy::upstream`]). Background work (health checks, scrapes, the Program
 /// scheduler's timers, config reloads) stays on the main runtime. With 0, connections are
@@ -64,87 +66,40 @@ pub async fn serve_api(
     io_threads: usize,
 ) {
     if io_threads == 0 {
-        return accept_loop(state, listener, shutdown, drain).await;
+        return accept_loop(state, listener, None, shutdown, drain).await;
     }
-    let shared = match listener.into_std() {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot share the listener between I/O threads");
-            return;
-        }
-    };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut shards = Vec::new();
-    for i in 0..io_threads {
-        match spawn_shard(i, &state, &shared, stop_rx.clone(), drain) {
-            Ok(done) => shards.push(done),
-            Err(e) => tracing::error!(shard = i, error = %e, "cannot start an I/O thread"),
-        }
-    }
-    if shards.is_empty() {
-        // Serve on this runtime rather than not at all.
-        match TcpListener::from_std(shared) {
-            Ok(l) => return accept_loop(state, l, shutdown, drain).await,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot serve the API listener");
-                return;
-            }
-        }
-    }
-    shutdown.await;
-    state.draining.store(true, Ordering::Relaxed);
-    let _ = stop_tx.send(true);
-    drop(shared);
-    for done in shards {
-        let _ = done.await;
-    }
-}
-
-/// Starts I/O shard `i` on its own thread; the receiver resolves when it has drained.
-fn spawn_shard(
-    i: usize,
-    state: &Arc<RouterState>,
-    shared: &std::net::TcpListener,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-    drain: Duration,
-) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
-    let listener = shared.try_clone()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let state = state.clone();
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name(format!("router-io-{i}"))
-        .spawn(move || {
-            crate::proxy::upstream::enter_shard(i);
-            rt.block_on(async move {
-                match TcpListener::from_std(listener) {
-                    Ok(l) => {
-                        let stopped = async move {
-                            let _ = stop.wait_for(|s| *s).await;
-                        };
-                        accept_loop(state, l, stopped, drain).await;
-                    }
-                    Err(e) => {
-                        tracing::error!(shard = i, error = %e, "cannot serve the API listener")
-                    }
-                }
-            });
-            let _ = done_tx.send(());
-        })?;
-    Ok(done_rx)
+    shards::serve(state, listener, shutdown, drain, io_threads).await
 }
 
 /// Accepts and serves connections on the current runtime until `shutdown`, then drains.
 async fn accept_loop(
     state: Arc<RouterState>,
     listener: TcpListener,
+    mut handoff: Option<shards::Handoff>,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
     let graceful = GracefulShutdown::new();
     let builder = auto::Builder::new(TokioExecutor::new());
+    let serve = |stream: tokio::net::TcpStream, live: Option<shards::Live>| {
+        let _ = stream.set_nodelay(true);
+        let st = state.clone();
+        let svc = service_fn(move |req| {
+            let st = st.clone();
+            async move { Ok::<_, Infallible>(handle(st, req).await) }
+        });
+        let conn = graceful.watch(
+            builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                .into_owned(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "client connection ended with an error");
+            }
+            drop(live);
+        });
+    };
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -157,20 +112,27 @@ async fn accept_loop(
                         continue;
                     }
                 };
-                let _ = stream.set_nodelay(true);
-                let st = state.clone();
-                let svc = service_fn(move |req| {
-                    let st = st.clone();
-                    async move { Ok::<_, Infallible>(handle(st, req).await) }
-                });
-                let conn = graceful.watch(builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned());
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "client connection ended with an error");
+                match &handoff {
+                    None => serve(stream, None),
+                    Some(h) => {
+                        if let Some((stream, live)) = h.place(stream) {
+                            serve(stream, Some(live));
+                        }
                     }
-                });
+                }
             }
+            Some((stream, live)) = async {
+                match handoff.as_mut() {
+                    Some(h) => h.next().await,
+                    None => std::future::pending().await,
+                }
+            } => serve(stream, Some(live)),
             _ = &mut shutdown => break,
+        }
+    }
+    if let Some(h) = handoff.as_mut() {
+        for (stream, live) in h.close() {
+            serve(stream, Some(live));
         }
     }
     state.draining.store(true, Ordering::Relaxed);

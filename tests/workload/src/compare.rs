@@ -36,6 +36,11 @@ pub enum Variant {
     /// program-router, full Program scheduling with `program_scheduling_enable_key: auto`,
     /// driven with session headers only (a client that sends no `agentic_context`).
     PrAuto,
+    /// A reference, not a competitor: program-router with full Program scheduling on simulators
+    /// whose KV holds the whole workload at once (no KV pressure, every prefix stays cached). Its
+    /// excess JCT is what remains without KV pressure — batching slowdown and the harness's
+    /// timing — which no placement or retention policy can remove.
+    PrUnboundedKv,
     /// vllm-router 0.1.17, consistent_hash.
     VrHash,
     /// vllm-router 0.1.17 with --enable-program-scheduling.
@@ -353,6 +358,12 @@ pub async fn run_variant(turns: &[Turn], v: Variant, s: &Setup) -> RunResult {
 async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> Result<(), String> {
     let mut procs = Procs(Vec::new());
     let mut sims = Vec::new();
+    let block_size = EngineParams::default().block_size;
+    let num_gpu_blocks = if v == Variant::PrUnboundedKv {
+        crate::oracle::blocks_for_no_kv_pressure(turns, block_size).max(s.num_gpu_blocks)
+    } else {
+        s.num_gpu_blocks
+    };
     for i in 0..s.servers {
         let port = sim_port(i)?;
         let args: Vec<String> = [
@@ -361,7 +372,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
             "--data-parallel-size",
             &s.dp.to_string(),
             "--num-gpu-blocks",
-            &s.num_gpu_blocks.to_string(),
+            &num_gpu_blocks.to_string(),
             "--max-model-len",
             &s.max_model_len.to_string(),
             "--time-scale",
@@ -380,7 +391,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         sims.push(url);
     }
     let (port, prom) = (free_port()?, free_port()?);
-    let capacity = (s.num_gpu_blocks * 16) as u64;
+    let capacity = (num_gpu_blocks * block_size) as u64;
     let mut ps = s.program_config.clone();
     if ps.get("token_capacity_per_dp_rank").is_none() {
         ps["token_capacity_per_dp_rank"] = serde_json::json!(capacity);
@@ -420,7 +431,11 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         prom.to_string(),
     ]);
     let (bin, context, health) = match v {
-        Variant::PrHash | Variant::PrBinding | Variant::PrProgram | Variant::PrAuto => {
+        Variant::PrHash
+        | Variant::PrBinding
+        | Variant::PrProgram
+        | Variant::PrUnboundedKv
+        | Variant::PrAuto => {
             args.extend(["--log-level".into(), "warn".into()]);
             match v {
                 Variant::PrBinding => args.extend([
@@ -428,7 +443,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
                     "--program-scheduling-config-json".into(),
                     binding.to_string(),
                 ]),
-                Variant::PrProgram => args.extend([
+                Variant::PrProgram | Variant::PrUnboundedKv => args.extend([
                     "--enable-program-scheduling".into(),
                     "--program-scheduling-config-json".into(),
                     ps.to_string(),

@@ -35,6 +35,24 @@ pub fn unloaded_service_seconds(
     s
 }
 
+/// KV blocks (per rank) that hold every Program's whole context at once, so nothing is ever
+/// evicted: the sum over Programs of their final context (system prompt, every append and every
+/// output), rounded up to whole blocks, plus one block each for the last partial block.
+pub fn blocks_for_no_kv_pressure(turns: &[Turn], block_size: usize) -> usize {
+    let bs = block_size.max(1) as u64;
+    let blocks: u64 = programs(turns)
+        .iter()
+        .map(|p| {
+            let tokens = p.first().map_or(0, |t| u64::from(t.system_tokens))
+                + p.iter()
+                    .map(|t| u64::from(t.append_tokens) + u64::from(t.output_tokens))
+                    .sum::<u64>();
+            tokens.div_ceil(bs) + 1
+        })
+        .sum();
+    usize::try_from(blocks).unwrap_or(usize::MAX)
+}
+
 /// Bounds for `turns` on engines shaped like `engine` (chat-template tokens are ignored).
 pub fn bounds(turns: &[Turn], engine: &EngineParams) -> Oracle {
     let bs = engine.block_size as u64;
@@ -131,6 +149,20 @@ mod tests {
             spawned_after_step: None,
             blocks_parent: false,
         }
+    }
+
+    #[test]
+    fn no_kv_pressure_holds_every_context() {
+        // 32 system + (32 + 2) + (16 + 1) = 83 tokens → 6 blocks of 16, plus one.
+        let one = [turn(0, 32, 2, 1.5), turn(1, 16, 1, 0.0)];
+        assert_eq!(blocks_for_no_kv_pressure(&one, 16), 7);
+        let mut two = one.to_vec();
+        two.extend(one.iter().cloned().map(|mut t| {
+            t.program_id = "q".into();
+            t
+        }));
+        assert_eq!(blocks_for_no_kv_pressure(&two, 16), 14);
+        assert_eq!(blocks_for_no_kv_pressure(&[], 16), 0);
     }
 
     #[test]

@@ -502,8 +502,10 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         ..Default::default()
     };
     let oracle = progbench::oracle::bounds(&turns, &engine);
+    let kv = progbench::kv_bound::bound(&turns, &engine, servers * dp);
     print_oracle(
         &oracle,
+        &kv,
         results.iter().filter(|r| r.ok).map(|r| {
             (
                 format!("{:?}", r.variant),
@@ -529,7 +531,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     );
     write_report(&html, &progbench::report::compare_html(&header, &results))?;
     if let Some(p) = json {
-        let doc = serde_json::json!({"oracle": oracle, "runs": results});
+        let doc = serde_json::json!({"oracle": oracle, "kv_bound": kv, "runs": results});
         std::fs::write(
             &p,
             serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
@@ -607,8 +609,10 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             print_table(&reports);
             let oracle = progbench::oracle::bounds(&turns, &engine);
+            let kv = progbench::kv_bound::bound(&turns, &engine, ranks);
             print_oracle(
                 &oracle,
+                &kv,
                 reports.iter().map(|r| {
                     (
                         r.mode.clone(),
@@ -659,11 +663,20 @@ fn write_report(path: &std::path::Path, html: &str) -> Result<(), String> {
 type OracleRow = (String, f64, f64, Option<(f64, f64)>);
 
 /// Excess over the oracle, the measure the benchmark goals use.
-fn print_oracle(o: &progbench::oracle::Oracle, runs: impl Iterator<Item = OracleRow>) {
+fn print_oracle(
+    o: &progbench::oracle::Oracle,
+    kv: &progbench::kv_bound::KvBound,
+    runs: impl Iterator<Item = OracleRow>,
+) {
     println!(
         "\noracle: H* = {:.1}% token hit, JCT* = {:.1}s mean (no queueing, all hits, batch-1 decode)",
         o.token_hit * 100.0,
         o.mean_jct_seconds
+    );
+    println!(
+        "at this KV, no request held back, ranks' KV pooled: at most {:.1}% token hit (Belady eviction; {:.1}% with LRU)",
+        kv.token_hit * 100.0,
+        kv.lru_token_hit * 100.0
     );
     let runs: Vec<OracleRow> = runs.collect();
     let demand = runs.iter().any(|r| r.3.is_some());

@@ -1,0 +1,338 @@
+//! The best token hit a workload can reach at a given KV size without holding any request back:
+//! an offline bound beside the oracle's H* (which assumes unlimited KV).
+//!
+//! Requests run on the oracle's timeline (no queueing, every turn a full hit, batch-1 decode,
+//! subagents and blocked parents as in JCT*), the fastest possible, so Programs overlap least.
+//! The ranks' KV is pooled (as if every Program could run anywhere and move for free), shared
+//! system prompts are always cached at no cost, and a running request's whole context is
+//! resident. Between turns, blocks go by Belady's rule: the idle Program whose next turn is
+//! furthest away loses blocks first, from the end of its context (a prefix cache can only use a
+//! context from its start). On unit-sized blocks whose future use is known that rule misses the
+//! fewest, and every relaxation above favours the bound: no placement, retention or eviction
+//! policy reaches a higher hit at this KV unless it delays requests.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use serde::Serialize;
+use vllm_sim::engine::EngineParams;
+
+use crate::oracle::unloaded_service_seconds;
+use crate::workload::{SPAWN_DELAY_SECONDS, Turn, programs};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct KvBound {
+    /// The bound on token hit at `blocks_per_rank × ranks` pooled blocks.
+    pub token_hit: f64,
+    /// The same pooled KV and timeline with least-recently-used eviction (what vLLM does) instead
+    /// of Belady's: the gap to `token_hit` is what knowing when Programs return is worth, the
+    /// gap below it what partitioned ranks, a slower timeline and the router's choices cost.
+    pub lru_token_hit: f64,
+    /// Share of the timeline during which the running requests alone needed more than the
+    /// pooled KV (the engine would preempt; 0 unless the KV is tiny).
+    pub pinned_over_capacity: f64,
+}
+
+/// Turns of each Program that fit `max_model_len` (the oracle stops a Program at the first turn
+/// that does not), and each turn's prompt length.
+fn prompts(p: &[Turn], max_model_len: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut context = 0u64;
+    for t in p {
+        if t.step == 0 {
+            context = u64::from(t.system_tokens);
+        }
+        context += u64::from(t.append_tokens);
+        if context + u64::from(t.output_tokens) > max_model_len {
+            break;
+        }
+        out.push(context);
+        context += u64::from(t.output_tokens);
+    }
+    out
+}
+
+/// Start and end of every included turn on the oracle's timeline, per Program.
+fn timeline(progs: &[Vec<Turn>], lens: &[Vec<u64>], engine: &EngineParams) -> Vec<Vec<(f64, f64)>> {
+    let index: HashMap<&str, usize> = progs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p[0].program_id.as_str(), i))
+        .collect();
+    let mut children: HashMap<(usize, u32), Vec<usize>> = HashMap::new();
+    let mut parent_of = vec![None; progs.len()];
+    let mut ready = BinaryHeap::new();
+    for (i, p) in progs.iter().enumerate() {
+        let t = &p[0];
+        match (&t.parent_program_id, t.spawned_after_step) {
+            (Some(parent), Some(step)) => {
+                if let Some(&q) = index.get(parent.as_str()) {
+                    children.entry((q, step)).or_default().push(i);
+                    if t.blocks_parent {
+                        parent_of[i] = Some(q);
+                    }
+                }
+            }
+            _ => {
+                if !lens[i].is_empty() {
+                    ready.push(Reverse((t.program_arrival.max(0.0).to_bits(), i)));
+                }
+            }
+        }
+    }
+    let mut times: Vec<Vec<(f64, f64)>> =
+        lens.iter().map(|l| Vec::with_capacity(l.len())).collect();
+    let mut pending = vec![0usize; progs.len()];
+    let mut resume_at = vec![0.0f64; progs.len()];
+    while let Some(Reverse((bits, i))) = ready.pop() {
+        let start = f64::from_bits(bits);
+        let k = times[i].len();
+        let turn = &progs[i][k];
+        let prompt = lens[i][k];
+        let reusable = if k == 0 {
+            0
+        } else {
+            lens[i][k - 1] + u64::from(progs[i][k - 1].output_tokens)
+        };
+        let end = start
+            + unloaded_service_seconds(
+                engine,
+                prompt,
+                reusable.min(prompt),
+                u64::from(turn.output_tokens),
+            );
+        times[i].push((start, end));
+        for &c in children.get(&(i, turn.step)).into_iter().flatten() {
+            if lens[c].is_empty() {
+                continue;
+            }
+            ready.push(Reverse(((end + SPAWN_DELAY_SECONDS).to_bits(), c)));
+            if parent_of[c] == Some(i) {
+                pending[i] += 1;
+            }
+        }
+        if k + 1 < lens[i].len() {
+            resume_at[i] = resume_at[i].max(end + turn.gap_after);
+            if pending[i] == 0 {
+                ready.push(Reverse((resume_at[i].to_bits(), i)));
+            }
+        } else if let Some(q) = parent_of[i] {
+            // A blocking subagent finished: its parent's next turn may be waiting for it.
+            resume_at[q] = resume_at[q].max(end);
+            pending[q] = pending[q].saturating_sub(1);
+            if pending[q] == 0 && times[q].len() < lens[q].len() && !times[q].is_empty() {
+                ready.push(Reverse((resume_at[q].to_bits(), q)));
+            }
+        }
+    }
+    times
+}
+
+/// Which idle blocks go first when the pooled KV is full.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Evict {
+    /// Belady: the Program whose next turn is furthest away (never again first).
+    FurthestNextUse,
+    /// The Program whose last turn ended longest ago.
+    LeastRecentlyUsed,
+}
+
+/// The bound for `turns` on `ranks` ranks shaped like `engine`.
+pub fn bound(turns: &[Turn], engine: &EngineParams, ranks: usize) -> KvBound {
+    let progs = programs(turns);
+    let lens: Vec<Vec<u64>> = progs
+        .iter()
+        .map(|p| prompts(p, engine.max_model_len as u64))
+        .collect();
+    let times = timeline(&progs, &lens, engine);
+    let capacity = (engine.num_gpu_blocks as u64).saturating_mul(ranks as u64);
+    let run = |rule| replay(&progs, &lens, &times, engine.block_size, capacity, rule);
+    let (token_hit, pinned_over_capacity) = run(Evict::FurthestNextUse);
+    let (lru_token_hit, _) = run(Evict::LeastRecentlyUsed);
+    KvBound {
+        token_hit,
+        lru_token_hit,
+        pinned_over_capacity,
+    }
+}
+
+/// Token hit and the share of the timeline over capacity, replaying the timeline on `capacity`
+/// pooled blocks with `rule`.
+fn replay(
+    progs: &[Vec<Turn>],
+    lens: &[Vec<u64>],
+    times: &[Vec<(f64, f64)>],
+    block_size: usize,
+    capacity: u64,
+    rule: Evict,
+) -> (f64, f64) {
+    let bs = block_size.max(1) as u64;
+    // Events: (time, 0 = a turn ends / 1 = a turn starts, program, turn); ends first at a tie.
+    let mut events: Vec<(f64, u8, usize, usize)> = Vec::new();
+    for (i, ts) in times.iter().enumerate() {
+        for (k, (s, e)) in ts.iter().enumerate() {
+            events.push((*s, 1, i, k));
+            events.push((*e, 0, i, k));
+        }
+    }
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let sys_blocks: Vec<u64> = progs
+        .iter()
+        .map(|p| u64::from(p[0].system_tokens) / bs)
+        .collect();
+    // Blocks beyond the system prompt each Program has resident, whether it is running, and how
+    // many of its turns have started.
+    let mut resident = vec![0u64; progs.len()];
+    let mut running = vec![false; progs.len()];
+    let mut started = vec![0usize; progs.len()];
+    let mut used = 0u64;
+    let mut seen_system = std::collections::BTreeSet::new();
+    let (mut prompt_total, mut hit_total) = (0u64, 0u64);
+    let (mut over_since, mut over_time) = (None::<f64>, 0.0);
+    for &(t, kind, i, k) in &events {
+        if kind == 0 {
+            running[i] = false;
+            continue;
+        }
+        started[i] = k + 1;
+        let turn = &progs[i][k];
+        let prompt = lens[i][k];
+        let usable = prompt.saturating_sub(1);
+        let hit_blocks = if k == 0 {
+            if seen_system.insert(turn.system_prompt) {
+                0
+            } else {
+                u64::from(turn.system_tokens).min(usable) / bs
+            }
+        } else {
+            let reusable = lens[i][k - 1] + u64::from(progs[i][k - 1].output_tokens);
+            (reusable.min(usable) / bs).min(sys_blocks[i] + resident[i])
+        };
+        prompt_total += prompt;
+        hit_total += hit_blocks * bs;
+        // Of its own blocks, the request reuses those it hit; it then holds its whole context
+        // and output while it runs.
+        let kept = resident[i].min(hit_blocks.saturating_sub(sys_blocks[i]));
+        used -= resident[i] - kept;
+        let need = (prompt + u64::from(turn.output_tokens))
+            .div_ceil(bs)
+            .saturating_sub(sys_blocks[i])
+            .max(kept);
+        let mut short = (used + need - kept).saturating_sub(capacity);
+        if short > 0 {
+            // Furthest next turn first (never again = infinitely far), from the context's end.
+            let mut idle: Vec<(f64, usize)> = (0..progs.len())
+                .filter(|&j| j != i && !running[j] && resident[j] > 0)
+                .map(|j| match rule {
+                    Evict::FurthestNextUse => {
+                        (times[j].get(started[j]).map_or(f64::INFINITY, |x| x.0), j)
+                    }
+                    // `started[j] >= 1`: only Programs that ran hold blocks.
+                    Evict::LeastRecentlyUsed => (-times[j][started[j] - 1].1, j),
+                })
+                .collect();
+            idle.sort_by(|a, b| b.0.total_cmp(&a.0));
+            for (_, j) in idle {
+                let take = resident[j].min(short);
+                resident[j] -= take;
+                used -= take;
+                short -= take;
+                if short == 0 {
+                    break;
+                }
+            }
+        }
+        used += need - kept;
+        resident[i] = need;
+        running[i] = true;
+        if used > capacity {
+            over_since.get_or_insert(t);
+        } else if let Some(s) = over_since.take() {
+            over_time += t - s;
+        }
+    }
+    let span = events.last().map_or(0.0, |e| e.0) - events.first().map_or(0.0, |e| e.0);
+    (
+        if prompt_total == 0 {
+            0.0
+        } else {
+            hit_total as f64 / prompt_total as f64
+        },
+        if span > 0.0 { over_time / span } else { 0.0 },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::{Preset, generate};
+
+    fn turn(program: &str, arrival: f64, step: u32, append: u32, gap: f64) -> Turn {
+        Turn {
+            program_id: program.into(),
+            task_id: program.into(),
+            step,
+            program_arrival: arrival,
+            system_prompt: 0,
+            system_tokens: 0,
+            append_tokens: append,
+            output_tokens: 1,
+            gap_after: gap,
+            parent_program_id: None,
+            spawned_after_step: None,
+            blocks_parent: false,
+        }
+    }
+
+    #[test]
+    fn with_room_for_everything_it_is_the_oracles_hit() {
+        for preset in [Preset::SweAgent, Preset::MultiAgent, Preset::Mixed] {
+            let turns = generate(preset, 30, 1.0, 7);
+            let engine = EngineParams {
+                num_gpu_blocks: crate::oracle::blocks_for_no_kv_pressure(&turns, 16),
+                ..Default::default()
+            };
+            let h = crate::oracle::bounds(&turns, &engine).token_hit;
+            let b = bound(&turns, &engine, 1);
+            assert!(
+                (b.token_hit - h).abs() < 1e-9,
+                "{preset:?}: {} vs {h}",
+                b.token_hit
+            );
+            assert_eq!(b.pinned_over_capacity, 0.0);
+        }
+    }
+
+    #[test]
+    fn the_program_that_returns_first_keeps_its_context() {
+        // A (t=0) comes back 5 s after its first turn; B (t=1) and C (t=2) never do. Each first
+        // turn holds 161 tokens = 11 blocks; 22 blocks in all. When C arrives, B goes (never
+        // needed again), not A (used less recently, but needed sooner): A's second turn hits its
+        // 160 reusable tokens (10 whole blocks; its 161st token is in a partial block).
+        let turns = vec![
+            turn("a", 0.0, 0, 160, 5.0),
+            turn("a", 0.0, 1, 16, 0.0),
+            turn("b", 1.0, 0, 160, 0.0),
+            turn("c", 2.0, 0, 160, 0.0),
+        ];
+        let engine = EngineParams {
+            num_gpu_blocks: 22,
+            ..Default::default()
+        };
+        let b = bound(&turns, &engine, 1);
+        let want = 160.0 / (160.0 * 3.0 + 177.0);
+        assert!(
+            (b.token_hit - want).abs() < 1e-12,
+            "{} vs {want}",
+            b.token_hit
+        );
+        // With room for one context only, A's is gone by its second turn.
+        let engine = EngineParams {
+            num_gpu_blocks: 11,
+            ..Default::default()
+        };
+        assert_eq!(bound(&turns, &engine, 1).token_hit, 0.0);
+        // Two ranks pool their KV: the same as 22 blocks on one.
+        assert!((bound(&turns, &engine, 2).token_hit - want).abs() < 1e-12);
+    }
+}

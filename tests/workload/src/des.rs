@@ -67,6 +67,8 @@ pub struct Report {
     /// live Program's prefix cached).
     pub kv_demand_p90: f64,
     pub kv_demand_over_capacity: f64,
+    /// Where the reusable tokens of later turns were lost, in tokens.
+    pub missed: MissedHit,
     pub queue_timeouts: u64,
     pub force_resumes: u64,
     pub scheduler_events: u64,
@@ -76,6 +78,34 @@ pub struct Report {
     /// Distributions and time series for the HTML report.
     #[serde(skip)]
     pub series: Series,
+}
+
+/// Where reusable tokens were lost: for each turn after a Program's first, its previous context
+/// (what H* counts as reusable) less what the engine found cached, by what happened between the
+/// two turns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MissedHit {
+    /// The turn ran on another rank than the Program's previous turn (a cross-rank resume).
+    pub moved: u64,
+    /// Same rank, after a tool gap under 2 s, of 2–10 s, and of 10 s or more.
+    pub gap_under_2s: u64,
+    pub gap_2_to_10s: u64,
+    pub gap_10s_or_more: u64,
+}
+
+impl MissedHit {
+    fn add(&mut self, moved: bool, gap: f64, tokens: u64) {
+        let bucket = if moved {
+            &mut self.moved
+        } else if gap < 2.0 {
+            &mut self.gap_under_2s
+        } else if gap < 10.0 {
+            &mut self.gap_2_to_10s
+        } else {
+            &mut self.gap_10s_or_more
+        };
+        *bucket += tokens;
+    }
 }
 
 /// What the report plots: ascending JCTs and queue waits, and samples over time of the token
@@ -108,6 +138,8 @@ struct Prog {
     hashes: Vec<u64>,
     prompt: Vec<u32>,
     rank: usize,
+    /// The latest dispatch went to another rank than the one before it.
+    moved: bool,
     started: f64,
     arrived_at: f64,
     done: bool,
@@ -225,6 +257,7 @@ pub fn run_with(
         .into_iter()
         .map(|t| Prog {
             rank: 0,
+            moved: false,
             started: t[0].program_arrival,
             arrived_at: 0.0,
             turns: t,
@@ -277,6 +310,7 @@ pub fn run_with(
     // (rank, engine seq id) → program; ticket → program.
     let mut seqs: FxHashMap<(usize, u64), usize> = FxHashMap::default();
     let mut sched_ns: Vec<u32> = Vec::new();
+    let mut missed = MissedHit::default();
     let (mut jcts, mut waits) = (Vec::new(), Vec::new());
     let (mut requests, mut truncated, mut open) = (0u64, 0usize, progs.len());
     let mut events = Vec::new();
@@ -293,6 +327,7 @@ pub fn run_with(
                     Decision::Dispatch { ticket, rank } => {
                         let i = program_of(ticket);
                         let p = &mut progs[i];
+                        p.moved = p.next > 0 && p.rank != rank;
                         p.rank = rank;
                         waits.push($now - p.arrived_at);
                         let turn = &p.turns[p.next];
@@ -400,6 +435,22 @@ pub fn run_with(
                             continue;
                         };
                         let p = &mut progs[i];
+                        if p.next > 0 {
+                            let turn = &p.turns[p.next];
+                            // Whole blocks only, never the last prompt token (as H* counts).
+                            let prompt = outcome.prompt_tokens as u64;
+                            let bs = engine.block_size as u64;
+                            let reusable = prompt
+                                .saturating_sub(u64::from(turn.append_tokens))
+                                .min(prompt.saturating_sub(1))
+                                / bs
+                                * bs;
+                            missed.add(
+                                p.moved,
+                                p.turns[p.next - 1].gap_after,
+                                reusable.saturating_sub(outcome.cached_tokens as u64),
+                            );
+                        }
                         let done_ticket = ticket_of(i, p.turns[p.next].step);
                         p.history = tokens;
                         let gap = p.turns[p.next].gap_after;
@@ -641,6 +692,7 @@ pub fn run_with(
         kv_demand_p90: percentile(&demand, 0.9),
         kv_demand_over_capacity: demand.iter().filter(|d| **d > 1.0).count() as f64
             / demand.len().max(1) as f64,
+        missed,
         queue_timeouts: counters.queue_timeouts,
         force_resumes: counters.force_resumes,
         scheduler_events: ns.len() as u64,

@@ -622,6 +622,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     )
                 }),
             );
+            print_missed(&reports);
             if let Some(p) = json {
                 let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
                 std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
@@ -699,6 +700,27 @@ fn print_oracle(
             Some((p90, over)) => println!(" {:>13.2}x {:>13.0}%", p90, over * 100.0),
             None => println!(),
         }
+    }
+}
+
+/// Where each mode lost reusable tokens, in points of its prompt tokens (they add up to its
+/// missing hit, less the first turns' system prompts).
+fn print_missed(rs: &[Report]) {
+    println!(
+        "\nmissed reusable tokens (points of prompt tokens) after the Program's previous turn:\n{:<22} {:>9} {:>9} {:>9} {:>9}",
+        "mode", "moved", "gap <2s", "2-10s", ">=10s"
+    );
+    for r in rs {
+        let pt = |x: u64| x as f64 / r.prompt_tokens.max(1) as f64 * 100.0;
+        let m = &r.missed;
+        println!(
+            "{:<22} {:>7.2}pt {:>7.2}pt {:>7.2}pt {:>7.2}pt",
+            r.mode,
+            pt(m.moved),
+            pt(m.gap_under_2s),
+            pt(m.gap_2_to_10s),
+            pt(m.gap_10s_or_more)
+        );
     }
 }
 

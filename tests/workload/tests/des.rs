@@ -65,6 +65,21 @@ fn kv_demand_says_when_live_contexts_outgrow_the_cluster() {
     let ratio = tight.kv_demand_p90 / roomy.kv_demand_p90;
     assert!(ratio > 8.0, "{ratio}");
     assert!(tight.kv_demand_over_capacity > 0.0 && tight.kv_demand_over_capacity <= 1.0);
+    // Where reusable tokens were lost: with room, at most block rounding (the last output
+    // token's KV is never computed, so a context ending on a block boundary loses that block);
+    // without, far more. Hashing never moves a Program; the losses are part of the uncached
+    // prompt tokens.
+    let total = |m: &progbench::des::MissedHit| {
+        m.moved + m.gap_under_2s + m.gap_2_to_10s + m.gap_10s_or_more
+    };
+    assert!(
+        total(&roomy.missed) <= 16 * roomy.requests,
+        "{:?}",
+        roomy.missed
+    );
+    assert!(total(&tight.missed) > 100 * total(&roomy.missed).max(1));
+    assert_eq!(tight.missed.moved, 0);
+    assert!(total(&tight.missed) <= tight.prompt_tokens - tight.cached_tokens);
 }
 
 #[test]

@@ -3,10 +3,11 @@
 //!
 //! Every shard accepts from the same listening socket (a dup'ed descriptor each); the kernel
 //! wakes whichever shard is free, which can leave one of them with most of a burst of new
-//! connections (seen with wrk's 64: 18 on one shard, 46 on the other). A shard that accepts a
-//! connection while it already serves two or more connections than the least loaded shard hands
-//! the new connection to that shard — once per connection, never per request — so the shards'
-//! connection counts stay within one of each other and a request still never changes threads.
+//! connections (of wrk's 64 on two shards, one got 50 or 52 in two of four trials). A shard
+//! that accepts a connection while it already serves two or more connections than the least
+//! loaded shard hands the new connection to that shard — once per connection, never per
+//! request — so the shards' connection counts stay within one of each other and a request still
+//! never changes threads.
 
 use std::future::Future;
 use std::sync::Arc;

@@ -28,6 +28,10 @@ pub struct KvBound {
     /// of Belady's: the gap to `token_hit` is what knowing when Programs return is worth, the
     /// gap below it what partitioned ranks, a slower timeline and the router's choices cost.
     pub lru_token_hit: f64,
+    /// LRU that drops the blocks of Programs that will not come back (their last turn is done)
+    /// before anyone else's: what an engine hint "this Program is finished" would be worth
+    /// (stock vLLM has no such hint; the spec lists Router-to-engine KV hints as future work).
+    pub lru_release_token_hit: f64,
     /// Share of the timeline during which the running requests alone needed more than the
     /// pooled KV (the engine would preempt; 0 unless the KV is tiny).
     pub pinned_over_capacity: f64,
@@ -135,6 +139,8 @@ enum Evict {
     FurthestNextUse,
     /// The Program whose last turn ended longest ago.
     LeastRecentlyUsed,
+    /// Finished Programs first, then least recently used.
+    LeastRecentlyUsedReleasing,
 }
 
 /// The bound for `turns` on `ranks` ranks shaped like `engine`.
@@ -149,9 +155,11 @@ pub fn bound(turns: &[Turn], engine: &EngineParams, ranks: usize) -> KvBound {
     let run = |rule| replay(&progs, &lens, &times, engine.block_size, capacity, rule);
     let (token_hit, pinned_over_capacity) = run(Evict::FurthestNextUse);
     let (lru_token_hit, _) = run(Evict::LeastRecentlyUsed);
+    let (lru_release_token_hit, _) = run(Evict::LeastRecentlyUsedReleasing);
     KvBound {
         token_hit,
         lru_token_hit,
+        lru_release_token_hit,
         pinned_over_capacity,
     }
 }
@@ -227,8 +235,13 @@ fn replay(
                     Evict::FurthestNextUse => {
                         (times[j].get(started[j]).map_or(f64::INFINITY, |x| x.0), j)
                     }
+                    Evict::LeastRecentlyUsedReleasing if started[j] >= times[j].len() => {
+                        (f64::INFINITY, j)
+                    }
                     // `started[j] >= 1`: only Programs that ran hold blocks.
-                    Evict::LeastRecentlyUsed => (-times[j][started[j] - 1].1, j),
+                    Evict::LeastRecentlyUsed | Evict::LeastRecentlyUsedReleasing => {
+                        (-times[j][started[j] - 1].1, j)
+                    }
                 })
                 .collect();
             idle.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -299,6 +312,8 @@ mod tests {
                 "{preset:?}: {} vs {h}",
                 b.token_hit
             );
+            assert!((b.lru_token_hit - h).abs() < 1e-9, "{preset:?}");
+            assert!((b.lru_release_token_hit - h).abs() < 1e-9, "{preset:?}");
             assert_eq!(b.pinned_over_capacity, 0.0);
         }
     }
@@ -326,6 +341,10 @@ mod tests {
             "{} vs {want}",
             b.token_hit
         );
+        // LRU evicts A, the least recently used, and nothing hits; told that B is finished,
+        // LRU drops B first, as Belady does.
+        assert_eq!(b.lru_token_hit, 0.0);
+        assert!((b.lru_release_token_hit - want).abs() < 1e-12);
         // With room for one context only, A's is gone by its second turn.
         let engine = EngineParams {
             num_gpu_blocks: 11,

@@ -675,9 +675,10 @@ fn print_oracle(
         o.mean_jct_seconds
     );
     println!(
-        "at this KV, no request held back, ranks' KV pooled: at most {:.1}% token hit (Belady eviction; {:.1}% with LRU)",
+        "at this KV, no request held back, ranks' KV pooled: at most {:.1}% token hit (Belady eviction; {:.1}% with LRU, {:.1}% with LRU that drops finished Programs first)",
         kv.token_hit * 100.0,
-        kv.lru_token_hit * 100.0
+        kv.lru_token_hit * 100.0,
+        kv.lru_release_token_hit * 100.0
     );
     let runs: Vec<OracleRow> = runs.collect();
     let demand = runs.iter().any(|r| r.3.is_some());

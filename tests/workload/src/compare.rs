@@ -386,7 +386,13 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         procs.0.push(spawn(&s.bin_dir.join("vllm-sim"), &args)?);
         let url = format!("http://127.0.0.1:{port}");
         if !wait_ok(&format!("{url}/health"), 20.0) {
-            return Err(format!("simulator on {port} did not start"));
+            let exited = procs
+                .0
+                .last_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+                .map(|st| format!(" (it exited: {st})"))
+                .unwrap_or_default();
+            return Err(format!("simulator on {port} did not start{exited}"));
         }
         sims.push(url);
     }

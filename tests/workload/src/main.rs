@@ -432,6 +432,14 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     else {
         return Ok(false);
     };
+    // The simulators would refuse these; say so before starting anything.
+    vllm_sim::engine::EngineParams {
+        num_gpu_blocks,
+        max_model_len,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| format!("--{e}"))?;
     let bin_dir = bin_dir()?;
     let vllm_router = vllm_router.or_else(progbench::compare::venv_vllm_router);
     let program_config: serde_json::Value =

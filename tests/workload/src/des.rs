@@ -69,6 +69,12 @@ pub struct Report {
     pub kv_demand_over_capacity: f64,
     /// Where the reusable tokens of later turns were lost, in tokens.
     pub missed: MissedHit,
+    /// The offline bound replayed on this run's own timeline (when each request was dispatched
+    /// and finished) with the ranks' KV pooled: what one shared cache would have kept of this
+    /// very run, by eviction rule. Its gap to `token_hit_rate` is what partitioned ranks and
+    /// the engine's LRU cost; its gap to the bound on the oracle's timeline is what this run's
+    /// timing (queueing, batching) cost.
+    pub pooled_on_run: crate::kv_bound::KvBound,
     pub queue_timeouts: u64,
     pub force_resumes: u64,
     pub scheduler_events: u64,
@@ -140,6 +146,8 @@ struct Prog {
     rank: usize,
     /// The latest dispatch went to another rank than the one before it.
     moved: bool,
+    /// Dispatch and finish time of each turn so far (finish NaN while it runs).
+    times: Vec<(f64, f64)>,
     started: f64,
     arrived_at: f64,
     done: bool,
@@ -258,6 +266,7 @@ pub fn run_with(
         .map(|t| Prog {
             rank: 0,
             moved: false,
+            times: Vec::new(),
             started: t[0].program_arrival,
             arrived_at: 0.0,
             turns: t,
@@ -328,6 +337,7 @@ pub fn run_with(
                         let i = program_of(ticket);
                         let p = &mut progs[i];
                         p.moved = p.next > 0 && p.rank != rank;
+                        p.times.push(($now, f64::NAN));
                         p.rank = rank;
                         waits.push($now - p.arrived_at);
                         let turn = &p.turns[p.next];
@@ -435,6 +445,9 @@ pub fn run_with(
                             continue;
                         };
                         let p = &mut progs[i];
+                        if let Some(last) = p.times.last_mut() {
+                            last.1 = now;
+                        }
                         if p.next > 0 {
                             let turn = &p.turns[p.next];
                             // Whole blocks only, never the last prompt token (as H* counts).
@@ -667,6 +680,14 @@ pub fn run_with(
         .as_ref()
         .map(|s| s.counters.clone())
         .unwrap_or_default();
+    // The replay's own time, without the bound below.
+    let wall_seconds = wall.elapsed().as_secs_f64();
+    let pooled_on_run = crate::kv_bound::on_timeline(
+        turns,
+        engine,
+        ranks,
+        progs.iter().map(|p| p.times.clone()).collect(),
+    );
     Report {
         mode: mode.name(),
         programs: progs.len(),
@@ -693,12 +714,13 @@ pub fn run_with(
         kv_demand_over_capacity: demand.iter().filter(|d| **d > 1.0).count() as f64
             / demand.len().max(1) as f64,
         missed,
+        pooled_on_run,
         queue_timeouts: counters.queue_timeouts,
         force_resumes: counters.force_resumes,
         scheduler_events: ns.len() as u64,
         scheduler_median_us: percentile(&ns, 0.5),
         scheduler_p99_us: percentile(&ns, 0.99),
-        wall_seconds: wall.elapsed().as_secs_f64(),
+        wall_seconds,
         series: Series {
             jcts: jcts.clone(),
             waits: waits.clone(),

@@ -12,7 +12,7 @@
 //! policy reaches a higher hit at this KV unless it delays requests.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 use serde::Serialize;
 use vllm_sim::engine::EngineParams;
@@ -151,8 +151,46 @@ pub fn bound(turns: &[Turn], engine: &EngineParams, ranks: usize) -> KvBound {
         .map(|p| prompts(p, engine.max_model_len as u64))
         .collect();
     let times = timeline(&progs, &lens, engine);
+    evict_all_ways(&progs, &lens, &times, engine, ranks)
+}
+
+/// The same replay on a measured timeline instead of the oracle's: `times[i][k]` is when turn
+/// `k` of the `i`-th Program of [`programs`]`(turns)` was dispatched and when it finished (turns
+/// that never ran left out). With a run's own timeline it answers: given how this run's requests
+/// actually overlapped, what would one pooled cache have kept?
+pub fn on_timeline(
+    turns: &[Turn],
+    engine: &EngineParams,
+    ranks: usize,
+    mut times: Vec<Vec<(f64, f64)>>,
+) -> KvBound {
+    let progs = programs(turns);
+    let lens: Vec<Vec<u64>> = progs
+        .iter()
+        .map(|p| prompts(p, engine.max_model_len as u64))
+        .collect();
+    times.resize(progs.len(), Vec::new());
+    for (t, l) in times.iter_mut().zip(&lens) {
+        t.truncate(l.len());
+        if let Some(cut) = t
+            .iter()
+            .position(|(s, e)| !(s.is_finite() && e.is_finite()))
+        {
+            t.truncate(cut);
+        }
+    }
+    evict_all_ways(&progs, &lens, &times, engine, ranks)
+}
+
+fn evict_all_ways(
+    progs: &[Vec<Turn>],
+    lens: &[Vec<u64>],
+    times: &[Vec<(f64, f64)>],
+    engine: &EngineParams,
+    ranks: usize,
+) -> KvBound {
     let capacity = (engine.num_gpu_blocks as u64).saturating_mul(ranks as u64);
-    let run = |rule| replay(&progs, &lens, &times, engine.block_size, capacity, rule);
+    let run = |rule| replay(progs, lens, times, engine.block_size, capacity, rule);
     let (token_hit, pinned_over_capacity) = run(Evict::FurthestNextUse);
     let (lru_token_hit, _) = run(Evict::LeastRecentlyUsed);
     let (lru_release_token_hit, _) = run(Evict::LeastRecentlyUsedReleasing);
@@ -188,21 +226,34 @@ fn replay(
         .iter()
         .map(|p| u64::from(p[0].system_tokens) / bs)
         .collect();
-    // Blocks beyond the system prompt each Program has resident, whether it is running, and how
-    // many of its turns have started.
+    // Blocks beyond the system prompt each Program has resident, and the idle ones that hold
+    // some, ordered so that the first is evicted first: (class, time bits, program).
     let mut resident = vec![0u64; progs.len()];
-    let mut running = vec![false; progs.len()];
-    let mut started = vec![0usize; progs.len()];
+    let mut idle: BTreeSet<(u8, u64, usize)> = BTreeSet::new();
+    let mut idle_key: Vec<Option<(u8, u64, usize)>> = vec![None; progs.len()];
     let mut used = 0u64;
-    let mut seen_system = std::collections::BTreeSet::new();
+    let mut seen_system = BTreeSet::new();
     let (mut prompt_total, mut hit_total) = (0u64, 0u64);
     let (mut over_since, mut over_time) = (None::<f64>, 0.0);
     for &(t, kind, i, k) in &events {
         if kind == 0 {
-            running[i] = false;
+            // Idle until its next turn (times are ≥ 0, so their bits order like the numbers).
+            let next = times[i].get(k + 1).map(|x| x.0);
+            let key = match (rule, next) {
+                (Evict::FurthestNextUse, Some(n)) => (1, u64::MAX - n.to_bits(), i),
+                (Evict::FurthestNextUse, None) => (0, 0, i),
+                (Evict::LeastRecentlyUsedReleasing, None) => (0, 0, i),
+                _ => (1, t.max(0.0).to_bits(), i),
+            };
+            if resident[i] > 0 {
+                idle.insert(key);
+                idle_key[i] = Some(key);
+            }
             continue;
         }
-        started[i] = k + 1;
+        if let Some(key) = idle_key[i].take() {
+            idle.remove(&key);
+        }
         let turn = &progs[i][k];
         let prompt = lens[i][k];
         let usable = prompt.saturating_sub(1);
@@ -227,37 +278,22 @@ fn replay(
             .saturating_sub(sys_blocks[i])
             .max(kept);
         let mut short = (used + need - kept).saturating_sub(capacity);
-        if short > 0 {
-            // Furthest next turn first (never again = infinitely far), from the context's end.
-            let mut idle: Vec<(f64, usize)> = (0..progs.len())
-                .filter(|&j| j != i && !running[j] && resident[j] > 0)
-                .map(|j| match rule {
-                    Evict::FurthestNextUse => {
-                        (times[j].get(started[j]).map_or(f64::INFINITY, |x| x.0), j)
-                    }
-                    Evict::LeastRecentlyUsedReleasing if started[j] >= times[j].len() => {
-                        (f64::INFINITY, j)
-                    }
-                    // `started[j] >= 1`: only Programs that ran hold blocks.
-                    Evict::LeastRecentlyUsed | Evict::LeastRecentlyUsedReleasing => {
-                        (-times[j][started[j] - 1].1, j)
-                    }
-                })
-                .collect();
-            idle.sort_by(|a, b| b.0.total_cmp(&a.0));
-            for (_, j) in idle {
-                let take = resident[j].min(short);
-                resident[j] -= take;
-                used -= take;
-                short -= take;
-                if short == 0 {
-                    break;
-                }
+        // Evict idle Programs' blocks in the rule's order, each from its context's end.
+        while short > 0 {
+            let Some(first) = idle.pop_first() else { break };
+            let j = first.2;
+            let take = resident[j].min(short);
+            resident[j] -= take;
+            used -= take;
+            short -= take;
+            if resident[j] > 0 {
+                idle.insert(first);
+            } else {
+                idle_key[j] = None;
             }
         }
         used += need - kept;
         resident[i] = need;
-        running[i] = true;
         if used > capacity {
             over_since.get_or_insert(t);
         } else if let Some(s) = over_since.take() {
@@ -316,6 +352,49 @@ mod tests {
             assert!((b.lru_release_token_hit - h).abs() < 1e-9, "{preset:?}");
             assert_eq!(b.pinned_over_capacity, 0.0);
         }
+    }
+
+    #[test]
+    fn on_the_oracles_timeline_it_is_the_bound() {
+        let turns = generate(Preset::Mixed, 40, 0.5, 3);
+        let engine = EngineParams {
+            num_gpu_blocks: 1024,
+            ..Default::default()
+        };
+        let progs = programs(&turns);
+        let lens: Vec<Vec<u64>> = progs
+            .iter()
+            .map(|p| prompts(p, engine.max_model_len as u64))
+            .collect();
+        let times = timeline(&progs, &lens, &engine);
+        let a = bound(&turns, &engine, 2);
+        let b = on_timeline(&turns, &engine, 2, times);
+        assert_eq!(
+            (a.token_hit, a.lru_token_hit, a.lru_release_token_hit),
+            (b.token_hit, b.lru_token_hit, b.lru_release_token_hit)
+        );
+        // Under pressure, and ordered: LRU ≤ LRU told who is finished ≤ Belady < H*.
+        assert!(a.lru_token_hit <= a.lru_release_token_hit + 1e-12, "{a:?}");
+        assert!(a.lru_release_token_hit <= a.token_hit + 1e-12, "{a:?}");
+        assert!(
+            a.token_hit < crate::oracle::bounds(&turns, &engine).token_hit,
+            "{a:?}"
+        );
+        // A turn that never finished is left out, with everything after it: a Program cut at
+        // its first turn counts as if it were not in the workload.
+        let mut cut = timeline(&progs, &lens, &engine);
+        cut[0] = vec![(cut[0][0].0, f64::NAN)];
+        let with_cut = on_timeline(&turns, &engine, 2, cut);
+        let first = &progs[0][0].program_id;
+        let rest: Vec<Turn> = turns
+            .iter()
+            .filter(|t| &t.program_id != first)
+            .cloned()
+            .collect();
+        let mut rest_times = timeline(&progs, &lens, &engine);
+        rest_times.remove(0);
+        let without = on_timeline(&rest, &engine, 2, rest_times);
+        assert_eq!(with_cut.token_hit, without.token_hit);
     }
 
     #[test]

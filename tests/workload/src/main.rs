@@ -716,19 +716,25 @@ fn print_oracle(
 /// missing hit, less the first turns' system prompts).
 fn print_missed(rs: &[Report]) {
     println!(
-        "\nmissed reusable tokens (points of prompt tokens) after the Program's previous turn:\n{:<22} {:>9} {:>9} {:>9} {:>9}",
-        "mode", "moved", "gap <2s", "2-10s", ">=10s"
+        "\nmissed reusable tokens (points of prompt tokens) after the Program's previous turn, and the hit\n\
+         one pooled cache would have kept on the run's own timeline (Belady / LRU / LRU dropping finished Programs):\n\
+         {:<22} {:>9} {:>9} {:>9} {:>9}   {:>22}",
+        "mode", "moved", "gap <2s", "2-10s", ">=10s", "pooled on this run"
     );
     for r in rs {
         let pt = |x: u64| x as f64 / r.prompt_tokens.max(1) as f64 * 100.0;
         let m = &r.missed;
+        let b = &r.pooled_on_run;
         println!(
-            "{:<22} {:>7.2}pt {:>7.2}pt {:>7.2}pt {:>7.2}pt",
+            "{:<22} {:>7.2}pt {:>7.2}pt {:>7.2}pt {:>7.2}pt   {:>5.1}% / {:>4.1}% / {:>4.1}%",
             r.mode,
             pt(m.moved),
             pt(m.gap_under_2s),
             pt(m.gap_2_to_10s),
-            pt(m.gap_10s_or_more)
+            pt(m.gap_10s_or_more),
+            b.token_hit * 100.0,
+            b.lru_token_hit * 100.0,
+            b.lru_release_token_hit * 100.0
         );
     }
 }

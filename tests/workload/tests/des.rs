@@ -80,6 +80,17 @@ fn kv_demand_says_when_live_contexts_outgrow_the_cluster() {
     assert!(total(&tight.missed) > 100 * total(&roomy.missed).max(1));
     assert_eq!(tight.missed.moved, 0);
     assert!(total(&tight.missed) <= tight.prompt_tokens - tight.cached_tokens);
+    // The run itself is one way to evict on its own timeline, so the bound on that timeline
+    // (pooled, Belady) is at least its hit; LRU without hints at most Belady's.
+    for r in [&roomy, &tight] {
+        let b = &r.pooled_on_run;
+        assert!(
+            b.token_hit + 1e-9 >= r.token_hit_rate,
+            "{b:?} vs {}",
+            r.token_hit_rate
+        );
+        assert!(b.lru_token_hit <= b.token_hit + 1e-9, "{b:?}");
+    }
 }
 
 #[test]

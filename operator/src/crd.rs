@@ -254,6 +254,10 @@ pub struct ProgramSchedulingParams {
     pub resume_order: Option<String>,
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("crossRankHeadroomRatio must be >= 0"))]
     pub cross_rank_headroom_ratio: Option<f64>,
+    /// Extension: queue wait before a cross-rank move, as a multiple of the move's cost (the
+    /// Program's cache-miss impact); 0 = move at once (the spec), 1 = break even.
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("crossRankMinWaitRatio must be >= 0"))]
+    pub cross_rank_min_wait_ratio: Option<f64>,
     #[x_kube(validation = kube::core::Rule::new(
         "self in ['consistent_hash', 'program_round_robin', 'least_program_count', 'reasoning_token_balance', 'cache_aware']"
     ).message("bindingStrategy is not a known strategy"))]

@@ -90,6 +90,10 @@ spec:
                 "programScheduling: {forceResumeWorkloadFactor: -1}",
                 "forceResumeWorkloadFactor must be >= 0",
             ),
+            (
+                "programScheduling: {crossRankMinWaitRatio: -0.5}",
+                "crossRankMinWaitRatio must be >= 0",
+            ),
         ] {
             let doc = format!(
                 "apiVersion: scheduling.program-router.dev/v1alpha1\nkind: ProgramScheduling\n\

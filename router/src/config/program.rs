@@ -106,6 +106,11 @@ pub struct ProgramSchedulingConfig {
     pub global_queue: bool,
     pub resume_order: ResumeOrder,
     pub cross_rank_headroom_ratio: f64,
+    /// Extension: a request queued on its Program's rank moves to another rank (`global_queue`)
+    /// only once it has waited this multiple of what the move costs, its Program's cache-miss
+    /// impact (re-prefilling its context there). 0 moves at once (the spec); 1 is the
+    /// break-even rule, which keeps large clusters out of move storms.
+    pub cross_rank_min_wait_ratio: f64,
     pub binding_strategy: BindingStrategy,
     pub hash_virtual_nodes: u32,
     /// Logical KV-token capacity of each DP rank; null falls back to the Program-count guard.
@@ -151,6 +156,7 @@ impl Default for ProgramSchedulingConfig {
             // The spec's 1.2 moved Programs too eagerly when every rank was full (a queue timeout
             // on a small overloaded cluster); 3 kept the gains elsewhere (docs/benchmarks.md).
             cross_rank_headroom_ratio: 3.0,
+            cross_rank_min_wait_ratio: 0.0,
             binding_strategy: BindingStrategy::default(),
             hash_virtual_nodes: 160,
             token_capacity_per_dp_rank: None,
@@ -201,6 +207,12 @@ impl ProgramSchedulingConfig {
         finite_min(
             "cross_rank_headroom_ratio",
             self.cross_rank_headroom_ratio,
+            0.0,
+            false,
+        )?;
+        finite_min(
+            "cross_rank_min_wait_ratio",
+            self.cross_rank_min_wait_ratio,
             0.0,
             false,
         )?;
@@ -425,6 +437,10 @@ mod tests {
             (
                 r#"{"force_resume_workload_factor":-1}"#,
                 "force_resume_workload_factor",
+            ),
+            (
+                r#"{"cross_rank_min_wait_ratio":-0.5}"#,
+                "cross_rank_min_wait_ratio",
             ),
             (r#"{"resume_order":"lifo"}"#, "unknown variant"),
             (r#"{"no_such_field":1}"#, "no_such_field"),

@@ -1193,6 +1193,18 @@ impl Scheduler {
                     continue;
                 }
                 let at = self.retained_at.get(&ticket).copied().unwrap_or(now);
+                // Break-even gate: wait at home until the wait so far is worth the move.
+                let k = self.cfg.cross_rank_min_wait_ratio;
+                if k > 0.0
+                    && !r.forced()
+                    && now - at
+                        < k * super::cost::cache_miss_impact_seconds(
+                            &self.cfg.prefill_cost_model,
+                            p.context_tokens,
+                        )
+                {
+                    continue;
+                }
                 if best.is_none_or(|(t, _)| at < t) {
                     best = Some((at, ticket));
                 }

@@ -3,7 +3,7 @@
 use super::identity::Identity;
 use super::scheduler::*;
 use crate::config::ProgramSchedulingConfig;
-use crate::config::program::{BindingStrategy, ResumeOrder};
+use crate::config::program::{BindingStrategy, PrefillCostModel, ResumeOrder};
 
 fn cfg() -> ProgramSchedulingConfig {
     ProgramSchedulingConfig {
@@ -1359,4 +1359,48 @@ mod properties {
             prop_assert_eq!(a, b);
         }
     }
+}
+
+#[test]
+fn a_break_even_wait_keeps_a_returning_program_home_until_the_wait_is_worth_the_move() {
+    // Re-prefilling c's 310-token context costs 3.1 s (10 s per 1k tokens, alpha 1): with
+    // `cross_rank_min_wait_ratio` 1 it moves only once it has waited that long; with 0 (the
+    // spec) as soon as the other rank has room.
+    let run = |ratio: f64| {
+        let c = ProgramSchedulingConfig {
+            global_queue: true,
+            cross_rank_headroom_ratio: 1.2,
+            cross_rank_min_wait_ratio: ratio,
+            binding_strategy: BindingStrategy::LeastProgramCount,
+            prefill_cost_model: PrefillCostModel {
+                intercept_seconds: 0.0,
+                linear_seconds_per_1k_tokens: 10.0,
+                quadratic_seconds_per_1k_tokens_squared: 0.0,
+                decode_throughput_alpha: 1.0,
+            },
+            ..cfg()
+        };
+        let mut s = sched(c, 2);
+        assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "c", 300))), [1]);
+        s.on_complete(0.5, 1, usage(300, 10));
+        assert_eq!(dispatched(&s.on_arrival(0.6, arrival(2, "b", 900))), [2]);
+        let a = with(arrival(3, "a", 900), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        });
+        assert_eq!(dispatched(&s.on_arrival(0.7, a)), [3]);
+        s.on_complete(1.0, 3, usage(900, 10));
+        // c returns to its full rank 0 (a holds it); rank 1 frees up at 3.0.
+        assert!(dispatched(&s.on_arrival(2.0, arrival(4, "c", 320))).is_empty());
+        let at_3 = s.on_complete(3.0, 2, usage(900, 10));
+        let at_5 = s.on_observation(5.5, 1, Observation::default());
+        s.check_invariants().expect("ledger");
+        (at_3, at_5, s.counters.cross_rank_migrations)
+    };
+    let (at_3, at_5, moves) = run(0.0);
+    assert_eq!(at_3, vec![Decision::Dispatch { ticket: 4, rank: 1 }]);
+    assert!(at_5.is_empty() && moves == 1);
+    let (at_3, at_5, moves) = run(1.0);
+    assert!(dispatched(&at_3).is_empty(), "waited 1 s of 3.1: {at_3:?}");
+    assert_eq!(at_5, vec![Decision::Dispatch { ticket: 4, rank: 1 }]);
+    assert_eq!(moves, 1);
 }

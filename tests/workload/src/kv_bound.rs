@@ -17,7 +17,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use serde::Serialize;
 use vllm_sim::engine::EngineParams;
 
-use crate::oracle::unloaded_service_seconds;
+use crate::oracle::{prompt_lengths, unloaded_service_seconds};
 use crate::workload::{SPAWN_DELAY_SECONDS, Turn, programs};
 
 #[derive(Debug, Clone, Serialize)]
@@ -35,25 +35,6 @@ pub struct KvBound {
     /// Share of the timeline during which the running requests alone needed more than the
     /// pooled KV (the engine would preempt; 0 unless the KV is tiny).
     pub pinned_over_capacity: f64,
-}
-
-/// Turns of each Program that fit `max_model_len` (the oracle stops a Program at the first turn
-/// that does not), and each turn's prompt length.
-fn prompts(p: &[Turn], max_model_len: u64) -> Vec<u64> {
-    let mut out = Vec::new();
-    let mut context = 0u64;
-    for t in p {
-        if t.step == 0 {
-            context = u64::from(t.system_tokens);
-        }
-        context += u64::from(t.append_tokens);
-        if context + u64::from(t.output_tokens) > max_model_len {
-            break;
-        }
-        out.push(context);
-        context += u64::from(t.output_tokens);
-    }
-    out
 }
 
 /// Start and end of every included turn on the oracle's timeline, per Program.
@@ -148,7 +129,7 @@ pub fn bound(turns: &[Turn], engine: &EngineParams, ranks: usize) -> KvBound {
     let progs = programs(turns);
     let lens: Vec<Vec<u64>> = progs
         .iter()
-        .map(|p| prompts(p, engine.max_model_len as u64))
+        .map(|p| prompt_lengths(p, engine.max_model_len as u64))
         .collect();
     let times = timeline(&progs, &lens, engine);
     evict_all_ways(&progs, &lens, &times, engine, ranks)
@@ -167,7 +148,7 @@ pub fn on_timeline(
     let progs = programs(turns);
     let lens: Vec<Vec<u64>> = progs
         .iter()
-        .map(|p| prompts(p, engine.max_model_len as u64))
+        .map(|p| prompt_lengths(p, engine.max_model_len as u64))
         .collect();
     times.resize(progs.len(), Vec::new());
     for (t, l) in times.iter_mut().zip(&lens) {
@@ -364,7 +345,7 @@ mod tests {
         let progs = programs(&turns);
         let lens: Vec<Vec<u64>> = progs
             .iter()
-            .map(|p| prompts(p, engine.max_model_len as u64))
+            .map(|p| prompt_lengths(p, engine.max_model_len as u64))
             .collect();
         let times = timeline(&progs, &lens, &engine);
         let a = bound(&turns, &engine, 2);

@@ -53,6 +53,26 @@ pub fn blocks_for_no_kv_pressure(turns: &[Turn], block_size: usize) -> usize {
     usize::try_from(blocks).unwrap_or(usize::MAX)
 }
 
+/// The prompt length of each turn of one Program that fits `max_model_len` — its system prompt,
+/// every append and every earlier output — stopping at the first turn whose prompt and output do
+/// not fit (the Program cannot go on from there).
+pub(crate) fn prompt_lengths(p: &[Turn], max_model_len: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut context = 0u64;
+    for t in p {
+        if t.step == 0 {
+            context = u64::from(t.system_tokens);
+        }
+        context += u64::from(t.append_tokens);
+        if context + u64::from(t.output_tokens) > max_model_len {
+            break;
+        }
+        out.push(context);
+        context += u64::from(t.output_tokens);
+    }
+    out
+}
+
 /// Bounds for `turns` on engines shaped like `engine` (chat-template tokens are ignored).
 pub fn bounds(turns: &[Turn], engine: &EngineParams) -> Oracle {
     let bs = engine.block_size as u64;
@@ -64,33 +84,23 @@ pub fn bounds(turns: &[Turn], engine: &EngineParams) -> Oracle {
     let mut waits: std::collections::HashMap<(String, u32), f64> = Default::default();
     let mut own: Vec<f64> = Vec::new();
     for p in &progs {
-        let mut context = 0u64;
+        let lens = prompt_lengths(p, engine.max_model_len as u64);
         let mut jct = 0.0;
-        for turn in p {
-            let first = turn.step == 0;
-            let system = u64::from(turn.system_tokens);
-            let reusable = if first {
+        for (k, (turn, &context)) in p.iter().zip(&lens).enumerate() {
+            let reusable = if k == 0 {
                 if seen_system.insert(turn.system_prompt) {
                     0
                 } else {
-                    system
+                    u64::from(turn.system_tokens)
                 }
             } else {
-                context
+                lens[k - 1] + u64::from(p[k - 1].output_tokens)
             };
-            if first {
-                context = system;
-            }
-            context += u64::from(turn.append_tokens);
-            if context + u64::from(turn.output_tokens) > engine.max_model_len as u64 {
-                break;
-            }
             // Whole blocks only, and never the last prompt token.
             let hit = (reusable.min(context - 1) / bs) * bs;
             prompt += context;
             cached += hit;
             jct += unloaded_service_seconds(engine, context, hit, u64::from(turn.output_tokens));
-            context += u64::from(turn.output_tokens);
             jct += turn.gap_after;
         }
         own.push(jct);

@@ -686,7 +686,10 @@ pub fn run_with(
         turns,
         engine,
         ranks,
-        progs.iter().map(|p| p.times.clone()).collect(),
+        progs
+            .iter_mut()
+            .map(|p| std::mem::take(&mut p.times))
+            .collect(),
     );
     Report {
         mode: mode.name(),

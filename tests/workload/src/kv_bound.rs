@@ -124,13 +124,19 @@ enum Evict {
     LeastRecentlyUsedReleasing,
 }
 
-/// The bound for `turns` on `ranks` ranks shaped like `engine`.
-pub fn bound(turns: &[Turn], engine: &EngineParams, ranks: usize) -> KvBound {
+/// The Programs of `turns` and the prompt length of each turn that fits the engine.
+fn programs_and_prompts(turns: &[Turn], engine: &EngineParams) -> (Vec<Vec<Turn>>, Vec<Vec<u64>>) {
     let progs = programs(turns);
-    let lens: Vec<Vec<u64>> = progs
+    let lens = progs
         .iter()
         .map(|p| prompt_lengths(p, engine.max_model_len as u64))
         .collect();
+    (progs, lens)
+}
+
+/// The bound for `turns` on `ranks` ranks shaped like `engine`.
+pub fn bound(turns: &[Turn], engine: &EngineParams, ranks: usize) -> KvBound {
+    let (progs, lens) = programs_and_prompts(turns, engine);
     let times = timeline(&progs, &lens, engine);
     evict_all_ways(&progs, &lens, &times, engine, ranks)
 }
@@ -145,11 +151,7 @@ pub fn on_timeline(
     ranks: usize,
     mut times: Vec<Vec<(f64, f64)>>,
 ) -> KvBound {
-    let progs = programs(turns);
-    let lens: Vec<Vec<u64>> = progs
-        .iter()
-        .map(|p| prompt_lengths(p, engine.max_model_len as u64))
-        .collect();
+    let (progs, lens) = programs_and_prompts(turns, engine);
     times.resize(progs.len(), Vec::new());
     for (t, l) in times.iter_mut().zip(&lens) {
         t.truncate(l.len());
@@ -342,11 +344,7 @@ mod tests {
             num_gpu_blocks: 1024,
             ..Default::default()
         };
-        let progs = programs(&turns);
-        let lens: Vec<Vec<u64>> = progs
-            .iter()
-            .map(|p| prompt_lengths(p, engine.max_model_len as u64))
-            .collect();
+        let (progs, lens) = programs_and_prompts(&turns, &engine);
         let times = timeline(&progs, &lens, &engine);
         let a = bound(&turns, &engine, 2);
         let b = on_timeline(&turns, &engine, 2, times);

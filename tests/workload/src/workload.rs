@@ -8,6 +8,8 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, LogNormal};
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
 /// One request of a Program.
@@ -346,13 +348,120 @@ pub fn to_jsonl(turns: &[Turn]) -> String {
         .collect()
 }
 
-/// Reads `requests.jsonl`; the error names the line.
+/// Reads `requests.jsonl`; the error names the line. The file must describe a workload both
+/// drivers run the same way (see [`validate`]).
 pub fn from_jsonl(text: &str) -> Result<Vec<Turn>, String> {
-    text.lines()
+    let rows = text
+        .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1)))
-        .collect()
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map(|t| (i + 1, t))
+                .map_err(|e| format!("line {}: {e}", i + 1))
+        })
+        .collect::<Result<Vec<(usize, Turn)>, String>>()?;
+    validate(&rows)?;
+    Ok(rows.into_iter().map(|(_, t)| t).collect())
+}
+
+/// Checks `(line, turn)` rows: each Program's lines together, steps 0, 1, 2, … in order, one
+/// arrival and one parent link on all of them, finite non-negative times, and for a subagent a
+/// parent that is in the file and has the step it follows, with no Program its own ancestor.
+/// Anything else would make the drivers and the oracle disagree about what runs when.
+pub fn validate(rows: &[(usize, Turn)]) -> Result<(), String> {
+    // Program → (line and turn of its first row, number of turns).
+    let mut first: HashMap<&str, (usize, &Turn, u32)> = HashMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    let mut prev: Option<&Turn> = None;
+    for (line, t) in rows {
+        let id = t.program_id.as_str();
+        let err = |m: String| Err(format!("line {line}: Program {id:?}: {m}"));
+        if !(t.program_arrival.is_finite() && t.program_arrival >= 0.0) {
+            return err("program_arrival must be a finite number of seconds >= 0".into());
+        }
+        if !(t.gap_after.is_finite() && t.gap_after >= 0.0) {
+            return err("gap_after must be a finite number of seconds >= 0".into());
+        }
+        match prev {
+            Some(p) if p.program_id == t.program_id => {
+                if t.step != p.step.saturating_add(1) {
+                    return err(format!(
+                        "step {} follows step {} (steps go 0, 1, 2, ...)",
+                        t.step, p.step
+                    ));
+                }
+                if t.program_arrival != p.program_arrival {
+                    return err("program_arrival differs from the Program's first line".into());
+                }
+                if (&t.parent_program_id, t.spawned_after_step, t.blocks_parent)
+                    != (&p.parent_program_id, p.spawned_after_step, p.blocks_parent)
+                {
+                    return err(
+                        "parent_program_id, spawned_after_step and blocks_parent must be \
+                                the same on every line of a Program"
+                            .into(),
+                    );
+                }
+                if let Some(f) = first.get_mut(id) {
+                    f.2 += 1;
+                }
+            }
+            _ => {
+                if first.contains_key(id) {
+                    return err("its lines must be together (it appeared earlier)".into());
+                }
+                if t.step != 0 {
+                    return err(format!("its first line has step {}, not 0", t.step));
+                }
+                first.insert(id, (*line, t, 1));
+                order.push(id);
+            }
+        }
+        prev = Some(t);
+    }
+    for id in &order {
+        let Some((line, t, _)) = first.get(id) else {
+            continue;
+        };
+        let err = |m: String| Err(format!("line {line}: Program {id:?}: {m}"));
+        match (&t.parent_program_id, t.spawned_after_step) {
+            (None, None) if t.blocks_parent => {
+                return err("blocks_parent needs parent_program_id".into());
+            }
+            (None, None) => {}
+            (Some(parent), Some(step)) => {
+                let Some((_, _, turns)) = first.get(parent.as_str()) else {
+                    return err(format!(
+                        "parent_program_id {parent:?} is not a Program in this file"
+                    ));
+                };
+                if step >= *turns {
+                    return err(format!(
+                        "spawned_after_step {step}, but Program {parent:?} has {turns} turns"
+                    ));
+                }
+                // Walk up: a chain longer than the number of Programs has a cycle.
+                let mut up = parent.as_str();
+                for _ in 0..first.len() {
+                    if up == *id {
+                        return err("it is its own ancestor".into());
+                    }
+                    match first
+                        .get(up)
+                        .and_then(|(_, p, _)| p.parent_program_id.as_deref())
+                    {
+                        Some(next) => up = next,
+                        None => break,
+                    }
+                }
+            }
+            _ => {
+                return err("parent_program_id and spawned_after_step go together".into());
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -375,6 +484,103 @@ mod tests {
             "requests.jsonl round trip differs"
         );
         assert!(from_jsonl("{nope}").expect_err("bad").contains("line 1"));
+    }
+
+    #[test]
+    fn a_file_the_drivers_would_read_differently_is_refused_with_its_line() {
+        let line = |id: &str, step: u32, extra: &str| {
+            format!(
+                r#"{{"program_id":"{id}","task_id":"t","step":{step},"program_arrival":0.0,"system_prompt":0,"system_tokens":8,"append_tokens":8,"output_tokens":2,"gap_after":0.5{extra}}}"#
+            )
+        };
+        let sub = |parent: &str, after: u32| {
+            format!(
+                r#","parent_program_id":"{parent}","spawned_after_step":{after},"blocks_parent":true"#
+            )
+        };
+        for preset in [
+            Preset::SweAgent,
+            Preset::Chat,
+            Preset::LongTools,
+            Preset::Mixed,
+            Preset::MultiAgent,
+        ] {
+            let w = generate(preset, 30, 0.5, 3);
+            let rows: Vec<(usize, Turn)> = w.into_iter().enumerate().collect();
+            validate(&rows).unwrap_or_else(|e| panic!("{preset:?}: {e}"));
+        }
+        let ok = [
+            line("a", 0, ""),
+            line("a", 1, ""),
+            line("b", 0, &sub("a", 1)),
+        ]
+        .join("\n");
+        assert_eq!(from_jsonl(&ok).expect("valid").len(), 3);
+        let cases = [
+            (vec![line("a", 1, "")], "line 1", "not 0"),
+            (
+                vec![line("a", 0, ""), line("a", 2, "")],
+                "line 2",
+                "follows step 0",
+            ),
+            (
+                vec![line("a", 0, ""), line("b", 0, ""), line("a", 1, "")],
+                "line 3",
+                "together",
+            ),
+            (
+                vec![line("a", 0, ""), line("b", 0, &sub("zz", 0))],
+                "line 2",
+                "not a Program",
+            ),
+            (
+                vec![line("a", 0, ""), line("b", 0, &sub("a", 1))],
+                "line 2",
+                "has 1 turns",
+            ),
+            (
+                vec![line("a", 0, &sub("b", 0)), line("b", 0, &sub("a", 0))],
+                "line 1",
+                "own ancestor",
+            ),
+            (vec![line("a", 0, &sub("a", 0))], "line 1", "own ancestor"),
+            (
+                vec![
+                    line("a", 0, ""),
+                    line("b", 0, r#","parent_program_id":"a""#),
+                ],
+                "line 2",
+                "go together",
+            ),
+            (
+                vec![line("a", 0, r#","blocks_parent":true"#)],
+                "line 1",
+                "needs parent",
+            ),
+            (
+                vec![line("a", 0, "").replace("0.5", "-1")],
+                "line 1",
+                "gap_after",
+            ),
+            (
+                vec![
+                    line("a", 0, ""),
+                    line("a", 1, "")
+                        .replace(r#""program_arrival":0.0"#, r#""program_arrival":2.0"#),
+                ],
+                "line 2",
+                "program_arrival differs",
+            ),
+            (
+                vec![line("a", 0, ""), line("a", 1, &sub("a", 0))],
+                "line 2",
+                "every line",
+            ),
+        ];
+        for (lines, at, what) in cases {
+            let e = from_jsonl(&lines.join("\n")).expect_err(what);
+            assert!(e.contains(at) && e.contains(what), "{what}: {e}");
+        }
     }
 
     #[test]

@@ -321,7 +321,8 @@ pub fn run_with(
     let mut sched_ns: Vec<u32> = Vec::new();
     let mut missed = MissedHit::default();
     let (mut jcts, mut waits) = (Vec::new(), Vec::new());
-    let (mut requests, mut truncated, mut open) = (0u64, 0usize, progs.len());
+    let (mut requests, mut truncated, mut completed, mut open) =
+        (0u64, 0usize, 0usize, progs.len());
     let mut events = Vec::new();
     let mut happened: Vec<(usize, EngineEvent)> = Vec::new();
     let mut now = 0.0f64;
@@ -498,6 +499,7 @@ pub fn run_with(
                         if finished {
                             p.done = true;
                             open -= 1;
+                            completed += 1;
                             jcts.push(now - p.started);
                             ended.push(i);
                         } else if p.blockers == 0 {
@@ -694,7 +696,7 @@ pub fn run_with(
     Report {
         mode: mode.name(),
         programs: progs.len(),
-        programs_completed: jcts.len() - truncated,
+        programs_completed: completed,
         programs_truncated: truncated,
         requests,
         prompt_tokens: prompt,

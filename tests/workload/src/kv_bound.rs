@@ -11,14 +11,13 @@
 //! fewest, and every relaxation above favours the bound: no placement, retention or eviction
 //! policy reaches a higher hit at this KV unless it delays requests.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::BTreeSet;
 
 use serde::Serialize;
 use vllm_sim::engine::EngineParams;
 
-use crate::oracle::{prompt_lengths, unloaded_service_seconds};
-use crate::workload::{SPAWN_DELAY_SECONDS, Turn, programs};
+use crate::oracle::{prompt_lengths, timeline};
+use crate::workload::{Turn, programs};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct KvBound {
@@ -35,82 +34,6 @@ pub struct KvBound {
     /// Share of the timeline during which the running requests alone needed more than the
     /// pooled KV (the engine would preempt; 0 unless the KV is tiny).
     pub pinned_over_capacity: f64,
-}
-
-/// Start and end of every included turn on the oracle's timeline, per Program.
-fn timeline(progs: &[Vec<Turn>], lens: &[Vec<u64>], engine: &EngineParams) -> Vec<Vec<(f64, f64)>> {
-    let index: HashMap<&str, usize> = progs
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (p[0].program_id.as_str(), i))
-        .collect();
-    let mut children: HashMap<(usize, u32), Vec<usize>> = HashMap::new();
-    let mut parent_of = vec![None; progs.len()];
-    let mut ready = BinaryHeap::new();
-    for (i, p) in progs.iter().enumerate() {
-        let t = &p[0];
-        match (&t.parent_program_id, t.spawned_after_step) {
-            (Some(parent), Some(step)) => {
-                if let Some(&q) = index.get(parent.as_str()) {
-                    children.entry((q, step)).or_default().push(i);
-                    if t.blocks_parent {
-                        parent_of[i] = Some(q);
-                    }
-                }
-            }
-            _ => {
-                if !lens[i].is_empty() {
-                    ready.push(Reverse((t.program_arrival.max(0.0).to_bits(), i)));
-                }
-            }
-        }
-    }
-    let mut times: Vec<Vec<(f64, f64)>> =
-        lens.iter().map(|l| Vec::with_capacity(l.len())).collect();
-    let mut pending = vec![0usize; progs.len()];
-    let mut resume_at = vec![0.0f64; progs.len()];
-    while let Some(Reverse((bits, i))) = ready.pop() {
-        let start = f64::from_bits(bits);
-        let k = times[i].len();
-        let turn = &progs[i][k];
-        let prompt = lens[i][k];
-        let reusable = if k == 0 {
-            0
-        } else {
-            lens[i][k - 1] + u64::from(progs[i][k - 1].output_tokens)
-        };
-        let end = start
-            + unloaded_service_seconds(
-                engine,
-                prompt,
-                reusable.min(prompt),
-                u64::from(turn.output_tokens),
-            );
-        times[i].push((start, end));
-        for &c in children.get(&(i, turn.step)).into_iter().flatten() {
-            if lens[c].is_empty() {
-                continue;
-            }
-            ready.push(Reverse(((end + SPAWN_DELAY_SECONDS).to_bits(), c)));
-            if parent_of[c] == Some(i) {
-                pending[i] += 1;
-            }
-        }
-        if k + 1 < lens[i].len() {
-            resume_at[i] = resume_at[i].max(end + turn.gap_after);
-            if pending[i] == 0 {
-                ready.push(Reverse((resume_at[i].to_bits(), i)));
-            }
-        } else if let Some(q) = parent_of[i] {
-            // A blocking subagent finished: its parent's next turn may be waiting for it.
-            resume_at[q] = resume_at[q].max(end);
-            pending[q] = pending[q].saturating_sub(1);
-            if pending[q] == 0 && times[q].len() < lens[q].len() && !times[q].is_empty() {
-                ready.push(Reverse((resume_at[q].to_bits(), q)));
-            }
-        }
-    }
-    times
 }
 
 /// Which idle blocks go first when the pooled KV is full.
@@ -137,7 +60,7 @@ fn programs_and_prompts(turns: &[Turn], engine: &EngineParams) -> (Vec<Vec<Turn>
 /// The bound for `turns` on `ranks` ranks shaped like `engine`.
 pub fn bound(turns: &[Turn], engine: &EngineParams, ranks: usize) -> KvBound {
     let (progs, lens) = programs_and_prompts(turns, engine);
-    let times = timeline(&progs, &lens, engine);
+    let times = timeline(&progs, &lens, engine).turns;
     evict_all_ways(&progs, &lens, &times, engine, ranks)
 }
 
@@ -345,7 +268,7 @@ mod tests {
             ..Default::default()
         };
         let (progs, lens) = programs_and_prompts(&turns, &engine);
-        let times = timeline(&progs, &lens, &engine);
+        let times = timeline(&progs, &lens, &engine).turns;
         let a = bound(&turns, &engine, 2);
         let b = on_timeline(&turns, &engine, 2, times);
         assert_eq!(
@@ -361,7 +284,7 @@ mod tests {
         );
         // A turn that never finished is left out, with everything after it: a Program cut at
         // its first turn counts as if it were not in the workload.
-        let mut cut = timeline(&progs, &lens, &engine);
+        let mut cut = timeline(&progs, &lens, &engine).turns;
         cut[0] = vec![(cut[0][0].0, f64::NAN)];
         let with_cut = on_timeline(&turns, &engine, 2, cut);
         let first = &progs[0][0].program_id;
@@ -370,7 +293,7 @@ mod tests {
             .filter(|t| &t.program_id != first)
             .cloned()
             .collect();
-        let mut rest_times = timeline(&progs, &lens, &engine);
+        let mut rest_times = timeline(&progs, &lens, &engine).turns;
         rest_times.remove(0);
         let without = on_timeline(&rest, &engine, 2, rest_times);
         assert_eq!(with_cut.token_hit, without.token_hit);

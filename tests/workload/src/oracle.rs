@@ -4,13 +4,18 @@
 //! * `H*` — token hit if every turn found its whole previous context cached (the system prompt is
 //!   cold only the first time each group is used, and a turn's new tokens are always computed),
 //!   with the engine's block granularity and its rule that the last prompt token is computed.
-//! * `JCT*` — per Program, no queueing, every turn a full hit, decode at batch 1: the sum over turns
-//!   of the cold prefill of the uncached tokens, the decode steps of its output, and the tool gaps.
+//! * `JCT*` — per Program, no queueing, every turn a full hit, decode at batch 1: the cold prefill
+//!   of each turn's uncached tokens, the decode steps of its output, the tool gaps, and the time
+//!   its blocking subagents (and theirs) hold it — scheduled event by event on the oracle's
+//!   [`timeline`], which the KV bound replays too.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use serde::Serialize;
 use vllm_sim::engine::EngineParams;
 
-use crate::workload::{Turn, programs};
+use crate::workload::{SPAWN_DELAY_SECONDS, Turn, programs};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Oracle {
@@ -73,59 +78,132 @@ pub(crate) fn prompt_lengths(p: &[Turn], max_model_len: u64) -> Vec<u64> {
     out
 }
 
-/// Bounds for `turns` on engines shaped like `engine` (chat-template tokens are ignored).
-pub fn bounds(turns: &[Turn], engine: &EngineParams) -> Oracle {
-    let bs = engine.block_size as u64;
-    let mut seen_system = std::collections::BTreeSet::new();
-    let (mut prompt, mut cached) = (0u64, 0u64);
-    let mut jcts = Vec::new();
-    let progs = programs(turns);
-    // A blocking subagent's parent waits for it: per (parent, step), the longest of them.
-    let mut waits: std::collections::HashMap<(String, u32), f64> = Default::default();
-    let mut own: Vec<f64> = Vec::new();
-    for p in &progs {
-        let lens = prompt_lengths(p, engine.max_model_len as u64);
-        let mut jct = 0.0;
-        for (k, (turn, &context)) in p.iter().zip(&lens).enumerate() {
-            let reusable = if k == 0 {
-                if seen_system.insert(turn.system_prompt) {
-                    0
-                } else {
-                    u64::from(turn.system_tokens)
-                }
-            } else {
-                lens[k - 1] + u64::from(p[k - 1].output_tokens)
-            };
-            // Whole blocks only, and never the last prompt token.
-            let hit = (reusable.min(context - 1) / bs) * bs;
-            prompt += context;
-            cached += hit;
-            jct += unloaded_service_seconds(engine, context, hit, u64::from(turn.output_tokens));
-            jct += turn.gap_after;
-        }
-        own.push(jct);
-    }
-    for (p, jct) in progs.iter().zip(&own) {
+/// The cached tokens of a turn that finds `reusable` tokens of its prompt cached: whole blocks
+/// only, and never the last prompt token (the engine always computes it).
+fn turn_hit(reusable: u64, prompt: u64, block_size: u64) -> u64 {
+    reusable.min(prompt.saturating_sub(1)) / block_size * block_size
+}
+
+/// The oracle's timeline: every Program alone on an idle engine with all its hits, subagents
+/// started and parents held as the harnesses do it.
+#[derive(Debug, Clone)]
+pub(crate) struct Timeline {
+    /// Start and end of every turn that ran, per Program (in [`programs`] order).
+    pub turns: Vec<Vec<(f64, f64)>>,
+    /// Cached prompt tokens of every turn that ran.
+    pub cached: Vec<Vec<u64>>,
+    /// When each Program started and ended; `None` for a subagent that never started (its parent
+    /// stopped before the turn that spawns it).
+    pub span: Vec<Option<(f64, f64)>>,
+}
+
+/// Schedules `progs` (with `lens`, each turn's prompt length that fits) on the oracle's terms,
+/// event by event, with the DES's rules: a root starts at its arrival; a subagent
+/// [`SPAWN_DELAY_SECONDS`] after its parent's spawning turn completes; a turn starts after the
+/// previous one completes, its tool gap passes and every blocking subagent it spawned has ended
+/// (nested ones included); a Program ends when its last turn completes, or, when its next turn
+/// does not fit the model, at the moment that turn would arrive. A shared system prompt is cold
+/// only for the first turn to use it.
+pub(crate) fn timeline(progs: &[Vec<Turn>], lens: &[Vec<u64>], engine: &EngineParams) -> Timeline {
+    let bs = engine.block_size.max(1) as u64;
+    let index: HashMap<&str, usize> = progs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p[0].program_id.as_str(), i))
+        .collect();
+    let n = progs.len();
+    let mut children: HashMap<(usize, u32), Vec<usize>> = HashMap::new();
+    let mut parent_of = vec![None; n];
+    let mut ready = BinaryHeap::new();
+    for (i, p) in progs.iter().enumerate() {
         let t = &p[0];
-        if let (Some(parent), Some(step), true) =
-            (&t.parent_program_id, t.spawned_after_step, t.blocks_parent)
-        {
-            let w = waits.entry((parent.clone(), step)).or_default();
-            *w = w.max(crate::workload::SPAWN_DELAY_SECONDS + jct);
+        match t.parent_program_id.as_deref().and_then(|x| index.get(x)) {
+            Some(&q) if q != i => {
+                children
+                    .entry((q, t.spawned_after_step.unwrap_or(0)))
+                    .or_default()
+                    .push(i);
+                if t.blocks_parent {
+                    parent_of[i] = Some(q);
+                }
+            }
+            _ => ready.push(Reverse((t.program_arrival.max(0.0).to_bits(), i))),
         }
     }
-    for (p, jct) in progs.iter().zip(own) {
-        // The parent's next turn starts after max(its own gap, its blocking subagents).
-        let extra: f64 = p
-            .iter()
-            .filter_map(|turn| {
-                waits
-                    .get(&(turn.program_id.clone(), turn.step))
-                    .map(|w| (w - turn.gap_after).max(0.0))
-            })
-            .sum();
-        jcts.push(jct + extra);
+    let mut tl = Timeline {
+        turns: lens.iter().map(|l| Vec::with_capacity(l.len())).collect(),
+        cached: lens.iter().map(|l| Vec::with_capacity(l.len())).collect(),
+        span: vec![None; n],
+    };
+    let mut seen_system = HashSet::new();
+    let mut pending = vec![0usize; n];
+    let mut resume_at = vec![0.0f64; n];
+    while let Some(Reverse((bits, i))) = ready.pop() {
+        let now = f64::from_bits(bits);
+        let span = tl.span[i].get_or_insert((now, f64::NAN));
+        let k = tl.turns[i].len();
+        let end = if k == lens[i].len() {
+            // The next turn does not fit the model: the Program ends as it arrives.
+            span.1 = now;
+            now
+        } else {
+            let turn = &progs[i][k];
+            let prompt = lens[i][k];
+            let reusable = if k > 0 {
+                lens[i][k - 1] + u64::from(progs[i][k - 1].output_tokens)
+            } else if seen_system.insert(turn.system_prompt) {
+                0
+            } else {
+                u64::from(turn.system_tokens)
+            };
+            let hit = turn_hit(reusable, prompt, bs);
+            let end =
+                now + unloaded_service_seconds(engine, prompt, hit, u64::from(turn.output_tokens));
+            tl.turns[i].push((now, end));
+            tl.cached[i].push(hit);
+            for &c in children.get(&(i, turn.step)).into_iter().flatten() {
+                ready.push(Reverse(((end + SPAWN_DELAY_SECONDS).to_bits(), c)));
+                pending[i] += usize::from(parent_of[c] == Some(i));
+            }
+            if k + 1 < progs[i].len() {
+                resume_at[i] = resume_at[i].max(end + turn.gap_after);
+                if pending[i] == 0 {
+                    ready.push(Reverse((resume_at[i].to_bits(), i)));
+                }
+                continue;
+            }
+            span.1 = end;
+            end
+        };
+        // Program `i` ended at `end`: a parent waiting on it may go on.
+        if let Some(q) = parent_of[i] {
+            resume_at[q] = resume_at[q].max(end);
+            pending[q] = pending[q].saturating_sub(1);
+            let open = tl.span[q].is_some_and(|(_, e)| e.is_nan());
+            if pending[q] == 0 && open {
+                ready.push(Reverse((resume_at[q].to_bits(), q)));
+            }
+        }
     }
+    tl
+}
+
+/// Bounds for `turns` on engines shaped like `engine` (chat-template tokens are ignored), both
+/// from the oracle's [`timeline`]: H* over the turns that run there, JCT* the mean over the
+/// Programs that start of their end less their start.
+pub fn bounds(turns: &[Turn], engine: &EngineParams) -> Oracle {
+    let progs = programs(turns);
+    let lens: Vec<Vec<u64>> = progs
+        .iter()
+        .map(|p| prompt_lengths(p, engine.max_model_len as u64))
+        .collect();
+    let tl = timeline(&progs, &lens, engine);
+    let (mut prompt, mut cached) = (0u64, 0u64);
+    for (l, c) in lens.iter().zip(&tl.cached) {
+        prompt += l[..c.len()].iter().sum::<u64>();
+        cached += c.iter().sum::<u64>();
+    }
+    let jcts: Vec<f64> = tl.span.iter().flatten().map(|(s, e)| e - s).collect();
     Oracle {
         token_hit: if prompt == 0 {
             0.0
@@ -195,6 +273,129 @@ mod tests {
             (o.mean_jct_seconds - want).abs() < 1e-12,
             "{} vs {want}",
             o.mean_jct_seconds
+        );
+    }
+
+    /// `turn` of Program `id`, a subagent of `parent` spawned after its `after` step when given.
+    fn sub(id: &str, parent: Option<(&str, u32, bool)>, t: Turn) -> Turn {
+        Turn {
+            program_id: id.into(),
+            parent_program_id: parent.map(|p| p.0.into()),
+            spawned_after_step: parent.map(|p| p.1),
+            blocks_parent: parent.is_some_and(|p| p.2),
+            ..t
+        }
+    }
+
+    /// Lead `p` (two turns, 1 s apart) spawns `c` after its first turn and waits for it; `c`
+    /// (two turns, 0.5 s apart) spawns `g` after its own first turn and waits for it; `g` decodes
+    /// long. `extra` is
+    /// appended as given.
+    fn nested(extra: &[Turn]) -> Vec<Turn> {
+        let mut w = vec![
+            sub("p", None, turn(0, 32, 2, 1.0)),
+            sub("p", None, turn(1, 16, 1, 0.0)),
+            sub("c", Some(("p", 0, true)), turn(0, 48, 4, 0.5)),
+            sub("c", Some(("p", 0, true)), turn(1, 16, 1, 0.0)),
+            sub("g", Some(("c", 0, true)), turn(0, 64, 400, 0.0)),
+        ];
+        w.extend_from_slice(extra);
+        w
+    }
+
+    #[test]
+    fn nested_blocking_subagents_hold_every_ancestor() {
+        let engine = EngineParams::default();
+        let run = |prompt: u64, cached: u64, output: u64| {
+            unloaded_service_seconds(&engine, prompt, cached, output)
+        };
+        // p: 32 + 32 tokens cold; c and g find the shared system prompt cached (2 blocks).
+        let p0 = run(64, 0, 2);
+        let c_start = p0 + SPAWN_DELAY_SECONDS;
+        let c0 = c_start + run(80, 32, 4);
+        let g_start = c0 + SPAWN_DELAY_SECONDS;
+        let g_end = g_start + run(96, 32, 400);
+        assert!(g_end > c0 + 0.5, "the grandchild must outlast c's own gap");
+        // c resumes when g ends (later than its 0.5 s gap): 84 + 16 = 100 tokens, 80 cached.
+        let c_end = g_end + run(100, 80, 1);
+        assert!(c_end > p0 + 1.0, "c must outlast p's own gap");
+        // p resumes when c ends (later than its 1 s gap): 66 + 16 = 82 tokens, 64 cached.
+        let p_end = c_end + run(82, 64, 1);
+        let want = (p_end + (c_end - c_start) + (g_end - g_start)) / 3.0;
+        let o = bounds(&nested(&[]), &engine);
+        assert!(
+            (o.mean_jct_seconds - want).abs() < 1e-9,
+            "{} vs {want}",
+            o.mean_jct_seconds
+        );
+    }
+
+    #[test]
+    fn a_blocking_subagent_after_the_last_turn_does_not_hold_its_parent() {
+        let engine = EngineParams::default();
+        let alone = bounds(&[turn(0, 32, 2, 0.0)], &engine).mean_jct_seconds;
+        let late = sub("late", Some(("p", 0, true)), turn(0, 16, 300, 0.0));
+        let with_late = bounds(&[turn(0, 32, 2, 0.0), late], &engine);
+        let late_jct = unloaded_service_seconds(&engine, 48, 32, 300);
+        assert!(
+            (with_late.mean_jct_seconds - (alone + late_jct) / 2.0).abs() < 1e-9,
+            "{} vs {}",
+            with_late.mean_jct_seconds,
+            (alone + late_jct) / 2.0
+        );
+    }
+
+    #[test]
+    fn a_subagent_never_spawned_counts_nowhere() {
+        // p's second turn does not fit the model, so the subagent due after it never starts:
+        // neither its JCT nor its tokens count, and p ends when that turn would have arrived.
+        let engine = EngineParams {
+            max_model_len: 120,
+            ..Default::default()
+        };
+        let w = [
+            turn(0, 32, 2, 3.0),
+            turn(1, 90, 1, 0.0),
+            sub("orphan", Some(("p", 1, false)), turn(0, 16, 1, 0.0)),
+        ];
+        let o = bounds(&w, &engine);
+        let want = unloaded_service_seconds(&engine, 64, 0, 2) + 3.0;
+        assert!(
+            (o.mean_jct_seconds - want).abs() < 1e-9,
+            "{}",
+            o.mean_jct_seconds
+        );
+        assert_eq!(o.token_hit, 0.0);
+    }
+
+    #[test]
+    fn with_nothing_queued_the_des_takes_the_oracles_time() {
+        // One rank, room for everything, and Programs that never run at the same time: the
+        // simulator's engine and the oracle's arithmetic must agree on every Program's JCT.
+        let engine = EngineParams::default();
+        let w = nested(&[sub(
+            "q",
+            None,
+            Turn {
+                program_arrival: 1_000.0,
+                ..turn(0, 40, 30, 0.0)
+            },
+        )]);
+        let o = bounds(&w, &engine);
+        let r = crate::des::run(&w, 1, &engine, &crate::des::Mode::ConsistentHash);
+        assert_eq!(r.programs_completed, 4);
+        let rel = (r.mean_jct_seconds - o.mean_jct_seconds).abs() / o.mean_jct_seconds;
+        assert!(
+            rel < 1e-3,
+            "DES {} vs JCT* {}",
+            r.mean_jct_seconds,
+            o.mean_jct_seconds
+        );
+        assert!(
+            (r.token_hit_rate - o.token_hit).abs() < 1e-9,
+            "{} vs {}",
+            r.token_hit_rate,
+            o.token_hit
         );
     }
 }

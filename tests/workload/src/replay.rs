@@ -155,6 +155,14 @@ impl Links {
         }
     }
 
+    /// Whether `program` completed its turn `step` (an unknown Program counts as done: it
+    /// cannot hold anyone).
+    fn reached(&self, program: &str, step: u32) -> bool {
+        self.progress
+            .get(program)
+            .is_none_or(|tx| tx.borrow().steps_done > step)
+    }
+
     /// Waits until `program` satisfies `ready` (or has ended, or is unknown).
     async fn wait(&self, program: &str, ready: impl Fn(&Progress) -> bool) {
         let Some(tx) = self.progress.get(program) else {
@@ -188,6 +196,10 @@ async fn program_task(
     match (&first.parent_program_id, first.spawned_after_step) {
         (Some(parent), Some(step)) => {
             links.wait(parent, |p| p.steps_done > step).await;
+            if !links.reached(parent, step) {
+                // The parent ended before the turn that spawns it: it never starts (as in `sim`).
+                return (Vec::new(), None, 0, true);
+            }
             tokio::time::sleep(Duration::from_secs_f64(
                 SPAWN_DELAY_SECONDS / cfg.time_scale,
             ))

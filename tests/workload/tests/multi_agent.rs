@@ -138,3 +138,53 @@ async fn http_replay_waits_for_blocking_subagents() {
         }
     }
 }
+
+/// A lead whose second turn outgrows a 1,000-token model, and a subagent due after that turn.
+fn cut_lead_and_orphan() -> Vec<Turn> {
+    let mut long = turn("lead", 1, 0.0, None);
+    long.append_tokens = 2_000;
+    vec![
+        turn("lead", 0, 0.5, None),
+        long,
+        turn("lead-s1", 0, 0.0, Some(("lead", 1, true))),
+    ]
+}
+
+#[test]
+fn virtual_time_never_starts_a_subagent_whose_parent_stopped_first() {
+    let engine = EngineParams {
+        max_model_len: 1_000,
+        ..Default::default()
+    };
+    let r = run(&cut_lead_and_orphan(), 1, &engine, &Mode::ConsistentHash);
+    assert_eq!(r.requests, 1, "only the lead's first turn runs");
+    assert_eq!(r.programs_truncated, 2, "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_replay_never_starts_a_subagent_whose_parent_stopped_first() {
+    use clap::Parser;
+    let cfg = vllm_sim::config::SimArgs::try_parse_from(["vllm-sim", "--port", "0"])
+        .expect("args")
+        .validate()
+        .expect("valid");
+    let sim = vllm_sim::server::spawn(cfg, Duration::from_secs(5))
+        .await
+        .expect("spawn");
+    let report = replay(
+        &cut_lead_and_orphan(),
+        ReplayConfig {
+            url: sim.base(),
+            model: "sim-model".into(),
+            context: ContextMode::String,
+            time_scale: 10.0,
+            max_model_len: 1_000,
+            limit: Duration::from_secs(30),
+        },
+    )
+    .await;
+    assert_eq!(report.errors, 0);
+    assert_eq!(report.requests.len(), 1, "{:?}", report.requests);
+    assert_eq!(report.truncated, 2);
+    assert!(report.jct.is_empty(), "{:?}", report.jct);
+}

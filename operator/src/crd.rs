@@ -255,7 +255,8 @@ pub struct ProgramSchedulingParams {
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("crossRankHeadroomRatio must be >= 0"))]
     pub cross_rank_headroom_ratio: Option<f64>,
     /// Extension: queue wait before a cross-rank move, as a multiple of the move's cost (the
-    /// Program's cache-miss impact); 0 = move at once (the spec), 1 = break even.
+    /// Program's cache-miss impact); 0 = move at once (the spec), 1 = break even; unset = 1 on
+    /// 16 or more DP ranks, 0 below.
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("crossRankMinWaitRatio must be >= 0"))]
     pub cross_rank_min_wait_ratio: Option<f64>,
     #[x_kube(validation = kube::core::Rule::new(

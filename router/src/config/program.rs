@@ -97,6 +97,12 @@ impl Default for DecodeThroughputModel {
     }
 }
 
+/// Ranks from which `cross_rank_min_wait_ratio: null` means 1 (the break-even wait) instead of 0
+/// (move at once). Measured (docs/benchmarks.md, "Scale"): moving at once sent swe-agent runs on
+/// 32 and 64 ranks into move storms (6–12 % more mean JCT), was neutral at 16 and paid at 4 and
+/// 8 ranks under KV pressure, where a home queue lasts and an early move pays.
+pub const AUTO_MIN_WAIT_RANKS: usize = 16;
+
 /// Program scheduling configuration (`RouterConfig.program_scheduling`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -109,8 +115,9 @@ pub struct ProgramSchedulingConfig {
     /// Extension: a request queued on its Program's rank moves to another rank (`global_queue`)
     /// only once it has waited this multiple of what the move costs, its Program's cache-miss
     /// impact (re-prefilling its context there). 0 moves at once (the spec); 1 is the
-    /// break-even rule, which keeps large clusters out of move storms.
-    pub cross_rank_min_wait_ratio: f64,
+    /// break-even rule, which keeps large clusters out of move storms. Null (the default) picks
+    /// by cluster size: 1 from [`AUTO_MIN_WAIT_RANKS`] ranks, 0 below.
+    pub cross_rank_min_wait_ratio: Option<f64>,
     pub binding_strategy: BindingStrategy,
     pub hash_virtual_nodes: u32,
     /// Logical KV-token capacity of each DP rank; null falls back to the Program-count guard.
@@ -156,7 +163,7 @@ impl Default for ProgramSchedulingConfig {
             // The spec's 1.2 moved Programs too eagerly when every rank was full (a queue timeout
             // on a small overloaded cluster); 3 kept the gains elsewhere (docs/benchmarks.md).
             cross_rank_headroom_ratio: 3.0,
-            cross_rank_min_wait_ratio: 0.0,
+            cross_rank_min_wait_ratio: None,
             binding_strategy: BindingStrategy::default(),
             hash_virtual_nodes: 160,
             token_capacity_per_dp_rank: None,
@@ -210,12 +217,9 @@ impl ProgramSchedulingConfig {
             0.0,
             false,
         )?;
-        finite_min(
-            "cross_rank_min_wait_ratio",
-            self.cross_rank_min_wait_ratio,
-            0.0,
-            false,
-        )?;
+        if let Some(k) = self.cross_rank_min_wait_ratio {
+            finite_min("cross_rank_min_wait_ratio", k, 0.0, false)?;
+        }
         if self.hash_virtual_nodes == 0 {
             return Err(err("hash_virtual_nodes", "must be >= 1"));
         }

@@ -20,6 +20,8 @@ pub struct Diagnostics {
     pub global_queue: bool,
     pub resume_order: &'static str,
     pub cross_rank_headroom_ratio: f64,
+    /// The break-even wait in effect (ours; a null setting resolved by the rank count).
+    pub cross_rank_min_wait_ratio: f64,
     pub retained_requests: usize,
     pub token_estimate_coefficient: f64,
     /// Return-time / output-length predictors: none here (`off`, 0 profile keys).
@@ -466,6 +468,7 @@ pub fn snapshot(
             crate::config::program::ResumeOrder::Fcfs => "fcfs",
         },
         cross_rank_headroom_ratio: cfg.cross_rank_headroom_ratio,
+        cross_rank_min_wait_ratio: s.min_wait_ratio(),
         retained_requests: s.retained_requests(),
         token_estimate_coefficient: coefficient,
         prediction_mode: "off",

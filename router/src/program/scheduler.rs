@@ -1194,7 +1194,7 @@ impl Scheduler {
                 }
                 let at = self.retained_at.get(&ticket).copied().unwrap_or(now);
                 // Break-even gate: wait at home until the wait so far is worth the move.
-                let k = self.cfg.cross_rank_min_wait_ratio;
+                let k = self.min_wait_ratio();
                 if k > 0.0
                     && !r.forced()
                     && now - at
@@ -1214,6 +1214,17 @@ impl Scheduler {
             let demand = self.retained.get(&ticket).map_or(0, |r| r.demand);
             self.admit(ticket, rank, demand, now, out);
         }
+    }
+
+    /// `cross_rank_min_wait_ratio`, with null resolved by the current number of ranks.
+    pub fn min_wait_ratio(&self) -> f64 {
+        self.cfg.cross_rank_min_wait_ratio.unwrap_or(
+            if self.ranks.len() >= crate::config::program::AUTO_MIN_WAIT_RANKS {
+                1.0
+            } else {
+                0.0
+            },
+        )
     }
 
     /// Dispatches retained `ticket` on `rank`, reserving `reserve` tokens for its Program.

@@ -1366,7 +1366,7 @@ fn a_break_even_wait_keeps_a_returning_program_home_until_the_wait_is_worth_the_
     // Re-prefilling c's 310-token context costs 3.1 s (10 s per 1k tokens, alpha 1): with
     // `cross_rank_min_wait_ratio` 1 it moves only once it has waited that long; with 0 (the
     // spec) as soon as the other rank has room.
-    let run = |ratio: f64| {
+    let run = |ratio: Option<f64>| {
         let c = ProgramSchedulingConfig {
             global_queue: true,
             cross_rank_headroom_ratio: 1.2,
@@ -1396,11 +1396,42 @@ fn a_break_even_wait_keeps_a_returning_program_home_until_the_wait_is_worth_the_
         s.check_invariants().expect("ledger");
         (at_3, at_5, s.counters.cross_rank_migrations)
     };
-    let (at_3, at_5, moves) = run(0.0);
+    let (at_3, at_5, moves) = run(Some(0.0));
     assert_eq!(at_3, vec![Decision::Dispatch { ticket: 4, rank: 1 }]);
     assert!(at_5.is_empty() && moves == 1);
-    let (at_3, at_5, moves) = run(1.0);
+    // Null on two ranks: the spec's move at once.
+    assert_eq!(run(None), (at_3, at_5, moves));
+    let (at_3, at_5, moves) = run(Some(1.0));
     assert!(dispatched(&at_3).is_empty(), "waited 1 s of 3.1: {at_3:?}");
     assert_eq!(at_5, vec![Decision::Dispatch { ticket: 4, rank: 1 }]);
     assert_eq!(moves, 1);
+}
+
+#[test]
+fn a_null_min_wait_ratio_waits_to_break_even_on_large_clusters_only() {
+    use crate::config::program::AUTO_MIN_WAIT_RANKS;
+    let ratio = |k: Option<f64>, ranks: usize| {
+        let c = ProgramSchedulingConfig {
+            cross_rank_min_wait_ratio: k,
+            ..cfg()
+        };
+        sched(c, ranks).min_wait_ratio()
+    };
+    assert_eq!(ratio(None, 4), 0.0);
+    assert_eq!(ratio(None, AUTO_MIN_WAIT_RANKS - 1), 0.0);
+    assert_eq!(ratio(None, AUTO_MIN_WAIT_RANKS), 1.0);
+    assert_eq!(ratio(None, 64), 1.0);
+    assert_eq!(
+        ratio(Some(0.0), 64),
+        0.0,
+        "an explicit 0 is the spec's rule at any size"
+    );
+    assert_eq!(ratio(Some(2.5), 4), 2.5);
+    // Ranks added by a hot reload count from then on.
+    let mut s = sched(cfg(), 4);
+    s.retarget(
+        0.0,
+        (0..AUTO_MIN_WAIT_RANKS).map(|r| format!("r{r}")).collect(),
+    );
+    assert_eq!(s.min_wait_ratio(), 1.0);
 }

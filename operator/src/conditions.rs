@@ -4,7 +4,7 @@
 //! `Ready` is True only when workers were discovered, the spec rendered, the rendered config is
 //! applied by every ready router, the router Deployment is available and the routers observe
 //! healthy backends; otherwise it is False with the reason of the first failing part.
-//! `Calibrated` is informational and never affects `Ready`.
+//! `Calibrated` and `ProgramAffinity` are informational and never affect `Ready`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -14,6 +14,7 @@ pub const CONFIG_APPLIED: &str = "ConfigApplied";
 pub const ROUTER_AVAILABLE: &str = "RouterAvailable";
 pub const BACKENDS_OBSERVED: &str = "BackendsObserved";
 pub const CALIBRATED: &str = "Calibrated";
+pub const PROGRAM_AFFINITY: &str = "ProgramAffinity";
 
 /// What one router pod's `/status` said (or that it could not be read).
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +47,22 @@ pub struct Observed {
     pub routers: Vec<RouterReport>,
     /// Program scheduling on, and whether its prefill coefficients were given.
     pub calibration: Calibration,
+    /// Whether each Program's requests reach one router replica.
+    pub affinity: Affinity,
+}
+
+/// Program scheduling keeps its state (bindings, RequestPool, TTLs, the KV ledger) in each router
+/// replica; whether a Program's requests can reach more than one of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Affinity {
+    /// Program scheduling is off: request-level policies need no affinity.
+    NotUsed,
+    /// At most one router replica.
+    SingleReplica,
+    /// The Service keeps each client on one replica (`sessionAffinity: ClientIP`).
+    ClientIp,
+    /// Program scheduling on, this many replicas, and nothing keeps a Program on one of them.
+    Split(i32),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -53,6 +70,20 @@ pub enum Calibration {
     NotUsed,
     Reference,
     Configured,
+}
+
+/// The [`Affinity`] of a spec: Program scheduling on or off, router replicas, and the router
+/// Service's session affinity.
+pub fn affinity(program_scheduling: bool, replicas: i32, session_affinity: &str) -> Affinity {
+    if !program_scheduling {
+        Affinity::NotUsed
+    } else if replicas <= 1 {
+        Affinity::SingleReplica
+    } else if session_affinity == "ClientIP" {
+        Affinity::ClientIp
+    } else {
+        Affinity::Split(replicas)
+    }
 }
 
 fn cond(type_: &str, ok: bool, reason: &str, message: String) -> Condition {
@@ -243,6 +274,41 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
         ),
     };
 
+    let affinity = match obs.affinity {
+        Affinity::NotUsed => cond(
+            PROGRAM_AFFINITY,
+            true,
+            "NotUsed",
+            "Program scheduling is off; request-level policies keep no per-Program state".into(),
+        ),
+        Affinity::SingleReplica => cond(
+            PROGRAM_AFFINITY,
+            true,
+            "SingleReplica",
+            "one router replica holds every Program's scheduling state".into(),
+        ),
+        Affinity::ClientIp => cond(
+            PROGRAM_AFFINITY,
+            true,
+            "ClientIPAffinity",
+            "the router Service keeps each client on one replica (an agent that is its own \
+             client keeps its Programs there)"
+                .into(),
+        ),
+        Affinity::Split(n) => cond(
+            PROGRAM_AFFINITY,
+            false,
+            "SplitAcrossReplicas",
+            format!(
+                "Program scheduling on {n} router replicas with router.sessionAffinity None: a \
+                 Program whose requests reach several replicas is scheduled by partial views \
+                 (bindings, queues, TTLs and KV ledgers are per replica); set router.replicas: \
+                 1, router.sessionAffinity: ClientIP, or route each agent session to one \
+                 replica at the ingress"
+            ),
+        ),
+    };
+
     let render = obs
         .render_error
         .as_ref()
@@ -266,7 +332,9 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
             ),
         }
     });
-    vec![ready, workers, applied, router, observed, calibrated]
+    vec![
+        ready, workers, applied, router, observed, calibrated, affinity,
+    ]
 }
 
 /// A condition whose status changed (or appeared): one Event each.
@@ -333,6 +401,7 @@ mod tests {
             deployment: (2, 2),
             routers: vec![healthy("r-a", "h1"), healthy("r-b", "h1")],
             calibration: Calibration::Reference,
+            affinity: Affinity::Split(2),
         }
     }
 
@@ -349,6 +418,35 @@ mod tests {
             (c.status.as_str(), c.reason.as_str()),
             ("False", "ReferenceCoefficients")
         );
+    }
+
+    #[test]
+    fn split_program_state_is_reported_and_does_not_affect_ready() {
+        let cs = evaluate(&good());
+        assert_eq!(get(&cs, READY).status, "True");
+        let c = get(&cs, PROGRAM_AFFINITY);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "SplitAcrossReplicas")
+        );
+        assert!(c.message.contains("2 router replicas"), "{}", c.message);
+        assert_eq!(affinity(false, 3, "None"), Affinity::NotUsed);
+        assert_eq!(affinity(true, 1, "None"), Affinity::SingleReplica);
+        assert_eq!(affinity(true, 0, "None"), Affinity::SingleReplica);
+        assert_eq!(affinity(true, 3, "ClientIP"), Affinity::ClientIp);
+        assert_eq!(affinity(true, 3, "None"), Affinity::Split(3));
+        for (a, reason) in [
+            (Affinity::NotUsed, "NotUsed"),
+            (Affinity::SingleReplica, "SingleReplica"),
+            (Affinity::ClientIp, "ClientIPAffinity"),
+        ] {
+            let cs = evaluate(&Observed {
+                affinity: a,
+                ..good()
+            });
+            let c = get(&cs, PROGRAM_AFFINITY);
+            assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", reason));
+        }
     }
 
     #[test]

@@ -297,6 +297,11 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
             Some(p) if p.prefill_cost_model.is_some() => Calibration::Configured,
             Some(_) => Calibration::Reference,
         },
+        affinity: conditions::affinity(
+            ps.spec.program_scheduling.is_some(),
+            ps.spec.router.replicas,
+            &ps.spec.router.session_affinity,
+        ),
     };
     let previous = ps.status.clone().unwrap_or_default();
     let (conds, transitions) = conditions::merge(

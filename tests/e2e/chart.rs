@@ -235,10 +235,13 @@ fn chart_installs_with_least_privilege_runs_the_example_and_upgrades_cleanly() {
             let example = std::fs::read_to_string(chart_dir().join("examples/minimal.yaml"))
                 .expect("example")
                 .replace("workerPort: 8000", &format!("workerPort: {worker_port}"))
-                + &format!(
-                    "  router: {{replicas: 1, port: {}, metricsPort: {}}}\n",
-                    free_port(),
-                    free_port()
+                .replace(
+                    "  router:\n",
+                    &format!(
+                        "  router:\n    replicas: 1\n    port: {}\n    metricsPort: {}\n",
+                        free_port(),
+                        free_port()
+                    ),
                 );
             cp.kubectl_stdin(&["apply", "-n", "team-a", "-f", "-"], Some(&example))
                 .expect_ok("apply the minimal example");

@@ -174,6 +174,11 @@ fn operator_discovers_workers_rolls_out_routers_and_reports_status() {
             condition(&ps, "Calibrated"),
             Some(("False".into(), "ReferenceCoefficients".into()))
         );
+        // Two router replicas, Program scheduling on, no session affinity: said, not fatal.
+        assert_eq!(
+            condition(&ps, "ProgramAffinity"),
+            Some(("False".into(), "SplitAcrossReplicas".into()))
+        );
         for t in [
             "WorkersDiscovered",
             "ConfigApplied",
@@ -225,6 +230,7 @@ fn operator_discovers_workers_rolls_out_routers_and_reports_status() {
             "WorkersDiscovered",
             "ConfigApplied",
             "ReferenceCoefficients",
+            "SplitAcrossReplicas",
             "Events:",
             "Discovered",
         ] {

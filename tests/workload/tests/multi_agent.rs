@@ -97,16 +97,21 @@ fn virtual_time_waits_for_blocking_subagents_only() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_replay_waits_for_blocking_subagents() {
+/// A simulator on a free loopback port with its defaults.
+async fn simulator() -> vllm_sim::server::Spawned {
     use clap::Parser;
     let cfg = vllm_sim::config::SimArgs::try_parse_from(["vllm-sim", "--port", "0"])
         .expect("args")
         .validate()
         .expect("valid");
-    let sim = vllm_sim::server::spawn(cfg, Duration::from_secs(5))
+    vllm_sim::server::spawn(cfg, Duration::from_secs(5))
         .await
-        .expect("spawn");
+        .expect("spawn")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_replay_waits_for_blocking_subagents() {
+    let sim = simulator().await;
     for blocks in [true, false] {
         let report = replay(
             &lead_and_subagent(blocks),
@@ -163,14 +168,7 @@ fn virtual_time_never_starts_a_subagent_whose_parent_stopped_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_replay_never_starts_a_subagent_whose_parent_stopped_first() {
-    use clap::Parser;
-    let cfg = vllm_sim::config::SimArgs::try_parse_from(["vllm-sim", "--port", "0"])
-        .expect("args")
-        .validate()
-        .expect("valid");
-    let sim = vllm_sim::server::spawn(cfg, Duration::from_secs(5))
-        .await
-        .expect("spawn");
+    let sim = simulator().await;
     let report = replay(
         &cut_lead_and_orphan(),
         ReplayConfig {

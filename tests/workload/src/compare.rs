@@ -91,9 +91,45 @@ pub struct RunResult {
     pub p90_queue_wait: f64,
     pub p99_queue_wait: f64,
     pub wall_seconds: f64,
+    /// Turns served per Program (status 200): every run of one comparison must serve the same,
+    /// and the oracle is computed over exactly these.
+    #[serde(skip)]
+    pub served: crate::oracle::Served,
     /// Distributions and the simulators' samples over time, for the HTML report.
     #[serde(skip)]
     pub series: Series,
+}
+
+impl RunResult {
+    /// A run of `variant` that has measured nothing yet.
+    pub(crate) fn empty(variant: Variant) -> Self {
+        RunResult {
+            variant,
+            ok: false,
+            failure: None,
+            requests: 0,
+            errors: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            server_token_hit: 0.0,
+            mean_jct: 0.0,
+            p50_jct: 0.0,
+            p90_jct: 0.0,
+            p99_jct: 0.0,
+            programs_completed: 0,
+            program_admissions: 0.0,
+            force_resumes: 0.0,
+            segment_yields: 0.0,
+            request_throughput: 0.0,
+            output_token_throughput: 0.0,
+            mean_queue_wait: 0.0,
+            p90_queue_wait: 0.0,
+            p99_queue_wait: 0.0,
+            wall_seconds: 0.0,
+            served: Default::default(),
+            series: Series::default(),
+        }
+    }
 }
 
 pub(crate) struct Procs(pub(crate) Vec<Child>);
@@ -322,31 +358,7 @@ pub(crate) fn spawn(bin: &Path, args: &[String]) -> Result<Child, String> {
 /// Runs one variant on fresh simulators.
 pub async fn run_variant(turns: &[Turn], v: Variant, s: &Setup) -> RunResult {
     let started = Instant::now();
-    let mut r = RunResult {
-        variant: v,
-        ok: false,
-        failure: None,
-        requests: 0,
-        errors: 0,
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        server_token_hit: 0.0,
-        mean_jct: 0.0,
-        p50_jct: 0.0,
-        p90_jct: 0.0,
-        p99_jct: 0.0,
-        programs_completed: 0,
-        program_admissions: 0.0,
-        force_resumes: 0.0,
-        segment_yields: 0.0,
-        request_throughput: 0.0,
-        output_token_throughput: 0.0,
-        mean_queue_wait: 0.0,
-        p90_queue_wait: 0.0,
-        p99_queue_wait: 0.0,
-        wall_seconds: 0.0,
-        series: Series::default(),
-    };
+    let mut r = RunResult::empty(v);
     match run_inner(turns, v, s, &mut r).await {
         Ok(()) => r.ok = true,
         Err(e) => r.failure = Some(e),
@@ -542,9 +554,14 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     r.prompt_tokens = rep.prompt_tokens();
     r.completion_tokens = rep.completion_tokens();
     r.server_token_hit = if prompt > 0.0 { cached / prompt } else { 0.0 };
+    for q in rep.requests.iter().filter(|q| q.status == 200) {
+        *r.served.entry(q.program.clone()).or_default() += 1;
+    }
+    // Every Program that started, a Program stopped by max_model_len until that point (the
+    // oracle's JCT* counts the same Programs the same way).
     let mut j: Vec<f64> = rep.jct.iter().map(|x| x.1).collect();
     j.sort_by(f64::total_cmp);
-    r.programs_completed = j.len();
+    r.programs_completed = usize::try_from(rep.completed).unwrap_or(usize::MAX);
     r.mean_jct = if j.is_empty() {
         0.0
     } else {
@@ -631,20 +648,28 @@ fn to_workload_time(ps: &mut serde_json::Value, time_scale: f64) {
 }
 
 pub fn check_comparable(results: &mut [RunResult]) {
-    let Some(base) = results
+    let Some((requests, tokens, served)) = results
         .iter()
         .find(|r| r.ok)
-        .map(|r| (r.requests, r.completion_tokens))
+        .map(|r| (r.requests, r.completion_tokens, r.served.clone()))
     else {
         return;
     };
     for r in results.iter_mut().filter(|r| r.ok) {
-        if (r.requests, r.completion_tokens) != base {
+        if (r.requests, r.completion_tokens) != (requests, tokens) {
             r.ok = false;
             r.failure = Some(format!(
-                "served {} requests / {} output tokens, the first run {} / {}: not comparable",
-                r.requests, r.completion_tokens, base.0, base.1
+                "served {} requests / {} output tokens, the first run {requests} / {tokens}: \
+                 not comparable",
+                r.requests, r.completion_tokens
             ));
+        } else if r.served != served {
+            r.ok = false;
+            r.failure = Some(
+                "served the same totals as the first run but other turns of other Programs: \
+                 not comparable"
+                    .into(),
+            );
         }
     }
 }
@@ -652,6 +677,39 @@ pub fn check_comparable(results: &mut [RunResult]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_that_served_other_turns_are_not_comparable() {
+        let run = |served: &[(&str, usize)]| {
+            let mut r = RunResult::empty(Variant::PrProgram);
+            r.ok = true;
+            r.served = served.iter().map(|(p, n)| (p.to_string(), *n)).collect();
+            r.requests = r.served.values().sum();
+            r.completion_tokens = 10;
+            r
+        };
+        let mut rs = vec![
+            run(&[("a", 3), ("b", 2)]),
+            run(&[("a", 3), ("b", 2)]),
+            run(&[("a", 2), ("b", 3)]),
+            run(&[("a", 3)]),
+        ];
+        check_comparable(&mut rs);
+        let ok: Vec<bool> = rs.iter().map(|r| r.ok).collect();
+        assert_eq!(ok, [true, true, false, false]);
+        assert!(
+            rs[2]
+                .failure
+                .as_deref()
+                .is_some_and(|f| f.contains("other turns"))
+        );
+        assert!(
+            rs[3]
+                .failure
+                .as_deref()
+                .is_some_and(|f| f.contains("served 3 requests"))
+        );
+    }
 
     #[test]
     fn router_durations_follow_the_simulators_time_scale() {

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use serde::Serialize;
 use vllm_sim::engine::EngineParams;
 
-use crate::oracle::{prompt_lengths, timeline};
+use crate::oracle::{Served, model_lengths, served_lengths, timeline};
 use crate::workload::{Turn, programs};
 
 #[derive(Debug, Clone, Serialize)]
@@ -50,16 +50,26 @@ enum Evict {
 /// The Programs of `turns` and the prompt length of each turn that fits the engine.
 fn programs_and_prompts(turns: &[Turn], engine: &EngineParams) -> (Vec<Vec<Turn>>, Vec<Vec<u64>>) {
     let progs = programs(turns);
-    let lens = progs
-        .iter()
-        .map(|p| prompt_lengths(p, engine.max_model_len as u64))
-        .collect();
+    let lens = model_lengths(&progs, engine);
     (progs, lens)
 }
 
 /// The bound for `turns` on `ranks` ranks shaped like `engine`.
 pub fn bound(turns: &[Turn], engine: &EngineParams, ranks: usize) -> KvBound {
     let (progs, lens) = programs_and_prompts(turns, engine);
+    let times = timeline(&progs, &lens, engine).turns;
+    evict_all_ways(&progs, &lens, &times, engine, ranks)
+}
+
+/// [`bound`] over exactly the turns a measured run served (see [`crate::oracle::bounds_served`]).
+pub fn bound_served(
+    turns: &[Turn],
+    engine: &EngineParams,
+    ranks: usize,
+    served: &Served,
+) -> KvBound {
+    let progs = programs(turns);
+    let lens = served_lengths(&progs, served);
     let times = timeline(&progs, &lens, engine).turns;
     evict_all_ways(&progs, &lens, &times, engine, ranks)
 }

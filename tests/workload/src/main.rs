@@ -509,8 +509,18 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         max_model_len,
         ..Default::default()
     };
-    let oracle = progbench::oracle::bounds(&turns, &engine);
-    let kv = progbench::kv_bound::bound(&turns, &engine, servers * dp);
+    // Over the turns the runs served (each run served the same: `check_comparable`), so that
+    // JCT* and H* count the Programs and requests the runs' JCT and hit count.
+    let (oracle, kv) = match results.iter().find(|r| r.ok) {
+        Some(r) => (
+            progbench::oracle::bounds_served(&turns, &engine, &r.served),
+            progbench::kv_bound::bound_served(&turns, &engine, servers * dp, &r.served),
+        ),
+        None => (
+            progbench::oracle::bounds(&turns, &engine),
+            progbench::kv_bound::bound(&turns, &engine, servers * dp),
+        ),
+    };
     print_oracle(
         &oracle,
         &kv,

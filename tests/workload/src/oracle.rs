@@ -188,16 +188,49 @@ pub(crate) fn timeline(progs: &[Vec<Turn>], lens: &[Vec<u64>], engine: &EnginePa
     tl
 }
 
+/// How many turns of each Program a measured run served (a Program not named: none).
+pub type Served = HashMap<String, usize>;
+
+/// Each Program's prompt lengths for the turns that fit `engine.max_model_len`.
+pub(crate) fn model_lengths(progs: &[Vec<Turn>], engine: &EngineParams) -> Vec<Vec<u64>> {
+    progs
+        .iter()
+        .map(|p| prompt_lengths(p, engine.max_model_len as u64))
+        .collect()
+}
+
+/// Each Program's prompt lengths for the turns a run served: where that run stopped a Program
+/// (its client's estimate of the next prompt outgrew the model), the oracle stops it too.
+pub(crate) fn served_lengths(progs: &[Vec<Turn>], served: &Served) -> Vec<Vec<u64>> {
+    progs
+        .iter()
+        .map(|p| {
+            let mut l = prompt_lengths(p, u64::MAX);
+            l.truncate(served.get(&p[0].program_id).copied().unwrap_or(0));
+            l
+        })
+        .collect()
+}
+
 /// Bounds for `turns` on engines shaped like `engine` (chat-template tokens are ignored), both
 /// from the oracle's [`timeline`]: H* over the turns that run there, JCT* the mean over the
 /// Programs that start of their end less their start.
 pub fn bounds(turns: &[Turn], engine: &EngineParams) -> Oracle {
     let progs = programs(turns);
-    let lens: Vec<Vec<u64>> = progs
-        .iter()
-        .map(|p| prompt_lengths(p, engine.max_model_len as u64))
-        .collect();
-    let tl = timeline(&progs, &lens, engine);
+    let lens = model_lengths(&progs, engine);
+    bounds_of(&progs, &lens, engine)
+}
+
+/// [`bounds`] over exactly the turns a measured run served, so that its mean JCT and hit compare
+/// with JCT* and H* over the same Programs and requests.
+pub fn bounds_served(turns: &[Turn], engine: &EngineParams, served: &Served) -> Oracle {
+    let progs = programs(turns);
+    let lens = served_lengths(&progs, served);
+    bounds_of(&progs, &lens, engine)
+}
+
+fn bounds_of(progs: &[Vec<Turn>], lens: &[Vec<u64>], engine: &EngineParams) -> Oracle {
+    let tl = timeline(progs, lens, engine);
     let (mut prompt, mut cached) = (0u64, 0u64);
     for (l, c) in lens.iter().zip(&tl.cached) {
         prompt += l[..c.len()].iter().sum::<u64>();
@@ -397,5 +430,48 @@ mod tests {
             r.token_hit_rate,
             o.token_hit
         );
+    }
+
+    #[test]
+    fn bounds_over_the_turns_a_run_served() {
+        let turns = crate::workload::generate(crate::workload::Preset::MultiAgent, 12, 0.2, 4);
+        let engine = EngineParams {
+            max_model_len: 12_000,
+            ..Default::default()
+        };
+        let progs = programs(&turns);
+        let cut = model_lengths(&progs, &engine);
+        assert!(
+            cut.iter().zip(&progs).any(|(l, p)| l.len() < p.len()),
+            "the test needs Programs the model length stops"
+        );
+        // A run that stopped each Program where the model length does: the same bounds.
+        let served: Served = progs
+            .iter()
+            .zip(&cut)
+            .map(|(p, l)| (p[0].program_id.clone(), l.len()))
+            .collect();
+        let (a, b) = (
+            bounds(&turns, &engine),
+            bounds_served(&turns, &engine, &served),
+        );
+        assert_eq!(
+            (a.token_hit, a.mean_jct_seconds),
+            (b.token_hit, b.mean_jct_seconds)
+        );
+        // A run that stopped one lead with no subagents a turn earlier: it ends sooner.
+        let parents: std::collections::HashSet<&str> = turns
+            .iter()
+            .filter_map(|t| t.parent_program_id.as_deref())
+            .collect();
+        let (victim, n) = progs
+            .iter()
+            .filter(|p| p[0].parent_program_id.is_none())
+            .map(|p| (p[0].program_id.clone(), served[&p[0].program_id]))
+            .find(|(p, n)| *n > 1 && !parents.contains(p.as_str()))
+            .expect("a Program with two turns");
+        let mut fewer = served.clone();
+        fewer.insert(victim, n - 1);
+        assert!(bounds_served(&turns, &engine, &fewer).mean_jct_seconds < a.mean_jct_seconds);
     }
 }

@@ -64,9 +64,14 @@ pub struct RequestRecord {
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplayReport {
     pub requests: Vec<RequestRecord>,
-    /// (program, JCT seconds) of Programs that finished every turn.
+    /// (program, JCT seconds) of every Program that started and ended without an error: those
+    /// that finished every turn, and those whose next turn outgrew `max_model_len` (counted
+    /// until that turn would have been sent).
     pub jct: Vec<(String, f64)>,
+    /// Programs that finished every turn.
+    pub completed: u64,
     pub errors: u64,
+    /// Programs cut by `max_model_len`, and subagents never started because their parent was.
     pub truncated: u64,
     pub timed_out: bool,
 }
@@ -220,7 +225,14 @@ async fn program_task(
         let user = text(1000 + index, u64::from(turn.step), turn.append_tokens);
         context_estimate += turn.append_tokens as usize + 8;
         if context_estimate + turn.output_tokens as usize + 64 > cfg.max_model_len {
-            return (records, None, 0, true);
+            // The Program ends here, at the moment this turn would have been sent (as `sim` and
+            // the oracle count a Program whose context outgrew the model).
+            return (
+                records,
+                Some(began.elapsed().as_secs_f64() * cfg.time_scale),
+                0,
+                true,
+            );
         }
         messages.push(json!({"role": "user", "content": user}));
         let mut body =
@@ -324,7 +336,8 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
     let all = programs(turns);
     let links = Arc::new(Links::new(&all));
     for (i, p) in all.into_iter().enumerate() {
-        set.spawn(program_task(
+        let id = p[0].program_id.clone();
+        let task = program_task(
             client.clone(),
             cfg.clone(),
             p,
@@ -332,7 +345,8 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
             start,
             done.clone(),
             links.clone(),
-        ));
+        );
+        set.spawn(async move { (id, task.await) });
     }
     // Progress on stderr (drawn only when it is a terminal): requests answered, with an ETA.
     let bar = ProgressBar::new(turns.len() as u64);
@@ -354,6 +368,7 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
     let mut report = ReplayReport {
         requests: Vec::new(),
         jct: Vec::new(),
+        completed: 0,
         errors: 0,
         truncated: 0,
         timed_out: false,
@@ -361,9 +376,10 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
     let deadline = tokio::time::Instant::from_std(start + cfg.limit);
     loop {
         match tokio::time::timeout_at(deadline, set.join_next()).await {
-            Ok(Some(Ok((records, jct, errors, truncated)))) => {
-                if let (Some(j), Some(r)) = (jct, records.first()) {
-                    report.jct.push((r.program.clone(), j));
+            Ok(Some(Ok((program, (records, jct, errors, truncated))))) => {
+                if let Some(j) = jct {
+                    report.jct.push((program, j));
+                    report.completed += u64::from(!truncated);
                 }
                 report.requests.extend(records);
                 report.errors += errors;

@@ -40,6 +40,7 @@ async fn program_router_variants_serve_identical_work() {
     for r in &results {
         assert!(r.ok, "{:?}: {:?}", r.variant, r.failure);
         assert!(r.requests > 0 && r.programs_completed == 3, "{r:?}");
+        assert_eq!(r.served.values().sum::<usize>(), r.requests, "{r:?}");
         assert!(r.server_token_hit > 0.0 && r.server_token_hit < 1.0);
         // Program scheduling engaged for every Program where it is on, and only there.
         match r.variant {

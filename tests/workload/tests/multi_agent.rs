@@ -184,5 +184,10 @@ async fn http_replay_never_starts_a_subagent_whose_parent_stopped_first() {
     assert_eq!(report.errors, 0);
     assert_eq!(report.requests.len(), 1, "{:?}", report.requests);
     assert_eq!(report.truncated, 2);
-    assert!(report.jct.is_empty(), "{:?}", report.jct);
+    assert_eq!(report.completed, 0);
+    // The lead ends when its second turn would have been sent (after its 0.5 s gap), as `sim`
+    // and the oracle count it; the subagent never started and has no JCT.
+    assert_eq!(report.jct.len(), 1, "{:?}", report.jct);
+    assert_eq!(report.jct[0].0, "lead");
+    assert!(report.jct[0].1 >= 0.5, "{:?}", report.jct);
 }

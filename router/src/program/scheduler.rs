@@ -1166,6 +1166,7 @@ impl Scheduler {
         let Some(cap) = self.capacity(rank).0 else {
             return;
         };
+        let k = self.min_wait_ratio();
         loop {
             let mut best: Option<(f64, Ticket)> = None;
             for (src, rs) in self.ranks.iter().enumerate() {
@@ -1194,7 +1195,6 @@ impl Scheduler {
                 }
                 let at = self.retained_at.get(&ticket).copied().unwrap_or(now);
                 // Break-even gate: wait at home until the wait so far is worth the move.
-                let k = self.min_wait_ratio();
                 if k > 0.0
                     && !r.forced()
                     && now - at

@@ -518,6 +518,8 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         time_scale: s.time_scale,
         max_model_len: s.max_model_len,
         limit: s.limit,
+        stream: false,
+        max_requests: None,
     };
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {

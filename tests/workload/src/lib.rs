@@ -10,5 +10,6 @@ pub mod fairness;
 pub mod kv_bound;
 pub mod oracle;
 pub mod replay;
+pub mod replay_cmd;
 pub mod report;
 pub mod workload;

@@ -30,6 +30,41 @@ enum Cmd {
         #[arg(long, short)]
         out: PathBuf,
     },
+    /// Replay a workload in real time against an endpoint already running on loopback (a router,
+    /// a simulator, or a server reached through a port-forward); prints a summary.
+    Replay {
+        #[command(flatten)]
+        w: WorkloadArgs,
+        /// Replay this requests.jsonl instead of generating.
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// Base URL of the OpenAI-compatible endpoint (loopback only).
+        #[arg(long)]
+        url: String,
+        #[arg(long, default_value = "sim-model")]
+        model: String,
+        /// How requests carry Program identity.
+        #[arg(long, value_enum, default_value = "object")]
+        context: progbench::replay::ContextMode,
+        /// Stream every response and record its time to first token.
+        #[arg(long)]
+        stream: bool,
+        /// The backend's simulated seconds per wall second (1 for a real server).
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
+        /// The model's context length: a Program whose next turn would not fit ends there.
+        #[arg(long, default_value_t = 32768)]
+        max_model_len: usize,
+        /// Wall-clock limit, seconds.
+        #[arg(long, default_value_t = 600.0)]
+        limit_secs: f64,
+        /// Send at most this many requests.
+        #[arg(long)]
+        max_requests: Option<u64>,
+        /// Write the summary, every request and every Program's JCT here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Run the same workload through each router side by side on fresh simulators (real time).
     Compare {
         #[command(flatten)]
@@ -286,7 +321,10 @@ fn main() -> ExitCode {
             }
         };
     }
-    if matches!(cli.cmd, Cmd::Compare { .. } | Cmd::Fairness { .. }) {
+    if matches!(
+        cli.cmd,
+        Cmd::Compare { .. } | Cmd::Fairness { .. } | Cmd::Replay { .. }
+    ) {
         let rt = match tokio::runtime::Runtime::new() {
             Ok(rt) => rt,
             Err(e) => {
@@ -297,6 +335,7 @@ fn main() -> ExitCode {
         let work = async {
             match cli.cmd {
                 Cmd::Fairness { .. } => fairness(cli.cmd).await,
+                Cmd::Replay { .. } => replay(cli.cmd).await,
                 _ => compare(cli.cmd).await,
             }
         };
@@ -559,9 +598,86 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     Ok(results.iter().all(|r| r.ok))
 }
 
+/// `progbench replay`: checks every setting before sending anything, then replays once.
+async fn replay(cmd: Cmd) -> Result<bool, String> {
+    let Cmd::Replay {
+        w,
+        input,
+        url,
+        model,
+        context,
+        stream,
+        time_scale,
+        max_model_len,
+        limit_secs,
+        max_requests,
+        json,
+    } = cmd
+    else {
+        return Err("not a replay".into());
+    };
+    progbench::replay_cmd::check_loopback(&url)?;
+    if !(time_scale.is_finite() && time_scale > 0.0) {
+        return Err("--time-scale must be a finite number > 0".into());
+    }
+    if !(limit_secs.is_finite() && limit_secs > 0.0) {
+        return Err("--limit-secs must be a finite number of seconds > 0".into());
+    }
+    if max_requests == Some(0) {
+        return Err("--max-requests must be >= 1".into());
+    }
+    let turns = load_turns(&w, input.as_deref())?;
+    let report = progbench::replay::replay(
+        &turns,
+        progbench::replay::ReplayConfig {
+            url,
+            model,
+            context,
+            time_scale,
+            max_model_len,
+            limit: std::time::Duration::from_secs_f64(limit_secs),
+            stream,
+            max_requests,
+        },
+    )
+    .await;
+    let engine = EngineParams {
+        max_model_len,
+        ..Default::default()
+    };
+    let summary = progbench::replay_cmd::summarize(&report, &turns, &engine);
+    for line in summary.lines() {
+        println!("{line}");
+    }
+    if let Some(p) = json {
+        let doc = serde_json::json!({"summary": summary, "report": report});
+        std::fs::write(
+            &p,
+            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(summary.clean())
+}
+
+/// The workload: `input` (a requests.jsonl, checked) or the one `w` generates.
+fn load_turns(
+    w: &WorkloadArgs,
+    input: Option<&std::path::Path>,
+) -> Result<Vec<workload::Turn>, String> {
+    match input {
+        Some(p) => workload::from_jsonl(
+            &std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?,
+        ),
+        None => Ok(w.turns()),
+    }
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
-        Cmd::Compare { .. } | Cmd::Fairness { .. } | Cmd::Demo { .. } => Ok(()),
+        Cmd::Compare { .. } | Cmd::Fairness { .. } | Cmd::Demo { .. } | Cmd::Replay { .. } => {
+            Ok(())
+        }
         Cmd::Gen { w, out } => {
             let turns = w.turns();
             std::fs::write(&out, workload::to_jsonl(&turns))
@@ -590,12 +706,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 return Err("--ranks must be >= 1".into());
             }
             let clients = des::Clients::with_retention_ttl(client_retention_ttl)?;
-            let turns = match input {
-                Some(p) => workload::from_jsonl(
-                    &std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?,
-                )?,
-                None => w.turns(),
-            };
+            let turns = load_turns(&w, input.as_deref())?;
             let ps: ProgramSchedulingConfig = serde_json::from_str(&program_config)
                 .map_err(|e| format!("--program-config: {e}"))?;
             ps.validate()

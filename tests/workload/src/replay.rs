@@ -46,6 +46,11 @@ pub struct ReplayConfig {
     pub time_scale: f64,
     pub max_model_len: usize,
     pub limit: Duration,
+    /// Send streamed requests (`stream: true` with usage in the last chunk) and record each
+    /// one's time to first token.
+    pub stream: bool,
+    /// Send at most this many requests; Programs still going then stop where they are.
+    pub max_requests: Option<u64>,
 }
 
 /// One request's record.
@@ -58,6 +63,8 @@ pub struct RequestRecord {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub completion_tokens: u64,
+    /// Time to the first generated text (streamed requests only), in workload seconds.
+    pub ttft_seconds: Option<f64>,
 }
 
 /// What a replay measured.
@@ -73,7 +80,38 @@ pub struct ReplayReport {
     pub errors: u64,
     /// Programs cut by `max_model_len`, and subagents never started because their parent was.
     pub truncated: u64,
+    /// Programs stopped by `max_requests` before they ended.
+    pub stopped: u64,
     pub timed_out: bool,
+}
+
+/// How one Program's task ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Every turn answered.
+    Completed,
+    /// Its next turn outgrew `max_model_len`, or (a subagent) its parent never spawned it.
+    Cut,
+    /// The request budget ran out.
+    Stopped,
+    /// A request failed.
+    Failed,
+}
+
+/// What one Program's task returns.
+struct Ended {
+    program: String,
+    records: Vec<RequestRecord>,
+    /// Its JCT, for a Program that started and ended without an error.
+    jct: Option<f64>,
+    end: End,
+}
+
+/// Requests answered (for the progress bar) and sent (against `max_requests`).
+#[derive(Default)]
+struct Counts {
+    answered: AtomicU64,
+    sent: AtomicU64,
 }
 
 impl ReplayReport {
@@ -193,17 +231,23 @@ async fn program_task(
     turns: Vec<Turn>,
     index: u64,
     start: Instant,
-    done: Arc<AtomicU64>,
+    counts: Arc<Counts>,
     links: Arc<Links>,
-) -> (Vec<RequestRecord>, Option<f64>, u64, bool) {
+) -> Ended {
     let first = &turns[0];
     let _end = EndGuard(links.clone(), first.program_id.clone());
+    let mut out = Ended {
+        program: first.program_id.clone(),
+        records: Vec::new(),
+        jct: None,
+        end: End::Cut,
+    };
     match (&first.parent_program_id, first.spawned_after_step) {
         (Some(parent), Some(step)) => {
             links.wait(parent, |p| p.steps_done > step).await;
             if !links.reached(parent, step) {
                 // The parent ended before the turn that spawns it: it never starts (as in `sim`).
-                return (Vec::new(), None, 0, true);
+                return out;
             }
             tokio::time::sleep(Duration::from_secs_f64(
                 SPAWN_DELAY_SECONDS / cfg.time_scale,
@@ -216,10 +260,10 @@ async fn program_task(
         }
     }
     let began = Instant::now();
+    let elapsed = || began.elapsed().as_secs_f64() * cfg.time_scale;
     let mut messages = vec![
         json!({"role": "system", "content": text(1, u64::from(first.system_prompt), first.system_tokens)}),
     ];
-    let mut records = Vec::new();
     let mut context_estimate = first.system_tokens as usize;
     for turn in &turns {
         let user = text(1000 + index, u64::from(turn.step), turn.append_tokens);
@@ -227,16 +271,23 @@ async fn program_task(
         if context_estimate + turn.output_tokens as usize + 64 > cfg.max_model_len {
             // The Program ends here, at the moment this turn would have been sent (as `sim` and
             // the oracle count a Program whose context outgrew the model).
-            return (
-                records,
-                Some(began.elapsed().as_secs_f64() * cfg.time_scale),
-                0,
-                true,
-            );
+            out.jct = Some(elapsed());
+            return out;
+        }
+        if cfg
+            .max_requests
+            .is_some_and(|max| counts.sent.fetch_add(1, Ordering::Relaxed) >= max)
+        {
+            out.end = End::Stopped;
+            return out;
         }
         messages.push(json!({"role": "user", "content": user}));
         let mut body =
             json!({"model": cfg.model, "messages": messages, "max_tokens": turn.output_tokens});
+        if cfg.stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
         let mut ctx = json!({"program_id": turn.program_id, "task_id": turn.task_id, "step_id": turn.step,
             "expected_resume": turn.gap_after > 0.0});
         if let Some(parent) = &turn.parent_program_id {
@@ -257,42 +308,54 @@ async fn program_task(
         .header("x-session-id", turn.program_id.as_str())
         .body(Full::new(Bytes::from(body.to_string())));
         let Ok(req) = req else {
-            return (records, None, 1, false);
+            out.end = End::Failed;
+            return out;
         };
         let sent = Instant::now();
-        let resp = match client.request(req).await {
-            Ok(r) => r,
-            Err(_) => return (records, None, 1, false),
+        let Ok(resp) = client.request(req).await else {
+            out.end = End::Failed;
+            return out;
         };
         let status = resp.status().as_u16();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
+        let answer = if cfg.stream && status == 200 {
+            read_stream(resp.into_body(), sent).await
+        } else {
+            resp.into_body().collect().await.ok().map(|c| {
+                (
+                    serde_json::from_slice(&c.to_bytes()).unwrap_or(Value::Null),
+                    None,
+                )
+            })
+        };
         let latency = sent.elapsed().as_secs_f64() * cfg.time_scale;
-        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let (v, ttft) = answer.unwrap_or((Value::Null, None));
         let u = &v["usage"];
         let rec = RequestRecord {
             program: turn.program_id.clone(),
             step: turn.step,
-            status,
+            // A stream that broke off is a failed request, whatever its status line said.
+            status: if u.is_null() && status == 200 {
+                0
+            } else {
+                status
+            },
             latency_seconds: latency,
             prompt_tokens: u["prompt_tokens"].as_u64().unwrap_or(0),
             cached_tokens: u["prompt_tokens_details"]["cached_tokens"]
                 .as_u64()
                 .unwrap_or(0),
             completion_tokens: u["completion_tokens"].as_u64().unwrap_or(0),
+            ttft_seconds: ttft.map(|t| t.as_secs_f64() * cfg.time_scale),
         };
-        done.fetch_add(1, Ordering::Relaxed);
-        let ok = status == 200;
+        counts.answered.fetch_add(1, Ordering::Relaxed);
+        let ok = rec.status == 200;
         if ok {
             context_estimate = (rec.prompt_tokens + rec.completion_tokens) as usize + 8;
         }
-        records.push(rec);
+        out.records.push(rec);
         if !ok {
-            return (records, None, 1, false);
+            out.end = End::Failed;
+            return out;
         }
         let reply = v["choices"][0]["message"]["content"]
             .as_str()
@@ -314,12 +377,50 @@ async fn program_task(
         };
         tokio::join!(gap, children);
     }
-    (
-        records,
-        Some(began.elapsed().as_secs_f64() * cfg.time_scale),
-        0,
-        false,
-    )
+    out.jct = Some(elapsed());
+    out.end = End::Completed;
+    out
+}
+
+/// Reads a streamed chat completion: the reply's text, the usage of its last chunk and the time
+/// from `sent` to the first text, as a non-streamed body's shape (`choices[0].message.content`,
+/// `usage`). `None` when the stream broke off.
+async fn read_stream(
+    mut body: hyper::body::Incoming,
+    sent: Instant,
+) -> Option<(Value, Option<Duration>)> {
+    let (mut buf, mut content, mut usage, mut first) =
+        (Vec::<u8>::new(), String::new(), Value::Null, None);
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.ok()?.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..end + 2).collect();
+            for line in event.split(|b| *b == b'\n') {
+                let Some(json) = line.strip_prefix(b"data: ") else {
+                    continue;
+                };
+                let Ok(chunk) = serde_json::from_slice::<Value>(json) else {
+                    continue; // `[DONE]`
+                };
+                if let Some(t) = chunk["choices"][0]["delta"]["content"].as_str() {
+                    if first.is_none() && !t.is_empty() {
+                        first = Some(sent.elapsed());
+                    }
+                    content.push_str(t);
+                }
+                if !chunk["usage"].is_null() {
+                    usage = chunk["usage"].clone();
+                }
+            }
+        }
+    }
+    Some((
+        json!({"choices": [{"message": {"content": content}}], "usage": usage}),
+        first,
+    ))
 }
 
 /// Replays `turns` against `cfg.url`; stops by itself at `cfg.limit`.
@@ -332,21 +433,20 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
     let cfg = Arc::new(cfg);
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
-    let done = Arc::new(AtomicU64::new(0));
+    let counts = Arc::new(Counts::default());
     let all = programs(turns);
     let links = Arc::new(Links::new(&all));
     for (i, p) in all.into_iter().enumerate() {
-        let id = p[0].program_id.clone();
         let task = program_task(
             client.clone(),
             cfg.clone(),
             p,
             i as u64,
             start,
-            done.clone(),
+            counts.clone(),
             links.clone(),
         );
-        set.spawn(async move { (id, task.await) });
+        set.spawn(task);
     }
     // Progress on stderr (drawn only when it is a terminal): requests answered, with an ETA.
     let bar = ProgressBar::new(turns.len() as u64);
@@ -357,10 +457,10 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let ticker = {
-        let (bar, done) = (bar.clone(), done.clone());
+        let (bar, counts) = (bar.clone(), counts.clone());
         tokio::spawn(async move {
             loop {
-                bar.set_position(done.load(Ordering::Relaxed));
+                bar.set_position(counts.answered.load(Ordering::Relaxed));
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         })
@@ -371,19 +471,23 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
         completed: 0,
         errors: 0,
         truncated: 0,
+        stopped: 0,
         timed_out: false,
     };
     let deadline = tokio::time::Instant::from_std(start + cfg.limit);
     loop {
         match tokio::time::timeout_at(deadline, set.join_next()).await {
-            Ok(Some(Ok((program, (records, jct, errors, truncated))))) => {
-                if let Some(j) = jct {
-                    report.jct.push((program, j));
-                    report.completed += u64::from(!truncated);
+            Ok(Some(Ok(ended))) => {
+                if let Some(j) = ended.jct {
+                    report.jct.push((ended.program, j));
                 }
-                report.requests.extend(records);
-                report.errors += errors;
-                report.truncated += u64::from(truncated);
+                match ended.end {
+                    End::Completed => report.completed += 1,
+                    End::Cut => report.truncated += 1,
+                    End::Stopped => report.stopped += 1,
+                    End::Failed => report.errors += 1,
+                }
+                report.requests.extend(ended.records);
             }
             Ok(Some(Err(_))) => report.errors += 1,
             Ok(None) => break,

@@ -123,6 +123,8 @@ async fn http_replay_waits_for_blocking_subagents() {
                 time_scale: 10.0,
                 max_model_len: 32768,
                 limit: Duration::from_secs(30),
+                stream: false,
+                max_requests: None,
             },
         )
         .await;
@@ -178,6 +180,8 @@ async fn http_replay_never_starts_a_subagent_whose_parent_stopped_first() {
             time_scale: 10.0,
             max_model_len: 1_000,
             limit: Duration::from_secs(30),
+            stream: false,
+            max_requests: None,
         },
     )
     .await;

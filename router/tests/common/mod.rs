@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
 use program_router::config::RouterConfig;
 use program_router::config::cli::Flags;
 use program_router::state::RouterState;
@@ -39,15 +38,9 @@ impl Server {
 
 /// Starts an in-process simulator on a free loopback port with these flags.
 pub async fn sim(args: &[&str]) -> vllm_sim::server::Spawned {
-    let mut v = vec!["vllm-sim", "--port", "0"];
-    v.extend_from_slice(args);
-    let cfg = vllm_sim::config::SimArgs::try_parse_from(v)
-        .expect("args")
-        .validate()
-        .expect("valid");
-    vllm_sim::server::spawn(cfg, Duration::from_secs(5))
+    vllm_sim::server::spawn_with_flags(args, Duration::from_secs(5))
         .await
-        .expect("spawn")
+        .expect("simulator")
 }
 
 pub struct Router {

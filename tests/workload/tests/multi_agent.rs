@@ -99,14 +99,9 @@ fn virtual_time_waits_for_blocking_subagents_only() {
 
 /// A simulator on a free loopback port with its defaults.
 async fn simulator() -> vllm_sim::server::Spawned {
-    use clap::Parser;
-    let cfg = vllm_sim::config::SimArgs::try_parse_from(["vllm-sim", "--port", "0"])
-        .expect("args")
-        .validate()
-        .expect("valid");
-    vllm_sim::server::spawn(cfg, Duration::from_secs(5))
+    vllm_sim::server::spawn_with_flags(&[], Duration::from_secs(5))
         .await
-        .expect("spawn")
+        .expect("simulator")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

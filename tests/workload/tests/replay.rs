@@ -8,21 +8,10 @@ use progbench::replay::{ContextMode, ReplayConfig, replay};
 use progbench::workload::{Preset, generate};
 
 async fn simulator() -> vllm_sim::server::Spawned {
-    use clap::Parser;
     // 50 simulated seconds per wall second, as the replays below assume.
-    let cfg = vllm_sim::config::SimArgs::try_parse_from([
-        "vllm-sim",
-        "--port",
-        "0",
-        "--time-scale",
-        "50",
-    ])
-    .expect("args")
-    .validate()
-    .expect("valid");
-    vllm_sim::server::spawn(cfg, Duration::from_secs(5))
+    vllm_sim::server::spawn_with_flags(&["--time-scale", "50"], Duration::from_secs(5))
         .await
-        .expect("spawn")
+        .expect("simulator")
 }
 
 fn config(url: String, stream: bool, max_requests: Option<u64>) -> ReplayConfig {

@@ -432,6 +432,19 @@ impl Spawned {
     }
 }
 
+/// Starts a simulator in this process on a free loopback port, configured by `vllm-sim`'s own
+/// command-line `flags`: for tests and benches that need one without the binary. The error
+/// names a bad flag or the bind failure.
+pub async fn spawn_with_flags(flags: &[&str], drain: Duration) -> Result<Spawned, String> {
+    use clap::Parser;
+    let mut argv = vec!["vllm-sim", "--port", "0"];
+    argv.extend_from_slice(flags);
+    let cfg = crate::config::SimArgs::try_parse_from(argv)
+        .map_err(|e| e.to_string())?
+        .validate()?;
+    spawn(cfg, drain).await.map_err(|e| format!("bind: {e}"))
+}
+
 /// Binds `cfg` (port 0 picks one) and serves it from a task until [`Spawned::stop`] or drop.
 pub async fn spawn(cfg: SimConfig, drain: Duration) -> std::io::Result<Spawned> {
     let (listener, addr) = bind(&cfg).await?;

@@ -3,22 +3,13 @@
 
 use std::time::Duration;
 
-use clap::Parser;
-use vllm_sim::config::SimArgs;
-
 pub use vllm_sim::server::Spawned as Sim;
 
 /// Starts an in-process simulator on a free loopback port with these flags.
 pub async fn start(args: &[&str]) -> Sim {
-    let mut v = vec!["vllm-sim", "--port", "0"];
-    v.extend_from_slice(args);
-    let cfg = SimArgs::try_parse_from(v)
-        .expect("args")
-        .validate()
-        .expect("valid");
-    vllm_sim::server::spawn(cfg, Duration::from_secs(10))
+    vllm_sim::server::spawn_with_flags(args, Duration::from_secs(10))
         .await
-        .expect("spawn")
+        .expect("simulator")
 }
 
 pub use testkit::{HttpClient, Reply, client, get, post, send};

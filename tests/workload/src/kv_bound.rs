@@ -57,8 +57,7 @@ fn programs_and_prompts(turns: &[Turn], engine: &EngineParams) -> (Vec<Vec<Turn>
 /// The bound for `turns` on `ranks` ranks shaped like `engine`.
 pub fn bound(turns: &[Turn], engine: &EngineParams, ranks: usize) -> KvBound {
     let (progs, lens) = programs_and_prompts(turns, engine);
-    let times = timeline(&progs, &lens, engine).turns;
-    evict_all_ways(&progs, &lens, &times, engine, ranks)
+    on_oracle_timeline(&progs, &lens, engine, ranks)
 }
 
 /// [`bound`] over exactly the turns a measured run served (see [`crate::oracle::bounds_served`]).
@@ -70,8 +69,18 @@ pub fn bound_served(
 ) -> KvBound {
     let progs = programs(turns);
     let lens = served_lengths(&progs, served);
-    let times = timeline(&progs, &lens, engine).turns;
-    evict_all_ways(&progs, &lens, &times, engine, ranks)
+    on_oracle_timeline(&progs, &lens, engine, ranks)
+}
+
+/// The three eviction rules replayed on the oracle's timeline of `progs` with `lens`.
+fn on_oracle_timeline(
+    progs: &[Vec<Turn>],
+    lens: &[Vec<u64>],
+    engine: &EngineParams,
+    ranks: usize,
+) -> KvBound {
+    let times = timeline(progs, lens, engine).turns;
+    evict_all_ways(progs, lens, &times, engine, ranks)
 }
 
 /// The same replay on a measured timeline instead of the oracle's: `times[i][k]` is when turn

@@ -444,11 +444,7 @@ async fn fairness(cmd: Cmd) -> Result<bool, String> {
         );
     }
     if let Some(path) = json {
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?,
-        )
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        write_json(&path, &results)?;
     }
     Ok(results.iter().all(|r| r.ok))
 }
@@ -588,12 +584,10 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     );
     write_report(&html, &progbench::report::compare_html(&header, &results))?;
     if let Some(p) = json {
-        let doc = serde_json::json!({"oracle": oracle, "kv_bound": kv, "runs": results});
-        std::fs::write(
+        write_json(
             &p,
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
-        )
-        .map_err(|e| format!("{}: {e}", p.display()))?;
+            &serde_json::json!({"oracle": oracle, "kv_bound": kv, "runs": results}),
+        )?;
     }
     Ok(results.iter().all(|r| r.ok))
 }
@@ -650,14 +644,18 @@ async fn replay(cmd: Cmd) -> Result<bool, String> {
         println!("{line}");
     }
     if let Some(p) = json {
-        let doc = serde_json::json!({"summary": summary, "report": report});
-        std::fs::write(
+        write_json(
             &p,
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?,
-        )
-        .map_err(|e| format!("{}: {e}", p.display()))?;
+            &serde_json::json!({"summary": summary, "report": report}),
+        )?;
     }
     Ok(summary.clean())
+}
+
+/// Writes `value` as pretty JSON to `path`; the error names the file.
+fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The workload: `input` (a requests.jsonl, checked) or the one `w` generates.
@@ -753,8 +751,7 @@ fn run(cli: Cli) -> Result<(), String> {
             );
             print_missed(&reports);
             if let Some(p) = json {
-                let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
-                std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+                write_json(&p, &reports)?;
             }
             let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-report.html"));
             let header = format!(

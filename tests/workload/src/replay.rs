@@ -58,6 +58,8 @@ pub struct ReplayConfig {
 pub struct RequestRecord {
     pub program: String,
     pub step: u32,
+    /// HTTP status; 0 when an answer with status 200 carried no usage (a stream that broke off
+    /// before its last chunk): counted as a failed request.
     pub status: u16,
     pub latency_seconds: f64,
     pub prompt_tokens: u64,

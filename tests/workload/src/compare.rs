@@ -556,19 +556,13 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     r.prompt_tokens = rep.prompt_tokens();
     r.completion_tokens = rep.completion_tokens();
     r.server_token_hit = if prompt > 0.0 { cached / prompt } else { 0.0 };
-    for q in rep.requests.iter().filter(|q| q.status == 200) {
-        *r.served.entry(q.program.clone()).or_default() += 1;
-    }
+    r.served = rep.served();
     // Every Program that started, a Program stopped by max_model_len until that point (the
     // oracle's JCT* counts the same Programs the same way).
     let mut j: Vec<f64> = rep.jct.iter().map(|x| x.1).collect();
     j.sort_by(f64::total_cmp);
     r.programs_completed = usize::try_from(rep.completed).unwrap_or(usize::MAX);
-    r.mean_jct = if j.is_empty() {
-        0.0
-    } else {
-        j.iter().sum::<f64>() / j.len() as f64
-    };
+    r.mean_jct = crate::des::mean(&j);
     r.p50_jct = percentile(&j, 0.5);
     r.p90_jct = percentile(&j, 0.9);
     r.p99_jct = percentile(&j, 0.99);
@@ -596,9 +590,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         })
         .collect();
     waits.sort_by(f64::total_cmp);
-    if !waits.is_empty() {
-        r.mean_queue_wait = waits.iter().sum::<f64>() / waits.len() as f64;
-    }
+    r.mean_queue_wait = crate::des::mean(&waits);
     r.p90_queue_wait = percentile(&waits, 0.9);
     r.p99_queue_wait = percentile(&waits, 0.99);
     r.series = Series {

@@ -169,6 +169,15 @@ fn token(a: u64, b: u64, i: u64) -> u32 {
         as u32
 }
 
+/// The mean of `v`; 0 when empty.
+pub fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
 /// The `q` quantile of ascending `sorted` (nearest rank); 0 when empty.
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
@@ -671,13 +680,6 @@ pub fn run_with(
     demand.sort_by(f64::total_cmp);
     let mut ns: Vec<f64> = sched_ns.iter().map(|x| f64::from(*x) / 1000.0).collect();
     ns.sort_by(f64::total_cmp);
-    let mean = |v: &[f64]| {
-        if v.is_empty() {
-            0.0
-        } else {
-            v.iter().sum::<f64>() / v.len() as f64
-        }
-    };
     let counters = sched
         .as_ref()
         .map(|s| s.counters.clone())

@@ -243,11 +243,7 @@ fn bounds_of(progs: &[Vec<Turn>], lens: &[Vec<u64>], engine: &EngineParams) -> O
         } else {
             cached as f64 / prompt as f64
         },
-        mean_jct_seconds: if jcts.is_empty() {
-            0.0
-        } else {
-            jcts.iter().sum::<f64>() / jcts.len() as f64
-        },
+        mean_jct_seconds: crate::des::mean(&jcts),
     }
 }
 

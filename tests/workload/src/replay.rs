@@ -126,6 +126,14 @@ impl ReplayReport {
     pub fn completion_tokens(&self) -> u64 {
         self.requests.iter().map(|r| r.completion_tokens).sum()
     }
+    /// Turns answered (status 200) per Program: what the oracle is computed over.
+    pub fn served(&self) -> crate::oracle::Served {
+        let mut served = crate::oracle::Served::new();
+        for r in self.requests.iter().filter(|r| r.status == 200) {
+            *served.entry(r.program.clone()).or_default() += 1;
+        }
+        served
+    }
 }
 
 /// A word the simulator's tokenizer counts as one token (a space and at most 7 characters).
@@ -401,9 +409,11 @@ async fn read_stream(
         while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
             let event: Vec<u8> = buf.drain(..end + 2).collect();
             for line in event.split(|b| *b == b'\n') {
-                let Some(json) = line.strip_prefix(b"data: ") else {
+                // `data:` with or without its optional space.
+                let Some(json) = line.strip_prefix(b"data:") else {
                     continue;
                 };
+                let json = json.strip_prefix(b" ").unwrap_or(json);
                 let Ok(chunk) = serde_json::from_slice::<Value>(json) else {
                     continue; // `[DONE]`
                 };
@@ -439,7 +449,7 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
     let all = programs(turns);
     let links = Arc::new(Links::new(&all));
     for (i, p) in all.into_iter().enumerate() {
-        let task = program_task(
+        set.spawn(program_task(
             client.clone(),
             cfg.clone(),
             p,
@@ -447,8 +457,7 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
             start,
             counts.clone(),
             links.clone(),
-        );
-        set.spawn(task);
+        ));
     }
     // Progress on stderr (drawn only when it is a terminal): requests answered, with an ETA.
     let bar = ProgressBar::new(turns.len() as u64);

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 use vllm_sim::engine::EngineParams;
 
-use crate::des::percentile;
+use crate::des::{mean, percentile};
 use crate::replay::ReplayReport;
 use crate::workload::Turn;
 
@@ -76,10 +76,6 @@ pub fn summarize(report: &ReplayReport, turns: &[Turn], engine: &EngineParams) -
     let jcts = sorted(report.jct.iter().map(|j| j.1).collect());
     let latencies = sorted(ok.iter().map(|r| r.latency_seconds).collect());
     let ttfts = sorted(ok.iter().filter_map(|r| r.ttft_seconds).collect());
-    let mut served = crate::oracle::Served::new();
-    for r in &ok {
-        *served.entry(r.program.clone()).or_default() += 1;
-    }
     let (prompt, cached) = (report.prompt_tokens(), report.cached_tokens());
     Summary {
         requests: report.requests.len(),
@@ -96,12 +92,8 @@ pub fn summarize(report: &ReplayReport, turns: &[Turn], engine: &EngineParams) -
         } else {
             cached as f64 / prompt as f64
         },
-        oracle_token_hit: crate::oracle::bounds_served(turns, engine, &served).token_hit,
-        mean_jct: if jcts.is_empty() {
-            0.0
-        } else {
-            jcts.iter().sum::<f64>() / jcts.len() as f64
-        },
+        oracle_token_hit: crate::oracle::bounds_served(turns, engine, &report.served()).token_hit,
+        mean_jct: mean(&jcts),
         p50_jct: percentile(&jcts, 0.5),
         p90_jct: percentile(&jcts, 0.9),
         p99_jct: percentile(&jcts, 0.99),

@@ -97,6 +97,20 @@ fn virtual_time_waits_for_blocking_subagents_only() {
     }
 }
 
+/// Replay settings for the HTTP tests: 10 simulated seconds per wall second, 30 s at most.
+fn config(url: String, max_model_len: usize) -> ReplayConfig {
+    ReplayConfig {
+        url,
+        model: "sim-model".into(),
+        context: ContextMode::String,
+        time_scale: 10.0,
+        max_model_len,
+        limit: Duration::from_secs(30),
+        stream: false,
+        max_requests: None,
+    }
+}
+
 /// A simulator on a free loopback port with its defaults.
 async fn simulator() -> vllm_sim::server::Spawned {
     vllm_sim::server::spawn_with_flags(&[], Duration::from_secs(5))
@@ -110,17 +124,8 @@ async fn http_replay_waits_for_blocking_subagents() {
     for blocks in [true, false] {
         let report = replay(
             &lead_and_subagent(blocks),
-            ReplayConfig {
-                url: sim.base(),
-                model: "sim-model".into(),
-                context: ContextMode::String,
-                // 10 simulated seconds per wall second: the subagent's gaps take 1 s.
-                time_scale: 10.0,
-                max_model_len: 32768,
-                limit: Duration::from_secs(30),
-                stream: false,
-                max_requests: None,
-            },
+            // 10 simulated seconds per wall second: the subagent's gaps take 1 s.
+            config(sim.base(), 32768),
         )
         .await;
         assert_eq!(report.errors, 0);
@@ -166,20 +171,7 @@ fn virtual_time_never_starts_a_subagent_whose_parent_stopped_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_replay_never_starts_a_subagent_whose_parent_stopped_first() {
     let sim = simulator().await;
-    let report = replay(
-        &cut_lead_and_orphan(),
-        ReplayConfig {
-            url: sim.base(),
-            model: "sim-model".into(),
-            context: ContextMode::String,
-            time_scale: 10.0,
-            max_model_len: 1_000,
-            limit: Duration::from_secs(30),
-            stream: false,
-            max_requests: None,
-        },
-    )
-    .await;
+    let report = replay(&cut_lead_and_orphan(), config(sim.base(), 1_000)).await;
     assert_eq!(report.errors, 0);
     assert_eq!(report.requests.len(), 1, "{:?}", report.requests);
     assert_eq!(report.truncated, 2);

@@ -169,13 +169,9 @@ async fn calibrate(args: &program_router::calibrate::CalibrateArgs) -> ExitCode 
     match program_router::calibrate::run(args).await {
         Ok(c) => {
             let json = serde_json::to_string_pretty(&c).unwrap_or_default();
-            if c.fit.prefill_r2 < args.min_r2
-                || c.fit.decode_r2 < args.min_r2
-                || c.decode_throughput_model.fixed_step_seconds <= 0.0
-            {
+            if let Some(why) = c.poor_fit(args.min_r2) {
                 eprintln!(
-                    "program-router calibrate: poor fit (prefill R² {:.3}, decode R² {:.3}, minimum {}); not printing coefficients. Samples:\n{json}",
-                    c.fit.prefill_r2, c.fit.decode_r2, args.min_r2
+                    "program-router calibrate: {why}; not printing coefficients. Samples:\n{json}"
                 );
                 return ExitCode::from(3);
             }

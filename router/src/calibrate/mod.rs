@@ -64,6 +64,23 @@ pub struct Calibration {
     pub fit: FitReport,
 }
 
+impl Calibration {
+    /// Why these coefficients should not be used (a fit's R² below `min_r2`, or no positive
+    /// decode step), or `None` when they are fit to use.
+    pub fn poor_fit(&self, min_r2: f64) -> Option<String> {
+        let f = &self.fit;
+        (f.prefill_r2 < min_r2
+            || f.decode_r2 < min_r2
+            || self.decode_throughput_model.fixed_step_seconds <= 0.0)
+            .then(|| {
+                format!(
+                    "poor fit (prefill R² {:.3}, decode R² {:.3}, minimum {min_r2})",
+                    f.prefill_r2, f.decode_r2
+                )
+            })
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct PrefillFit {
     pub intercept_seconds: f64,

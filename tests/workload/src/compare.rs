@@ -58,6 +58,127 @@ pub struct Setup {
     pub bin_dir: PathBuf,
     pub vllm_router: Option<PathBuf>,
     pub program_config: serde_json::Value,
+    /// The cost models both routers get ([`calibrate`]); `None` leaves the routers' defaults,
+    /// which are in the workload's seconds and so `time_scale` times too slow for the
+    /// simulators.
+    pub calibration: Option<Calibrated>,
+}
+
+/// How fast the simulator that `program-router calibrate` measures runs. Its clock is linear
+/// (simulated seconds = wall seconds × scale), so coefficients measured at one speed convert
+/// exactly to another; at the comparison's own speeds (20–50×) one decode step lasts a fraction
+/// of a millisecond of wall time and scheduling noise dominates the decode fit (R² 0.64 measured
+/// at 50× on a loaded machine, against 0.9999 at 4×, which takes ≈ 6 s).
+pub const CALIBRATION_TIME_SCALE: f64 = 4.0;
+
+/// Cost-model coefficients measured by `program-router calibrate` against a simulator, in the
+/// wall-clock seconds of simulators running at the comparison's `time_scale`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Calibrated {
+    pub prefill_cost_model: BTreeMap<String, f64>,
+    pub decode_throughput_model: BTreeMap<String, f64>,
+    pub prefill_r2: f64,
+    pub decode_r2: f64,
+}
+
+impl Calibrated {
+    /// Sets every coefficient `ps` (a Program scheduling JSON config) does not give itself.
+    pub fn apply(&self, ps: &mut serde_json::Value) {
+        for (model, fields) in [
+            ("prefill_cost_model", &self.prefill_cost_model),
+            ("decode_throughput_model", &self.decode_throughput_model),
+        ] {
+            for (field, v) in fields {
+                if ps.get(model).and_then(|m| m.get(field)).is_none() {
+                    ps[model][field] = serde_json::json!(v);
+                }
+            }
+        }
+    }
+}
+
+/// Runs `program-router calibrate` against a fresh simulator (one DP rank, KV for the
+/// calibration's largest batch, [`CALIBRATION_TIME_SCALE`]) and converts the coefficients to
+/// simulators running `time_scale` times faster than the workload. An unusable fit is an error:
+/// a comparison with cost models off by an unknown factor would not say what it seems to.
+pub async fn calibrate(
+    bin_dir: &Path,
+    time_scale: f64,
+    max_model_len: usize,
+) -> Result<Calibrated, String> {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: program_router::calibrate::CalibrateArgs,
+    }
+    let port = free_port()?;
+    let sim_args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--data-parallel-size",
+        "1",
+        "--num-gpu-blocks",
+        "16384",
+        "--max-model-len",
+        &max_model_len.to_string(),
+        "--time-scale",
+        &CALIBRATION_TIME_SCALE.to_string(),
+        "--log-level",
+        "warn",
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    let _sim = Procs(vec![spawn(&bin_dir.join("vllm-sim"), &sim_args)?]);
+    let url = format!("http://127.0.0.1:{port}");
+    if !wait_ok(&format!("{url}/health"), 20.0) {
+        return Err("the calibration simulator did not start".into());
+    }
+    let cli = <Cli as clap::Parser>::try_parse_from([
+        "calibrate",
+        "--worker-url",
+        &url,
+        "--dp-rank",
+        "0",
+        "--timeout-secs",
+        "60",
+    ])
+    .map_err(|e| e.to_string())?;
+    let c = program_router::calibrate::run(&cli.args)
+        .await
+        .map_err(|e| format!("calibrating against a simulator: {e}"))?;
+    if let Some(why) = c.poor_fit(cli.args.min_r2) {
+        return Err(format!("calibrating against a simulator: {why}"));
+    }
+    let f = CALIBRATION_TIME_SCALE / time_scale;
+    let (p, d) = (&c.prefill_cost_model, &c.decode_throughput_model);
+    let map = |kv: [(&str, f64); 3]| kv.iter().map(|(k, v)| (k.to_string(), v * f)).collect();
+    Ok(Calibrated {
+        prefill_cost_model: map([
+            ("intercept_seconds", p.intercept_seconds),
+            (
+                "linear_seconds_per_1k_tokens",
+                p.linear_seconds_per_1k_tokens,
+            ),
+            (
+                "quadratic_seconds_per_1k_tokens_squared",
+                p.quadratic_seconds_per_1k_tokens_squared,
+            ),
+        ]),
+        decode_throughput_model: map([
+            ("fixed_step_seconds", d.fixed_step_seconds),
+            (
+                "batch_step_seconds_per_request",
+                d.batch_step_seconds_per_request,
+            ),
+            (
+                "context_step_seconds_per_token",
+                d.context_step_seconds_per_token,
+            ),
+        ]),
+        prefill_r2: c.fit.prefill_r2,
+        decode_r2: c.fit.decode_r2,
+    })
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -424,6 +545,9 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         ps["cross_rank_headroom_ratio"] = serde_json::json!(3.0);
     }
     to_workload_time(&mut ps, s.time_scale);
+    if let Some(c) = &s.calibration {
+        c.apply(&mut ps);
+    }
     let mut binding = ps.clone();
     binding["binding_only"] = serde_json::json!(true);
     let mut auto = ps.clone();
@@ -626,8 +750,8 @@ const SECONDS_FIELDS: [(&str, f64); 6] = [
 /// The simulators run `time_scale` times faster than the workload, so every duration the
 /// routers are configured with (given in workload seconds, or defaulted) is divided by it:
 /// a 1 s metrics poll must stay 1 s of workload time, not become 20. Both routers get the
-/// same JSON. The cost-model coefficients need no scaling: they are calibrated against the
-/// running simulators.
+/// same JSON. The cost-model coefficients are not touched here: [`calibrate`] measures them and
+/// converts them to the simulators' speed.
 fn to_workload_time(ps: &mut serde_json::Value, time_scale: f64) {
     if time_scale == 1.0 || !time_scale.is_finite() || time_scale <= 0.0 {
         return;
@@ -671,6 +795,35 @@ pub fn check_comparable(results: &mut [RunResult]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calibrated_coefficients_fill_only_what_the_config_leaves_out() {
+        let c = Calibrated {
+            prefill_cost_model: [
+                ("intercept_seconds", 0.003),
+                ("linear_seconds_per_1k_tokens", 0.002),
+            ]
+            .map(|(k, v)| (k.to_string(), v))
+            .into(),
+            decode_throughput_model: [("fixed_step_seconds", 0.0005)]
+                .map(|(k, v)| (k.to_string(), v))
+                .into(),
+            prefill_r2: 1.0,
+            decode_r2: 1.0,
+        };
+        let mut ps = serde_json::json!({
+            "prefill_cost_model": {"linear_seconds_per_1k_tokens": 0.1, "decode_throughput_alpha": 0.3}
+        });
+        c.apply(&mut ps);
+        assert_eq!(
+            ps,
+            serde_json::json!({
+                "prefill_cost_model": {"intercept_seconds": 0.003,
+                    "linear_seconds_per_1k_tokens": 0.1, "decode_throughput_alpha": 0.3},
+                "decode_throughput_model": {"fixed_step_seconds": 0.0005}
+            })
+        );
+    }
 
     #[test]
     fn runs_that_served_other_turns_are_not_comparable() {

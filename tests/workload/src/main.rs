@@ -479,6 +479,22 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     let vllm_router = vllm_router.or_else(progbench::compare::venv_vllm_router);
     let program_config: serde_json::Value =
         serde_json::from_str(&program_config).map_err(|e| format!("--program-config: {e}"))?;
+    use progbench::compare::Variant;
+    let calibration = if variants
+        .iter()
+        .any(|v| !matches!(v, Variant::PrHash | Variant::VrHash))
+    {
+        eprintln!("calibrating the cost models against a simulator (program-router calibrate) ...");
+        let c = progbench::compare::calibrate(&bin_dir, time_scale, max_model_len).await?;
+        eprintln!(
+            "  prefill R² {:.4}, decode R² {:.4}; both routers get these coefficients \
+             (converted to {time_scale}× time) unless --program-config gives them",
+            c.prefill_r2, c.decode_r2
+        );
+        Some(c)
+    } else {
+        None
+    };
     let setup = progbench::compare::Setup {
         servers,
         dp,
@@ -489,6 +505,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         bin_dir,
         vllm_router,
         program_config,
+        calibration,
     };
     let turns = w.turns();
     let mut results = Vec::new();
@@ -569,9 +586,18 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         }),
     );
     let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-compare.html"));
+    let calibrated = match &setup.calibration {
+        Some(c) => format!(
+            "cost models from program-router calibrate against a simulator (prefill R² {:.4}, \
+             decode R² {:.4})",
+            c.prefill_r2, c.decode_r2
+        ),
+        None => "no Program scheduling run, no calibration".into(),
+    };
     let header = format!(
         "{} Programs ({:?}, seed {}), {} servers × {} DP ranks × {} KV blocks, {}× time\n\
-         oracle: H* = {:.1}% token hit, JCT* = {:.1} s mean; times are the workload's seconds",
+         oracle: H* = {:.1}% token hit, JCT* = {:.1} s mean; times are the workload's seconds\n\
+         {calibrated}",
         program_count(&turns),
         w.preset,
         w.seed,
@@ -586,7 +612,8 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     if let Some(p) = json {
         write_json(
             &p,
-            &serde_json::json!({"oracle": oracle, "kv_bound": kv, "runs": results}),
+            &serde_json::json!({"oracle": oracle, "kv_bound": kv,
+                "calibration": setup.calibration, "runs": results}),
         )?;
     }
     Ok(results.iter().all(|r| r.ok))

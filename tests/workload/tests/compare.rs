@@ -3,12 +3,31 @@
 
 use std::time::Duration;
 
-use progbench::compare::{Setup, Variant, check_comparable, run_variant};
+use progbench::compare::{Setup, Variant, calibrate, check_comparable, run_variant};
 use progbench::workload::{Preset, generate};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn program_router_variants_serve_identical_work() {
     let (dir, vllm_router) = progbench::compare::test_binaries();
+    // What both routers get: program-router calibrate against a simulator, converted to 50×.
+    let calibration = calibrate(&dir, 50.0, 32768)
+        .await
+        .expect("program-router calibrate against a simulator");
+    // The coefficients are the simulator's own cost model, in wall seconds at 50×.
+    let truth = vllm_sim::timing::TimingModel::default();
+    for (got, want) in [
+        (
+            calibration.prefill_cost_model["linear_seconds_per_1k_tokens"],
+            truth.prefill_linear_seconds_per_1k_tokens,
+        ),
+        (
+            calibration.decode_throughput_model["fixed_step_seconds"],
+            truth.decode_fixed_step_seconds,
+        ),
+    ] {
+        let ratio = got * 50.0 / want;
+        assert!((0.5..2.0).contains(&ratio), "{calibration:?}: {ratio}");
+    }
     let setup = Setup {
         servers: 1,
         dp: 2,
@@ -19,6 +38,7 @@ async fn program_router_variants_serve_identical_work() {
         bin_dir: dir,
         vllm_router: vllm_router.clone(),
         program_config: serde_json::json!({}),
+        calibration: Some(calibration.clone()),
     };
     let turns = generate(Preset::Chat, 3, 2.0, 5);
     // pr-auto: the same scheduling, identity from session headers only (`enable_key: auto`).

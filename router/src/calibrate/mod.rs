@@ -270,7 +270,7 @@ pub async fn run(args: &CalibrateArgs) -> Result<Calibration, String> {
                 .collect();
             let mut streams = Vec::new();
             // All B requests must be in flight together: poll them concurrently.
-            let joined = join_all(tasks).await;
+            let joined = futures_util::future::join_all(tasks).await;
             for r in joined {
                 streams.push(r?);
             }
@@ -312,34 +312,6 @@ pub async fn run(args: &CalibrateArgs) -> Result<Calibration, String> {
             decode_samples,
         },
     })
-}
-
-/// Runs futures concurrently on the current task.
-async fn join_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
-    let handles: Vec<_> = futs.into_iter().map(Box::pin).collect();
-    let mut pending: Vec<Option<std::pin::Pin<Box<F>>>> = handles.into_iter().map(Some).collect();
-    let mut out: Vec<Option<F::Output>> = (0..pending.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut done = true;
-        for (i, slot) in pending.iter_mut().enumerate() {
-            if let Some(f) = slot {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => {
-                        out[i] = Some(v);
-                        *slot = None;
-                    }
-                    std::task::Poll::Pending => done = false,
-                }
-            }
-        }
-        if done {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 /// Mean inter-token interval while every stream is decoding, or `None` if that window is short.

@@ -101,11 +101,7 @@ impl Calibrated {
 /// calibration's largest batch, [`CALIBRATION_TIME_SCALE`]) and converts the coefficients to
 /// simulators running `time_scale` times faster than the workload. An unusable fit is an error:
 /// a comparison with cost models off by an unknown factor would not say what it seems to.
-pub async fn calibrate(
-    bin_dir: &Path,
-    time_scale: f64,
-    max_model_len: usize,
-) -> Result<Calibrated, String> {
+pub async fn calibrate(bin_dir: &Path, time_scale: f64) -> Result<Calibrated, String> {
     #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
@@ -119,8 +115,10 @@ pub async fn calibrate(
         "1",
         "--num-gpu-blocks",
         "16384",
+        // Room for the largest calibration prompt whatever the comparison's own limit: the
+        // cost model does not depend on it.
         "--max-model-len",
-        &max_model_len.to_string(),
+        "32768",
         "--time-scale",
         &CALIBRATION_TIME_SCALE.to_string(),
         "--log-level",

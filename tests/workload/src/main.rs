@@ -485,7 +485,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         .any(|v| !matches!(v, Variant::PrHash | Variant::VrHash))
     {
         eprintln!("calibrating the cost models against a simulator (program-router calibrate) ...");
-        let c = progbench::compare::calibrate(&bin_dir, time_scale, max_model_len).await?;
+        let c = progbench::compare::calibrate(&bin_dir, time_scale).await?;
         eprintln!(
             "  prefill R² {:.4}, decode R² {:.4}; both routers get these coefficients \
              (converted to {time_scale}× time) unless --program-config gives them",
@@ -847,7 +847,8 @@ fn print_oracle(
         print!(
             "{:<22} {:>10.1}pt {:>11.1}s",
             mode,
-            (o.token_hit - hit) * 100.0,
+            // Rounded first so that a float residue below the bound prints 0.0, not -0.0.
+            ((o.token_hit - hit) * 1000.0).round() / 10.0 + 0.0,
             jct - o.mean_jct_seconds
         );
         match d {

@@ -10,7 +10,7 @@ use progbench::workload::{Preset, generate};
 async fn program_router_variants_serve_identical_work() {
     let (dir, vllm_router) = progbench::compare::test_binaries();
     // What both routers get: program-router calibrate against a simulator, converted to 50×.
-    let calibration = calibrate(&dir, 50.0, 32768)
+    let calibration = calibrate(&dir, 50.0)
         .await
         .expect("program-router calibrate against a simulator");
     // The coefficients are the simulator's own cost model, in wall seconds at 50×.

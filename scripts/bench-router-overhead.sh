@@ -7,7 +7,9 @@
 # Prints req/s, p50/p99 latency, ratios and the routers' peak RSS. Loopback only; every process
 # started here is stopped at the end.
 #
-# Env: DURATION (default 10s), CONNS (64), PROGSCHED_VENV (venv with vllm-router), CARGO_TARGET_DIR.
+# Env: DURATION (default 10s), CONNS (64), PROGSCHED_VENV (venv with vllm-router), CARGO_TARGET_DIR,
+# PIN=1 (wrk and the simulator on CPU 0, every router on CPU 1: the router under test gets a core
+# of its own instead of sharing two with the load generator and the backend; needs taskset).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
@@ -15,6 +17,11 @@ CONNS=${CONNS:-64}
 venv="${PROGSCHED_VENV:-$HOME/.cache/progsched/venv}"
 target="${CARGO_TARGET_DIR:-target}"
 command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)" >&2; exit 1; }
+load=() router=()
+if [ "${PIN:-0}" = 1 ]; then
+  command -v taskset >/dev/null || { echo "PIN=1 needs taskset (util-linux)" >&2; exit 1; }
+  load=(taskset -c 0) router=(taskset -c 1)
+fi
 [ -x "$venv/bin/vllm-router" ] || { echo "vllm-router not found in $venv (pip install vllm-router==0.1.17)" >&2; exit 1; }
 cargo build --release --locked -q -p vllm-sim -p program-router
 
@@ -33,29 +40,29 @@ wrk.headers["Content-Type"] = "application/json"
 LUA
 
 sim_port=$(free_port)
-"$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
+"${load[@]}" "$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
 wait_up "http://127.0.0.1:$sim_port/health"
 
 pr_port=$(free_port); pr_prom=$(free_port)
-"$target/release/program-router" --port "$pr_port" --prometheus-port "$pr_prom" \
+"${router[@]}" "$target/release/program-router" --port "$pr_port" --prometheus-port "$pr_prom" \
   --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & pr_pid=$!; pids+=($pr_pid)
 wait_up "http://127.0.0.1:$pr_port/readiness"
 
 # The same router with one I/O thread (`--io-threads 1`): on a machine this small the default
 # (one per core) competes with wrk and the simulator for the same two cores.
 p1_port=$(free_port); p1_prom=$(free_port)
-"$target/release/program-router" --port "$p1_port" --prometheus-port "$p1_prom" --io-threads 1 \
+"${router[@]}" "$target/release/program-router" --port "$p1_port" --prometheus-port "$p1_prom" --io-threads 1 \
   --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & p1_pid=$!; pids+=($p1_pid)
 wait_up "http://127.0.0.1:$p1_port/readiness"
 
 # And on the shared work-stealing runtime (`--io-threads 0`, the default before I/O threads).
 p0_port=$(free_port); p0_prom=$(free_port)
-"$target/release/program-router" --port "$p0_port" --prometheus-port "$p0_prom" --io-threads 0 \
+"${router[@]}" "$target/release/program-router" --port "$p0_port" --prometheus-port "$p0_prom" --io-threads 0 \
   --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & p0_pid=$!; pids+=($p0_pid)
 wait_up "http://127.0.0.1:$p0_port/readiness"
 
 vr_port=$(free_port); vr_prom=$(free_port)
-"$venv/bin/vllm-router" --host 127.0.0.1 --port "$vr_port" --worker-urls "http://127.0.0.1:$sim_port" \
+"${router[@]}" "$venv/bin/vllm-router" --host 127.0.0.1 --port "$vr_port" --worker-urls "http://127.0.0.1:$sim_port" \
   --policy round_robin --prometheus-host 127.0.0.1 --prometheus-port "$vr_prom" --log-level warning >/dev/null 2>&1 & vr_pid=$!; pids+=($vr_pid)
 wait_up "http://127.0.0.1:$vr_port/health"
 
@@ -64,7 +71,7 @@ cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 run() { # name url pid
   local out rps p50 p99 rss n c0 c1 cpu
   [ -n "$3" ] && c0=$(cpu_ticks "$3")
-  out=$(wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$lua" "$2/v1/chat/completions")
+  out=$("${load[@]}" wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$lua" "$2/v1/chat/completions")
   echo "$out" | grep -qE "Non-2xx|Socket errors" && { echo "$1: errors during the run:" >&2; echo "$out" >&2; exit 1; }
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
   p50=$(echo "$out" | awk '$1=="50%" {print $2}')
@@ -83,7 +90,7 @@ to_ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v/1000 
 
 # Warm up each path, then measure.
 for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$p1_port" "http://127.0.0.1:$p0_port" "http://127.0.0.1:$vr_port"; do
-  wrk -t1 -c"$CONNS" -d2s -s "$lua" "$u/v1/chat/completions" >/dev/null
+  "${load[@]}" wrk -t1 -c"$CONNS" -d2s -s "$lua" "$u/v1/chat/completions" >/dev/null
 done
 results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run program-router-shared-rt "http://127.0.0.1:$p0_port" "$p0_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; } )
 printf 'path\treq/s\tp50\tp99\trouter CPU us/req\tpeak RSS\n%s\n' "$results" | column -t -s $'\t'

@@ -47,6 +47,13 @@ pub enum Variant {
     VrProgram,
 }
 
+impl Variant {
+    /// Whether the router runs Program scheduling (and so uses the cost models).
+    pub fn schedules_programs(self) -> bool {
+        !matches!(self, Variant::PrHash | Variant::VrHash)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Setup {
     pub servers: usize,
@@ -107,31 +114,21 @@ pub async fn calibrate(bin_dir: &Path, time_scale: f64) -> Result<Calibrated, St
         #[command(flatten)]
         args: program_router::calibrate::CalibrateArgs,
     }
-    let port = free_port()?;
-    let sim_args: Vec<String> = [
-        "--port",
-        &port.to_string(),
-        "--data-parallel-size",
-        "1",
-        "--num-gpu-blocks",
-        "16384",
-        // Room for the largest calibration prompt whatever the comparison's own limit: the
-        // cost model does not depend on it.
-        "--max-model-len",
-        "32768",
-        "--time-scale",
-        &CALIBRATION_TIME_SCALE.to_string(),
-        "--log-level",
-        "warn",
-    ]
-    .iter()
-    .map(|x| x.to_string())
-    .collect();
-    let _sim = Procs(vec![spawn(&bin_dir.join("vllm-sim"), &sim_args)?]);
-    let url = format!("http://127.0.0.1:{port}");
-    if !wait_ok(&format!("{url}/health"), 20.0) {
-        return Err("the calibration simulator did not start".into());
-    }
+    let mut sim = Procs(Vec::new());
+    let url = start_sim(
+        &mut sim,
+        bin_dir,
+        free_port()?,
+        &[
+            ("data-parallel-size", "1".into()),
+            ("num-gpu-blocks", "16384".into()),
+            // Room for the largest calibration prompt whatever the comparison's own limit: the
+            // cost model does not depend on it.
+            ("max-model-len", "32768".into()),
+            ("time-scale", CALIBRATION_TIME_SCALE.to_string()),
+        ],
+    )
+    .map_err(|e| format!("calibration: {e}"))?;
     let cli = <Cli as clap::Parser>::try_parse_from([
         "calibrate",
         "--worker-url",
@@ -148,32 +145,20 @@ pub async fn calibrate(bin_dir: &Path, time_scale: f64) -> Result<Calibrated, St
     if let Some(why) = c.poor_fit(cli.args.min_r2) {
         return Err(format!("calibrating against a simulator: {why}"));
     }
+    // Every coefficient is seconds at the calibration's speed: convert to the comparison's.
     let f = CALIBRATION_TIME_SCALE / time_scale;
-    let (p, d) = (&c.prefill_cost_model, &c.decode_throughput_model);
-    let map = |kv: [(&str, f64); 3]| kv.iter().map(|(k, v)| (k.to_string(), v * f)).collect();
+    let scaled =
+        |fit: serde_json::Result<serde_json::Value>| -> Result<BTreeMap<String, f64>, String> {
+            let fit = fit.map_err(|e| e.to_string())?;
+            let fields = fit.as_object().ok_or("a fit that is not an object")?;
+            Ok(fields
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_f64()? * f)))
+                .collect())
+        };
     Ok(Calibrated {
-        prefill_cost_model: map([
-            ("intercept_seconds", p.intercept_seconds),
-            (
-                "linear_seconds_per_1k_tokens",
-                p.linear_seconds_per_1k_tokens,
-            ),
-            (
-                "quadratic_seconds_per_1k_tokens_squared",
-                p.quadratic_seconds_per_1k_tokens_squared,
-            ),
-        ]),
-        decode_throughput_model: map([
-            ("fixed_step_seconds", d.fixed_step_seconds),
-            (
-                "batch_step_seconds_per_request",
-                d.batch_step_seconds_per_request,
-            ),
-            (
-                "context_step_seconds_per_token",
-                d.context_step_seconds_per_token,
-            ),
-        ]),
+        prefill_cost_model: scaled(serde_json::to_value(&c.prefill_cost_model))?,
+        decode_throughput_model: scaled(serde_json::to_value(&c.decode_throughput_model))?,
         prefill_r2: c.fit.prefill_r2,
         decode_r2: c.fit.decode_r2,
     })
@@ -474,6 +459,37 @@ pub(crate) fn spawn(bin: &Path, args: &[String]) -> Result<Child, String> {
         .map_err(|e| format!("cannot start {}: {e}", bin.display()))
 }
 
+/// Starts a simulator on `port` with `flags` (`--name value`, plus `--log-level warn`), waits
+/// for its `/health` and returns its base URL. The process joins `procs`, which stops it.
+pub(crate) fn start_sim(
+    procs: &mut Procs,
+    bin_dir: &Path,
+    port: u16,
+    flags: &[(&str, String)],
+) -> Result<String, String> {
+    let mut args = vec![
+        "--port".to_string(),
+        port.to_string(),
+        "--log-level".into(),
+        "warn".into(),
+    ];
+    for (name, value) in flags {
+        args.extend([format!("--{name}"), value.clone()]);
+    }
+    procs.0.push(spawn(&bin_dir.join("vllm-sim"), &args)?);
+    let url = format!("http://127.0.0.1:{port}");
+    if !wait_ok(&format!("{url}/health"), 20.0) {
+        let exited = procs
+            .0
+            .last_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+            .map(|st| format!(" (it exited: {st})"))
+            .unwrap_or_default();
+        return Err(format!("simulator on {port} did not start{exited}"));
+    }
+    Ok(url)
+}
+
 /// Runs one variant on fresh simulators.
 pub async fn run_variant(turns: &[Turn], v: Variant, s: &Setup) -> RunResult {
     let started = Instant::now();
@@ -497,34 +513,17 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     };
     for i in 0..s.servers {
         let port = sim_port(i)?;
-        let args: Vec<String> = [
-            "--port",
-            &port.to_string(),
-            "--data-parallel-size",
-            &s.dp.to_string(),
-            "--num-gpu-blocks",
-            &num_gpu_blocks.to_string(),
-            "--max-model-len",
-            &s.max_model_len.to_string(),
-            "--time-scale",
-            &s.time_scale.to_string(),
-            "--log-level",
-            "warn",
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
-        procs.0.push(spawn(&s.bin_dir.join("vllm-sim"), &args)?);
-        let url = format!("http://127.0.0.1:{port}");
-        if !wait_ok(&format!("{url}/health"), 20.0) {
-            let exited = procs
-                .0
-                .last_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-                .map(|st| format!(" (it exited: {st})"))
-                .unwrap_or_default();
-            return Err(format!("simulator on {port} did not start{exited}"));
-        }
+        let url = start_sim(
+            &mut procs,
+            &s.bin_dir,
+            port,
+            &[
+                ("data-parallel-size", s.dp.to_string()),
+                ("num-gpu-blocks", num_gpu_blocks.to_string()),
+                ("max-model-len", s.max_model_len.to_string()),
+                ("time-scale", s.time_scale.to_string()),
+            ],
+        )?;
         sims.push(url);
     }
     let (port, prom) = (free_port()?, free_port()?);

@@ -20,7 +20,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::compare::{Procs, free_port, spawn, wait_ok};
+use crate::compare::{Procs, free_port, spawn, start_sim, wait_ok};
 use crate::des::percentile;
 
 /// One router setup to measure.
@@ -182,23 +182,15 @@ pub async fn run(v: FairVariant, s: &FairSetup) -> FairResult {
 
 async fn inner(v: FairVariant, s: &FairSetup, r: &mut FairResult) -> Result<(), String> {
     let mut procs = Procs(Vec::new());
-    let sim_port = free_port()?;
-    let args: Vec<String> = [
-        "--port".to_string(),
-        sim_port.to_string(),
-        "--max-num-seqs".into(),
-        s.max_num_seqs.to_string(),
-        "--time-scale".into(),
-        s.time_scale.to_string(),
-        "--log-level".into(),
-        "warn".into(),
-    ]
-    .into();
-    procs.0.push(spawn(&s.bin_dir.join("vllm-sim"), &args)?);
-    let sim = format!("http://127.0.0.1:{sim_port}");
-    if !wait_ok(&format!("{sim}/health"), 20.0) {
-        return Err("simulator did not start".into());
-    }
+    let sim = start_sim(
+        &mut procs,
+        &s.bin_dir,
+        free_port()?,
+        &[
+            ("max-num-seqs", s.max_num_seqs.to_string()),
+            ("time-scale", s.time_scale.to_string()),
+        ],
+    )?;
     let (port, prom) = (free_port()?, free_port()?);
     let dir = std::env::temp_dir().join(format!("progbench-fair-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;

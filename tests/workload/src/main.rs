@@ -479,11 +479,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     let vllm_router = vllm_router.or_else(progbench::compare::venv_vllm_router);
     let program_config: serde_json::Value =
         serde_json::from_str(&program_config).map_err(|e| format!("--program-config: {e}"))?;
-    use progbench::compare::Variant;
-    let calibration = if variants
-        .iter()
-        .any(|v| !matches!(v, Variant::PrHash | Variant::VrHash))
-    {
+    let calibration = if variants.iter().any(|v| v.schedules_programs()) {
         eprintln!("calibrating the cost models against a simulator (program-router calibrate) ...");
         let c = progbench::compare::calibrate(&bin_dir, time_scale).await?;
         eprintln!(

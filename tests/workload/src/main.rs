@@ -581,6 +581,27 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
             )
         }),
     );
+    // What KV decisions can act on: each run's JCT above the same scheduler's with no KV
+    // pressure (batching slowdown and the harness's timing are in both).
+    if let Some(reference) = results
+        .iter()
+        .find(|r| r.ok && r.variant == progbench::compare::Variant::PrUnboundedKv)
+    {
+        println!(
+            "\nmean JCT above the reference without KV pressure ({:.1} s):",
+            reference.mean_jct
+        );
+        for r in results
+            .iter()
+            .filter(|r| r.ok && r.variant != reference.variant)
+        {
+            println!(
+                "{:<22} {:>11.1}s",
+                format!("{:?}", r.variant),
+                r.mean_jct - reference.mean_jct
+            );
+        }
+    }
     let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-compare.html"));
     let calibrated = match &setup.calibration {
         Some(c) => format!(

@@ -26,6 +26,9 @@ fn compare_calibrates_then_reports_runs_against_the_reference() {
             "1",
             "--num-gpu-blocks",
             "4096",
+            // Below calibrate's largest prompt (8192 + 1): the calibration simulator has its own.
+            "--max-model-len",
+            "8192",
             "--time-scale",
             "50",
             "--limit-secs",

@@ -90,7 +90,9 @@ enum Cmd {
         #[arg(long, default_value_t = 600.0)]
         limit_secs: f64,
         /// Program scheduling JSON for both routers, in workload seconds: its durations
-        /// (metrics interval, timeouts, TTL cap, retention) are divided by --time-scale.
+        /// (metrics interval, timeouts, TTL cap, retention) are divided by --time-scale. The
+        /// cost models come from `program-router calibrate` against a simulator unless given
+        /// here (then in wall seconds of the time-scaled simulators).
         #[arg(long, default_value = "{}")]
         program_config: String,
         /// vllm-router binary (default: $PROGSCHED_VENV/bin/vllm-router, then PATH).

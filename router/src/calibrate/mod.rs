@@ -341,3 +341,42 @@ fn steady_step(streams: &[Vec<Instant>]) -> Option<f64> {
     }
     (!intervals.is_empty()).then(|| intervals.iter().sum::<f64>() / intervals.len() as f64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn calibration(prefill_r2: f64, decode_r2: f64, fixed_step_seconds: f64) -> Calibration {
+        Calibration {
+            prefill_cost_model: PrefillFit {
+                intercept_seconds: 0.07,
+                linear_seconds_per_1k_tokens: 0.06,
+                quadratic_seconds_per_1k_tokens_squared: 0.004,
+            },
+            decode_throughput_model: DecodeFit {
+                fixed_step_seconds,
+                batch_step_seconds_per_request: 0.0004,
+                context_step_seconds_per_token: 1.4e-7,
+            },
+            fit: FitReport {
+                prefill_r2,
+                decode_r2,
+                prefill_samples: vec![],
+                decode_samples: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn a_poor_fit_is_refused_with_both_r2_values() {
+        assert_eq!(calibration(0.999, 0.95, 0.01).poor_fit(0.9), None);
+        let why = calibration(0.999, 0.64, 0.01).poor_fit(0.9);
+        assert_eq!(
+            why.as_deref(),
+            Some("poor fit (prefill R² 0.999, decode R² 0.640, minimum 0.9)")
+        );
+        assert!(calibration(0.5, 0.99, 0.01).poor_fit(0.9).is_some());
+        // A decode step of no time cannot be a model of any engine.
+        assert!(calibration(0.99, 0.99, 0.0).poor_fit(0.9).is_some());
+    }
+}

@@ -104,6 +104,16 @@ impl Calibrated {
     }
 }
 
+/// A fit's fields by name, each multiplied by `factor`.
+fn scaled_fields(fit: &impl Serialize, factor: f64) -> Result<BTreeMap<String, f64>, String> {
+    let fit = serde_json::to_value(fit).map_err(|e| e.to_string())?;
+    let fields = fit.as_object().ok_or("a fit that is not an object")?;
+    Ok(fields
+        .iter()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_f64()? * factor)))
+        .collect())
+}
+
 /// Runs `program-router calibrate` against a fresh simulator (one DP rank, KV for the
 /// calibration's largest batch, [`CALIBRATION_TIME_SCALE`]) and converts the coefficients to
 /// simulators running `time_scale` times faster than the workload. An unusable fit is an error:
@@ -147,18 +157,9 @@ pub async fn calibrate(bin_dir: &Path, time_scale: f64) -> Result<Calibrated, St
     }
     // Every coefficient is seconds at the calibration's speed: convert to the comparison's.
     let f = CALIBRATION_TIME_SCALE / time_scale;
-    let scaled =
-        |fit: serde_json::Result<serde_json::Value>| -> Result<BTreeMap<String, f64>, String> {
-            let fit = fit.map_err(|e| e.to_string())?;
-            let fields = fit.as_object().ok_or("a fit that is not an object")?;
-            Ok(fields
-                .iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_f64()? * f)))
-                .collect())
-        };
     Ok(Calibrated {
-        prefill_cost_model: scaled(serde_json::to_value(&c.prefill_cost_model))?,
-        decode_throughput_model: scaled(serde_json::to_value(&c.decode_throughput_model))?,
+        prefill_cost_model: scaled_fields(&c.prefill_cost_model, f)?,
+        decode_throughput_model: scaled_fields(&c.decode_throughput_model, f)?,
         prefill_r2: c.fit.prefill_r2,
         decode_r2: c.fit.decode_r2,
     })

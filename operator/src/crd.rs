@@ -346,19 +346,22 @@ impl ProgramSchedulingParams {
     }
 }
 
+/// camelCase → snake_case, with a digit run as a word of its own (`per1k` → `per_1k`), as the
+/// router's field names spell it.
 fn snake(key: &str) -> String {
     let mut out = String::with_capacity(key.len() + 4);
-    for (i, c) in key.chars().enumerate() {
-        if c.is_ascii_uppercase() {
-            if i > 0 {
-                out.push('_');
-            }
-            out.push(c.to_ascii_lowercase());
-        } else {
-            out.push(c);
+    let mut prev: Option<char> = None;
+    for c in key.chars() {
+        let boundary = match prev {
+            None => false,
+            Some(p) => c.is_ascii_uppercase() || (c.is_ascii_digit() && !p.is_ascii_digit()),
+        };
+        if boundary {
+            out.push('_');
         }
+        out.push(c.to_ascii_lowercase());
+        prev = Some(c);
     }
-    // "1k" stays "1k"; "Dp" becomes "dp".
     out
 }
 
@@ -378,24 +381,96 @@ fn rename_keys(v: serde_json::Value) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::CustomResourceExt;
+
+    /// Every key path below an object (`a.b`), through nested objects.
+    fn key_paths(
+        v: &serde_json::Value,
+        prefix: &str,
+        out: &mut std::collections::BTreeSet<String>,
+    ) {
+        if let Some(m) = v.as_object() {
+            for (k, v) in m {
+                let p = format!("{prefix}{k}");
+                key_paths(v, &format!("{p}."), out);
+                out.insert(p);
+            }
+        }
+    }
 
     #[test]
-    fn every_router_field_has_a_camel_case_twin() {
-        // Every field of the router's config (minus our extensions) must round-trip.
+    fn every_router_field_has_a_camel_case_twin_and_back() {
         let router =
             serde_json::to_value(program_router::config::ProgramSchedulingConfig::default())
                 .expect("json");
-        let crd: serde_json::Value =
-            serde_json::to_value(ProgramSchedulingParams::default()).expect("json");
-        let crd_keys: Vec<String> = crd
-            .as_object()
-            .expect("object")
-            .keys()
-            .map(|k| snake(k))
-            .collect();
-        for k in router.as_object().expect("object").keys() {
-            assert!(crd_keys.contains(k), "CRD lacks {k}");
+        let mut want = std::collections::BTreeSet::new();
+        key_paths(&router, "", &mut want);
+        // The CRD's own schema, nested models included, renamed as `to_router` renames it.
+        let crd = serde_json::to_value(ProgramScheduling::crd()).expect("crd");
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["programScheduling"];
+        fn props(s: &serde_json::Value) -> serde_json::Value {
+            match s.get("properties").and_then(|p| p.as_object()) {
+                Some(m) => m.iter().map(|(k, v)| (k.clone(), props(v))).collect(),
+                // A leaf: an empty object, which renaming keeps (it drops nulls).
+                None => serde_json::json!({}),
+            }
         }
+        let mut got = std::collections::BTreeSet::new();
+        key_paths(&rename_keys(props(schema)), "", &mut got);
+        let lacking: Vec<_> = want.difference(&got).collect();
+        assert!(lacking.is_empty(), "CRD lacks {lacking:?}");
+        let unknown: Vec<_> = got.difference(&want).collect();
+        assert!(unknown.is_empty(), "router does not know {unknown:?}");
+        assert!(got.len() > 30, "{got:?}");
+        assert_eq!(
+            snake("linearSecondsPer1kTokens"),
+            "linear_seconds_per_1k_tokens"
+        );
+        assert_eq!(
+            snake("tokenCapacityPerDpRank"),
+            "token_capacity_per_dp_rank"
+        );
+    }
+
+    #[test]
+    fn calibrated_models_reach_the_router() {
+        let p: ProgramSchedulingParams = serde_json::from_value(serde_json::json!({
+            "prefillCostModel": {
+                "interceptSeconds": 0.045,
+                "linearSecondsPer1kTokens": 0.031,
+                "quadraticSecondsPer1kTokensSquared": 0.0021,
+                "decodeThroughputAlpha": 0.2
+            },
+            "decodeThroughputModel": {
+                "fixedStepSeconds": 0.011,
+                "batchStepSecondsPerRequest": 0.00042,
+                "contextStepSecondsPerToken": 1.4e-7
+            }
+        }))
+        .expect("params");
+        let c = p.to_router().expect("valid");
+        let m = &c.prefill_cost_model;
+        assert_eq!(
+            (m.intercept_seconds, m.linear_seconds_per_1k_tokens),
+            (0.045, 0.031)
+        );
+        assert_eq!(
+            (
+                m.quadratic_seconds_per_1k_tokens_squared,
+                m.decode_throughput_alpha
+            ),
+            (0.0021, 0.2)
+        );
+        let d = &c.decode_throughput_model;
+        assert_eq!(
+            (
+                d.fixed_step_seconds,
+                d.batch_step_seconds_per_request,
+                d.context_step_seconds_per_token
+            ),
+            (0.011, 0.00042, 1.4e-7)
+        );
     }
 
     #[test]

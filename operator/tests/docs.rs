@@ -94,3 +94,62 @@ fn the_documented_minimal_resource_is_valid() {
     assert!(ps_cfg.global_queue);
     program_operator::render::render(&ps.spec, Vec::new()).expect("renders");
 }
+
+/// Every key path of a YAML value (`a.b.c`; list items share their list's path).
+fn paths(v: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let p = format!("{prefix}.{k}");
+                out.insert(p.clone());
+                paths(v, &p, out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|i| paths(i, prefix, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn the_chart_examples_are_valid_and_lose_no_field() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/program-scheduling/examples"
+    );
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir).expect("examples") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("read");
+        let raw: Value = serde_yaml::from_str(&text).expect("yaml");
+        let ps: ProgramScheduling =
+            serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // A misspelt field would be dropped silently by parsing; the round trip shows it.
+        let (mut want, mut got) = (BTreeSet::new(), BTreeSet::new());
+        paths(&raw["spec"], "spec", &mut want);
+        paths(
+            &serde_json::to_value(&ps.spec).expect("json"),
+            "spec",
+            &mut got,
+        );
+        let dropped: Vec<_> = want.difference(&got).collect();
+        assert!(
+            dropped.is_empty(),
+            "{}: unknown fields {dropped:?}",
+            path.display()
+        );
+        program_operator::render::render(&ps.spec, Vec::new())
+            .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+        if let Some(p) = &ps.spec.program_scheduling {
+            // An example that says it is calibrated gives both cost models.
+            if text.contains("calibrate") {
+                assert!(
+                    p.prefill_cost_model.is_some() && p.decode_throughput_model.is_some(),
+                    "{}: calibrated example without both cost models",
+                    path.display()
+                );
+            }
+        }
+        seen += 1;
+    }
+    assert!(seen >= 2, "found {seen} examples");
+}

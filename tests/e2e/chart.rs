@@ -245,6 +245,19 @@ fn chart_installs_with_least_privilege_runs_the_example_and_upgrades_cleanly() {
                 );
             cp.kubectl_stdin(&["apply", "-n", "team-a", "-f", "-"], Some(&example))
                 .expect_ok("apply the minimal example");
+            // The production example passes the real API server's schema, CEL rules and strict
+            // field validation (a server-side dry run: it names workers this test does not run).
+            let production = chart_dir().join("examples/production.yaml");
+            cp.kubectl(&[
+                "apply",
+                "--dry-run=server",
+                "--validate=strict",
+                "-n",
+                "team-a",
+                "-f",
+                production.to_str().expect("utf-8 path"),
+            ])
+            .expect_ok("server-side dry run of the production example");
             let api: Api<ProgramScheduling> = Api::namespaced(client.clone(), "team-a");
             let ready = wait_for(Duration::from_secs(90), || async {
                 let ps = api.get("agents").await.ok()?;

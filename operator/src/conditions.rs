@@ -65,11 +65,34 @@ pub enum Affinity {
     Split(i32),
 }
 
+/// Where Program scheduling's two cost models come from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Calibration {
     NotUsed,
+    /// Neither model given: both use the reference coefficients.
     Reference,
+    /// One model given; the named spec field (the other one) uses the reference coefficients.
+    Partial {
+        missing: &'static str,
+    },
+    /// Both models given.
     Configured,
+}
+
+/// The [`Calibration`] of a spec, from which of `prefillCostModel` and `decodeThroughputModel`
+/// it sets (`None` = Program scheduling off).
+pub fn calibration(models: Option<(bool, bool)>) -> Calibration {
+    match models {
+        None => Calibration::NotUsed,
+        Some((true, true)) => Calibration::Configured,
+        Some((false, false)) => Calibration::Reference,
+        Some((true, false)) => Calibration::Partial {
+            missing: "decodeThroughputModel",
+        },
+        Some((false, true)) => Calibration::Partial {
+            missing: "prefillCostModel",
+        },
+    }
 }
 
 /// The [`Affinity`] of a spec: Program scheduling on or off, router replicas, and the router
@@ -262,14 +285,24 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
             CALIBRATED,
             true,
             "Configured",
-            "prefill cost model coefficients come from the spec".into(),
+            "prefill and decode cost models come from the spec".into(),
+        ),
+        Calibration::Partial { missing } => cond(
+            CALIBRATED,
+            false,
+            "PartiallyCalibrated",
+            format!(
+                "programScheduling.{missing} is not set and uses the reference coefficients; \
+                 copy it from the same `program-router calibrate` run as the other model"
+            ),
         ),
         Calibration::Reference => cond(
             CALIBRATED,
             false,
             "ReferenceCoefficients",
-            "using the reference prefill coefficients; run `program-router calibrate` against \
-             these workers and set programScheduling.prefillCostModel"
+            "using the reference prefill and decode coefficients; run `program-router calibrate` \
+             against these workers and set programScheduling.prefillCostModel and \
+             decodeThroughputModel"
                 .into(),
         ),
     };
@@ -418,6 +451,38 @@ mod tests {
             (c.status.as_str(), c.reason.as_str()),
             ("False", "ReferenceCoefficients")
         );
+    }
+
+    #[test]
+    fn calibrated_needs_both_cost_models() {
+        let reason = |models| {
+            let mut o = good();
+            o.calibration = calibration(models);
+            let cs = evaluate(&o);
+            let c = get(&cs, CALIBRATED);
+            (c.status.clone(), c.reason.clone(), c.message.clone())
+        };
+        assert_eq!(reason(None).1, "NotUsed");
+        let (status, why, _) = reason(Some((true, true)));
+        assert_eq!((status.as_str(), why.as_str()), ("True", "Configured"));
+        let (status, why, msg) = reason(Some((true, false)));
+        assert_eq!(
+            (status.as_str(), why.as_str()),
+            ("False", "PartiallyCalibrated")
+        );
+        assert!(
+            msg.contains("programScheduling.decodeThroughputModel"),
+            "{msg}"
+        );
+        let (_, why, msg) = reason(Some((false, true)));
+        assert_eq!(why, "PartiallyCalibrated");
+        assert!(msg.contains("programScheduling.prefillCostModel"), "{msg}");
+        let (status, why, msg) = reason(Some((false, false)));
+        assert_eq!(
+            (status.as_str(), why.as_str()),
+            ("False", "ReferenceCoefficients")
+        );
+        assert!(msg.contains("decodeThroughputModel"), "{msg}");
     }
 
     #[test]

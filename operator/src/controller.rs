@@ -26,7 +26,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::conditions::{self, Calibration, Observed};
+use crate::conditions::{self, Observed};
 use crate::crd::{ProgramScheduling, ProgramSchedulingStatus};
 use crate::discover::discover;
 use crate::objects::{self, ConfigFile, FIELD_MANAGER, Owned};
@@ -292,11 +292,12 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
         desired_hash: desired_hash.clone(),
         deployment: (ps.spec.router.replicas, available),
         routers: reports,
-        calibration: match &ps.spec.program_scheduling {
-            None => Calibration::NotUsed,
-            Some(p) if p.prefill_cost_model.is_some() => Calibration::Configured,
-            Some(_) => Calibration::Reference,
-        },
+        calibration: conditions::calibration(ps.spec.program_scheduling.as_ref().map(|p| {
+            (
+                p.prefill_cost_model.is_some(),
+                p.decode_throughput_model.is_some(),
+            )
+        })),
         affinity: conditions::affinity(
             ps.spec.program_scheduling.is_some(),
             ps.spec.router.replicas,

@@ -434,6 +434,51 @@ mod tests {
     }
 
     #[test]
+    fn calibrate_crd_output_pastes_into_the_spec() {
+        use program_router::calibrate::{Calibration, DecodeFit, FitReport, PrefillFit};
+        let fit = Calibration {
+            prefill_cost_model: PrefillFit {
+                intercept_seconds: 0.045,
+                linear_seconds_per_1k_tokens: 0.031,
+                quadratic_seconds_per_1k_tokens_squared: 0.0021,
+            },
+            decode_throughput_model: DecodeFit {
+                fixed_step_seconds: 0.011,
+                batch_step_seconds_per_request: 0.00042,
+                context_step_seconds_per_token: 1.4e-7,
+            },
+            fit: FitReport {
+                prefill_r2: 0.999,
+                decode_r2: 0.998,
+                prefill_samples: vec![],
+                decode_samples: vec![],
+            },
+        };
+        let yaml = fit.crd_yaml().expect("yaml");
+        let p: ProgramSchedulingParams = serde_yaml::from_str(&yaml).expect("params");
+        assert!(p.prefill_cost_model.is_some() && p.decode_throughput_model.is_some());
+        let c = p.to_router().expect("valid");
+        let m = &c.prefill_cost_model;
+        assert_eq!(
+            (
+                m.intercept_seconds,
+                m.linear_seconds_per_1k_tokens,
+                m.quadratic_seconds_per_1k_tokens_squared
+            ),
+            (0.045, 0.031, 0.0021)
+        );
+        let d = &c.decode_throughput_model;
+        assert_eq!(
+            (
+                d.fixed_step_seconds,
+                d.batch_step_seconds_per_request,
+                d.context_step_seconds_per_token
+            ),
+            (0.011, 0.00042, 1.4e-7)
+        );
+    }
+
+    #[test]
     fn calibrated_models_reach_the_router() {
         let p: ProgramSchedulingParams = serde_json::from_value(serde_json::json!({
             "prefillCostModel": {

@@ -175,7 +175,16 @@ async fn calibrate(args: &program_router::calibrate::CalibrateArgs) -> ExitCode 
                 );
                 return ExitCode::from(3);
             }
-            println!("{json}");
+            match args.format {
+                program_router::calibrate::Format::Json => println!("{json}"),
+                program_router::calibrate::Format::Crd => match c.crd_yaml() {
+                    Ok(yaml) => print!("{yaml}"),
+                    Err(e) => {
+                        eprintln!("program-router calibrate: {e}");
+                        return ExitCode::from(1);
+                    }
+                },
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

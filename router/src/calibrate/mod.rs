@@ -55,6 +55,17 @@ pub struct CalibrateArgs {
     /// Timeout of one request.
     #[arg(long, default_value_t = 300.0)]
     pub timeout_secs: f64,
+    /// `json`: the fit in the router's field names, with R² and samples; `crd`: YAML to paste
+    /// under `spec.programScheduling` of a ProgramScheduling resource.
+    #[arg(long, value_enum, default_value_t = Format::Json)]
+    pub format: Format,
+}
+
+/// How `calibrate` prints its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Json,
+    Crd,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -78,6 +89,47 @@ impl Calibration {
                     f.prefill_r2, f.decode_r2
                 )
             })
+    }
+
+    /// The two models as the ProgramScheduling resource spells them (camelCase), as YAML for
+    /// `spec.programScheduling`, headed by a comment with each fit's R².
+    pub fn crd_yaml(&self) -> Result<String, String> {
+        let models = serde_json::json!({
+            "prefill_cost_model": &self.prefill_cost_model,
+            "decode_throughput_model": &self.decode_throughput_model,
+        });
+        let yaml = serde_yaml::to_string(&camel_keys(models)).map_err(|e| e.to_string())?;
+        Ok(format!(
+            "# program-router calibrate (prefill R² {:.4}, decode R² {:.4}); under spec.programScheduling:\n{yaml}",
+            self.fit.prefill_r2, self.fit.decode_r2
+        ))
+    }
+}
+
+/// snake_case → camelCase object keys (`per_1k_tokens` → `per1kTokens`), as the CRD's serde
+/// `rename_all = "camelCase"` spells the router's field names.
+fn camel_keys(v: serde_json::Value) -> serde_json::Value {
+    let camel = |k: &str| {
+        let mut out = String::with_capacity(k.len());
+        let mut upper = false;
+        for c in k.chars() {
+            match (c, upper) {
+                ('_', _) => upper = true,
+                (c, true) => {
+                    out.push(c.to_ascii_uppercase());
+                    upper = false;
+                }
+                (c, false) => out.push(c),
+            }
+        }
+        out
+    };
+    match v {
+        serde_json::Value::Object(m) => m
+            .into_iter()
+            .map(|(k, v)| (camel(&k), camel_keys(v)))
+            .collect(),
+        other => other,
     }
 }
 
@@ -378,5 +430,24 @@ mod tests {
         assert!(calibration(0.5, 0.99, 0.01).poor_fit(0.9).is_some());
         // A decode step of no time cannot be a model of any engine.
         assert!(calibration(0.99, 0.99, 0.0).poor_fit(0.9).is_some());
+    }
+
+    #[test]
+    fn crd_output_is_camel_case_yaml_with_the_fitted_values() {
+        let yaml = calibration(0.9991, 0.9987, 0.011).crd_yaml().expect("yaml");
+        assert!(
+            yaml.starts_with("# program-router calibrate (prefill R² 0.9991, decode R² 0.9987)"),
+            "{yaml}"
+        );
+        let v: serde_json::Value = serde_yaml::from_str(&yaml).expect("parses");
+        let p = &v["prefillCostModel"];
+        assert_eq!(p["interceptSeconds"], 0.07);
+        assert_eq!(p["linearSecondsPer1kTokens"], 0.06);
+        assert_eq!(p["quadraticSecondsPer1kTokensSquared"], 0.004);
+        let d = &v["decodeThroughputModel"];
+        assert_eq!(d["fixedStepSeconds"], 0.011);
+        assert_eq!(d["batchStepSecondsPerRequest"], 0.0004);
+        assert_eq!(d["contextStepSecondsPerToken"], 1.4e-7);
+        assert_eq!(v.as_object().map(|m| m.len()), Some(2), "{yaml}");
     }
 }

@@ -433,6 +433,77 @@ mod tests {
         );
     }
 
+    /// Every string a schema admits through `enum` or `const`, anywhere below it.
+    fn admitted(v: &serde_json::Value, out: &mut std::collections::BTreeSet<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("const", serde_json::Value::String(s)) => {
+                            out.insert(s.clone());
+                        }
+                        ("enum", serde_json::Value::Array(a)) => {
+                            out.extend(a.iter().filter_map(|s| s.as_str().map(String::from)));
+                        }
+                        _ => admitted(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| admitted(v, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_cel_word_list_is_the_routers_list() {
+        let crd = serde_json::to_value(ProgramScheduling::crd()).expect("crd");
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        let router = program_router::config::RouterConfig::schema();
+        let defs = &router["$defs"];
+        let mut checked = 0;
+        for (section, def) in [
+            ("programScheduling", "ProgramSchedulingConfig"),
+            ("fairness", "FairnessConfig"),
+            ("router", "PolicyConfig"),
+        ] {
+            let props = spec[section]["properties"].as_object().expect("properties");
+            for (field, schema) in props {
+                // The router spec's policy is PolicyConfig.kind; its other words are
+                // Kubernetes' own (Service settings). The other sections share the router's names.
+                let key = match (section, field.as_str()) {
+                    ("router", "policy") => "kind".to_string(),
+                    ("router", _) => continue,
+                    _ => snake(field),
+                };
+                let Some(rules) = schema["x-kubernetes-validations"].as_array() else {
+                    continue;
+                };
+                for rule in rules.iter().filter_map(|r| r["rule"].as_str()) {
+                    let Some(list) = rule.strip_prefix("self in [") else {
+                        continue;
+                    };
+                    let cel: std::collections::BTreeSet<String> = list
+                        .split('\'')
+                        .skip(1)
+                        .step_by(2)
+                        .map(String::from)
+                        .collect();
+                    let target = &defs[def]["properties"][&key];
+                    let named = target["$ref"]
+                        .as_str()
+                        .and_then(|r| r.rsplit('/').next())
+                        .map(|n| &defs[n])
+                        .unwrap_or(target);
+                    let mut words = std::collections::BTreeSet::new();
+                    admitted(named, &mut words);
+                    assert_eq!(cel, words, "{section}.{field}");
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 7, "word lists checked");
+    }
+
     #[test]
     fn calibrate_crd_output_pastes_into_the_spec() {
         use program_router::calibrate::{Calibration, DecodeFit, FitReport, PrefillFit};

@@ -245,6 +245,56 @@ fn operator_discovers_workers_rolls_out_routers_and_reports_status() {
             "{printed}"
         );
 
+        // The documented calibration flow: `program-router calibrate --format crd` output,
+        // applied to the resource, reaches every router and turns Calibrated True.
+        let fit = program_router::calibrate::Calibration {
+            prefill_cost_model: program_router::calibrate::PrefillFit {
+                intercept_seconds: 0.045,
+                linear_seconds_per_1k_tokens: 0.031,
+                quadratic_seconds_per_1k_tokens_squared: 0.0021,
+            },
+            decode_throughput_model: program_router::calibrate::DecodeFit {
+                fixed_step_seconds: 0.011,
+                batch_step_seconds_per_request: 0.00042,
+                context_step_seconds_per_token: 1.4e-7,
+            },
+            fit: program_router::calibrate::FitReport {
+                prefill_r2: 0.999,
+                decode_r2: 0.998,
+                prefill_samples: vec![],
+                decode_samples: vec![],
+            },
+        };
+        let models: serde_json::Value =
+            serde_yaml::from_str(&fit.crd_yaml().expect("yaml")).expect("calibrate output");
+        let patch = json!({"spec": {"programScheduling": models}}).to_string();
+        cp.kubectl(&[
+            "patch", "psched", "fleet", "-n", ns, "--type", "merge", "-p", &patch,
+        ])
+        .expect_ok("patch in the calibration");
+        let calibrated = wait_for(Duration::from_secs(30), || async {
+            let ps = api.get("fleet").await.ok()?;
+            (condition(&ps, "Calibrated")? == ("True".into(), "Configured".into())).then_some(())?;
+            for (pod, _) in kubelet.routers().await {
+                let st = kubelet.router_state(&pod).await?;
+                let cfg = &st.applied.load().config;
+                let p = cfg.program_scheduling.as_ref()?;
+                let seen = (
+                    p.prefill_cost_model.linear_seconds_per_1k_tokens,
+                    p.decode_throughput_model.context_step_seconds_per_token,
+                );
+                (seen == (0.031, 1.4e-7)).then_some(())?;
+            }
+            Some(())
+        })
+        .await;
+        assert!(
+            calibrated.is_some(),
+            "calibration did not reach the routers: {:?}\noperator log:\n{}",
+            api.get("fleet").await.ok().and_then(|p| p.status),
+            op.log_tail()
+        );
+
         // Deleting a worker pod removes its ranks from every router within 3 s.
         let t0 = Instant::now();
         kubelet.delete_worker("vllm-1").await;

@@ -3,7 +3,7 @@
 //!
 //! Owns `apply` — turning a validated config into targets and a policy — and the reload rules.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -65,7 +65,9 @@ pub struct RouterState {
     pub program_metrics: ProgramMetrics,
     pub fair_metrics: FairMetrics,
     pub client: UpstreamClient,
-    pub draining: AtomicBool,
+    /// From the start of the graceful drain: when the router's queues close (see
+    /// [`RouterState::begin_drain`]).
+    drain: watch::Sender<Option<tokio::time::Instant>>,
     pub last_reload_error: Mutex<Option<ReloadError>>,
     pub health_wake: Notify,
     pub observe_wake: Arc<Notify>,
@@ -113,7 +115,7 @@ impl RouterState {
             program_metrics,
             fair_metrics,
             client: proxy::client(),
-            draining: AtomicBool::new(false),
+            drain: watch::channel(None).0,
             last_reload_error: Mutex::new(None),
             health_wake: Notify::new(),
             observe_wake,
@@ -129,6 +131,40 @@ impl RouterState {
     /// A receiver that changes when the router stops.
     pub fn stop_rx(&self) -> watch::Receiver<bool> {
         self.stop.subscribe()
+    }
+
+    /// Starts the graceful drain, which lasts up to `timeout`: readiness turns false at once.
+    /// Requests waiting in the router's queues (Program scheduling's RequestPool, the fair
+    /// queue) may still be dispatched during the first half; those still waiting then, and any
+    /// that arrives and would wait from then on, are answered 503 `shutting_down` — never cut by
+    /// the deadline while they wait — and requests dispatched have the second half to finish.
+    /// Later calls change nothing.
+    pub fn begin_drain(&self, timeout: std::time::Duration) {
+        let close = tokio::time::Instant::now() + timeout / 2;
+        self.drain.send_if_modified(|d| {
+            if d.is_some() {
+                return false;
+            }
+            *d = Some(close);
+            true
+        });
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.drain.borrow().is_some()
+    }
+
+    /// Resolves when the drain closes the router's queues (see [`RouterState::begin_drain`]).
+    pub async fn queues_closed(&self) {
+        let mut rx = self.drain.subscribe();
+        let close = match rx.wait_for(Option::is_some).await {
+            Ok(at) => *at,
+            Err(_) => None,
+        };
+        match close {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
     }
 
     /// Stops the background loops.

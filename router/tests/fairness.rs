@@ -203,6 +203,48 @@ async fn a_client_that_leaves_is_removed_from_the_queue() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_answers_requests_still_queued_at_its_midpoint_with_503() {
+    let sim = sim(&[]).await;
+    let mut cfg = workers(&[sim.base()], 1);
+    let mut f = fairness(3);
+    // Every target counts as saturated: requests stay queued (for up to 60 s).
+    f.metrics_max_age_seconds = 1e-6;
+    f.queue_timeout_seconds = 60.0;
+    cfg.fairness = Some(f);
+    cfg.limits.drain_timeout_secs = 1.0;
+    let mut r = router(cfg).await;
+    let url = r.url("/v1/chat/completions");
+    let c = client();
+    let c2 = client();
+    let waiting = tokio::spawn(async move { chat_as(&c2, &url, "acme", 4).await });
+    assert!(eventually(5.0, || async { depth(&c, &r).await == 1.0 }).await);
+    let started = Instant::now();
+    r.server.stop();
+    let reply = waiting.await.expect("join");
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert_eq!(reply.json()["error"]["code"], "shutting_down");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(5),
+        "answered at half the 1 s drain timeout, after {waited:?}"
+    );
+    r.server.stopped().await;
+    let text = String::from_utf8(r.state.metrics.render()).expect("utf-8");
+    assert_eq!(
+        metric_in(
+            &text,
+            "program_router_fair_requests_total",
+            &[("outcome", "shutting_down")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_in(&text, "program_router_fair_queue_depth", &[]),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_class_is_a_400_naming_the_classes() {
     let sim = sim(&[]).await;
     let mut cfg = workers(&[sim.base()], 1);

@@ -172,6 +172,46 @@ async fn queue_timeout_answers_504() {
 }
 
 #[tokio::test]
+async fn a_drain_answers_requests_still_retained_at_its_midpoint_with_503() {
+    let s = sim(&["--time-scale", "20"]).await;
+    let mut cfg = RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig {
+            // Nothing resumes b on its own for a while.
+            force_resume_timeout_seconds: 20.0,
+            force_resume_workload_factor: 0.0,
+            ..one_program_fits()
+        }),
+        agentic_context: AgenticContextMode::Strip,
+        ..workers(&[s.base()], 1)
+    };
+    cfg.limits.drain_timeout_secs = 1.0;
+    let mut r = router(cfg).await;
+    let c = client();
+    // b waits behind a's 30 s TTL: the drain must answer it, not leave it to be cut.
+    let b = hold_a_then_retain_b(&c, &r, 30.0).await;
+    let started = std::time::Instant::now();
+    r.server.stop();
+    let b = b.await.expect("join");
+    let waited = started.elapsed();
+    assert_eq!(b.status, 503, "{}", b.text());
+    assert_eq!(b.json()["error"]["code"], "shutting_down");
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(5),
+        "answered at half the 1 s drain timeout, after {waited:?}"
+    );
+    r.server.stopped().await;
+    let d = r
+        .state
+        .applied
+        .load()
+        .program
+        .as_ref()
+        .expect("on")
+        .diagnostics();
+    assert_eq!(d.retained_requests, 0, "b left the RequestPool");
+}
+
+#[tokio::test]
 async fn a_client_that_leaves_the_pool_is_forgotten() {
     let (_s, r) = setup(one_program_fits()).await;
     let c = client();

@@ -609,7 +609,7 @@ async fn drain_finishes_requests_in_flight_and_turns_readiness_off() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     r.server.stop();
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(r.state.draining.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(r.state.is_draining());
     let resp = inflight.await.expect("join");
     assert_eq!(resp.status, 200);
     assert_eq!(resp.json()["usage"]["completion_tokens"], 40);

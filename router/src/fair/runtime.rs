@@ -118,6 +118,8 @@ pub enum FairError {
     UnknownClass(String),
     /// The fairness configuration changed while the request waited.
     Reconfigured,
+    /// The router's drain closed the queues while the request waited (or before it would).
+    ShuttingDown,
 }
 
 enum Outcome {
@@ -258,13 +260,15 @@ impl FairRuntime {
             .unwrap_or_else(|| self.cfg.default_class.clone())
     }
 
-    /// Waits until the dispatcher releases the request. Dropping the future (the client left)
+    /// Waits until the dispatcher releases the request, or until `shutdown` resolves (the
+    /// router's drain closed its queues: [`FairError::ShuttingDown`]). Dropping the future (the client left)
     /// removes it from the queue.
     pub async fn admit(
         self: &Arc<Self>,
         tenant: &str,
         class: &str,
         input_tokens: u64,
+        shutdown: impl Future<Output = ()>,
     ) -> Result<FairPermit, FairError> {
         let ticket = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -294,8 +298,18 @@ impl FairRuntime {
             tenant: tenant.to_string(),
             class: class.to_string(),
             armed: true,
+            outcome: "cancelled",
         };
-        match rx.await {
+        let released = tokio::select! {
+            biased;
+            r = rx => r,
+            _ = shutdown => {
+                // The guard takes it out of the queue and counts it.
+                guard.outcome = "shutting_down";
+                return Err(FairError::ShuttingDown);
+            }
+        };
+        match released {
             Ok(Outcome::Go(d)) => {
                 guard.armed = false;
                 Ok(FairPermit {
@@ -521,6 +535,8 @@ struct Queued {
     tenant: String,
     class: String,
     armed: bool,
+    /// The `outcome` label counted if it is dropped while still queued.
+    outcome: &'static str,
 }
 
 impl Drop for Queued {
@@ -540,7 +556,7 @@ impl Drop for Queued {
         self.rt
             .metrics
             .outcomes
-            .with_label_values(&[self.class.as_str(), "cancelled"])
+            .with_label_values(&[self.class.as_str(), self.outcome])
             .inc();
     }
 }

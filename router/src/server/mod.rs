@@ -9,7 +9,6 @@ pub mod status;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -135,7 +134,7 @@ async fn accept_loop(
             serve(stream, Some(live));
         }
     }
-    state.draining.store(true, Ordering::Relaxed);
+    state.begin_drain(drain);
     drop(listener);
     tracing::info!(?drain, "draining requests in flight");
     if tokio::time::timeout(drain, graceful.shutdown())
@@ -365,9 +364,16 @@ async fn dispatch(
     )?;
     let (pin, ticket) = match &applied.program {
         Some(rt) => {
-            let (placed, ticket) =
-                program_admission(rt, &applied, &peeked, &original, &parts.headers, &prompt)
-                    .await?;
+            let (placed, ticket) = program_admission(
+                state,
+                rt,
+                &applied,
+                &peeked,
+                &original,
+                &parts.headers,
+                &prompt,
+            )
+            .await?;
             match placed {
                 Some(id) => {
                     // The decision names a target id: a reload while the request waited may have
@@ -385,7 +391,9 @@ async fn dispatch(
     // Requests outside Program scheduling (which has its own RequestPool) wait their turn in the
     // fair queue, when one is configured.
     let fair = match (&applied.fair, &ticket) {
-        (Some(f), None) => Some(fair_admission(f, &parts.headers, &peeked, prompt.len()).await?),
+        (Some(f), None) => {
+            Some(fair_admission(state, f, &parts.headers, &peeked, prompt.len()).await?)
+        }
         _ => None,
     };
     let info = RequestInfo {
@@ -437,9 +445,19 @@ fn resolve_target(
     }
 }
 
+/// 503 for a request still waiting in a router queue when the drain closes the queues.
+fn shutting_down() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "shutting_down",
+        "the router is shutting down and no longer queues requests; retry the request",
+    )
+}
+
 /// Waits in the fair queue; errors are OpenAI-style 429 (tenant queue full), 504 (queue timeout),
-/// 400 (unknown class) or 503 (reconfigured).
+/// 400 (unknown class) or 503 (reconfigured, shutting down).
 async fn fair_admission(
+    state: &RouterState,
     f: &Arc<crate::fair::runtime::FairRuntime>,
     headers: &http::HeaderMap,
     peeked: &request::Peeked,
@@ -451,7 +469,7 @@ async fn fair_admission(
     // About four bytes of JSON text per token: an estimate charged at dispatch; the real prompt
     // and completion counts are charged from the response's usage.
     let estimate = (prompt_bytes / 4) as u64;
-    f.admit(&tenant, &class, estimate)
+    f.admit(&tenant, &class, estimate, state.queues_closed())
         .await
         .map_err(|e| match e {
             FairError::QueueFull { tenant } => ApiError::new(
@@ -478,6 +496,7 @@ async fn fair_admission(
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
+            FairError::ShuttingDown => shutting_down(),
             FairError::Reconfigured => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "reconfigured",
@@ -489,6 +508,7 @@ async fn fair_admission(
 /// Program scheduling for a request that carries Program identity: waits in the RequestPool if
 /// needed and returns the target to pin. Requests without identity take the native path.
 async fn program_admission(
+    state: &RouterState,
     rt: &Arc<crate::scheduling::ProgramRuntime>,
     applied: &crate::state::Applied,
     peeked: &request::Peeked,
@@ -537,13 +557,18 @@ async fn program_admission(
     };
     let placement = match admission {
         Admission::Now(p) => p,
-        Admission::Wait(rx) => rx.await.map_err(|_| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "reconfigured",
-                "Program scheduling was reconfigured while the request waited; retry",
-            )
-        })?,
+        // Returning early drops `ticket`, which takes the request out of the RequestPool.
+        Admission::Wait(rx) => tokio::select! {
+            biased;
+            p = rx => p.map_err(|_| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "reconfigured",
+                    "Program scheduling was reconfigured while the request waited; retry",
+                )
+            })?,
+            _ = state.queues_closed() => return Err(shutting_down()),
+        },
     };
     match placement {
         Placement::Target(id) => Ok((Some(id), Some(ticket))),

@@ -178,7 +178,7 @@ pub(super) async fn serve(
         }
     }
     shutdown.await;
-    state.draining.store(true, Ordering::Relaxed);
+    state.begin_drain(drain);
     let _ = stop_tx.send(true);
     drop(shared);
     for done in shards {

@@ -46,7 +46,7 @@ pub fn status(state: &RouterState) -> Value {
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "ready": ready(state),
-        "draining": state.draining.load(std::sync::atomic::Ordering::Relaxed),
+        "draining": state.is_draining(),
         "config": {
             "hash": applied.hash,
             "source": state.source,
@@ -63,7 +63,7 @@ pub fn status(state: &RouterState) -> Value {
 
 /// Ready: not draining and at least one target passed its health checks.
 pub fn ready(state: &RouterState) -> bool {
-    !state.draining.load(std::sync::atomic::Ordering::Relaxed)
+    !state.is_draining()
         && state
             .applied
             .load()

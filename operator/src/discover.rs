@@ -36,24 +36,27 @@ fn ready(p: &Pod) -> bool {
         })
 }
 
-/// The value of `--flag N`, `--flag=N` (or `short N`) in any container's command or args.
+/// The value of `--flag N`, `--flag=N` (or `short N`) in any container's command or args,
+/// also inside a shell command line (`sh -c "vllm serve ... --data-parallel-size 4"`): each
+/// entry is split on whitespace.
 fn arg(p: &Pod, long: &str, short: Option<&str>) -> Option<String> {
     let spec = p.spec.as_ref()?;
     for c in &spec.containers {
-        let words: Vec<&String> = c
+        let words: Vec<&str> = c
             .command
             .iter()
             .flatten()
             .chain(c.args.iter().flatten())
+            .flat_map(|entry| entry.split_whitespace())
             .collect();
         for (i, w) in words.iter().enumerate() {
             if let Some(v) = w.strip_prefix(&format!("{long}=")) {
                 return Some(v.to_string());
             }
-            if (w.as_str() == long || Some(w.as_str()) == short)
+            if (*w == long || Some(*w) == short)
                 && let Some(v) = words.get(i + 1)
             {
-                return Some((*v).clone());
+                return Some((*v).to_string());
             }
         }
     }
@@ -278,6 +281,23 @@ mod tests {
                     "http://10.0.0.1:8000@Some(1)",
                     "http://10.0.0.2:8000@Some(2)",
                     "http://10.0.0.2:8000@Some(3)",
+                ],
+            ),
+            (
+                "flags inside a shell command line",
+                vec![pod(
+                    "a",
+                    Some("10.0.0.1"),
+                    true,
+                    &[
+                        "-c",
+                        "exec vllm serve Qwen/Qwen3-8B --port 8000 --data-parallel-size 2\n  --max-model-len 32768",
+                    ],
+                    &[],
+                )],
+                vec![
+                    "http://10.0.0.1:8000@Some(0)",
+                    "http://10.0.0.1:8000@Some(1)",
                 ],
             ),
             (

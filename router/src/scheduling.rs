@@ -301,6 +301,33 @@ impl ProgramRuntime {
         self.wake.notify_one();
     }
 
+    /// Takes a changed Program-scheduling configuration in place, keeping Programs, TTLs,
+    /// windows and retained requests (see `Scheduler::reconfigure`); false when the change
+    /// needs a fresh runtime (`binding_only`, `stats_window_size`, `metrics_interval_seconds`,
+    /// or a switch to or from `cache_aware` binding).
+    pub fn reconfigure(&self, cfg: &ProgramSchedulingConfig) -> bool {
+        let cache_binding =
+            cfg.binding_strategy == crate::config::program::BindingStrategy::CacheAware;
+        if cache_binding != self.cache_binding
+            || Duration::from_secs_f64(cfg.metrics_interval_seconds) != self.interval
+        {
+            return false;
+        }
+        let mut g = self.lock();
+        let now = self.now();
+        let Some(ds) = g.sched.reconfigure(now, cfg) else {
+            return false;
+        };
+        self.deliver(&mut g, ds, None);
+        drop(g);
+        tracing::info!(
+            event = "program_scheduling_reconfigured",
+            "Program scheduling took the new configuration; Programs, TTLs and retained requests carry over"
+        );
+        self.wake.notify_one();
+        true
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -273,11 +273,17 @@ impl RouterState {
         let same_ps = config.program_scheduling == prev.config.program_scheduling;
         let program = if same_ps && same_ids {
             prev.program.clone()
-        } else if let (true, Some(rt), false) = (same_ps, &prev.program, targets.targets.is_empty())
+        } else if let (Some(rt), Some(ps), false) = (
+            &prev.program,
+            &config.program_scheduling,
+            targets.targets.is_empty(),
+        ) && (same_ps || rt.reconfigure(ps))
         {
-            // Only the targets changed (a worker pod came or went): Programs, TTLs, windows and
-            // retained requests carry over by target id.
-            rt.retarget(&program_targets(&targets));
+            // The targets changed (a worker pod came or went) and/or a tuning value did:
+            // Programs, TTLs, windows and retained requests carry over, by target id.
+            if !same_ids {
+                rt.retarget(&program_targets(&targets));
+            }
             Some(rt.clone())
         } else {
             if let Some(old) = &prev.program {

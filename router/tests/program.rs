@@ -212,6 +212,48 @@ async fn a_drain_answers_requests_still_retained_at_its_midpoint_with_503() {
 }
 
 #[tokio::test]
+async fn a_tuning_reload_keeps_programs_and_admits_retained_requests_that_now_fit() {
+    let (_s, r) = setup(one_program_fits()).await;
+    let c = client();
+    // b waits behind a's 30 s TTL in a rank that fits one Program.
+    let b = hold_a_then_retain_b(&c, &r, 30.0).await;
+    let mut cfg = r.state.applied.load().config.clone();
+    if let Some(ps) = cfg.program_scheduling.as_mut() {
+        ps.token_capacity_per_dp_rank = Some(4000);
+        ps.max_acting_ttl_seconds = 45.0;
+    }
+    assert!(r.state.apply(cfg).expect("valid"));
+    // Admitted at once under the new capacity, not refused as `reconfigured`.
+    let b = tokio::time::timeout(Duration::from_secs(5), b)
+        .await
+        .expect("b admitted by the reload")
+        .expect("join");
+    assert_eq!(b.status, 200, "{}", b.text());
+    let d = diagnostics(&c, &r).await;
+    let rank = &d["ranks"][0];
+    assert_eq!(rank["configured_token_capacity"], 4000, "{d}");
+    let pa = rank["programs"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["program"] == "prog-a"))
+        .cloned()
+        .unwrap_or_else(|| panic!("prog-a kept its binding and TTL: {d}"));
+    assert_eq!(pa["status"], "acting", "{pa}");
+    // A change to the state's shape starts afresh: what was held is gone.
+    let mut cfg = r.state.applied.load().config.clone();
+    if let Some(ps) = cfg.program_scheduling.as_mut() {
+        ps.binding_only = true;
+    }
+    assert!(r.state.apply(cfg).expect("valid"));
+    let d = diagnostics(&c, &r).await;
+    assert_eq!(d["binding_only"], true, "{d}");
+    assert_eq!(
+        d["ranks"][0]["programs"].as_array().map(Vec::len),
+        Some(0),
+        "{d}"
+    );
+}
+
+#[tokio::test]
 async fn a_client_that_leaves_the_pool_is_forgotten() {
     let (_s, r) = setup(one_program_fits()).await;
     let c = client();

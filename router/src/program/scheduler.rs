@@ -1030,6 +1030,31 @@ impl Scheduler {
         out
     }
 
+    /// Takes a changed configuration (a tuning reload: cost models, capacities, watermarks,
+    /// TTL limits, timeouts, binding strategy, ...) keeping every Program, binding, TTL, window
+    /// and retained request. New values govern decisions from now on; timers already armed (a
+    /// TTL, a retained request's force-resume and queue deadlines) keep their times. Every rank
+    /// is then pumped, so a looser limit admits waiting requests at once. A change of
+    /// `binding_only` or `stats_window_size` changes the shape of the state itself: `None`,
+    /// nothing taken, and the caller starts afresh.
+    pub fn reconfigure(
+        &mut self,
+        now: f64,
+        cfg: &ProgramSchedulingConfig,
+    ) -> Option<Vec<Decision>> {
+        if cfg.binding_only != self.cfg.binding_only
+            || cfg.stats_window_size != self.cfg.stats_window_size
+        {
+            return None;
+        }
+        self.cfg = cfg.clone();
+        let mut out = Vec::new();
+        for rank in 0..self.ranks.len() {
+            self.pump(rank, now, &mut out);
+        }
+        Some(out)
+    }
+
     /// The target set changed to `rank_ids` (the data plane's new order). A rank whose id stays
     /// keeps everything — ledger, queue, windows, observation, bound Programs — under its new
     /// index; a new id starts empty. Programs bound to a removed rank are re-homed with the

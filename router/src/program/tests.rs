@@ -1099,6 +1099,14 @@ mod properties {
             mask: u8,
             rotate: u8,
         },
+        /// A tuning reload: capacity (none, 300, 1,000 or 3,000 tokens), Program cap,
+        /// cross-rank resume and resume order change; the state carries over.
+        Reconfigure {
+            capacity: u8,
+            programs: u8,
+            global: bool,
+            fcfs: bool,
+        },
     }
 
     fn ev() -> impl Strategy<Value = Ev> {
@@ -1116,6 +1124,14 @@ mod properties {
             (0u8..3, 0u8..4).prop_map(|(rank, waiting)| Ev::Observe { rank, waiting }),
             (0u8..40).prop_map(|dt| Ev::Tick { dt }),
             (1u8..32, 0u8..5).prop_map(|(mask, rotate)| Ev::Retarget { mask, rotate }),
+            (0u8..4, 1u8..5, any::<bool>(), any::<bool>()).prop_map(
+                |(capacity, programs, global, fcfs)| Ev::Reconfigure {
+                    capacity,
+                    programs,
+                    global,
+                    fcfs
+                }
+            ),
         ]
     }
 
@@ -1127,7 +1143,7 @@ mod properties {
         Vec<Decision>,
         std::collections::BTreeMap<Ticket, &'static str>,
     ) {
-        let mut s = sched(c, 3);
+        let mut s = sched(c.clone(), 3);
         let mut now = 0.0;
         let mut next = 0u64;
         let mut in_flight: Vec<Ticket> = Vec::new();
@@ -1208,6 +1224,27 @@ mod properties {
                     let k = *rotate as usize % ids.len();
                     ids.rotate_left(k);
                     s.retarget(now, ids)
+                }
+                Ev::Reconfigure {
+                    capacity,
+                    programs,
+                    global,
+                    fcfs,
+                } => {
+                    let tuned = ProgramSchedulingConfig {
+                        token_capacity_per_dp_rank: [None, Some(300), Some(1000), Some(3000)]
+                            [*capacity as usize % 4],
+                        max_active_programs_per_target: u32::from(*programs),
+                        global_queue: *global,
+                        resume_order: if *fcfs {
+                            ResumeOrder::Fcfs
+                        } else {
+                            ResumeOrder::Mru
+                        },
+                        ..c.clone()
+                    };
+                    s.reconfigure(now, &tuned)
+                        .expect("a tuning change carries over")
                 }
                 Ev::Complete { .. } => continue,
             };
@@ -1434,4 +1471,38 @@ fn a_null_min_wait_ratio_waits_to_break_even_on_large_clusters_only() {
         (0..AUTO_MIN_WAIT_RANKS).map(|r| format!("r{r}")).collect(),
     );
     assert_eq!(s.min_wait_ratio(), 1.0);
+}
+
+#[test]
+fn a_tuning_reconfigure_keeps_state_and_admits_what_now_fits() {
+    let mut s = held_by_acting(cfg());
+    assert!(dispatched(&s.on_arrival(1.0, arrival(2, "b", 600))).is_empty());
+    assert_eq!(s.retained_requests(), 1);
+    // Twice the capacity: b fits next to the acting a, at once.
+    let wider = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(2000),
+        ..cfg()
+    };
+    let ds = s
+        .reconfigure(2.0, &wider)
+        .expect("a tuning change carries over");
+    assert_eq!(dispatched(&ds), [2]);
+    assert_eq!(s.retained_requests(), 0);
+    assert_eq!(s.capacity(0), (Some(2000), CapacitySource::Configured));
+    // a is still bound and acting: its next turn is admitted without waiting.
+    assert_eq!(dispatched(&s.on_arrival(3.0, arrival(3, "a", 950))), [3]);
+    s.check_invariants().expect("ledger");
+    // Changes to the state's shape are handed back.
+    for changed in [
+        ProgramSchedulingConfig {
+            stats_window_size: 7,
+            ..cfg()
+        },
+        ProgramSchedulingConfig {
+            binding_only: true,
+            ..cfg()
+        },
+    ] {
+        assert!(s.reconfigure(4.0, &changed).is_none());
+    }
 }

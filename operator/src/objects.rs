@@ -222,8 +222,7 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
                 "spec": {
                     "serviceAccountName": name,
                     "automountServiceAccountToken": false,
-                    // Longer than the router's default drain (30 s), so in-flight requests finish.
-                    "terminationGracePeriodSeconds": 40,
+                    "terminationGracePeriodSeconds": grace_seconds(config),
                     "securityContext": {
                         "runAsNonRoot": true,
                         "runAsUser": 65532,
@@ -236,6 +235,14 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
             },
         },
     }))
+}
+
+/// The router pod's termination grace: its shutdown delay and drain, plus 10 s, so that the
+/// router ends the drain itself (answering what waits in its queues) before the kubelet's
+/// SIGKILL.
+fn grace_seconds(config: &RouterConfig) -> u64 {
+    let l = &config.limits;
+    (l.shutdown_delay_secs + l.drain_timeout_secs).ceil() as u64 + 10
 }
 
 pub fn service(ps: &ProgramScheduling) -> Value {
@@ -390,6 +397,23 @@ mod tests {
         let tmpl = |c: &RouterConfig| deployment(&p, c)["spec"]["template"].clone();
         assert_eq!(tmpl(&a), tmpl(&hot), "hot fields travel through the file");
         assert_ne!(tmpl(&a), tmpl(&cold));
+    }
+
+    #[test]
+    fn the_grace_period_covers_the_shutdown_delay_and_the_drain() {
+        let p = ps(RouterSpec::default());
+        let cfg = crate::render::render(&p.spec, Vec::new()).expect("renders");
+        let d = deployment(&p, &cfg);
+        let grace = d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            .as_f64()
+            .expect("grace");
+        let l = &cfg.limits;
+        assert_eq!(l.shutdown_delay_secs, crate::render::SHUTDOWN_DELAY_SECS);
+        assert!(
+            grace > l.shutdown_delay_secs + l.drain_timeout_secs,
+            "{grace}"
+        );
+        assert_eq!(grace, 45.0);
     }
 
     #[test]

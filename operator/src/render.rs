@@ -18,6 +18,9 @@ fn policy(name: &str) -> Result<PolicyKind, RenderError> {
         .map_err(|_| RenderError(format!("router.policy: unknown policy {name:?}")))
 }
 
+/// Seconds a router keeps serving, not ready, after SIGTERM before it drains.
+pub const SHUTDOWN_DELAY_SECS: f64 = 5.0;
+
 /// The router config for `spec` over `workers`.
 pub fn render(
     spec: &ProgramSchedulingSpec,
@@ -37,6 +40,9 @@ pub fn render(
     };
     cfg.policy.kind = policy(&spec.router.policy)?;
     cfg.health.interval_secs = 5.0;
+    // On SIGTERM keep serving, not ready, while the endpoint removal reaches every node's proxy;
+    // the pod's termination grace period covers this and the drain (see objects.rs).
+    cfg.limits.shutdown_delay_secs = SHUTDOWN_DELAY_SECS;
     if let Some(ps) = &spec.program_scheduling {
         cfg.program_scheduling = Some(ps.to_router().map_err(RenderError)?);
     }

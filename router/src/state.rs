@@ -58,6 +58,13 @@ pub struct ReloadError {
     pub message: String,
 }
 
+/// The shutdown's timeline, fixed when it begins.
+#[derive(Debug, Clone, Copy)]
+struct DrainPlan {
+    queues_close: tokio::time::Instant,
+    deadline: tokio::time::Instant,
+}
+
 /// Shared router state.
 pub struct RouterState {
     pub applied: ArcSwap<Applied>,
@@ -65,9 +72,9 @@ pub struct RouterState {
     pub program_metrics: ProgramMetrics,
     pub fair_metrics: FairMetrics,
     pub client: UpstreamClient,
-    /// From the start of the graceful drain: when the router's queues close (see
-    /// [`RouterState::begin_drain`]).
-    drain: watch::Sender<Option<tokio::time::Instant>>,
+    /// From the shutdown signal on: when the router's queues close and when the drain ends
+    /// (see [`RouterState::begin_drain`]).
+    drain: watch::Sender<Option<DrainPlan>>,
     pub last_reload_error: Mutex<Option<ReloadError>>,
     pub health_wake: Notify,
     pub observe_wake: Arc<Notify>,
@@ -133,19 +140,24 @@ impl RouterState {
         self.stop.subscribe()
     }
 
-    /// Starts the graceful drain, which lasts up to `timeout`: readiness turns false at once.
-    /// Requests waiting in the router's queues (Program scheduling's RequestPool, the fair
-    /// queue) may still be dispatched during the first half; those still waiting then, and any
-    /// that arrives and would wait from then on, are answered 503 `shutting_down` — never cut by
-    /// the deadline while they wait — and requests dispatched have the second half to finish.
-    /// Later calls change nothing.
-    pub fn begin_drain(&self, timeout: std::time::Duration) {
-        let close = tokio::time::Instant::now() + timeout / 2;
+    /// Starts the shutdown: readiness turns false at once; the listener keeps accepting for
+    /// `delay` (while load balancers stop sending), then closes and requests in flight have up
+    /// to `drain` to finish. Requests waiting in the router's queues (Program scheduling's
+    /// RequestPool, the fair queue) may still be dispatched until half the drain has passed;
+    /// those still waiting then, and any that arrives and would wait from then on, are answered
+    /// 503 `shutting_down` — never cut by the deadline while they wait — and requests
+    /// dispatched have the second half to finish. Later calls change nothing.
+    pub fn begin_drain(&self, delay: std::time::Duration, drain: std::time::Duration) {
+        let now = tokio::time::Instant::now();
+        let plan = DrainPlan {
+            queues_close: now + delay + drain / 2,
+            deadline: now + delay + drain,
+        };
         self.drain.send_if_modified(|d| {
             if d.is_some() {
                 return false;
             }
-            *d = Some(close);
+            *d = Some(plan);
             true
         });
     }
@@ -154,15 +166,20 @@ impl RouterState {
         self.drain.borrow().is_some()
     }
 
+    /// When requests in flight are cut, once the drain has begun.
+    pub fn drain_deadline(&self) -> Option<tokio::time::Instant> {
+        self.drain.borrow().map(|p| p.deadline)
+    }
+
     /// Resolves when the drain closes the router's queues (see [`RouterState::begin_drain`]).
     pub async fn queues_closed(&self) {
         let mut rx = self.drain.subscribe();
-        let close = match rx.wait_for(Option::is_some).await {
-            Ok(at) => *at,
+        let plan = match rx.wait_for(Option::is_some).await {
+            Ok(p) => *p,
             Err(_) => None,
         };
-        match close {
-            Some(at) => tokio::time::sleep_until(at).await,
+        match plan {
+            Some(p) => tokio::time::sleep_until(p.queues_close).await,
             None => std::future::pending().await,
         }
     }

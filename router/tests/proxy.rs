@@ -620,6 +620,35 @@ async fn drain_finishes_requests_in_flight_and_turns_readiness_off() {
 }
 
 #[tokio::test]
+async fn a_shutdown_delay_keeps_serving_with_readiness_off_before_the_drain() {
+    let s = sim(&[]).await;
+    let mut cfg = workers(&[s.base()], 1);
+    cfg.limits.shutdown_delay_secs = 1.0;
+    let mut r = router(cfg).await;
+    let c = client();
+    assert!(
+        eventually(5.0, || async {
+            get(&c, &r.url("/readiness")).await.status == 200
+        })
+        .await
+    );
+    let started = std::time::Instant::now();
+    r.server.stop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Not ready, yet new connections are still served while load balancers catch up.
+    assert_eq!(get(&client(), &r.url("/readiness")).await.status, 503);
+    let served = post(&client(), &r.url(CHAT), &chat("late", 2)).await;
+    assert_eq!(served.status, 200, "{}", served.text());
+    r.server.stopped().await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "the listener closed only after the delay ({:?})",
+        started.elapsed()
+    );
+    assert!(tokio::net::TcpStream::connect(r.server.addr).await.is_err());
+}
+
+#[tokio::test]
 async fn every_io_thread_setting_serves_concurrent_streams_and_drains() {
     let s = sim(&["--time-scale", "10", "-d", "2"]).await;
     for io_threads in [Some(0), Some(1), Some(3)] {

@@ -99,6 +99,9 @@ pub struct Flags {
     pub max_payload_size: Option<u64>,
     #[arg(long)]
     pub drain_timeout_secs: Option<f64>,
+    /// On SIGTERM, seconds to keep accepting with readiness false before draining.
+    #[arg(long)]
+    pub shutdown_delay_secs: Option<f64>,
     /// I/O threads, each serving its own connections on a single-threaded runtime (default: one
     /// per core; 0: the shared multi-threaded runtime).
     #[arg(long)]
@@ -220,6 +223,7 @@ impl Flags {
         set!(self.request_timeout_secs => c.limits.request_timeout_secs);
         set!(self.max_payload_size => c.limits.max_payload_size);
         set!(self.drain_timeout_secs => c.limits.drain_timeout_secs);
+        set!(self.shutdown_delay_secs => c.limits.shutdown_delay_secs);
         set!(self.cache_threshold => c.policy.cache_threshold);
         set!(self.balance_abs_threshold => c.policy.balance_abs_threshold);
         set!(self.balance_rel_threshold => c.policy.balance_rel_threshold);

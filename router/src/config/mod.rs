@@ -200,6 +200,9 @@ pub struct LimitsConfig {
     pub request_timeout_secs: f64,
     /// On SIGTERM, how long in-flight requests may take to finish.
     pub drain_timeout_secs: f64,
+    /// On SIGTERM, how long to keep accepting with readiness false before the drain, while
+    /// load balancers (Kubernetes endpoints) stop sending new connections.
+    pub shutdown_delay_secs: f64,
 }
 
 impl Default for LimitsConfig {
@@ -208,6 +211,7 @@ impl Default for LimitsConfig {
             max_payload_size: 512 * 1024 * 1024,
             request_timeout_secs: 1800.0,
             drain_timeout_secs: 30.0,
+            shutdown_delay_secs: 0.0,
         }
     }
 }
@@ -426,11 +430,16 @@ impl RouterConfig {
             "limits.request_timeout_secs",
             self.limits.request_timeout_secs,
         )?;
-        if !self.limits.drain_timeout_secs.is_finite() || self.limits.drain_timeout_secs < 0.0 {
-            return Err(ConfigError::new(
-                "limits.drain_timeout_secs",
-                "must be >= 0",
-            ));
+        for (field, v) in [
+            ("limits.drain_timeout_secs", self.limits.drain_timeout_secs),
+            (
+                "limits.shutdown_delay_secs",
+                self.limits.shutdown_delay_secs,
+            ),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(ConfigError::new(field, "must be >= 0"));
+            }
         }
         let h = &self.health;
         positive("health.timeout_secs", h.timeout_secs)?;

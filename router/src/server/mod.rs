@@ -47,7 +47,8 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
     r
 }
 
-/// Serves `listener` until `shutdown` resolves, then drains for `drain` and returns.
+/// Serves `listener` until `shutdown` resolves, then drains (see [`RouterState::begin_drain`])
+/// and returns.
 ///
 /// With `io_threads` of 1 or more the listener is shared by that many I/O shards, each a
 /// single-threaded runtime on its own thread that accepts, serves and proxies its connections
@@ -61,13 +62,12 @@ pub async fn serve_api(
     state: Arc<RouterState>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
-    drain: Duration,
     io_threads: usize,
 ) {
     if io_threads == 0 {
-        return accept_loop(state, listener, None, shutdown, drain).await;
+        return accept_loop(state, listener, None, shutdown).await;
     }
-    shards::serve(state, listener, shutdown, drain, io_threads).await
+    shards::serve(state, listener, shutdown, io_threads).await
 }
 
 /// Accepts and serves connections on the current runtime until `shutdown`, then drains.
@@ -76,7 +76,6 @@ async fn accept_loop(
     listener: TcpListener,
     mut handoff: Option<shards::Handoff>,
     shutdown: impl Future<Output = ()>,
-    drain: Duration,
 ) {
     let graceful = GracefulShutdown::new();
     let builder = auto::Builder::new(TokioExecutor::new());
@@ -134,10 +133,20 @@ async fn accept_loop(
             serve(stream, Some(live));
         }
     }
-    state.begin_drain(drain);
     drop(listener);
-    tracing::info!(?drain, "draining requests in flight");
-    if tokio::time::timeout(drain, graceful.shutdown())
+    // Normally begun by the caller when the shutdown signal came; then this changes nothing.
+    state.begin_drain(
+        Duration::ZERO,
+        Duration::from_secs_f64(state.applied.load().config.limits.drain_timeout_secs),
+    );
+    let deadline = state
+        .drain_deadline()
+        .unwrap_or_else(tokio::time::Instant::now);
+    tracing::info!(
+        seconds = (deadline - tokio::time::Instant::now()).as_secs_f64(),
+        "draining requests in flight"
+    );
+    if tokio::time::timeout_at(deadline, graceful.shutdown())
         .await
         .is_err()
     {

@@ -12,7 +12,6 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, error::SendError, unbounded_channel};
@@ -149,7 +148,6 @@ pub(super) async fn serve(
     state: Arc<RouterState>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
-    drain: Duration,
     n: usize,
 ) {
     let shared = match listener.into_std() {
@@ -162,7 +160,7 @@ pub(super) async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut shards = Vec::new();
     for (i, handoff) in handoffs(n).into_iter().enumerate() {
-        match spawn_shard(i, &state, &shared, handoff, stop_rx.clone(), drain) {
+        match spawn_shard(i, &state, &shared, handoff, stop_rx.clone()) {
             Ok(done) => shards.push(done),
             Err(e) => tracing::error!(shard = i, error = %e, "cannot start an I/O thread"),
         }
@@ -170,7 +168,7 @@ pub(super) async fn serve(
     if shards.is_empty() {
         // Serve on this runtime rather than not at all.
         match TcpListener::from_std(shared) {
-            Ok(l) => return super::accept_loop(state, l, None, shutdown, drain).await,
+            Ok(l) => return super::accept_loop(state, l, None, shutdown).await,
             Err(e) => {
                 tracing::error!(error = %e, "cannot serve the API listener");
                 return;
@@ -178,7 +176,6 @@ pub(super) async fn serve(
         }
     }
     shutdown.await;
-    state.begin_drain(drain);
     let _ = stop_tx.send(true);
     drop(shared);
     for done in shards {
@@ -193,7 +190,6 @@ fn spawn_shard(
     shared: &std::net::TcpListener,
     handoff: Handoff,
     mut stop: tokio::sync::watch::Receiver<bool>,
-    drain: Duration,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
     let listener = shared.try_clone()?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -211,7 +207,7 @@ fn spawn_shard(
                         let stopped = async move {
                             let _ = stop.wait_for(|s| *s).await;
                         };
-                        super::accept_loop(state, l, Some(handoff), stopped, drain).await;
+                        super::accept_loop(state, l, Some(handoff), stopped).await;
                     }
                     Err(e) => {
                         tracing::error!(shard = i, error = %e, "cannot serve the API listener")

@@ -313,10 +313,12 @@ impl RouterState {
             }
             rt
         };
-        let fair = if config.fairness == prev.config.fairness {
-            if let Some(f) = &prev.fair {
-                f.set_targets(targets.targets.clone());
-            }
+        let fair = if let Some(f) = &prev.fair
+            && let Some(fc) = &config.fairness
+            && (config.fairness == prev.config.fairness || f.reconfigure(fc))
+        {
+            // Same queue: its requests and each tenant's service carry over.
+            f.set_targets(targets.targets.clone());
             prev.fair.clone()
         } else {
             if let Some(old) = &prev.fair {

@@ -245,6 +245,42 @@ async fn a_drain_answers_requests_still_queued_at_its_midpoint_with_503() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tuning_reload_keeps_queued_requests() {
+    let sim = sim(&[]).await;
+    let mut cfg = workers(&[sim.base()], 1);
+    let mut f = fairness(3);
+    f.metrics_max_age_seconds = 1e-6;
+    f.queue_timeout_seconds = 60.0;
+    cfg.fairness = Some(f);
+    let r = router(cfg).await;
+    let url = r.url("/v1/chat/completions");
+    let c = client();
+    let c2 = client();
+    let waiting = tokio::spawn(async move { chat_as(&c2, &url, "acme", 4).await });
+    assert!(eventually(5.0, || async { depth(&c, &r).await == 1.0 }).await);
+    // A weight change keeps the request in line (not 503 `reconfigured`).
+    let mut cfg = r.state.applied.load().config.clone();
+    if let Some(f) = cfg.fairness.as_mut() {
+        f.tenant_weights.insert("acme".into(), 3.0);
+    }
+    assert!(r.state.apply(cfg).expect("valid"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "still queued after the reload");
+    assert_eq!(depth(&c, &r).await, 1.0);
+    // Trusting observations again releases it.
+    let mut cfg = r.state.applied.load().config.clone();
+    if let Some(f) = cfg.fairness.as_mut() {
+        f.metrics_max_age_seconds = 30.0;
+    }
+    assert!(r.state.apply(cfg).expect("valid"));
+    let reply = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("released after the reload")
+        .expect("join");
+    assert_eq!(reply.status, 200, "{}", reply.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_class_is_a_400_naming_the_classes() {
     let sim = sim(&[]).await;
     let mut cfg = workers(&[sim.base()], 1);

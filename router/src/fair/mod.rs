@@ -94,6 +94,12 @@ impl FairQueue {
         FairQueue { p, classes }
     }
 
+    /// New parameters for the same classes and discipline (the caller checks); queued requests
+    /// and each tenant's counters stay. A new queue timeout counts from when each was queued.
+    pub fn set_params(&mut self, p: FairParams) {
+        self.p = p;
+    }
+
     pub fn class_index(&self, name: &str) -> Option<usize> {
         self.p.classes.iter().position(|c| c == name)
     }

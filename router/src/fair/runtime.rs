@@ -141,9 +141,29 @@ struct Inner {
     served_changed: bool,
 }
 
+/// The queue's parameters from a fairness configuration.
+fn params(cfg: &FairnessConfig) -> FairParams {
+    FairParams {
+        discipline: match cfg.discipline {
+            FairDiscipline::Vtc => Discipline::Vtc,
+            FairDiscipline::RoundRobin => Discipline::RoundRobin,
+        },
+        classes: cfg.classes.iter().map(|c| c.name.clone()).collect(),
+        input_weight: cfg.input_weight,
+        output_weight: cfg.output_weight,
+        tenant_weights: cfg
+            .tenant_weights
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect(),
+        max_queue_per_tenant: cfg.max_queue_per_tenant as usize,
+        queue_timeout: cfg.queue_timeout_seconds,
+    }
+}
+
 /// The fair queue of one applied configuration.
 pub struct FairRuntime {
-    pub cfg: FairnessConfig,
+    cfg: ArcSwap<FairnessConfig>,
     inner: Mutex<Inner>,
     targets: ArcSwap<Vec<Arc<TargetState>>>,
     wake: Notify,
@@ -162,25 +182,9 @@ impl FairRuntime {
         metrics: FairMetrics,
         observe: Arc<Notify>,
     ) -> Arc<Self> {
-        let params = FairParams {
-            discipline: match cfg.discipline {
-                FairDiscipline::Vtc => Discipline::Vtc,
-                FairDiscipline::RoundRobin => Discipline::RoundRobin,
-            },
-            classes: cfg.classes.iter().map(|c| c.name.clone()).collect(),
-            input_weight: cfg.input_weight,
-            output_weight: cfg.output_weight,
-            tenant_weights: cfg
-                .tenant_weights
-                .iter()
-                .map(|(k, v)| (k.clone(), *v))
-                .collect(),
-            max_queue_per_tenant: cfg.max_queue_per_tenant as usize,
-            queue_timeout: cfg.queue_timeout_seconds,
-        };
         Arc::new(FairRuntime {
             inner: Mutex::new(Inner {
-                queue: FairQueue::new(params),
+                queue: FairQueue::new(params(&cfg)),
                 waiters: FxHashMap::default(),
                 depth: FxHashMap::default(),
                 served: FxHashMap::default(),
@@ -188,7 +192,7 @@ impl FairRuntime {
                 completed_since_observation: 0,
                 served_changed: false,
             }),
-            cfg,
+            cfg: ArcSwap::from_pointee(cfg),
             targets: ArcSwap::from_pointee(targets),
             wake: Notify::new(),
             observe,
@@ -229,11 +233,42 @@ impl FairRuntime {
         self.wake.notify_one();
     }
 
+    /// The configuration in effect.
+    pub fn cfg(&self) -> arc_swap::Guard<Arc<FairnessConfig>> {
+        self.cfg.load()
+    }
+
+    /// Takes a changed fairness configuration in place — tenant weights, token weights,
+    /// headers, defaults, limits, timeouts, a class's gates — keeping every queued request and
+    /// each tenant's service so far; false when the change needs a fresh queue (other classes,
+    /// or another discipline). A new per-tenant limit applies to requests queued from now on,
+    /// a new queue timeout to every queued request (counted from when it was queued).
+    pub fn reconfigure(&self, cfg: &FairnessConfig) -> bool {
+        let names = |c: &FairnessConfig| -> Vec<String> {
+            c.classes.iter().map(|c| c.name.clone()).collect()
+        };
+        let now = self.cfg();
+        if names(cfg) != names(&now) || cfg.discipline != now.discipline {
+            return false;
+        }
+        let mut g = self.lock();
+        g.queue.set_params(params(cfg));
+        self.cfg.store(Arc::new(cfg.clone()));
+        self.publish_depth(&g);
+        drop(g);
+        tracing::info!(
+            event = "fairness_reconfigured",
+            "fair queueing took the new configuration; queued requests carry over"
+        );
+        self.wake.notify_one();
+        true
+    }
+
     /// The tenant of a request (see [`TenantSource`]).
     pub fn tenant(&self, headers: &http::HeaderMap, user: Option<&str>) -> String {
-        let found = match self.cfg.tenant_source {
+        let found = match self.cfg().tenant_source {
             TenantSource::Header => headers
-                .get(self.cfg.tenant_header.as_str())
+                .get(self.cfg().tenant_header.as_str())
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
             TenantSource::ApiKey => headers
@@ -247,22 +282,22 @@ impl FairRuntime {
         found
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty() && t.len() <= 256)
-            .unwrap_or_else(|| self.cfg.default_tenant.clone())
+            .unwrap_or_else(|| self.cfg().default_tenant.clone())
     }
 
     /// The class of a request: its class header, else its tenant's default, else the default.
     pub fn class(&self, headers: &http::HeaderMap, tenant: &str) -> String {
         headers
-            .get(self.cfg.class_header.as_str())
+            .get(self.cfg().class_header.as_str())
             .and_then(|v| v.to_str().ok())
             .map(|v| v.trim().to_string())
-            .or_else(|| self.cfg.tenant_classes.get(tenant).cloned())
-            .unwrap_or_else(|| self.cfg.default_class.clone())
+            .or_else(|| self.cfg().tenant_classes.get(tenant).cloned())
+            .unwrap_or_else(|| self.cfg().default_class.clone())
     }
 
     /// Waits until the dispatcher releases the request, or until `shutdown` resolves (the
-    /// router's drain closed its queues: [`FairError::ShuttingDown`]). Dropping the future (the client left)
-    /// removes it from the queue.
+    /// router's drain closed its queues: [`FairError::ShuttingDown`]). Dropping the future
+    /// (the client left) removes it from the queue.
     pub async fn admit(
         self: &Arc<Self>,
         tenant: &str,
@@ -328,7 +363,7 @@ impl FairRuntime {
                     .with_label_values(&[class, "timeout"])
                     .inc();
                 Err(FairError::Timeout {
-                    seconds: self.cfg.queue_timeout_seconds,
+                    seconds: self.cfg().queue_timeout_seconds,
                 })
             }
             Err(_) => {
@@ -339,7 +374,7 @@ impl FairRuntime {
     }
 
     fn publish_depth(&self, g: &Inner) {
-        for (i, c) in self.cfg.classes.iter().enumerate() {
+        for (i, c) in self.cfg().classes.iter().enumerate() {
             self.metrics
                 .depth
                 .with_label_values(&[c.name.as_str()])
@@ -347,7 +382,7 @@ impl FairRuntime {
         }
         let mut tenants: Vec<(&String, &usize)> = g.depth.iter().filter(|(_, n)| **n > 0).collect();
         tenants.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-        let top = self.cfg.metrics_top_tenants as usize;
+        let top = self.cfg().metrics_top_tenants as usize;
         self.metrics.tenant_depth.reset();
         let mut other = 0usize;
         for (i, (t, n)) in tenants.iter().enumerate() {
@@ -379,7 +414,7 @@ impl FairRuntime {
 
     /// Room per class right now (see the module doc).
     fn allowances(&self, g: &Inner) -> Vec<i64> {
-        let fresh = Duration::from_secs_f64(self.cfg.metrics_max_age_seconds);
+        let fresh = Duration::from_secs_f64(self.cfg().metrics_max_age_seconds);
         let now = Instant::now();
         let targets = self.targets.load();
         let samples: Vec<Option<crate::observe::scrape::EngineSample>> = targets
@@ -395,7 +430,7 @@ impl FairRuntime {
         let all_idle =
             !samples.is_empty() && samples.iter().all(|s| s.is_some_and(|s| s.waiting < 1.0));
         let credit = g.completed_since_observation as i64 - g.sent_since_observation as i64;
-        self.cfg
+        self.cfg()
             .classes
             .iter()
             .map(|c| {
@@ -427,13 +462,14 @@ impl FairRuntime {
             }
         }
         // An expired request's tenant count is dropped by its waiter, which sees TimedOut.
+        let cfg = self.cfg();
         let mut room = self.allowances(&g);
         let mut sent = 0u64;
         while let Some(d) = g.queue.pop(now, |ci| room.get(ci).is_some_and(|r| *r > 0)) {
             if let Some(r) = room.get_mut(d.class) {
                 *r -= 1;
             }
-            let class = self.cfg.classes[d.class].name.as_str();
+            let class = cfg.classes[d.class].name.as_str();
             self.metrics
                 .wait
                 .with_label_values(&[class])
@@ -458,7 +494,7 @@ impl FairRuntime {
         if g.served_changed {
             self.publish_served(&mut g);
         }
-        (0..self.cfg.classes.len()).any(|c| g.queue.queued(c) > 0)
+        (0..cfg.classes.len()).any(|c| g.queue.queued(c) > 0)
     }
 
     /// Jain's index and the top tenants' served tokens; bounds the account to
@@ -482,7 +518,10 @@ impl FairRuntime {
         top.sort_by(|a, b| b.1.total_cmp(a.1));
         // Only the current top tenants keep a series (bounded label set).
         self.metrics.served.reset();
-        for (t, v) in top.into_iter().take(self.cfg.metrics_top_tenants as usize) {
+        for (t, v) in top
+            .into_iter()
+            .take(self.cfg().metrics_top_tenants as usize)
+        {
             self.metrics.served.with_label_values(&[t.as_str()]).set(*v);
         }
     }
@@ -510,7 +549,11 @@ impl FairRuntime {
 
     /// A tenant's share weight (default 1).
     pub fn weight(&self, tenant: &str) -> f64 {
-        self.cfg.tenant_weights.get(tenant).copied().unwrap_or(1.0)
+        self.cfg()
+            .tenant_weights
+            .get(tenant)
+            .copied()
+            .unwrap_or(1.0)
     }
 
     /// Frees a released request's seat and charges its real tokens to its tenant.
@@ -518,8 +561,8 @@ impl FairRuntime {
         let mut g = self.lock();
         g.queue.complete(d, output_tokens);
         g.completed_since_observation += 1;
-        let cost = (self.cfg.input_weight * input_tokens as f64
-            + self.cfg.output_weight * output_tokens as f64)
+        let cost = (self.cfg().input_weight * input_tokens as f64
+            + self.cfg().output_weight * output_tokens as f64)
             / self.weight(&d.tenant);
         *g.served.entry(d.tenant.clone()).or_default() += cost;
         g.served_changed = true;
@@ -690,7 +733,7 @@ mod tests {
         h.insert("x-priority-class", http::HeaderValue::from_static("batch"));
         assert_eq!(rt.class(&h, "acme"), "batch");
 
-        let mut cfg = rt.cfg.clone();
+        let mut cfg = (**rt.cfg()).clone();
         cfg.tenant_source = TenantSource::ApiKey;
         cfg.tenant_classes
             .insert("key-x".into(), "interactive".into());
@@ -713,5 +756,35 @@ mod tests {
         );
         assert_eq!(tenant, rt.tenant(&h, None), "stable");
         assert_eq!(rt.class(&http::HeaderMap::new(), "key-x"), "interactive");
+    }
+
+    #[test]
+    fn a_tuning_reconfigure_keeps_the_queue_and_a_new_class_list_does_not() {
+        let (rt, t) = setup();
+        observe(&t, 0, 0.0, 0.05);
+        observe(&t, 1, 0.0, 0.05);
+        assert_eq!(rt.allowances(&rt.lock()), vec![6, 6, 6]);
+        rt.lock()
+            .queue
+            .push(rt.now(), 1, "acme", "standard", 100)
+            .expect("queued");
+        let mut wider = (**rt.cfg()).clone();
+        wider.classes[1].max_waiting_requests = 5;
+        wider.tenant_weights.insert("acme".into(), 2.0);
+        assert!(rt.reconfigure(&wider));
+        assert_eq!(rt.allowances(&rt.lock()), vec![6, 10, 6]);
+        assert_eq!(rt.weight("acme"), 2.0);
+        assert_eq!(rt.lock().queue.queued(1), 1, "the queued request stayed");
+        let mut renamed = wider.clone();
+        renamed.classes[2].name = "bulk".into();
+        assert!(!rt.reconfigure(&renamed));
+        let mut other = wider;
+        other.discipline = FairDiscipline::RoundRobin;
+        assert!(!rt.reconfigure(&other));
+        assert_eq!(
+            rt.cfg().classes[2].name,
+            "batch",
+            "refused changes are not taken"
+        );
     }
 }

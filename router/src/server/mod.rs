@@ -486,7 +486,7 @@ async fn fair_admission(
                 "tenant_queue_full",
                 format!(
                     "tenant {tenant:?} already has {} requests queued; retry later",
-                    f.cfg.max_queue_per_tenant
+                    f.cfg().max_queue_per_tenant
                 ),
             ),
             FairError::Timeout { seconds } => ApiError::new(
@@ -498,7 +498,7 @@ async fn fair_admission(
             ),
             FairError::UnknownClass(c) => ApiError::bad_request(format!(
                 "unknown priority class {c:?} (configured: {})",
-                f.cfg
+                f.cfg()
                     .classes
                     .iter()
                     .map(|c| c.name.as_str())

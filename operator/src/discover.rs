@@ -1,12 +1,23 @@
 //! Worker pods → DP-rank targets: a pure function, table-tested.
 //!
-//! A pod counts when it is Ready, has an IP and is not being deleted. Its ranks are
-//! `start..start+local`: `local` from `spec.dataParallel.size`, else the pod's
-//! `--data-parallel-size-local`, else `--data-parallel-size` (`-dp`), else the
-//! `scheduling.program-router.dev/data-parallel-size` annotation, else 1 (no DP: one unpinned
-//! target); `start` from `--data-parallel-start-rank` or its annotation, else 0. Ranks are GLOBAL,
-//! as vLLM checks them. Two pods claiming the same global rank is an error (the router could not
-//! tell them apart), reported with both pod names.
+//! A pod counts when it is Ready, has an IP and is not being deleted. Which GLOBAL DP ranks its
+//! API server fronts follows vLLM's data-parallel modes (ranks are global, as vLLM checks them):
+//!
+//! * `--headless` or `--api-server-count 0`: no API server, no targets (a secondary node of an
+//!   internally load-balanced deployment; the head's API reaches its engines);
+//! * external load balancing, `--data-parallel-rank N`: rank N alone;
+//! * hybrid load balancing (`--data-parallel-hybrid-lb`, `--data-parallel-external-lb`, or a
+//!   `--data-parallel-start-rank`): its local ranks, `start..start+local` with `local` from
+//!   `--data-parallel-size-local` (else `--data-parallel-size`);
+//! * internal load balancing (the default): every rank, `0..--data-parallel-size`, whatever
+//!   `--data-parallel-size-local` says (the head of a multi-node deployment fronts them all);
+//! * no DP flag: the `scheduling.program-router.dev/data-parallel-size` and `-start-rank`
+//!   annotations, else one unpinned target.
+//!
+//! `spec.dataParallel.size` overrides the count of every pod. Flags are read from the
+//! containers' command and args, also inside a shell line, in long, short (`-dp`, `-dpl`,
+//! `-dpn`, `-dpr`, `-dph`, `-dpe`) or underscore spelling. Two pods claiming the same global
+//! rank is an error (the router could not tell them apart), reported with both pod names.
 
 use std::collections::BTreeMap;
 
@@ -36,31 +47,64 @@ fn ready(p: &Pod) -> bool {
         })
 }
 
-/// The value of `--flag N`, `--flag=N` (or `short N`) in any container's command or args,
-/// also inside a shell command line (`sh -c "vllm serve ... --data-parallel-size 4"`): each
-/// entry is split on whitespace.
-fn arg(p: &Pod, long: &str, short: Option<&str>) -> Option<String> {
-    let spec = p.spec.as_ref()?;
-    for c in &spec.containers {
-        let words: Vec<&str> = c
-            .command
-            .iter()
-            .flatten()
-            .chain(c.args.iter().flatten())
-            .flat_map(|entry| entry.split_whitespace())
-            .collect();
+/// The words of a pod's containers' command and args, each entry split on whitespace (so a
+/// shell line `sh -c "vllm serve ... -dp 4"` reads like a list), long flags with underscores
+/// spelt with dashes as vLLM's parser accepts them.
+fn words(p: &Pod) -> Vec<Vec<String>> {
+    let Some(spec) = p.spec.as_ref() else {
+        return Vec::new();
+    };
+    spec.containers
+        .iter()
+        .map(|c| {
+            c.command
+                .iter()
+                .flatten()
+                .chain(c.args.iter().flatten())
+                .flat_map(|entry| entry.split_whitespace())
+                .map(|w| match w.strip_prefix("--") {
+                    Some(rest) => {
+                        let (flag, value) = rest
+                            .split_once('=')
+                            .map_or((rest, None), |(f, v)| (f, Some(v)));
+                        let flag = flag.replace('_', "-");
+                        match value {
+                            Some(v) => format!("--{flag}={v}"),
+                            None => format!("--{flag}"),
+                        }
+                    }
+                    None => w.to_string(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The value of `--flag N`, `--flag=N` (or `short N`) in any container.
+fn arg(words: &[Vec<String>], long: &str, short: &str) -> Option<String> {
+    for words in words {
         for (i, w) in words.iter().enumerate() {
             if let Some(v) = w.strip_prefix(&format!("{long}=")) {
                 return Some(v.to_string());
             }
-            if (*w == long || Some(*w) == short)
+            if (w == long || w == short)
                 && let Some(v) = words.get(i + 1)
             {
-                return Some((*v).to_string());
+                return Some(v.clone());
             }
         }
     }
     None
+}
+
+/// Whether a boolean flag is on in any container (`--flag`, `short`, `--flag=true`).
+fn flag(words: &[Vec<String>], long: &str, short: Option<&str>) -> bool {
+    words.iter().flatten().any(|w| {
+        w == long
+            || Some(w.as_str()) == short
+            || w.strip_prefix(&format!("{long}="))
+                .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    })
 }
 
 fn annotation(p: &Pod, key: &str) -> Option<String> {
@@ -75,6 +119,55 @@ fn number(pod: &str, what: &str, v: Option<String>) -> Result<Option<u32>, Disco
         })
     })
     .transpose()
+}
+
+/// How many ranks a pod's API server fronts and the first, each `None` when nothing says.
+type Ranks = (Option<u32>, Option<u32>);
+
+/// The ranks a pod's API server fronts (see the module doc); `None` when the pod runs no API
+/// server.
+fn api_ranks(
+    spec: &ProgramSchedulingSpec,
+    p: &Pod,
+    name: &str,
+) -> Result<Option<Ranks>, DiscoverError> {
+    let w = words(p);
+    let num = |long: &str, short: &str| number(name, long, arg(&w, long, short));
+    if flag(&w, "--headless", None) || num("--api-server-count", "-asc")? == Some(0) {
+        return Ok(None);
+    }
+    let explicit = spec
+        .data_parallel
+        .as_ref()
+        .and_then(|d| d.size)
+        .map(|n| u32::try_from(n).unwrap_or(1));
+    let size = num("--data-parallel-size", "-dp")?;
+    let local = num("--data-parallel-size-local", "-dpl")?;
+    let start = num("--data-parallel-start-rank", "-dpr")?;
+    if let Some(rank) = num("--data-parallel-rank", "-dpn")? {
+        return Ok(Some((explicit.or(Some(1)), Some(rank))));
+    }
+    let hybrid = start.is_some()
+        || flag(&w, "--data-parallel-hybrid-lb", Some("-dph"))
+        || flag(&w, "--data-parallel-external-lb", Some("-dpe"));
+    let start = match start {
+        Some(s) => Some(s),
+        None => number(
+            name,
+            DP_START_ANNOTATION,
+            annotation(p, DP_START_ANNOTATION),
+        )?,
+    };
+    let count = match (explicit, hybrid) {
+        (Some(n), _) => Some(n),
+        (None, true) => local.or(size),
+        (None, false) => size,
+    };
+    let count = match count {
+        Some(n) => Some(n),
+        None => number(name, DP_SIZE_ANNOTATION, annotation(p, DP_SIZE_ANNOTATION))?,
+    };
+    Ok(Some((count, start)))
 }
 
 /// The targets of `pods` under `spec`, sorted by URL and rank.
@@ -94,35 +187,8 @@ pub fn discover(
             continue;
         };
         let name = p.metadata.name.clone().unwrap_or_default();
-        let local = match spec.data_parallel.as_ref().and_then(|d| d.size) {
-            Some(n) => Some(u32::try_from(n).unwrap_or(1)),
-            None => match number(
-                &name,
-                "--data-parallel-size-local",
-                arg(p, "--data-parallel-size-local", None),
-            )? {
-                Some(n) => Some(n),
-                None => match number(
-                    &name,
-                    "--data-parallel-size",
-                    arg(p, "--data-parallel-size", Some("-dp")),
-                )? {
-                    Some(n) => Some(n),
-                    None => number(&name, DP_SIZE_ANNOTATION, annotation(p, DP_SIZE_ANNOTATION))?,
-                },
-            },
-        };
-        let start = match number(
-            &name,
-            "--data-parallel-start-rank",
-            arg(p, "--data-parallel-start-rank", None),
-        )? {
-            Some(s) => Some(s),
-            None => number(
-                &name,
-                DP_START_ANNOTATION,
-                annotation(p, DP_START_ANNOTATION),
-            )?,
+        let Some((local, start)) = api_ranks(spec, p, &name)? else {
+            continue; // no API server on this pod
         };
         let host = if ip.contains(':') {
             format!("[{ip}]")
@@ -231,13 +297,14 @@ mod tests {
                 vec!["http://10.0.0.1:8000@None"],
             ),
             (
-                "args give size and start (multi-node DP)",
+                "hybrid load balancing: each node's API fronts its local ranks",
                 vec![
                     pod(
                         "a",
                         Some("10.0.0.1"),
                         true,
                         &[
+                            "--data-parallel-hybrid-lb",
                             "--data-parallel-size",
                             "4",
                             "--data-parallel-size-local",
@@ -281,6 +348,76 @@ mod tests {
                     "http://10.0.0.1:8000@Some(1)",
                     "http://10.0.0.2:8000@Some(2)",
                     "http://10.0.0.2:8000@Some(3)",
+                ],
+            ),
+            (
+                "internal load balancing across nodes: the head fronts every rank, headless nodes none",
+                vec![
+                    pod(
+                        "head",
+                        Some("10.0.0.1"),
+                        true,
+                        &[
+                            "-dp",
+                            "4",
+                            "-dpl",
+                            "2",
+                            "--data-parallel-address",
+                            "10.0.0.1",
+                        ],
+                        &[],
+                    ),
+                    pod(
+                        "worker",
+                        Some("10.0.0.2"),
+                        true,
+                        &[
+                            "--headless",
+                            "-dp",
+                            "4",
+                            "-dpl",
+                            "2",
+                            "--data-parallel-start-rank",
+                            "2",
+                        ],
+                        &[],
+                    ),
+                    pod(
+                        "api-off",
+                        Some("10.0.0.3"),
+                        true,
+                        &["--api-server-count", "0", "-dp", "4"],
+                        &[],
+                    ),
+                ],
+                vec![
+                    "http://10.0.0.1:8000@Some(0)",
+                    "http://10.0.0.1:8000@Some(1)",
+                    "http://10.0.0.1:8000@Some(2)",
+                    "http://10.0.0.1:8000@Some(3)",
+                ],
+            ),
+            (
+                "external load balancing: one rank per server, underscore spelling",
+                vec![
+                    pod(
+                        "r0",
+                        Some("10.0.0.1"),
+                        true,
+                        &["--data_parallel_size=2", "--data_parallel_rank=0"],
+                        &[],
+                    ),
+                    pod(
+                        "r1",
+                        Some("10.0.0.2"),
+                        true,
+                        &["-dp", "2", "-dpn", "1"],
+                        &[],
+                    ),
+                ],
+                vec![
+                    "http://10.0.0.1:8000@Some(0)",
+                    "http://10.0.0.2:8000@Some(1)",
                 ],
             ),
             (

@@ -24,6 +24,23 @@ fn fairness(max_waiting: u32) -> FairnessConfig {
     }
 }
 
+/// Fairness that holds every request: no observation is ever this fresh, so every target
+/// counts as saturated.
+fn holding() -> FairnessConfig {
+    FairnessConfig {
+        metrics_max_age_seconds: 1e-6,
+        ..fairness(3)
+    }
+}
+
+/// Sends one request of tenant "acme" in the background; returns once it waits in the queue.
+async fn queue_one(r: &Router) -> tokio::task::JoinHandle<Reply> {
+    let (c, url) = (client(), r.url("/v1/chat/completions"));
+    let waiting = tokio::spawn(async move { chat_as(&c, &url, "acme", 4).await });
+    assert!(eventually(5.0, || async { depth(&client(), r).await == 1.0 }).await);
+    waiting
+}
+
 /// Requests waiting in the router's fair queue, all classes.
 async fn depth(c: &HttpClient, r: &Router) -> f64 {
     let m = format!("http://{}", r.metrics_addr);
@@ -109,9 +126,7 @@ async fn backpressure_holds_the_backlog_in_the_router_and_a_light_tenant_overtak
 async fn stale_metrics_hold_requests_full_queues_get_429_and_waits_time_out_with_504() {
     let sim = sim(&[]).await;
     let mut cfg = workers(&[sim.base()], 1);
-    let mut f = fairness(3);
-    // No observation is ever this fresh: every target counts as saturated.
-    f.metrics_max_age_seconds = 1e-6;
+    let mut f = holding();
     f.max_queue_per_tenant = 2;
     f.queue_timeout_seconds = 1.0;
     cfg.fairness = Some(f);
@@ -176,9 +191,7 @@ async fn stale_metrics_hold_requests_full_queues_get_429_and_waits_time_out_with
 async fn a_client_that_leaves_is_removed_from_the_queue() {
     let sim = sim(&[]).await;
     let mut cfg = workers(&[sim.base()], 1);
-    let mut f = fairness(3);
-    f.metrics_max_age_seconds = 1e-6;
-    cfg.fairness = Some(f);
+    cfg.fairness = Some(holding());
     let r = router(cfg).await;
     let url = r.url("/v1/chat/completions");
     let c = client();
@@ -206,18 +219,12 @@ async fn a_client_that_leaves_is_removed_from_the_queue() {
 async fn a_drain_answers_requests_still_queued_at_its_midpoint_with_503() {
     let sim = sim(&[]).await;
     let mut cfg = workers(&[sim.base()], 1);
-    let mut f = fairness(3);
-    // Every target counts as saturated: requests stay queued (for up to 60 s).
-    f.metrics_max_age_seconds = 1e-6;
+    let mut f = holding();
     f.queue_timeout_seconds = 60.0;
     cfg.fairness = Some(f);
     cfg.limits.drain_timeout_secs = 1.0;
     let mut r = router(cfg).await;
-    let url = r.url("/v1/chat/completions");
-    let c = client();
-    let c2 = client();
-    let waiting = tokio::spawn(async move { chat_as(&c2, &url, "acme", 4).await });
-    assert!(eventually(5.0, || async { depth(&c, &r).await == 1.0 }).await);
+    let waiting = queue_one(&r).await;
     let started = Instant::now();
     r.server.stop();
     let reply = waiting.await.expect("join");
@@ -248,16 +255,12 @@ async fn a_drain_answers_requests_still_queued_at_its_midpoint_with_503() {
 async fn a_tuning_reload_keeps_queued_requests() {
     let sim = sim(&[]).await;
     let mut cfg = workers(&[sim.base()], 1);
-    let mut f = fairness(3);
-    f.metrics_max_age_seconds = 1e-6;
+    let mut f = holding();
     f.queue_timeout_seconds = 60.0;
     cfg.fairness = Some(f);
     let r = router(cfg).await;
-    let url = r.url("/v1/chat/completions");
     let c = client();
-    let c2 = client();
-    let waiting = tokio::spawn(async move { chat_as(&c2, &url, "acme", 4).await });
-    assert!(eventually(5.0, || async { depth(&c, &r).await == 1.0 }).await);
+    let waiting = queue_one(&r).await;
     // A weight change keeps the request in line (not 503 `reconfigured`).
     let mut cfg = r.state.applied.load().config.clone();
     if let Some(f) = cfg.fairness.as_mut() {

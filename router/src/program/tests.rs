@@ -1100,12 +1100,13 @@ mod properties {
             rotate: u8,
         },
         /// A tuning reload: capacity (none, 300, 1,000 or 3,000 tokens), Program cap,
-        /// cross-rank resume and resume order change; the state carries over.
+        /// cross-rank resume, resume order and binding strategy change; the state carries over.
         Reconfigure {
             capacity: u8,
             programs: u8,
             global: bool,
             fcfs: bool,
+            binding: u8,
         },
     }
 
@@ -1124,15 +1125,25 @@ mod properties {
             (0u8..3, 0u8..4).prop_map(|(rank, waiting)| Ev::Observe { rank, waiting }),
             (0u8..40).prop_map(|dt| Ev::Tick { dt }),
             (1u8..32, 0u8..5).prop_map(|(mask, rotate)| Ev::Retarget { mask, rotate }),
-            (0u8..4, 1u8..5, any::<bool>(), any::<bool>()).prop_map(
-                |(capacity, programs, global, fcfs)| Ev::Reconfigure {
+            (0u8..4, 1u8..5, any::<bool>(), any::<bool>(), 0u8..4).prop_map(
+                |(capacity, programs, global, fcfs, binding)| Ev::Reconfigure {
                     capacity,
                     programs,
                     global,
-                    fcfs
+                    fcfs,
+                    binding
                 }
             ),
         ]
+    }
+
+    fn strategy(i: u8) -> BindingStrategy {
+        match i % 4 {
+            0 => BindingStrategy::ProgramRoundRobin,
+            1 => BindingStrategy::LeastProgramCount,
+            2 => BindingStrategy::ConsistentHash,
+            _ => BindingStrategy::CacheAware,
+        }
     }
 
     /// Runs a sequence; returns the decisions and the final per-ticket outcomes.
@@ -1230,6 +1241,7 @@ mod properties {
                     programs,
                     global,
                     fcfs,
+                    binding,
                 } => {
                     let tuned = ProgramSchedulingConfig {
                         token_capacity_per_dp_rank: [None, Some(300), Some(1000), Some(3000)]
@@ -1241,6 +1253,7 @@ mod properties {
                         } else {
                             ResumeOrder::Mru
                         },
+                        binding_strategy: strategy(*binding),
                         ..c.clone()
                     };
                     s.reconfigure(now, &tuned)
@@ -1371,12 +1384,7 @@ mod properties {
         #[test]
         fn every_request_ends_exactly_once_and_the_ledger_holds(events in proptest::collection::vec(ev(), 1..120), global in any::<bool>(), fcfs in any::<bool>(), binding in 0u8..4, only in proptest::bool::weighted(0.1)) {
             let c = ProgramSchedulingConfig {
-                binding_strategy: match binding {
-                    0 => BindingStrategy::ProgramRoundRobin,
-                    1 => BindingStrategy::LeastProgramCount,
-                    2 => BindingStrategy::ConsistentHash,
-                    _ => BindingStrategy::CacheAware,
-                },
+                binding_strategy: strategy(binding),
                 binding_only: only,
                 global_queue: global,
                 resume_order: if fcfs { ResumeOrder::Fcfs } else { ResumeOrder::Mru },

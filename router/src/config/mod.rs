@@ -603,6 +603,20 @@ mod tests {
         let mut c = RouterConfig::default();
         c.retry.max_retries = 0;
         assert_eq!(c.validate().expect_err("retry").field, "retry.max_retries");
+        for v in [-1.0, f64::NAN, f64::INFINITY] {
+            let mut c = RouterConfig::default();
+            c.limits.shutdown_delay_secs = v;
+            assert_eq!(
+                c.validate().expect_err("delay").field,
+                "limits.shutdown_delay_secs"
+            );
+            let mut c = RouterConfig::default();
+            c.limits.drain_timeout_secs = v;
+            assert_eq!(
+                c.validate().expect_err("drain").field,
+                "limits.drain_timeout_secs"
+            );
+        }
         let c = RouterConfig {
             io_threads: Some(MAX_IO_THREADS + 1),
             ..Default::default()

@@ -16,6 +16,14 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Command::Calibrate(args)) = &cli.command {
+        if let Some(file) = &cli.flags.config {
+            eprintln!(
+                "program-router calibrate: reads no --config ({}); it measures the one server \
+                 given by --worker-url (with --dp-rank and --api-key)",
+                file.display()
+            );
+            return ExitCode::from(2);
+        }
         return calibrate(args).await;
     }
     if let Some(Command::Config {

@@ -20,12 +20,14 @@ def free_port() -> int:
 
 
 def binary(name: str) -> str:
+    """The most recently built of the release and debug binaries: test-all.sh builds debug just
+    before these tests, and an older release build left in a shared target directory must not
+    stand in for the code under test."""
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    for profile in ("release", "debug"):
-        p = target / profile / name
-        if p.exists():
-            return str(p)
-    pytest.fail(f"{name} is not built under {target}; run `cargo build -p {name}` first")
+    built = [p for p in (target / "release" / name, target / "debug" / name) if p.exists()]
+    if not built:
+        pytest.fail(f"{name} is not built under {target}; run `cargo build -p {name}` first")
+    return str(max(built, key=lambda p: p.stat().st_mtime))
 
 
 def wait_http(url: str, timeout: float = 20.0, headers=None) -> None:

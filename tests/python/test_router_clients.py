@@ -69,3 +69,10 @@ def test_invalid_flags_fail_fast_with_the_field_name(spawn):
     )
     assert out.returncode == 2
     assert "program_scheduling.high_watermark_ratio" in out.stderr
+    # calibrate measures one server; a config file it would ignore is refused, not skipped.
+    out = subprocess.run(
+        [binary("program-router"), "calibrate", "--worker-url", "http://127.0.0.1:9", "--config", "router.json"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert out.returncode == 2
+    assert "reads no --config" in out.stderr

@@ -28,7 +28,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Measure a backend and print calibrated Program scheduling coefficients as JSON.
+    /// Measure a backend and print calibrated Program scheduling coefficients (JSON, or YAML
+    /// for a ProgramScheduling resource with --format crd).
     Calibrate(crate::calibrate::CalibrateArgs),
     /// Inspect the configuration without starting the router.
     Config {

@@ -45,7 +45,7 @@ pub struct Observed {
     pub deployment: (i32, i32),
     /// One report per Ready router pod with an IP.
     pub routers: Vec<RouterReport>,
-    /// Program scheduling on, and whether its prefill coefficients were given.
+    /// Program scheduling on, and which fitted coefficients were given.
     pub calibration: Calibration,
     /// Whether each Program's requests reach one router replica.
     pub affinity: Affinity,
@@ -66,32 +66,27 @@ pub enum Affinity {
 }
 
 /// Where Program scheduling's two cost models come from.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Calibration {
     NotUsed,
-    /// Neither model given: both use the reference coefficients.
+    /// No fitted coefficient given: both models use the reference values.
     Reference,
-    /// One model given; the named spec field (the other one) uses the reference coefficients.
+    /// Some given; these spec fields use the reference values.
     Partial {
-        missing: &'static str,
+        missing: Vec<&'static str>,
     },
-    /// Both models given.
+    /// Every fitted coefficient of both models given.
     Configured,
 }
 
-/// The [`Calibration`] of a spec, from which of `prefillCostModel` and `decodeThroughputModel`
-/// it sets (`None` = Program scheduling off).
-pub fn calibration(models: Option<(bool, bool)>) -> Calibration {
-    match models {
+/// The [`Calibration`] of a spec from the fitted coefficients it leaves unset (see
+/// `ProgramSchedulingParams::uncalibrated`; `None` = Program scheduling off).
+pub fn calibration(missing: Option<Vec<&'static str>>) -> Calibration {
+    match missing {
         None => Calibration::NotUsed,
-        Some((true, true)) => Calibration::Configured,
-        Some((false, false)) => Calibration::Reference,
-        Some((true, false)) => Calibration::Partial {
-            missing: "decodeThroughputModel",
-        },
-        Some((false, true)) => Calibration::Partial {
-            missing: "prefillCostModel",
-        },
+        Some(m) if m.is_empty() => Calibration::Configured,
+        Some(m) if m.len() == crate::crd::FITTED_COEFFICIENTS.len() => Calibration::Reference,
+        Some(missing) => Calibration::Partial { missing },
     }
 }
 
@@ -274,7 +269,7 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
         )
     };
 
-    let calibrated = match obs.calibration {
+    let calibrated = match &obs.calibration {
         Calibration::NotUsed => cond(
             CALIBRATED,
             true,
@@ -292,8 +287,13 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
             false,
             "PartiallyCalibrated",
             format!(
-                "programScheduling.{missing} is not set and uses the reference coefficients; \
-                 copy it from the same `program-router calibrate` run as the other model"
+                "not set, so at reference values: {}; copy every coefficient from one \
+                 `program-router calibrate --format crd` run",
+                missing
+                    .iter()
+                    .map(|f| format!("programScheduling.{f}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         ),
         Calibration::Reference => cond(
@@ -454,30 +454,55 @@ mod tests {
     }
 
     #[test]
-    fn calibrated_needs_both_cost_models() {
-        let reason = |models| {
+    fn calibrated_needs_every_fitted_coefficient() {
+        use crate::crd::ProgramSchedulingParams;
+        let state = |spec: Option<serde_json::Value>| {
+            let params =
+                spec.map(|v| serde_json::from_value::<ProgramSchedulingParams>(v).expect("params"));
             let mut o = good();
-            o.calibration = calibration(models);
+            o.calibration = calibration(params.map(|p| p.uncalibrated()));
             let cs = evaluate(&o);
             let c = get(&cs, CALIBRATED);
             (c.status.clone(), c.reason.clone(), c.message.clone())
         };
-        assert_eq!(reason(None).1, "NotUsed");
-        let (status, why, _) = reason(Some((true, true)));
+        let prefill = serde_json::json!({
+            "interceptSeconds": 0.05, "linearSecondsPer1kTokens": 0.03,
+            "quadraticSecondsPer1kTokensSquared": 0.002
+        });
+        let decode = serde_json::json!({
+            "fixedStepSeconds": 0.01, "batchStepSecondsPerRequest": 0.0004,
+            "contextStepSecondsPerToken": 1.4e-7
+        });
+        assert_eq!(state(None).1, "NotUsed");
+        let (status, why, _) = state(Some(
+            serde_json::json!({"prefillCostModel": prefill, "decodeThroughputModel": decode}),
+        ));
         assert_eq!((status.as_str(), why.as_str()), ("True", "Configured"));
-        let (status, why, msg) = reason(Some((true, false)));
+        let (status, why, msg) = state(Some(serde_json::json!({"prefillCostModel": prefill})));
         assert_eq!(
             (status.as_str(), why.as_str()),
             ("False", "PartiallyCalibrated")
         );
         assert!(
-            msg.contains("programScheduling.decodeThroughputModel"),
+            msg.contains("programScheduling.decodeThroughputModel.fixedStepSeconds")
+                && !msg.contains("prefillCostModel"),
             "{msg}"
         );
-        let (_, why, msg) = reason(Some((false, true)));
+        // An empty model object gives no coefficient.
+        let (_, why, _) = state(Some(serde_json::json!({"prefillCostModel": {}})));
+        assert_eq!(why, "ReferenceCoefficients");
+        let (_, why, msg) = state(Some(serde_json::json!({
+            "prefillCostModel": {"interceptSeconds": 0.05},
+            "decodeThroughputModel": decode
+        })));
         assert_eq!(why, "PartiallyCalibrated");
-        assert!(msg.contains("programScheduling.prefillCostModel"), "{msg}");
-        let (status, why, msg) = reason(Some((false, false)));
+        assert!(
+            msg.contains("prefillCostModel.linearSecondsPer1kTokens")
+                && msg.contains("prefillCostModel.quadraticSecondsPer1kTokensSquared")
+                && !msg.contains("interceptSeconds"),
+            "{msg}"
+        );
+        let (status, why, msg) = state(Some(serde_json::json!({})));
         assert_eq!(
             (status.as_str(), why.as_str()),
             ("False", "ReferenceCoefficients")

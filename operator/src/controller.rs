@@ -292,12 +292,12 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
         desired_hash: desired_hash.clone(),
         deployment: (ps.spec.router.replicas, available),
         routers: reports,
-        calibration: conditions::calibration(ps.spec.program_scheduling.as_ref().map(|p| {
-            (
-                p.prefill_cost_model.is_some(),
-                p.decode_throughput_model.is_some(),
-            )
-        })),
+        calibration: conditions::calibration(
+            ps.spec
+                .program_scheduling
+                .as_ref()
+                .map(|p| p.uncalibrated()),
+        ),
         affinity: conditions::affinity(
             ps.spec.program_scheduling.is_some(),
             ps.spec.router.replicas,

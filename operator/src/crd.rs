@@ -298,6 +298,39 @@ pub struct ProgramSchedulingParams {
     pub decode_throughput_model: Option<DecodeThroughputModelParams>,
 }
 
+/// The coefficients `program-router calibrate` fits, as spec paths below `programScheduling`
+/// (`decodeThroughputAlpha` is not fitted).
+pub const FITTED_COEFFICIENTS: [&str; 6] = [
+    "prefillCostModel.interceptSeconds",
+    "prefillCostModel.linearSecondsPer1kTokens",
+    "prefillCostModel.quadraticSecondsPer1kTokensSquared",
+    "decodeThroughputModel.fixedStepSeconds",
+    "decodeThroughputModel.batchStepSecondsPerRequest",
+    "decodeThroughputModel.contextStepSecondsPerToken",
+];
+
+impl ProgramSchedulingParams {
+    /// The [`FITTED_COEFFICIENTS`] this spec leaves unset (they take reference values).
+    pub fn uncalibrated(&self) -> Vec<&'static str> {
+        let p = self.prefill_cost_model.clone().unwrap_or_default();
+        let d = self.decode_throughput_model.clone().unwrap_or_default();
+        let set = [
+            p.intercept_seconds,
+            p.linear_seconds_per_1k_tokens,
+            p.quadratic_seconds_per_1k_tokens_squared,
+            d.fixed_step_seconds,
+            d.batch_step_seconds_per_request,
+            d.context_step_seconds_per_token,
+        ];
+        FITTED_COEFFICIENTS
+            .iter()
+            .zip(set)
+            .filter(|(_, v)| v.is_none())
+            .map(|(f, _)| *f)
+            .collect()
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PrefillCostModelParams {
@@ -505,6 +538,24 @@ mod tests {
     }
 
     #[test]
+    fn the_fitted_coefficients_are_schema_paths_and_calibrate_sets_them_all() {
+        let crd = serde_json::to_value(ProgramScheduling::crd()).expect("crd");
+        let ps = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            ["programScheduling"];
+        for path in FITTED_COEFFICIENTS {
+            let (model, field) = path.split_once('.').expect("model.field");
+            assert!(
+                ps["properties"][model]["properties"][field].is_object(),
+                "{path} is not in the CRD"
+            );
+        }
+        assert_eq!(
+            ProgramSchedulingParams::default().uncalibrated(),
+            FITTED_COEFFICIENTS.to_vec()
+        );
+    }
+
+    #[test]
     fn calibrate_crd_output_pastes_into_the_spec() {
         use program_router::calibrate::{Calibration, DecodeFit, FitReport, PrefillFit};
         let fit = Calibration {
@@ -527,7 +578,7 @@ mod tests {
         };
         let yaml = fit.crd_yaml().expect("yaml");
         let p: ProgramSchedulingParams = serde_yaml::from_str(&yaml).expect("params");
-        assert!(p.prefill_cost_model.is_some() && p.decode_throughput_model.is_some());
+        assert!(p.uncalibrated().is_empty(), "{yaml}");
         assert_calibrated(&p.to_router().expect("valid"));
     }
 

@@ -97,18 +97,6 @@ impl Bound {
             ));
         }
         let io_threads = state.applied.load().config.resolved_io_threads();
-        let st = state.clone();
-        let shutdown = async move {
-            shutdown.await;
-            // The limits in effect now (a reload may have changed them since the start).
-            let limits = st.applied.load().config.limits.clone();
-            let delay = Duration::from_secs_f64(limits.shutdown_delay_secs);
-            st.begin_drain(delay, Duration::from_secs_f64(limits.drain_timeout_secs));
-            if !delay.is_zero() {
-                tracing::info!(?delay, "shutting down: readiness off, still accepting");
-                tokio::time::sleep(delay).await;
-            }
-        };
         crate::server::serve_api(state.clone(), self.api, shutdown, io_threads).await;
         state.stop();
     }

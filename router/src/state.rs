@@ -73,7 +73,7 @@ pub struct RouterState {
     pub fair_metrics: FairMetrics,
     pub client: UpstreamClient,
     /// From the shutdown signal on: when the router's queues close and when the drain ends
-    /// (see [`RouterState::begin_drain`]).
+    /// (see [`RouterState::begin_shutdown`]).
     drain: watch::Sender<Option<DrainPlan>>,
     pub last_reload_error: Mutex<Option<ReloadError>>,
     pub health_wake: Notify,
@@ -140,26 +140,35 @@ impl RouterState {
         self.stop.subscribe()
     }
 
-    /// Starts the shutdown: readiness turns false at once; the listener keeps accepting for
-    /// `delay` (while load balancers stop sending), then closes and requests in flight have up
-    /// to `drain` to finish. Requests waiting in the router's queues (Program scheduling's
-    /// RequestPool, the fair queue) may still be dispatched until half the drain has passed;
-    /// those still waiting then, and any that arrives and would wait from then on, are answered
-    /// 503 `shutting_down` — never cut by the deadline while they wait — and requests
-    /// dispatched have the second half to finish. Later calls change nothing.
-    pub fn begin_drain(&self, delay: std::time::Duration, drain: std::time::Duration) {
+    /// Starts the shutdown with the limits in effect now (a reload may have changed them since
+    /// the start): readiness turns false at once; the listener keeps accepting for
+    /// `limits.shutdown_delay_secs` (while load balancers stop sending), then closes and requests
+    /// in flight have up to `limits.drain_timeout_secs` to finish. Requests waiting in the
+    /// router's queues (Program scheduling's RequestPool, the fair queue) may still be
+    /// dispatched until half the drain has passed; those still waiting then, and any that
+    /// arrives and would wait from then on, are answered 503 `shutting_down` — never cut by the
+    /// deadline while they wait — and requests dispatched have the second half to finish.
+    /// Resolves when the listener should close. A second call changes nothing and returns at once.
+    pub async fn begin_shutdown(&self) {
+        let limits = self.applied.load().config.limits.clone();
+        let delay = std::time::Duration::from_secs_f64(limits.shutdown_delay_secs);
+        let drain = std::time::Duration::from_secs_f64(limits.drain_timeout_secs);
         let now = tokio::time::Instant::now();
         let plan = DrainPlan {
             queues_close: now + delay + drain / 2,
             deadline: now + delay + drain,
         };
-        self.drain.send_if_modified(|d| {
+        let begun = self.drain.send_if_modified(|d| {
             if d.is_some() {
                 return false;
             }
             *d = Some(plan);
             true
         });
+        if begun && !delay.is_zero() {
+            tracing::info!(?delay, "shutting down: readiness off, still accepting");
+            tokio::time::sleep(delay).await;
+        }
     }
 
     pub fn is_draining(&self) -> bool {
@@ -171,7 +180,7 @@ impl RouterState {
         self.drain.borrow().map(|p| p.deadline)
     }
 
-    /// Resolves when the drain closes the router's queues (see [`RouterState::begin_drain`]).
+    /// Resolves when the drain closes the router's queues (see [`RouterState::begin_shutdown`]).
     pub async fn queues_closed(&self) {
         let mut rx = self.drain.subscribe();
         let plan = match rx.wait_for(Option::is_some).await {

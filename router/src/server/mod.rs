@@ -47,8 +47,8 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
     r
 }
 
-/// Serves `listener` until `shutdown` resolves, then drains (see [`RouterState::begin_drain`])
-/// and returns.
+/// Serves `listener` until `shutdown` resolves, then shuts down as
+/// [`RouterState::begin_shutdown`] says (delay, drain) and returns.
 ///
 /// With `io_threads` of 1 or more the listener is shared by that many I/O shards, each a
 /// single-threaded runtime on its own thread that accepts, serves and proxies its connections
@@ -64,6 +64,12 @@ pub async fn serve_api(
     shutdown: impl Future<Output = ()>,
     io_threads: usize,
 ) {
+    let st = state.clone();
+    // Every accept loop stops only after this, so the drain's timeline exists when they drain.
+    let shutdown = async move {
+        shutdown.await;
+        st.begin_shutdown().await;
+    };
     if io_threads == 0 {
         return accept_loop(state, listener, None, shutdown).await;
     }
@@ -134,11 +140,7 @@ async fn accept_loop(
         }
     }
     drop(listener);
-    // Normally begun by the caller when the shutdown signal came; then this changes nothing.
-    state.begin_drain(
-        Duration::ZERO,
-        Duration::from_secs_f64(state.applied.load().config.limits.drain_timeout_secs),
-    );
+    // serve_api fixed the drain's timeline before any accept loop stops.
     let deadline = state
         .drain_deadline()
         .unwrap_or_else(tokio::time::Instant::now);

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::FromArgMatches;
 use program_router::config::cli::{Cli, Command, ConfigCommand};
 use program_router::config::{LogFormat, RouterConfig};
 
@@ -14,7 +14,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::from_arg_matches(&program_router::config::cli::command().get_matches())
+        .unwrap_or_else(|e| e.exit());
     if let Some(Command::Calibrate(args)) = &cli.command {
         if let Some(file) = &cli.flags.config {
             eprintln!(

@@ -24,19 +24,28 @@ pub struct Bound {
     initial_file: Option<Vec<u8>>,
 }
 
+/// Binds one listener; the error names which one and its address (`port` 30000 in use, say).
+async fn listen(what: &str, host: &str, port: u16) -> std::io::Result<TcpListener> {
+    TcpListener::bind((host, port)).await.map_err(|e| {
+        std::io::Error::new(e.kind(), format!("{what} listener on {host}:{port}: {e}"))
+    })
+}
+
 /// Binds the listeners for `config`.
 pub async fn bind(config: RouterConfig, flags: Flags) -> std::io::Result<Bound> {
     let initial_file = match &flags.config {
-        Some(p) => Some(std::fs::read(p)?),
+        Some(p) => Some(std::fs::read(p).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot read {}: {e}", p.display()))
+        })?),
         None => None,
     };
     // Before any backend's connection pool exists: one idle stack per I/O thread.
     crate::proxy::upstream::size_for_shards(config.resolved_io_threads());
-    let api = TcpListener::bind((config.host.as_str(), config.port)).await?;
+    let api = listen("API", &config.host, config.port).await?;
     let api_addr = api.local_addr()?;
     let metrics = match config.prometheus_port {
         Some(port) => {
-            let l = TcpListener::bind((config.prometheus_host.as_str(), port)).await?;
+            let l = listen("metrics", &config.prometheus_host, port).await?;
             let a = l.local_addr()?;
             Some((l, a))
         }

@@ -76,3 +76,22 @@ def test_invalid_flags_fail_fast_with_the_field_name(spawn):
     )
     assert out.returncode == 2
     assert "reads no --config" in out.stderr
+
+
+def test_a_busy_port_is_named_and_help_shows_the_real_defaults():
+    import socket
+    import subprocess
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [binary("program-router"), "--host", "127.0.0.1", "--port", str(port),
+             "--worker-urls", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=30,
+        )
+    assert out.returncode == 1
+    assert f"API listener on 127.0.0.1:{port}" in out.stderr, out.stderr
+    out = subprocess.run([binary("program-router"), "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0
+    assert "[config: limits.request_timeout_secs; default: 1800]" in out.stdout, out.stdout
+    assert "[config: health.interval_secs; default: 60]" in out.stdout

@@ -76,86 +76,129 @@ pub struct Flags {
     /// JSON RouterConfig file; watched and hot-reloaded (see `config schema`).
     #[arg(long, global = true)]
     pub config: Option<PathBuf>,
+    /// Address of the API listener. [config: host]
     #[arg(long)]
     pub host: Option<String>,
+    /// Port of the API listener. [config: port]
     #[arg(long)]
     pub port: Option<u16>,
-    /// Worker base URLs (each expands into --intra-node-data-parallel-size ranks).
+    /// Worker base URLs (each expands into --intra-node-data-parallel-size ranks); replaces the
+    /// file's workers. [config: workers]
     #[arg(long, num_args = 1..)]
     pub worker_urls: Option<Vec<String>>,
+    /// DP ranks behind each --worker-urls entry (each URL expands into ranks 0..N-1).
+    /// [config: intra_node_data_parallel_size]
     #[arg(long)]
     pub intra_node_data_parallel_size: Option<u32>,
+    /// Routing policy for requests without Program identity. [config: policy.kind]
     #[arg(long, value_enum)]
     pub policy: Option<PolicyKind>,
-    /// Bearer token sent to workers.
+    /// Bearer token sent to workers. [config: api_key]
     #[arg(long, env = "PROGRAM_ROUTER_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Address of the metrics listener. [config: prometheus_host]
     #[arg(long)]
     pub prometheus_host: Option<String>,
+    /// Port of the metrics listener (/metrics). [config: prometheus_port]
     #[arg(long)]
     pub prometheus_port: Option<u16>,
+    /// Whole-request deadline in seconds: 504 without response headers by then, a cut
+    /// stream after. [config: limits.request_timeout_secs]
     #[arg(long)]
     pub request_timeout_secs: Option<f64>,
+    /// Largest request body in bytes; larger gets 413. [config: limits.max_payload_size]
     #[arg(long)]
     pub max_payload_size: Option<u64>,
+    /// On SIGTERM, seconds for requests in flight to finish. [config: limits.drain_timeout_secs]
     #[arg(long)]
     pub drain_timeout_secs: Option<f64>,
     /// On SIGTERM, seconds to keep accepting with readiness false before draining.
+    /// [config: limits.shutdown_delay_secs]
     #[arg(long)]
     pub shutdown_delay_secs: Option<f64>,
     /// I/O threads, each serving its own connections on a single-threaded runtime (default: one
-    /// per core; 0: the shared multi-threaded runtime).
+    /// per core; 0: the shared multi-threaded runtime). [config: io_threads]
     #[arg(long)]
     pub io_threads: Option<u32>,
+    /// cache_aware: follow the cache when the best prefix match covers more than this
+    /// fraction of the prompt. [config: policy.cache_threshold]
     #[arg(long)]
     pub cache_threshold: Option<f64>,
+    /// cache_aware: balance by load when max - min in-flight exceeds this...
+    /// [config: policy.balance_abs_threshold]
     #[arg(long)]
     pub balance_abs_threshold: Option<u64>,
+    /// ...and max > min x this. [config: policy.balance_rel_threshold]
     #[arg(long)]
     pub balance_rel_threshold: Option<f64>,
+    /// cache_aware: prompt bytes remembered per target (LRU beyond).
+    /// [config: policy.max_tree_size]
     #[arg(long)]
     pub max_tree_size: Option<u64>,
+    /// Consecutive failed health checks that mark a backend unhealthy.
+    /// [config: health.failure_threshold]
     #[arg(long)]
     pub health_failure_threshold: Option<u32>,
+    /// Consecutive passed health checks that bring a backend back.
+    /// [config: health.success_threshold]
     #[arg(long)]
     pub health_success_threshold: Option<u32>,
+    /// Timeout of one health check, in seconds. [config: health.timeout_secs]
     #[arg(long)]
     pub health_check_timeout_secs: Option<f64>,
+    /// Seconds between health checks (each base URL once, not per rank).
+    /// [config: health.interval_secs]
     #[arg(long)]
     pub health_check_interval_secs: Option<f64>,
+    /// Path of the health check. [config: health.endpoint]
     #[arg(long)]
     pub health_check_endpoint: Option<String>,
+    /// Attempts in total; only connect errors and 503 answers are retried, before any byte
+    /// reached the client. [config: retry.max_retries]
     #[arg(long)]
     pub retry_max_retries: Option<u32>,
+    /// First retry backoff, in milliseconds. [config: retry.initial_backoff_ms]
     #[arg(long)]
     pub retry_initial_backoff_ms: Option<u64>,
+    /// Retry backoff cap, in milliseconds. [config: retry.max_backoff_ms]
     #[arg(long)]
     pub retry_max_backoff_ms: Option<u64>,
+    /// Backoff growth per attempt. [config: retry.backoff_multiplier]
     #[arg(long)]
     pub retry_backoff_multiplier: Option<f64>,
+    /// Random jitter of each backoff, as a +- fraction. [config: retry.jitter_factor]
     #[arg(long)]
     pub retry_jitter_factor: Option<f64>,
     /// Same as --retry-max-retries 1.
     #[arg(long)]
     pub disable_retries: bool,
+    /// Failures within the window that open a target's circuit.
+    /// [config: circuit_breaker.failure_threshold]
     #[arg(long)]
     pub cb_failure_threshold: Option<u32>,
+    /// Half-open successes that close it again. [config: circuit_breaker.success_threshold]
     #[arg(long)]
     pub cb_success_threshold: Option<u32>,
+    /// Seconds an open circuit refuses before probing.
+    /// [config: circuit_breaker.timeout_duration_secs]
     #[arg(long)]
     pub cb_timeout_duration_secs: Option<f64>,
+    /// Failure-counting window, in seconds. [config: circuit_breaker.window_duration_secs]
     #[arg(long)]
     pub cb_window_duration_secs: Option<f64>,
+    /// Turn the per-target circuit breakers off (config: circuit_breaker.enabled = false).
     #[arg(long)]
     pub disable_circuit_breaker: bool,
-    /// How `vllm_xargs.agentic_context` is forwarded.
+    /// How `vllm_xargs.agentic_context` is forwarded. [config: agentic_context]
     #[arg(long, value_enum)]
     pub agentic_context: Option<AgenticContextMode>,
-    /// Backend `/metrics` poll interval.
+    /// Seconds between polls of each backend's /metrics. [config: observation.interval_secs]
     #[arg(long)]
     pub metrics_interval_secs: Option<f64>,
+    /// Log filter (vllm-router's warning and critical are accepted). [config: log_level]
     #[arg(long, value_enum)]
     pub log_level: Option<LogLevel>,
+    /// Log line format. [config: log_format]
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
     /// Turn on Program scheduling (every field defaulted unless the JSON below overrides it).
@@ -164,6 +207,56 @@ pub struct Flags {
     /// JSON object overriding Program scheduling defaults; needs --enable-program-scheduling.
     #[arg(long)]
     pub program_scheduling_config_json: Option<String>,
+}
+
+/// The command line, with each flag's default added to its help: a help text that names its
+/// field as `[config: path]` gets `; default: value` from `RouterConfig::default()`, so `--help`
+/// cannot drift from the defaults the router really uses.
+pub fn command() -> clap::Command {
+    let defaults = serde_json::to_value(RouterConfig::default()).unwrap_or_default();
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let ids: Vec<clap::Id> = cmd.get_arguments().map(|a| a.get_id().clone()).collect();
+    for id in ids {
+        cmd = cmd.mut_arg(id, |a| match a.get_help().map(|h| h.to_string()) {
+            Some(help) => {
+                let help = with_default(&help, &defaults);
+                a.help(help)
+            }
+            None => a,
+        });
+    }
+    cmd
+}
+
+/// `help` with `[config: path]` turned into `[config: path; default: value]` (unchanged when the
+/// tag is missing or the default is null or empty).
+fn with_default(help: &str, defaults: &serde_json::Value) -> String {
+    let Some((head, tail)) = help.split_once("[config: ") else {
+        return help.to_string();
+    };
+    let Some((path, rest)) = tail.split_once(']') else {
+        return help.to_string();
+    };
+    let value = path
+        .split('.')
+        .try_fold(defaults, |v, k| v.get(k))
+        .and_then(|v| match v {
+            serde_json::Value::Null => None,
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Array(a) if a.is_empty() => None,
+            // 1800.0 reads as 1800 (a whole number of seconds).
+            serde_json::Value::Number(n) => Some(match n.as_f64() {
+                Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 1e15 => {
+                    format!("{}", f as i64)
+                }
+                _ => n.to_string(),
+            }),
+            v => Some(v.to_string()),
+        });
+    match value {
+        Some(v) => format!("{head}[config: {path}; default: {v}]{rest}"),
+        None => help.to_string(),
+    }
 }
 
 /// Reads a RouterConfig file; errors name the file and the offending field path.

@@ -1,4 +1,4 @@
-//! OpenAI-style errors the router answers with: `{"error":{"message","type","code"}}`.
+//! OpenAI-style errors the router answers with: `{"error":{"message","type","param","code"}}`.
 //!
 //! Owns the mapping from each router failure to its HTTP status and error code; the `code` is
 //! also the bounded `error` label of `vllm_router_request_errors_total`.
@@ -16,6 +16,8 @@ pub struct ApiError {
     /// Stable machine-readable code (bounded set).
     pub code: &'static str,
     pub message: String,
+    /// The methods a 405 answer lists in its `Allow` header.
+    pub allow: Option<&'static str>,
 }
 
 impl ApiError {
@@ -24,6 +26,19 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            allow: None,
+        }
+    }
+
+    /// 405 for a path that only takes `allow` (sent in the `Allow` header, as HTTP requires).
+    pub fn method_not_allowed(allow: &'static str) -> Self {
+        ApiError {
+            allow: Some(allow),
+            ..Self::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("use {allow}"),
+            )
         }
     }
 
@@ -72,7 +87,9 @@ impl ApiError {
 
     pub fn into_response(self) -> Response<Body> {
         let body = serde_json::json!({
-            "error": { "message": self.message, "type": self.kind(), "code": self.code }
+            "error": {
+                "message": self.message, "type": self.kind(), "param": null, "code": self.code
+            }
         });
         let mut r = Response::new(full(Bytes::from(body.to_string())));
         *r.status_mut() = self.status;
@@ -80,6 +97,10 @@ impl ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let Some(allow) = self.allow {
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
         if self.status == StatusCode::TOO_MANY_REQUESTS
             || self.status == StatusCode::SERVICE_UNAVAILABLE
         {

@@ -410,6 +410,14 @@ async fn limits_and_bad_input_get_openai_errors() {
                 .as_str()
                 .is_some_and(|m| !m.is_empty())
         );
+        assert!(j["error"]["param"].is_null(), "{j}");
+        if status == 405 {
+            let allow = if path == CHAT { "POST" } else { "GET" };
+            assert_eq!(
+                resp.headers.get("allow").map(|v| v.as_bytes()),
+                Some(allow.as_bytes())
+            );
+        }
     }
     // The backend's own 4xx pass through untouched.
     let resp = post(
@@ -426,6 +434,53 @@ async fn limits_and_bad_input_get_openai_errors() {
         get(&c, &r.url("/v1/models")).await.json()["data"][0]["id"],
         "sim-model"
     );
+}
+
+#[tokio::test]
+async fn vllm_endpoints_outside_v1_pass_through_and_admin_ones_do_not() {
+    let s = sim(&["--instant", "-d", "2"]).await;
+    let r = router(workers(&[s.base()], 2)).await;
+    let c = client();
+    let direct = post(&c, &s.url("/tokenize"), r#"{"prompt":"one two three"}"#).await;
+    assert_eq!(direct.status, 200, "{}", direct.text());
+    for body in [
+        r#"{"prompt":"one two three"}"#,
+        r#"{"model":"sim-model","messages":[{"role":"user","content":"hi there"}]}"#,
+    ] {
+        let via = post(&c, &r.url("/tokenize"), body).await;
+        let direct = post(&c, &s.url("/tokenize"), body).await;
+        assert_eq!(via.status, 200, "{}", via.text());
+        assert_eq!(via.json(), direct.json());
+        assert!(via.json()["count"].as_u64().is_some_and(|n| n >= 3));
+    }
+    let v = get(&c, &r.url("/version")).await;
+    assert_eq!(v.status, 200);
+    assert!(
+        v.json()["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("vllm-sim"))
+    );
+    // The backend's own answers come back untouched (the simulator has no /score: its 404).
+    let score = post(&c, &r.url("/score"), "{}").await;
+    assert_eq!(score.status, 404);
+    assert_eq!(score.json()["error"]["type"], "NotFoundError");
+    // SageMaker-style liveness is answered by the router itself.
+    assert_eq!(get(&c, &r.url("/ping")).await.status, 200);
+    // Admin endpoints act on one engine's state: the router refuses them rather than reach one
+    // target of many.
+    for path in ["/reset_prefix_cache", "/sleep", "/collective_rpc"] {
+        let resp = post(&c, &r.url(path), "{}").await;
+        assert_eq!(resp.status, 404, "{path}");
+        assert_eq!(resp.json()["error"]["code"], "not_found", "{path}");
+    }
+    let m = metric(
+        &c,
+        &format!("http://{}", r.metrics_addr),
+        "vllm_router_requests_total",
+        &[("route", "vllm_api")],
+    )
+    .await;
+    assert_eq!(m, 4.0);
 }
 
 #[tokio::test]

@@ -28,7 +28,7 @@ pub struct Metrics {
 }
 
 /// The `route` label values (a closed set).
-pub const ROUTES: [&str; 9] = [
+pub const ROUTES: [&str; 10] = [
     "/health",
     "/readiness",
     "/status",
@@ -37,6 +37,7 @@ pub const ROUTES: [&str; 9] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/other",
+    "vllm_api",
     "other",
 ];
 

@@ -198,6 +198,22 @@ const GENERATE_ROUTES: [(&str, &str); 2] = [
     ("/v1/completions", "/v1/completions"),
 ];
 
+/// vLLM's own request-level endpoints outside `/v1/`: any one target answers them as well as
+/// another, so they are passed through like other `/v1/*` paths. Endpoints that act on one
+/// engine's state (`/reset_prefix_cache`, `/sleep`, `/wake_up`, ...) are deliberately absent:
+/// sent to one target they would silently miss every other one.
+const VLLM_ROUTES: [&str; 9] = [
+    "/tokenize",
+    "/detokenize",
+    "/version",
+    "/pooling",
+    "/classify",
+    "/score",
+    "/rerank",
+    "/v2/rerank",
+    "/invocations",
+];
+
 async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Body> {
     let received = Instant::now();
     let request_id = req
@@ -236,7 +252,7 @@ async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Bod
 /// Bounded `route` label.
 fn route_label(method: &Method, path: &str) -> &'static str {
     match (method, path) {
-        (_, "/health" | "/liveness") => "/health",
+        (_, "/health" | "/liveness" | "/ping") => "/health",
         (_, "/readiness") => "/readiness",
         (_, "/status") => "/status",
         (_, "/scheduling/diagnostics") => "/scheduling/diagnostics",
@@ -247,6 +263,8 @@ fn route_label(method: &Method, path: &str) -> &'static str {
             .map(|(_, l)| *l)
             .unwrap_or(if p.starts_with("/v1/") {
                 "/v1/other"
+            } else if VLLM_ROUTES.contains(&p) {
+                "vllm_api"
             } else {
                 "other"
             }),
@@ -286,7 +304,10 @@ async fn dispatch(
 ) -> Result<Response<Body>, ApiError> {
     let method = req.method().clone();
     match (&method, req.uri().path()) {
-        (&Method::GET, "/health" | "/liveness") => return Ok(Response::new(full("OK"))),
+        // `/ping` is the health path of SageMaker-style hosts (vLLM answers it too).
+        (&Method::GET, "/health" | "/liveness" | "/ping") => {
+            return Ok(Response::new(full("OK")));
+        }
         (&Method::GET, "/readiness") => {
             let ok = status::ready(state);
             let code = if ok {
@@ -304,17 +325,21 @@ async fn dispatch(
             };
             return Ok(json(StatusCode::OK, &v));
         }
-        (_, "/health" | "/liveness" | "/readiness" | "/status" | "/scheduling/diagnostics") => {
-            return Err(ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "use GET",
-            ));
+        (
+            _,
+            "/health"
+            | "/liveness"
+            | "/ping"
+            | "/readiness"
+            | "/status"
+            | "/scheduling/diagnostics",
+        ) => {
+            return Err(ApiError::method_not_allowed("GET"));
         }
         _ => {}
     }
     let path = req.uri().path().to_string();
-    if !path.starts_with("/v1/") {
+    if !path.starts_with("/v1/") && !VLLM_ROUTES.contains(&path.as_str()) {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -323,11 +348,7 @@ async fn dispatch(
     }
     let generate = GENERATE_ROUTES.iter().any(|(r, _)| *r == path);
     if generate && method != Method::POST {
-        return Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            "use POST",
-        ));
+        return Err(ApiError::method_not_allowed("POST"));
     }
     let path_and_query = req
         .uri()
@@ -337,7 +358,8 @@ async fn dispatch(
     let (parts, body) = read_body(state, req).await?;
     let mut applied = state.applied.load_full();
     if !generate {
-        // Other /v1/* endpoints (models, tokenize, ...) pass through unchanged.
+        // Other /v1/* endpoints (models, embeddings, ...) and vLLM's own request-level
+        // endpoints (tokenize, score, ...) pass through unchanged.
         return proxy::forward(
             state,
             Outbound {

@@ -39,6 +39,41 @@ async fn chat_completion_reports_usage_and_prefix_reuse() {
 }
 
 #[tokio::test]
+async fn tokenize_counts_the_prompt_a_request_would_have() {
+    let sim = start(&["--instant"]).await;
+    let c = client();
+    let body = chat_body(&words(3, 40), 1);
+    let usage = post(&c, &sim.url(CHAT), &body).await.json()["usage"]["prompt_tokens"].clone();
+    let t = post(&c, &sim.url("/tokenize"), &body).await;
+    assert_eq!(t.status, 200, "{}", t.text());
+    let j = t.json();
+    assert_eq!(j["count"], usage);
+    assert_eq!(
+        j["tokens"].as_array().map(Vec::len),
+        usage.as_u64().map(|n| n as usize)
+    );
+    assert_eq!(j["max_model_len"], 32768);
+    for (body, status) in [
+        (r#"{"prompt":"a","messages":[]}"#, 400),
+        (r#"{}"#, 400),
+        (r#"{"model":"other","prompt":"a"}"#, 404),
+        ("{oops", 400),
+    ] {
+        assert_eq!(
+            post(&c, &sim.url("/tokenize"), body).await.status,
+            status,
+            "{body}"
+        );
+    }
+    let v = get(&c, &sim.url("/version")).await.json();
+    assert!(
+        v["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("vllm-sim "))
+    );
+}
+
+#[tokio::test]
 async fn multi_turn_with_the_echoed_reply_hits_prompt_and_output() {
     let sim = start(&["--instant"]).await;
     let c = client();

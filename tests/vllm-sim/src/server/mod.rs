@@ -182,11 +182,34 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Response<Bo
             Ok(r)
         }
         (&Method::GET, "/v1/models") => Ok(json_response(models_json(st))),
+        (&Method::GET, "/version") => Ok(json_response(
+            serde_json::json!({ "version": concat!("vllm-sim ", env!("CARGO_PKG_VERSION")) })
+                .to_string(),
+        )),
+        (&Method::POST, "/tokenize") => {
+            let body = read_body(st, req).await?;
+            let tokens = openai::tokenize_body(&body, &st.cfg.model)?;
+            Ok(json_response(
+                serde_json::json!({
+                    "count": tokens.len(),
+                    "max_model_len": st.cfg.engine.max_model_len,
+                    "tokens": tokens,
+                })
+                .to_string(),
+            ))
+        }
         (&Method::POST, "/v1/chat/completions") => generate(st, req, Endpoint::Chat).await,
         (&Method::POST, "/v1/completions") => generate(st, req, Endpoint::Completion).await,
-        (_, "/health" | "/metrics" | "/v1/models" | "/v1/chat/completions" | "/v1/completions") => {
-            Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").into())
-        }
+        (
+            _,
+            "/health"
+            | "/metrics"
+            | "/v1/models"
+            | "/v1/chat/completions"
+            | "/v1/completions"
+            | "/version"
+            | "/tokenize",
+        ) => Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").into()),
         _ => Err(ApiError::new(StatusCode::NOT_FOUND, format!("no route for {path}")).into()),
     }
 }

@@ -176,6 +176,37 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
     })
 }
 
+/// Token ids of a `POST /tokenize` body, as vLLM reads it: `messages` (rendered with the chat
+/// template, like a chat request) or `prompt` (like a completion request).
+pub fn tokenize_body(body: &[u8], model: &str) -> Result<Vec<u32>, ApiError> {
+    #[derive(Deserialize)]
+    struct TokenizeBody {
+        #[serde(default)]
+        model: Option<String>,
+        #[serde(default)]
+        messages: Option<Vec<ChatMessage>>,
+        #[serde(default)]
+        prompt: Option<Value>,
+    }
+    let b: TokenizeBody = from_json(body)?;
+    if let Some(m) = &b.model
+        && m != model
+    {
+        return Err(ApiError::new(
+            http::StatusCode::NOT_FOUND,
+            format!("The model `{m}` does not exist."),
+        )
+        .with_param("model"));
+    }
+    match (&b.messages, &b.prompt) {
+        (Some(m), None) => chat_prompt(m),
+        (None, Some(p)) => completion_prompt(p),
+        _ => Err(ApiError::bad_request(
+            "give exactly one of `prompt` and `messages`",
+        )),
+    }
+}
+
 fn from_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         let what = if e.is_syntax() || e.is_eof() {

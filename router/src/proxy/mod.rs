@@ -50,7 +50,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Header pinning the GLOBAL DP rank.
 pub static DP_RANK: HeaderName = HeaderName::from_static("x-data-parallel-rank");
 
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// Headers that describe one connection, not the message (plus `Host` and `Content-Length`,
+/// which the router sets itself): never copied between the client's and the backend's side.
+const HOP_BY_HOP: [HeaderName; 10] = [
     header::CONNECTION,
     header::HOST,
     header::TE,
@@ -59,7 +61,21 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
     header::PROXY_AUTHORIZATION,
     header::CONTENT_LENGTH,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
 ];
+
+/// Header names a message's `Connection` header nominates as hop-by-hop (RFC 9110 7.6.1), e.g.
+/// `Connection: close, x-hop` makes `x-hop` one. Empty (no allocation) without that header.
+fn nominated(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect()
+}
 
 /// One request to forward.
 pub struct Outbound<'a> {
@@ -101,8 +117,9 @@ fn upstream_request(
         .ok_or_else(|| ApiError::upstream("request builder failed"))?;
     h.reserve(out.headers.len() + 4);
     h.insert(header::HOST, host.clone());
+    let connection_scoped = nominated(out.headers);
     for (k, v) in out.headers {
-        if !HOP_BY_HOP.contains(k) && k != DP_RANK {
+        if !HOP_BY_HOP.contains(k) && k != DP_RANK && !connection_scoped.contains(k) {
             h.append(k, v.clone());
         }
     }
@@ -235,6 +252,9 @@ pub async fn forward(
             continue;
         }
         let (mut parts, body) = resp.into_parts();
+        for h in nominated(&parts.headers) {
+            parts.headers.remove(h);
+        }
         for h in HOP_BY_HOP.iter() {
             if *h != header::CONTENT_LENGTH {
                 parts.headers.remove(h);
@@ -325,5 +345,29 @@ impl Finish for Completion {
             .duration
             .observe(self.received.elapsed().as_secs_f64());
         tracing::debug!(target_id = %target.id, status = self.status.as_u16(), ?end, ?usage, "request finished");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_nominates_extra_hop_by_hop_headers() {
+        let mut h = HeaderMap::new();
+        assert!(nominated(&h).is_empty());
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Hop"),
+        );
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("close,x-other , bad name"),
+        );
+        assert_eq!(
+            nominated(&h),
+            ["keep-alive", "x-hop", "close", "x-other"].map(HeaderName::from_static)
+        );
+        assert!(HOP_BY_HOP.contains(&HeaderName::from_static("keep-alive")));
     }
 }

@@ -192,12 +192,27 @@ async fn streamed_bytes_equal_the_direct_stream() {
     let t = post(&c, &r.url(CHAT), &body).await.text();
     assert!(!t.contains("\"usage\""), "{t}");
     assert!(t.ends_with("data: [DONE]\n\n"));
+    // However the client spells "no usage", it sees exactly what the backend would send it.
+    let _ = post(&c, &direct.url(CHAT), &body).await; // keeps the two simulators' ids in step
+    for options in [
+        json!(null),
+        json!({"include_usage": false}),
+        json!({"continuous_usage_stats": true}),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": "options"}], "max_tokens": 2,
+            "stream": true, "stream_options": options})
+        .to_string();
+        let a = post(&c, &direct.url(CHAT), &body).await.text();
+        let b = post(&c, &r.url(CHAT), &body).await.text();
+        assert!(!b.contains("\"usage\""), "{options}: {b}");
+        assert_eq!(norm(&a), norm(&b), "{options}");
+    }
     let text = get(&c, &format!("http://{}/metrics", r.metrics_addr))
         .await
         .text();
     assert_eq!(
         metric_in(&text, "vllm_router_tokens_total", &[("kind", "completion")]),
-        9.0,
+        15.0,
         "usage still counted"
     );
 }

@@ -22,7 +22,9 @@ struct Peek<'a> {
     agent_hint: Option<&'a RawValue>,
     #[serde(default)]
     stream: Option<bool>,
-    #[serde(borrow, default)]
+    /// Kept even when it is `null` (a plain `Option` would read that as absent, and the usage
+    /// request would then be added as a second `stream_options` key).
+    #[serde(borrow, default, deserialize_with = "raw_even_if_null")]
     stream_options: Option<&'a RawValue>,
     #[serde(borrow, default)]
     messages: Option<&'a RawValue>,
@@ -38,6 +40,12 @@ struct Peek<'a> {
     user_id: Option<String>,
     #[serde(default)]
     session_params: Option<SessionParams>,
+}
+
+fn raw_even_if_null<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -92,6 +100,7 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         ApiError::bad_request(format!("{what}: {e}"))
     })?;
     let client_wants_usage = match p.stream_options {
+        Some(raw) if raw.get() == "null" => false,
         Some(raw) => {
             let o: StreamOptions = serde_json::from_str(raw.get())
                 .map_err(|e| ApiError::bad_request(format!("invalid stream_options: {e}")))?;
@@ -213,11 +222,23 @@ pub fn rewrite(
     if usage_injected {
         match &peeked.stream_options {
             Some(r) => {
-                let mut map: serde_json::Map<String, serde_json::Value> =
-                    serde_json::from_slice(&body[r.clone()]).map_err(|e| {
+                let raw = &body[r.clone()];
+                let mut map: serde_json::Map<String, serde_json::Value> = if raw == b"null" {
+                    serde_json::Map::new()
+                } else {
+                    serde_json::from_slice(raw).map_err(|e| {
                         ApiError::bad_request(format!("stream_options must be an object: {e}"))
-                    })?;
+                    })?
+                };
                 map.insert("include_usage".into(), serde_json::Value::Bool(true));
+                // vLLM sends per-chunk usage only when include_usage is also set: the client who
+                // asked for it without include_usage gets none, and must still get none.
+                if map.contains_key("continuous_usage_stats") {
+                    map.insert(
+                        "continuous_usage_stats".into(),
+                        serde_json::Value::Bool(false),
+                    );
+                }
                 edits.push((r.clone(), serde_json::to_vec(&map).unwrap_or_default()));
             }
             None => {
@@ -317,6 +338,30 @@ mod tests {
             true,
         );
         assert!(!injected);
+        // An explicit null is replaced, never followed by a second `stream_options` key.
+        let (s, injected) = edit(
+            r#"{"stream":true,"stream_options":null,"messages":[]}"#,
+            AgenticContextMode::Strip,
+            true,
+        );
+        assert!(injected);
+        assert_eq!(
+            s,
+            r#"{"stream":true,"stream_options":{"include_usage":true},"messages":[]}"#
+        );
+        // Per-chunk usage the client asked for without include_usage: vLLM would send none, so
+        // the router's request for the final chunk must not turn it on.
+        let (s, injected) = edit(
+            r#"{"stream":true,"stream_options":{"continuous_usage_stats":true},"messages":[]}"#,
+            AgenticContextMode::Strip,
+            true,
+        );
+        assert!(injected);
+        let v: serde_json::Value = serde_json::from_str(&s).expect("json");
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["stream_options"]["continuous_usage_stats"], false);
+        let p = peek(br#"{"stream":true,"stream_options":null}"#).expect("peek");
+        assert!(!p.client_wants_usage);
     }
 
     #[test]

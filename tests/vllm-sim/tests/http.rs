@@ -129,6 +129,27 @@ async fn streaming_sse_shape_and_usage_chunk() {
     let text = post(&c, &sim.url(CHAT), &body).await.text();
     assert!(!text.contains("\"usage\""), "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"));
+    // Per-chunk usage, as vLLM: only together with include_usage.
+    let stream = |options: serde_json::Value| {
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": true,
+            "stream_options": options})
+        .to_string()
+    };
+    let text = post(
+        &c,
+        &sim.url(CHAT),
+        &stream(json!({"continuous_usage_stats": true})),
+    )
+    .await
+    .text();
+    assert!(!text.contains("\"usage\""), "{text}");
+    let both = json!({"continuous_usage_stats": true, "include_usage": true});
+    let text = post(&c, &sim.url(CHAT), &stream(both)).await.text();
+    assert_eq!(
+        text.matches("\"usage\"").count(),
+        3,
+        "2 tokens + the final chunk: {text}"
+    );
 }
 
 #[tokio::test]

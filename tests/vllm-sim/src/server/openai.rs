@@ -165,13 +165,16 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
         )
         .with_param("stream_options"));
     }
+    let include_usage = opts.and_then(|o| o.include_usage).unwrap_or(false);
     Ok(Job {
         endpoint,
         prompt,
         max_tokens,
         stream,
-        include_usage: opts.and_then(|o| o.include_usage).unwrap_or(false),
-        continuous_usage: opts.and_then(|o| o.continuous_usage_stats).unwrap_or(false),
+        include_usage,
+        // As vLLM: per-chunk usage only together with include_usage.
+        continuous_usage: include_usage
+            && opts.and_then(|o| o.continuous_usage_stats).unwrap_or(false),
         priority: common.priority.unwrap_or(0),
     })
 }

@@ -61,6 +61,8 @@ pub struct ReloadError {
 /// The shutdown's timeline, fixed when it begins.
 #[derive(Debug, Clone, Copy)]
 struct DrainPlan {
+    /// The listeners stop accepting (the shutdown delay is over).
+    accept_stop: tokio::time::Instant,
     queues_close: tokio::time::Instant,
     deadline: tokio::time::Instant,
 }
@@ -155,6 +157,7 @@ impl RouterState {
         let drain = std::time::Duration::from_secs_f64(limits.drain_timeout_secs);
         let now = tokio::time::Instant::now();
         let plan = DrainPlan {
+            accept_stop: now + delay,
             queues_close: now + delay + drain / 2,
             deadline: now + delay + drain,
         };
@@ -182,13 +185,23 @@ impl RouterState {
 
     /// Resolves when the drain closes the router's queues (see [`RouterState::begin_shutdown`]).
     pub async fn queues_closed(&self) {
+        self.at_plan(|p| p.queues_close).await
+    }
+
+    /// Resolves when the listeners stop accepting (see [`RouterState::begin_shutdown`]).
+    pub async fn accepting_stopped(&self) {
+        self.at_plan(|p| p.accept_stop).await
+    }
+
+    /// Sleeps until the instant `at` picks from the drain's plan, once there is one.
+    async fn at_plan(&self, at: impl Fn(&DrainPlan) -> tokio::time::Instant) {
         let mut rx = self.drain.subscribe();
-        let plan = match rx.wait_for(Option::is_some).await {
-            Ok(p) => *p,
+        let when = match rx.wait_for(Option::is_some).await {
+            Ok(p) => p.as_ref().map(&at),
             Err(_) => None,
         };
-        match plan {
-            Some(p) => tokio::time::sleep_until(p.queues_close).await,
+        match when {
+            Some(t) => tokio::time::sleep_until(t).await,
             None => std::future::pending().await,
         }
     }

@@ -669,6 +669,95 @@ async fn hot_reload_adds_removes_and_refuses_bad_files() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Whether the router closes `stream` within `secs` (reads until EOF or a reset).
+async fn closed_within(stream: &mut tokio::net::TcpStream, secs: f64) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(secs);
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue, // a response; keep reading
+        }
+    }
+}
+
+#[tokio::test]
+async fn slow_or_silent_client_connections_are_closed_after_the_header_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let s = sim(&["--instant"]).await;
+    let mut cfg = workers(&[s.base()], 1);
+    cfg.limits.client_header_timeout_secs = Some(0.3);
+    let r = router(cfg).await;
+    let addr = r.server.addr;
+    // Connects and sends nothing.
+    let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    assert!(
+        closed_within(&mut silent, 3.0).await,
+        "silent connection kept open"
+    );
+    // Sends half a request head and stalls.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .expect("write");
+    assert!(closed_within(&mut slow, 3.0).await, "half a head kept open");
+    // A kept-alive connection idle after its response.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    idle.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("write");
+    assert!(
+        closed_within(&mut idle, 3.0).await,
+        "idle keep-alive kept open"
+    );
+    // Requests themselves are unaffected, and a client that keeps sending keeps its connection.
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(
+            post(&c, &r.url(CHAT), &chat("still fine", 1)).await.status,
+            200
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Without the limit, a silent connection stays open.
+    let mut cfg = workers(&[s.base()], 1);
+    cfg.limits.client_header_timeout_secs = None;
+    let r = router(cfg).await;
+    let mut silent = tokio::net::TcpStream::connect(r.server.addr)
+        .await
+        .expect("connect");
+    assert!(
+        !closed_within(&mut silent, 1.0).await,
+        "closed without a limit"
+    );
+
+    // A silent connection does not hold up a shutdown until its (default, 60 s) header timeout.
+    let mut r = router(workers(&[s.base()], 1)).await;
+    let mut silent = tokio::net::TcpStream::connect(r.server.addr)
+        .await
+        .expect("connect");
+    let mut idle = tokio::net::TcpStream::connect(r.server.addr)
+        .await
+        .expect("connect");
+    idle.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    r.server.stop();
+    let done = r.server.done.take().expect("task");
+    tokio::time::timeout(Duration::from_secs(10), done)
+        .await
+        .expect("shutdown waited for a silent connection")
+        .expect("serve task");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(closed_within(&mut silent, 1.0).await);
+    assert!(closed_within(&mut idle, 1.0).await);
+}
+
 #[tokio::test]
 async fn drain_finishes_requests_in_flight_and_turns_readiness_off() {
     let s = sim(&["--time-scale", "10"]).await;

@@ -203,6 +203,11 @@ pub struct LimitsConfig {
     /// On SIGTERM, how long to keep accepting with readiness false before the drain, while
     /// load balancers (Kubernetes endpoints) stop sending new connections.
     pub shutdown_delay_secs: f64,
+    /// Longest a client connection may take to deliver a request's headers, counted from when
+    /// the router starts waiting for them: on a new connection from the accept, on a kept-alive
+    /// one from the previous response (so it is also the idle keep-alive timeout). The
+    /// connection is closed after it. `null`: no limit.
+    pub client_header_timeout_secs: Option<f64>,
 }
 
 impl Default for LimitsConfig {
@@ -212,6 +217,7 @@ impl Default for LimitsConfig {
             request_timeout_secs: 1800.0,
             drain_timeout_secs: 30.0,
             shutdown_delay_secs: 0.0,
+            client_header_timeout_secs: Some(60.0),
         }
     }
 }
@@ -430,6 +436,9 @@ impl RouterConfig {
             "limits.request_timeout_secs",
             self.limits.request_timeout_secs,
         )?;
+        if let Some(t) = self.limits.client_header_timeout_secs {
+            positive("limits.client_header_timeout_secs", t)?;
+        }
         for (field, v) in [
             ("limits.drain_timeout_secs", self.limits.drain_timeout_secs),
             (
@@ -616,7 +625,21 @@ mod tests {
                 c.validate().expect_err("drain").field,
                 "limits.drain_timeout_secs"
             );
+            let mut c = RouterConfig::default();
+            c.limits.client_header_timeout_secs = Some(v);
+            assert_eq!(
+                c.validate().expect_err("header timeout").field,
+                "limits.client_header_timeout_secs"
+            );
         }
+        let mut c = RouterConfig::default();
+        c.limits.client_header_timeout_secs = Some(0.0);
+        assert!(
+            c.validate().is_err(),
+            "0 is not a timeout; null turns it off"
+        );
+        c.limits.client_header_timeout_secs = None;
+        c.validate().expect("no limit");
         let c = RouterConfig {
             io_threads: Some(MAX_IO_THREADS + 1),
             ..Default::default()

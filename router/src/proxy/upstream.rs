@@ -32,8 +32,12 @@ pub type Sender = SendRequest<Full<Bytes>>;
 
 /// Idle connections kept per backend; more are closed when returned.
 const MAX_IDLE: usize = 1024;
-/// An idle connection older than this is closed instead of reused.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// An idle connection older than this is closed instead of reused. Below vLLM's own idle
+/// keep-alive timeout (uvicorn's, 5 s): a connection the backend closes at the very moment a
+/// request is written to it loses that request, and since the backend may have read it the
+/// router cannot send it again. Reusing only connections younger than the backend's timeout
+/// keeps requests out of that race; older ones would mostly be closed already anyway.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Why a request could not be sent.
 #[derive(Debug, thiserror::Error)]
@@ -264,6 +268,28 @@ mod tests {
             assert_eq!(reqs.load(Ordering::SeqCst), i);
         }
         assert_eq!(conns.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn connections_idle_past_the_timeout_are_not_reused() {
+        let (addr, conns, reqs) = server(true).await;
+        let pool = ConnPool::default();
+        let s = round_trip(&pool, &addr, true).await;
+        pool.put(s);
+        // Age the idle connection past the timeout (as if it had waited that long).
+        for i in pool.stack().lock().expect("stack").iter_mut() {
+            i.since -= IDLE_TIMEOUT;
+        }
+        let s = round_trip(&pool, &addr, true).await;
+        pool.put(s);
+        assert_eq!(reqs.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            conns.load(Ordering::SeqCst),
+            2,
+            "the old connection was not reused"
+        );
+        assert_eq!(pool.idle(), 1);
+        const { assert!(IDLE_TIMEOUT.as_secs() < 5, "below vLLM's 5 s keep-alive") };
     }
 
     #[tokio::test]

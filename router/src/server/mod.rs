@@ -16,7 +16,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
@@ -84,20 +84,54 @@ async fn accept_loop(
     shutdown: impl Future<Output = ()>,
 ) {
     let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
     let serve = |stream: tokio::net::TcpStream, live: Option<shards::Live>| {
         let _ = stream.set_nodelay(true);
         let st = state.clone();
-        let svc = service_fn(move |req| {
-            let st = st.clone();
-            async move { Ok::<_, Infallible>(handle(st, req).await) }
-        });
-        let conn = graceful.watch(
-            builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), svc)
-                .into_owned(),
-        );
+        // Read per connection, so a reload applies to the connections accepted after it.
+        let header_timeout = st
+            .applied
+            .load()
+            .config
+            .limits
+            .client_header_timeout_secs
+            .map(Duration::from_secs_f64);
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
+            if let Some(t) = header_timeout {
+                // The auto builder reads the first bytes to tell HTTP/1 from HTTP/2 before
+                // hyper's own header timer runs: a client that connects and sends nothing is
+                // bounded here (and let go when the listeners stop).
+                let mut first = [0u8; 1];
+                tokio::select! {
+                    // `peek` waits for a byte without taking it (`readable` may wake early).
+                    r = tokio::time::timeout(t, stream.peek(&mut first)) => if r.is_err() {
+                        tracing::debug!("client sent nothing within the header timeout; closed");
+                        return;
+                    },
+                    _ = st.accepting_stopped() => return,
+                }
+            }
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            match header_timeout {
+                Some(t) => {
+                    builder
+                        .http1()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(t);
+                }
+                None => {
+                    builder.http1().header_read_timeout(None);
+                }
+            }
+            let svc = service_fn(move |req| {
+                let st = st.clone();
+                async move { Ok::<_, Infallible>(handle(st, req).await) }
+            });
+            let conn = watcher.watch(
+                builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                    .into_owned(),
+            );
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "client connection ended with an error");
             }

@@ -47,9 +47,14 @@ pub struct ProgramSchedulingSpec {
     /// Program scheduling; absent = request-level routing only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub program_scheduling: Option<ProgramSchedulingParams>,
-    /// Secret key holding the workers' API key (sent as Bearer by the router).
+    /// Secret key holding the workers' API key (sent as Bearer by the router). Unless
+    /// clientApiKeysSecretRef is set, clients must present this key too, as with vLLM itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret_ref: Option<SecretKeySelector>,
+    /// Secret key holding the keys clients must present instead (comma- or newline-separated);
+    /// the router then authenticates to the workers with apiKeySecretRef's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_api_keys_secret_ref: Option<SecretKeySelector>,
     /// Fair multi-tenant queueing in the router; absent = off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fairness: Option<FairnessParams>,

@@ -278,6 +278,7 @@ mod tests {
             router: Default::default(),
             program_scheduling: None,
             api_key_secret_ref: None,
+            client_api_keys_secret_ref: None,
             fairness: None,
         }
     }

@@ -170,11 +170,19 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
     ];
     args.extend(r.extra_args.iter().map(|a| json!(a)));
     let mut env = vec![json!({"name": "RUST_LOG", "value": "info"})];
-    if let Some(s) = &ps.spec.api_key_secret_ref {
-        env.push(json!({
-            "name": "PROGRAM_ROUTER_API_KEY",
-            "valueFrom": { "secretKeyRef": { "name": s.name, "key": s.key } },
-        }));
+    for (var, secret) in [
+        ("PROGRAM_ROUTER_API_KEY", &ps.spec.api_key_secret_ref),
+        (
+            "PROGRAM_ROUTER_CLIENT_API_KEYS",
+            &ps.spec.client_api_keys_secret_ref,
+        ),
+    ] {
+        if let Some(s) = secret {
+            env.push(json!({
+                "name": var,
+                "valueFrom": { "secretKeyRef": { "name": s.name, "key": s.key } },
+            }));
+        }
     }
     let mut container = json!({
         "name": "router",
@@ -296,6 +304,11 @@ mod tests {
                     key: "token".into(),
                     optional: None,
                 }),
+                client_api_keys_secret_ref: Some(SecretKeySelector {
+                    name: "clients".into(),
+                    key: "keys".into(),
+                    optional: None,
+                }),
                 fairness: None,
             },
         );
@@ -362,6 +375,19 @@ mod tests {
             .find(|e| e.name == "PROGRAM_ROUTER_API_KEY")
             .expect("api key from the Secret");
         assert!(key.value.is_none(), "never inline");
+        let clients = env
+            .iter()
+            .find(|e| e.name == "PROGRAM_ROUTER_CLIENT_API_KEYS")
+            .expect("client keys from their Secret");
+        assert!(clients.value.is_none(), "never inline");
+        let from = clients
+            .value_from
+            .as_ref()
+            .and_then(|v| v.secret_key_ref.as_ref());
+        assert_eq!(
+            from.map(|s| (s.name.as_str(), s.key.as_str())),
+            Some(("clients", "keys"))
+        );
     }
 
     #[test]

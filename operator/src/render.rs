@@ -67,6 +67,7 @@ mod tests {
             router,
             program_scheduling: ps,
             api_key_secret_ref: None,
+            client_api_keys_secret_ref: None,
             fairness: None,
         }
     }

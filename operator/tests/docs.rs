@@ -11,6 +11,7 @@ const OPAQUE: &[&str] = &[
     "spec.workerSelector",
     "spec.router.resources",
     "spec.apiKeySecretRef",
+    "spec.clientApiKeysSecretRef",
     "status.conditions",
 ];
 /// Parents documented through their fields.

@@ -54,6 +54,15 @@ impl ApiError {
         )
     }
 
+    /// A proxied route without one of the client keys (see `RouterConfig::client_api_keys`).
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "missing or incorrect API key: send `Authorization: Bearer <key>`",
+        )
+    }
+
     pub fn no_target() -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -77,7 +86,7 @@ impl ApiError {
     /// OpenAI error `type` for the status.
     pub fn kind(&self) -> &'static str {
         match self.status.as_u16() {
-            400 | 404 | 405 | 413 => "invalid_request_error",
+            400 | 401 | 404 | 405 | 413 => "invalid_request_error",
             429 => "rate_limit_error",
             503 => "service_unavailable",
             504 => "timeout",
@@ -97,6 +106,10 @@ impl ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(allow) = self.allow {
             r.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allow));

@@ -52,6 +52,9 @@ async fn main() -> ExitCode {
         if shown.api_key.is_some() {
             shown.api_key = Some("<redacted>".into());
         }
+        for k in shown.client_api_keys.iter_mut().flatten() {
+            *k = "<redacted>".into();
+        }
         println!(
             "{}",
             serde_json::to_string_pretty(&shown).unwrap_or_default()
@@ -69,6 +72,12 @@ async fn main() -> ExitCode {
     }
     if let Some(ps) = &config.program_scheduling {
         warn_reference_calibration(ps);
+    }
+    if config.api_key.is_some() && config.client_api_keys.as_ref().is_some_and(Vec::is_empty) {
+        tracing::warn!(
+            "client_api_keys is [] with an api_key set: every client reaches the workers with the \
+             router's key; only run this way behind a gateway that authenticates"
+        );
     }
     if config.workers.is_empty() {
         tracing::warn!(

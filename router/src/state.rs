@@ -33,6 +33,44 @@ pub struct Applied {
     pub fair: Option<Arc<FairRuntime>>,
     /// `Authorization` sent to workers (`Bearer <api_key>`), built once per configuration.
     pub authorization: Option<http::HeaderValue>,
+    /// Bearer tokens a client must present on proxied routes; `None`: no check.
+    pub client_keys: Option<Arc<[Box<[u8]>]>>,
+}
+
+/// The keys clients must present under `config` (see `RouterConfig::client_api_keys`).
+fn client_keys(config: &RouterConfig) -> Option<Arc<[Box<[u8]>]>> {
+    let keys: Vec<&String> = match (&config.client_api_keys, &config.api_key) {
+        (Some(list), _) => list.iter().collect(),
+        (None, Some(key)) => vec![key],
+        (None, None) => Vec::new(),
+    };
+    if keys.is_empty() {
+        return None;
+    }
+    Some(keys.into_iter().map(|k| k.as_bytes().into()).collect())
+}
+
+impl Applied {
+    /// Whether `headers` carry `Authorization: Bearer <key>` with one of the client keys (always
+    /// true when none are configured). Every key is compared in constant time.
+    pub fn client_authorized(&self, headers: &http::HeaderMap) -> bool {
+        let Some(keys) = &self.client_keys else {
+            return true;
+        };
+        let Some(token) = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim().as_bytes())
+        else {
+            return false;
+        };
+        use subtle::ConstantTimeEq;
+        keys.iter()
+            .fold(subtle::Choice::from(0), |found, k| found | k.ct_eq(token))
+            .into()
+    }
 }
 
 /// The workers' `Authorization` header for `config`, if it names an API key that is a valid
@@ -109,6 +147,7 @@ impl RouterState {
         let applied = Applied {
             hash: config.hash(),
             authorization: authorization(&config),
+            client_keys: client_keys(&config),
             config,
             targets,
             policy,
@@ -356,6 +395,7 @@ impl RouterState {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         self.applied.store(Arc::new(Applied {
             authorization: authorization(&config),
+            client_keys: client_keys(&config),
             config,
             hash,
             targets,

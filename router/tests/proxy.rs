@@ -499,6 +499,85 @@ async fn vllm_endpoints_outside_v1_pass_through_and_admin_ones_do_not() {
 }
 
 #[tokio::test]
+async fn clients_need_the_api_key_as_with_vllm_unless_client_keys_say_otherwise() {
+    let s = sim(&["--instant", "--api-key", "worker-key"]).await;
+    let c = client();
+    let bearer = |k: &str| format!("Bearer {k}");
+    let chat_as = |r: &Router, key: Option<String>| {
+        let (c, url) = (c.clone(), r.url(CHAT));
+        async move {
+            let h: Vec<(&str, String)> = key.map(|k| ("authorization", k)).into_iter().collect();
+            let h: Vec<(&str, &str)> = h.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            send(&c, "POST", &url, &chat("auth", 1), &h).await
+        }
+    };
+    // api_key alone: clients must present it (vLLM's rule; vllm-router forwards the client's
+    // header, so the engine enforces the same). Refused by the router, before any backend.
+    let mut cfg = workers(&[s.base()], 1);
+    cfg.api_key = Some("worker-key".into());
+    let r = router(cfg).await;
+    for key in [None, Some(bearer("wrong")), Some("Basic worker-key".into())] {
+        let resp = chat_as(&r, key.clone()).await;
+        assert_eq!(resp.status, 401, "{key:?}: {}", resp.text());
+        assert_eq!(resp.json()["error"]["code"], "invalid_api_key");
+        assert_eq!(
+            resp.headers.get("www-authenticate").map(|v| v.as_bytes()),
+            Some(&b"Bearer"[..])
+        );
+    }
+    assert_eq!(chat_as(&r, Some(bearer("worker-key"))).await.status, 200);
+    assert_eq!(
+        chat_as(&r, Some("bearer worker-key".into())).await.status,
+        200
+    );
+    assert_eq!(get(&c, &r.url("/v1/models")).await.status, 401);
+    assert_eq!(
+        post(&c, &r.url("/tokenize"), r#"{"prompt":"a"}"#)
+            .await
+            .status,
+        401
+    );
+    for open in ["/health", "/readiness", "/status"] {
+        assert_eq!(get(&c, &r.url(open)).await.status, 200, "{open}");
+    }
+    let served = metric(
+        &c,
+        &format!("http://{}", r.metrics_addr),
+        "vllm_router_tokens_total",
+        &[("kind", "completion")],
+    )
+    .await;
+    assert_eq!(served, 2.0, "refused requests never reached a backend");
+
+    // Client keys of their own: the router checks them and authenticates to the workers with
+    // its key (clients never learn it).
+    let mut cfg = workers(&[s.base()], 1);
+    cfg.api_key = Some("worker-key".into());
+    cfg.client_api_keys = Some(vec!["team-a".into(), "team-b".into()]);
+    let r = router(cfg).await;
+    assert_eq!(chat_as(&r, Some(bearer("team-a"))).await.status, 200);
+    assert_eq!(chat_as(&r, Some(bearer("team-b"))).await.status, 200);
+    assert_eq!(chat_as(&r, Some(bearer("worker-key"))).await.status, 401);
+    assert_eq!(chat_as(&r, None).await.status, 401);
+
+    // `[]`: no check on purpose (behind an authenticating gateway).
+    let mut cfg = workers(&[s.base()], 1);
+    cfg.api_key = Some("worker-key".into());
+    cfg.client_api_keys = Some(Vec::new());
+    let r = router(cfg).await;
+    assert_eq!(chat_as(&r, None).await.status, 200);
+
+    // No keys at all: the client's own header goes to the backend, which decides.
+    let r = router(workers(&[s.base()], 1)).await;
+    assert_eq!(
+        chat_as(&r, None).await.status,
+        401,
+        "the simulator's own 401"
+    );
+    assert_eq!(chat_as(&r, Some(bearer("worker-key"))).await.status, 200);
+}
+
+#[tokio::test]
 async fn no_target_is_503_and_a_slow_backend_is_504() {
     let r = router(RouterConfig::default()).await;
     let c = client();

@@ -93,6 +93,10 @@ def test_vllm_router_observes_the_simulator(sim, spawn):
                   "vllm_xargs": {"agentic_context": {"program_id": "prog-b"}}}
         r = c.post(f"{url}/v1/chat/completions", json=nested, headers=headers)
         assert r.status_code == 400, r.text
+        # The peer's --api-key authenticates its own calls; a client still needs the key
+        # (program-router refuses such a client itself, see test_router_clients.py).
+        r = c.post(f"{url}/v1/chat/completions", json=body, headers={"content-type": "application/json"})
+        assert r.status_code == 401, r.text
 
         deadline = time.monotonic() + 15
         ranks = []

@@ -96,6 +96,16 @@ pub struct Flags {
     /// Bearer token sent to workers. [config: api_key]
     #[arg(long, env = "PROGRAM_ROUTER_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Bearer tokens clients must present (comma-separated in the environment variable);
+    /// without it, clients must present --api-key when one is set. [config: client_api_keys]
+    #[arg(
+        long,
+        num_args = 1..,
+        value_delimiter = ',',
+        env = "PROGRAM_ROUTER_CLIENT_API_KEYS",
+        hide_env_values = true
+    )]
+    pub client_api_keys: Option<Vec<String>>,
     /// Address of the metrics listener. [config: prometheus_host]
     #[arg(long)]
     pub prometheus_host: Option<String>,
@@ -309,6 +319,25 @@ impl Flags {
         set!(self.policy => c.policy.kind);
         if let Some(k) = &self.api_key {
             c.api_key = Some(k.clone());
+        }
+        if let Some(keys) = &self.client_api_keys {
+            // A Secret file may end in a newline, or list one key per line.
+            let keys: Vec<String> = keys
+                .iter()
+                .flat_map(|k| k.split('\n'))
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .map(String::from)
+                .collect();
+            if keys.is_empty() {
+                // An empty Secret must not quietly turn client authentication off.
+                return Err(ConfigError::new(
+                    "--client-api-keys",
+                    "no key given (to turn the check off on purpose, set `client_api_keys: []` \
+                     in the configuration file)",
+                ));
+            }
+            c.client_api_keys = Some(keys);
         }
         set!(self.prometheus_host => c.prometheus_host);
         if let Some(p) = self.prometheus_port {

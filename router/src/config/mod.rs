@@ -266,8 +266,14 @@ pub struct RouterConfig {
     pub workers: Vec<WorkerConfig>,
     /// DP ranks behind each worker URL that has no explicit `dp_rank`.
     pub intra_node_data_parallel_size: u32,
-    /// Bearer token sent to workers (requests and `/metrics` polls).
+    /// Bearer token sent to workers (proxied requests, health checks and `/metrics` polls).
     pub api_key: Option<String>,
+    /// Bearer tokens clients must present on the proxied routes (`/v1/*` and vLLM's own
+    /// request endpoints). `null`: clients must present `api_key` when one is set (vLLM's own
+    /// rule, and vllm-router's), nothing otherwise. `[]`: no check, even with `api_key`: every
+    /// client reaches the workers with the router's key (only behind a gateway that
+    /// authenticates).
+    pub client_api_keys: Option<Vec<String>>,
     pub policy: PolicyConfig,
     pub agentic_context: AgenticContextMode,
     /// Ask the backend for usage on streamed requests so the router can account tokens; the extra
@@ -300,6 +306,7 @@ impl Default for RouterConfig {
             workers: Vec::new(),
             intra_node_data_parallel_size: 1,
             api_key: None,
+            client_api_keys: None,
             policy: PolicyConfig::default(),
             agentic_context: AgenticContextMode::default(),
             inject_stream_usage: true,
@@ -368,6 +375,14 @@ impl RouterConfig {
                 "api_key",
                 "must be non-empty printable ASCII (it is sent as `Authorization: Bearer <key>`)",
             ));
+        }
+        for (i, key) in self.client_api_keys.iter().flatten().enumerate() {
+            if key.is_empty() || http::HeaderValue::from_str(key).is_err() {
+                return Err(ConfigError::new(
+                    format!("client_api_keys[{i}]"),
+                    "must be non-empty printable ASCII",
+                ));
+            }
         }
         if let Some(n) = self.io_threads
             && n > MAX_IO_THREADS
@@ -608,6 +623,15 @@ mod tests {
                 ..Default::default()
             };
             assert_eq!(c.validate().expect_err("key").field, "api_key", "{key:?}");
+            let c = RouterConfig {
+                client_api_keys: Some(vec!["ok".into(), key.into()]),
+                ..Default::default()
+            };
+            assert_eq!(
+                c.validate().expect_err("client key").field,
+                "client_api_keys[1]",
+                "{key:?}"
+            );
         }
         let mut c = RouterConfig::default();
         c.retry.max_retries = 0;

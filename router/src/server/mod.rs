@@ -380,6 +380,10 @@ async fn dispatch(
             format!("no route for {path}"),
         ));
     }
+    // Before the body is read, and before any queue or scheduler sees the request.
+    if !state.applied.load().client_authorized(req.headers()) {
+        return Err(ApiError::unauthorized());
+    }
     let generate = GENERATE_ROUTES.iter().any(|(r, _)| *r == path);
     if generate && method != Method::POST {
         return Err(ApiError::method_not_allowed("POST"));

@@ -642,6 +642,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         limit: s.limit,
         stream: false,
         max_requests: None,
+        api_key: None,
     };
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {

@@ -61,6 +61,9 @@ enum Cmd {
         /// Send at most this many requests.
         #[arg(long)]
         max_requests: Option<u64>,
+        /// API key sent as `Authorization: Bearer` (a router or server that requires one).
+        #[arg(long, env = "PROGBENCH_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
         /// Write the summary, every request and every Program's JCT here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -651,6 +654,7 @@ async fn replay(cmd: Cmd) -> Result<bool, String> {
         max_model_len,
         limit_secs,
         max_requests,
+        api_key,
         json,
     } = cmd
     else {
@@ -678,6 +682,7 @@ async fn replay(cmd: Cmd) -> Result<bool, String> {
             limit: std::time::Duration::from_secs_f64(limit_secs),
             stream,
             max_requests,
+            api_key,
         },
     )
     .await;

@@ -51,6 +51,8 @@ pub struct ReplayConfig {
     pub stream: bool,
     /// Send at most this many requests; Programs still going then stop where they are.
     pub max_requests: Option<u64>,
+    /// Sent as `Authorization: Bearer <key>` (a router or vLLM that requires a key).
+    pub api_key: Option<String>,
 }
 
 /// One request's record.
@@ -310,13 +312,16 @@ async fn program_task(
             ContextMode::String => body["vllm_xargs"] = json!({"agentic_context": ctx.to_string()}),
             ContextMode::Headers => {}
         }
-        let req = hyper::Request::post(format!(
+        let mut req = hyper::Request::post(format!(
             "{}/v1/chat/completions",
             cfg.url.trim_end_matches('/')
         ))
         .header("content-type", "application/json")
-        .header("x-session-id", turn.program_id.as_str())
-        .body(Full::new(Bytes::from(body.to_string())));
+        .header("x-session-id", turn.program_id.as_str());
+        if let Some(key) = &cfg.api_key {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        let req = req.body(Full::new(Bytes::from(body.to_string())));
         let Ok(req) = req else {
             out.end = End::Failed;
             return out;

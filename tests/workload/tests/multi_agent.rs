@@ -108,6 +108,7 @@ fn config(url: String, max_model_len: usize) -> ReplayConfig {
         limit: Duration::from_secs(30),
         stream: false,
         max_requests: None,
+        api_key: None,
     }
 }
 

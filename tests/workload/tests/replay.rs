@@ -24,6 +24,7 @@ fn config(url: String, stream: bool, max_requests: Option<u64>) -> ReplayConfig 
         limit: Duration::from_secs(60),
         stream,
         max_requests,
+        api_key: None,
     }
 }
 
@@ -60,6 +61,25 @@ async fn streamed_replay_records_first_tokens_and_rebuilds_the_history() {
     // Unstreamed: no time to first token.
     let plain = replay(&turns, config(sim.base(), false, None)).await;
     assert!(plain.requests.iter().all(|r| r.ttft_seconds.is_none()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_endpoint_is_replayed_with_the_api_key() {
+    let sim = vllm_sim::server::spawn_with_flags(
+        &["--time-scale", "50", "--api-key", "secret"],
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("simulator");
+    let turns = generate(Preset::Chat, 1, 1.0, 5);
+    let refused = replay(&turns, config(sim.base(), false, None)).await;
+    assert_eq!(refused.errors, 1, "{:?}", refused.requests);
+    assert_eq!(refused.requests[0].status, 401);
+    let mut cfg = config(sim.base(), false, None);
+    cfg.api_key = Some("secret".into());
+    let served = replay(&turns, cfg).await;
+    assert_eq!(served.errors, 0, "{:?}", served.requests);
+    assert_eq!(served.completed, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

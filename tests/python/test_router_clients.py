@@ -97,43 +97,40 @@ def test_a_busy_port_is_named_and_help_shows_the_real_defaults():
     assert "[config: health.interval_secs; default: 60]" in out.stdout
 
 
-def test_api_key_is_required_from_clients_as_vllm_does(sim, spawn, monkeypatch):
-    """A drop-in for vllm-router must not open a keyed vLLM to clients without the key."""
-    backend = sim("--api-key", "k", "--time-scale", "20")
+def keyed_router(spawn, backend: str, name: str) -> str:
+    """program-router with --api-key k in front of `backend`; returns its /v1 base URL."""
     port = free_port()
     pr = spawn(
         [binary("program-router"), "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
          "--worker-urls", backend, "--api-key", "k"],
-        "program-router",
+        name,
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/readiness")
     except TimeoutError:
         pytest.fail(f"program-router did not become ready:\n{pr.output()}")
-    ok = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_api_key_is_required_from_clients_as_vllm_does(sim, spawn, monkeypatch):
+    """A drop-in for vllm-router must not open a keyed vLLM to clients without the key."""
+    backend = sim("--api-key", "k", "--time-scale", "20")
+    url = keyed_router(spawn, backend, "program-router")
+    ok = openai.OpenAI(base_url=url, api_key="k")
     assert ok.chat.completions.create(
         model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=1
     ).usage.completion_tokens == 1
-    bad = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0)
+    bad = openai.OpenAI(base_url=url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as e:
         bad.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
     assert e.value.code == "invalid_api_key"
 
     # Per-team keys from the environment variable the operator fills from a Secret (one per line).
     monkeypatch.setenv("PROGRAM_ROUTER_CLIENT_API_KEYS", "team-a\nteam-b\n")
-    port = free_port()
-    pr = spawn(
-        [binary("program-router"), "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
-         "--worker-urls", backend, "--api-key", "k"],
-        "program-router-teams",
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/readiness")
-    except TimeoutError:
-        pytest.fail(f"program-router did not become ready:\n{pr.output()}")
-    team = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="team-b", max_retries=0)
+    url = keyed_router(spawn, backend, "program-router-teams")
+    team = openai.OpenAI(base_url=url, api_key="team-b", max_retries=0)
     assert team.models.list().data[0].id == "sim-model"
-    worker_key = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+    worker_key = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         worker_key.models.list()
     # An empty Secret must not open the router.

@@ -323,43 +323,36 @@ mod tests {
             s,
             r#"{"stream":true,"messages":[],"stream_options":{"include_usage":true}}"#
         );
-        let (s, injected) = edit(
-            r#"{"stream":true,"stream_options":{"continuous_usage_stats":false},"messages":[]}"#,
-            AgenticContextMode::Strip,
-            true,
-        );
-        assert!(injected);
-        let v: serde_json::Value = serde_json::from_str(&s).expect("json");
-        assert_eq!(v["stream_options"]["include_usage"], true);
-        assert_eq!(v["stream_options"]["continuous_usage_stats"], false);
-        let (_, injected) = edit(
-            r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
-            AgenticContextMode::Strip,
-            true,
-        );
-        assert!(!injected);
-        // An explicit null is replaced, never followed by a second `stream_options` key.
-        let (s, injected) = edit(
-            r#"{"stream":true,"stream_options":null,"messages":[]}"#,
-            AgenticContextMode::Strip,
-            true,
-        );
-        assert!(injected);
-        assert_eq!(
-            s,
-            r#"{"stream":true,"stream_options":{"include_usage":true},"messages":[]}"#
-        );
-        // Per-chunk usage the client asked for without include_usage: vLLM would send none, so
-        // the router's request for the final chunk must not turn it on.
-        let (s, injected) = edit(
-            r#"{"stream":true,"stream_options":{"continuous_usage_stats":true},"messages":[]}"#,
-            AgenticContextMode::Strip,
-            true,
-        );
-        assert!(injected);
-        let v: serde_json::Value = serde_json::from_str(&s).expect("json");
-        assert_eq!(v["stream_options"]["include_usage"], true);
-        assert_eq!(v["stream_options"]["continuous_usage_stats"], false);
+        // (client's stream_options, what the backend gets; None: the body is left as it is)
+        let cases = [
+            (r#"{"include_usage":true}"#, None),
+            (
+                r#"{"continuous_usage_stats":false}"#,
+                Some(r#"{"continuous_usage_stats":false,"include_usage":true}"#),
+            ),
+            // Per-chunk usage asked for without include_usage: vLLM would send none, so the
+            // router's request for the final chunk must not turn it on.
+            (
+                r#"{"continuous_usage_stats":true}"#,
+                Some(r#"{"continuous_usage_stats":false,"include_usage":true}"#),
+            ),
+            // An explicit null is replaced, never followed by a second `stream_options` key.
+            ("null", Some(r#"{"include_usage":true}"#)),
+        ];
+        for (options, sent) in cases {
+            let body = format!(r#"{{"stream":true,"stream_options":{options},"messages":[]}}"#);
+            let (s, injected) = edit(&body, AgenticContextMode::Strip, true);
+            assert_eq!(injected, sent.is_some(), "{options}");
+            let want = sent.map_or(body.clone(), |o| {
+                format!(r#"{{"stream":true,"stream_options":{o},"messages":[]}}"#)
+            });
+            let (got, want): (serde_json::Value, serde_json::Value) = (
+                serde_json::from_str(&s).expect("json"),
+                serde_json::from_str(&want).expect("json"),
+            );
+            assert_eq!(got, want, "{options}");
+            assert_eq!(s.matches("stream_options").count(), 1, "{s}");
+        }
         let p = peek(br#"{"stream":true,"stream_options":null}"#).expect("peek");
         assert!(!p.client_wants_usage);
     }

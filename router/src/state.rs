@@ -128,6 +128,9 @@ pub struct RouterState {
     stop: watch::Sender<bool>,
     generation: AtomicU64,
     next_request: AtomicU64,
+    /// `pr-<random>-`: ids stay unique across replicas and restarts (vLLM uses the id as its
+    /// request key, and two in flight with the same id break engines before vLLM 0.12).
+    request_prefix: String,
 }
 
 impl RouterState {
@@ -173,6 +176,7 @@ impl RouterState {
             stop,
             generation: AtomicU64::new(1),
             next_request: AtomicU64::new(1),
+            request_prefix: format!("pr-{:016x}-", rand::random::<u64>()),
         }))
     }
 
@@ -252,7 +256,15 @@ impl RouterState {
 
     /// A fresh request id.
     pub fn request_id(&self) -> String {
-        format!("pr-{:x}", self.next_request.fetch_add(1, Ordering::Relaxed))
+        use std::fmt::Write;
+        let mut id = String::with_capacity(self.request_prefix.len() + 16);
+        id.push_str(&self.request_prefix);
+        let _ = write!(
+            id,
+            "{:x}",
+            self.next_request.fetch_add(1, Ordering::Relaxed)
+        );
+        id
     }
 
     /// Reloads from new file content: parse, merge the start-up flags, validate, apply. On error

@@ -49,6 +49,42 @@ async fn round_robin_spreads_over_every_rank_and_pins_the_dp_header() {
 }
 
 #[tokio::test]
+async fn request_ids_are_unique_across_router_replicas_and_client_ids_are_kept() {
+    let s = sim(&["--instant"]).await;
+    let (a, b) = (
+        router(workers(&[s.base()], 1)).await,
+        router(workers(&[s.base()], 1)).await,
+    );
+    let c = client();
+    let mut ids = std::collections::BTreeSet::new();
+    for r in [&a, &b] {
+        for _ in 0..3 {
+            let resp = post(&c, &r.url(CHAT), &chat("id", 1)).await;
+            let id = resp.headers["x-request-id"]
+                .to_str()
+                .expect("ascii")
+                .to_string();
+            let (prefix, n) = id.rsplit_once('-').expect("pr-<random>-<n>");
+            assert!(prefix.starts_with("pr-") && prefix.len() == 19, "{id}");
+            assert!(u64::from_str_radix(n, 16).is_ok(), "{id}");
+            ids.insert(id);
+        }
+    }
+    // Two replicas each serving their first requests: the same counters, never the same id
+    // (vLLM takes the id as its request key).
+    assert_eq!(ids.len(), 6, "{ids:?}");
+    let resp = send(
+        &c,
+        "POST",
+        &a.url(CHAT),
+        &chat("id", 1),
+        &[("x-request-id", "mine-1")],
+    )
+    .await;
+    assert_eq!(resp.headers["x-request-id"], "mine-1");
+}
+
+#[tokio::test]
 async fn explicit_global_ranks_reach_a_server_owning_4_to_7() {
     let s = sim(&["--instant", "-d", "4", "--data-parallel-start-rank", "4"]).await;
     let cfg = RouterConfig {

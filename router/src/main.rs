@@ -12,10 +12,26 @@ use program_router::config::{LogFormat, RouterConfig};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Exits with clap's error; an unknown vllm-router flag also gets what to use instead.
+fn exit_with_hint(e: clap::Error) -> ! {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() == ErrorKind::UnknownArgument
+        && let Some(ContextValue::String(flag)) = e.get(ContextKind::InvalidArg)
+        && let Some(hint) = program_router::config::migrate::vllm_router_hint(flag)
+    {
+        let _ = e.print();
+        eprintln!("\nhint: {flag} is a vllm-router flag; {hint}.");
+        std::process::exit(2);
+    }
+    e.exit()
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::from_arg_matches(&program_router::config::cli::command().get_matches())
-        .unwrap_or_else(|e| e.exit());
+    let matches = program_router::config::cli::command()
+        .try_get_matches()
+        .unwrap_or_else(|e| exit_with_hint(e));
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Some(Command::Calibrate(args)) = &cli.command {
         if let Some(file) = &cli.flags.config {
             eprintln!(

@@ -69,6 +69,14 @@ def test_invalid_flags_fail_fast_with_the_field_name(spawn):
     )
     assert out.returncode == 2
     assert "program_scheduling.high_watermark_ratio" in out.stderr
+    # A vllm-router flag program-router does not take is refused with what to use instead.
+    out = subprocess.run(
+        [binary("program-router"), "--worker-urls", "http://127.0.0.1:9", "--max-concurrent-requests", "64"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert out.returncode == 2
+    assert "hint: --max-concurrent-requests is a vllm-router flag" in out.stderr, out.stderr
+    assert "fairness" in out.stderr
     # calibrate measures one server; a config file it would ignore is refused, not skipped.
     out = subprocess.run(
         [binary("program-router"), "calibrate", "--worker-url", "http://127.0.0.1:9", "--config", "router.json"],

@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod fairness;
+pub mod migrate;
 pub mod program;
 pub mod watch;
 

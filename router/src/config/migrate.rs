@@ -1,0 +1,136 @@
+//! vllm-router flags program-router does not take, each with what to use instead.
+//!
+//! Owns the table and the lookup; `main` adds the hint to clap's "unexpected argument" error so
+//! someone moving a vllm-router command line over learns what to do, not only what failed.
+
+/// (flag, what program-router does instead).
+const VLLM_ROUTER_ONLY: &[(&[&str], &str)] = &[
+    (
+        &[
+            "--max-concurrent-requests",
+            "--queue-size",
+            "--queue-timeout-secs",
+            "--rate-limit-tokens-per-second",
+        ],
+        "vllm-router's concurrency limiter: program-router queues with `fairness` in its config \
+         file (per-tenant queues held back by vLLM's own waiting queue, `max_queue_per_tenant` \
+         answers 429, `queue_timeout_seconds` 504; docs/fairness.md), and Programs wait in \
+         Program scheduling's RequestPool",
+    ),
+    (
+        &[
+            "--worker-startup-timeout-secs",
+            "--worker-startup-check-interval",
+        ],
+        "program-router starts at once and answers /readiness with 503 until a worker passes \
+         its health check (--health-check-interval-secs; the first check runs at start)",
+    ),
+    (
+        &["--eviction-interval-secs"],
+        "the cache_aware tree evicts continuously, bounded by --max-tree-size",
+    ),
+    (
+        &["--request-id-headers"],
+        "program-router takes the request id from x-request-id and makes one when it is absent",
+    ),
+    (
+        &["--log-dir"],
+        "program-router logs to stderr; --log-format json suits log collectors",
+    ),
+    (
+        &["--cors-allowed-origins"],
+        "CORS is not handled: let the ingress in front of the router answer browsers",
+    ),
+    (
+        &[
+            "--service-discovery",
+            "--selector",
+            "--service-discovery-port",
+            "--service-discovery-namespace",
+            "--vllm-discovery-address",
+        ],
+        "Kubernetes discovery is the operator's job: a ProgramScheduling resource with a \
+         workerSelector finds the worker pods and their global DP ranks (docs/operator.md); \
+         without the operator, list the workers in --worker-urls or the config file",
+    ),
+    (
+        &[
+            "--vllm-pd-disaggregation",
+            "--prefill",
+            "--decode",
+            "--prefill-policy",
+            "--decode-policy",
+            "--prefill-selector",
+            "--decode-selector",
+            "--pd-kv-events",
+            "--kv-connector",
+            "--mini-lb",
+        ],
+        "prefill/decode disaggregation is not supported: program-router routes to DP ranks that \
+         each serve whole requests",
+    ),
+    (
+        &[
+            "--kv-event-source",
+            "--kv-event-replay-source",
+            "--kv-event-model",
+            "--kv-event-block-size",
+            "--kv-penalty-disk",
+            "--kv-penalty-external",
+            "--kv-penalty-host",
+            "--kv-aware-session-affinity-ttl-secs",
+        ],
+        "KV-event routing is not supported: --policy cache_aware follows prompt prefixes, and \
+         Program scheduling keeps a Program's KV on its rank across tool calls",
+    ),
+    (
+        &["--enable-igw"],
+        "one router serves one model's DP ranks; run a router per model",
+    ),
+    (
+        &[
+            "--wasm-middleware",
+            "--wasm-middleware-route",
+            "--wasm-middleware-sha256",
+        ],
+        "WASM middleware is not supported",
+    ),
+];
+
+/// What to use instead of `flag` (as clap reports it, e.g. `--queue-size` or `--queue-size=5`),
+/// when it is a vllm-router flag program-router does not take.
+pub fn vllm_router_hint(flag: &str) -> Option<&'static str> {
+    let name = flag.split('=').next().unwrap_or(flag);
+    VLLM_ROUTER_ONLY
+        .iter()
+        .find(|(flags, _)| flags.contains(&name))
+        .map(|(_, hint)| *hint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_flags_get_a_hint_and_others_none() {
+        assert!(vllm_router_hint("--queue-size").is_some_and(|h| h.contains("fairness")));
+        assert!(vllm_router_hint("--max-concurrent-requests=64").is_some());
+        assert!(vllm_router_hint("--service-discovery").is_some_and(|h| h.contains("operator")));
+        assert_eq!(vllm_router_hint("--no-such-flag"), None);
+    }
+
+    #[test]
+    fn no_hinted_flag_is_one_program_router_takes() {
+        use clap::CommandFactory;
+        let cmd = crate::config::cli::Cli::command();
+        for (flags, _) in VLLM_ROUTER_ONLY {
+            for f in *flags {
+                let name = f.trim_start_matches("--");
+                assert!(
+                    cmd.get_arguments().all(|a| a.get_long() != Some(name)),
+                    "{f} is a program-router flag now: drop its hint"
+                );
+            }
+        }
+    }
+}

@@ -283,10 +283,15 @@ pub fn parse_config(bytes: &[u8]) -> Result<RouterConfig, ConfigError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
-        ConfigError::new(
-            if path == "." { "config".into() } else { path },
-            e.into_inner().to_string(),
-        )
+        // serde quotes the offending value; a key must not reach logs or `/status` that way.
+        let message = if path.starts_with("api_key") || path.starts_with("client_api_keys") {
+            "invalid value (not shown: it holds a key); `api_key` is a string, \
+             `client_api_keys` a list of strings"
+                .to_string()
+        } else {
+            e.into_inner().to_string()
+        };
+        ConfigError::new(if path == "." { "config".into() } else { path }, message)
     })
 }
 
@@ -427,6 +432,20 @@ mod tests {
         let mut v = vec!["program-router"];
         v.extend_from_slice(args);
         Cli::try_parse_from(v).expect("parse").flags
+    }
+
+    #[test]
+    fn a_mistyped_key_is_not_quoted_in_the_error() {
+        for (doc, field) in [
+            (r#"{"client_api_keys": "sk-secret-1"}"#, "client_api_keys"),
+            (r#"{"api_key": ["sk-secret-1"]}"#, "api_key"),
+        ] {
+            let e = parse_config(doc.as_bytes()).expect_err(doc);
+            assert_eq!(e.field, field);
+            assert!(!e.to_string().contains("sk-secret-1"), "{e}");
+        }
+        let e = parse_config(br#"{"log_level": 5}"#).expect_err("type");
+        assert!(e.message.contains("invalid type"), "{e}");
     }
 
     #[test]

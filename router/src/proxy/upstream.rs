@@ -171,7 +171,7 @@ async fn connect(addr: &str, timeout: Duration) -> Result<Sender, SendError> {
         .await
         .map_err(|_| SendError::Connect(format!("timed out after {timeout:?}")))?
         .map_err(|e| SendError::Connect(e.to_string()))?;
-    let _ = stream.set_nodelay(true);
+    crate::net::tune(&stream);
     let (sender, conn) = http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| SendError::Connect(e.to_string()))?;

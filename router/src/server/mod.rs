@@ -85,7 +85,7 @@ async fn accept_loop(
 ) {
     let graceful = GracefulShutdown::new();
     let serve = |stream: tokio::net::TcpStream, live: Option<shards::Live>| {
-        let _ = stream.set_nodelay(true);
+        crate::net::tune(&stream);
         let st = state.clone();
         // Read per connection, so a reload applies to the connections accepted after it.
         let header_timeout = st

@@ -256,6 +256,10 @@ async fn inner(v: FairVariant, s: &FairSetup, r: &mut FairResult) -> Result<(), 
     let url = format!("{base}/v1/chat/completions");
     let client: Http = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(2048)
+        // Drop idle connections well before the router's idle limit (60 s) closes them, so a
+        // turn after a long tool call does not race the server's close.
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .pool_timer(hyper_util::rt::TokioTimer::new())
         .build_http();
     let body = |tenant: usize, i: usize| {
         json!({"model": "sim-model", "stream": true, "stream_options": {"include_usage": true},

@@ -446,6 +446,10 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
     http.set_nodelay(true);
     let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(1024)
+        // Drop idle connections well before the router's idle limit (60 s) closes them, so a
+        // turn after a long tool call does not race the server's close.
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .pool_timer(hyper_util::rt::TokioTimer::new())
         .build(http);
     let cfg = Arc::new(cfg);
     let start = Instant::now();

@@ -576,6 +576,9 @@ async fn clients_need_the_api_key_as_with_vllm_unless_client_keys_say_otherwise(
     for open in ["/health", "/readiness", "/status"] {
         assert_eq!(get(&c, &r.url(open)).await.status, 200, "{open}");
     }
+    let status = get(&c, &r.url("/status")).await;
+    assert_eq!(status.json()["config"]["client_auth"], "api_key");
+    assert!(!status.text().contains("worker-key"), "no key in /status");
     let served = metric(
         &c,
         &format!("http://{}", r.metrics_addr),
@@ -595,6 +598,8 @@ async fn clients_need_the_api_key_as_with_vllm_unless_client_keys_say_otherwise(
     assert_eq!(chat_as(&r, Some(bearer("team-b"))).await.status, 200);
     assert_eq!(chat_as(&r, Some(bearer("worker-key"))).await.status, 401);
     assert_eq!(chat_as(&r, None).await.status, 401);
+    let status = get(&c, &r.url("/status")).await.json();
+    assert_eq!(status["config"]["client_auth"], "client_api_keys");
 
     // `[]`: no check on purpose (behind an authenticating gateway).
     let mut cfg = workers(&[s.base()], 1);
@@ -602,6 +607,8 @@ async fn clients_need_the_api_key_as_with_vllm_unless_client_keys_say_otherwise(
     cfg.client_api_keys = Some(Vec::new());
     let r = router(cfg).await;
     assert_eq!(chat_as(&r, None).await.status, 200);
+    let status = get(&c, &r.url("/status")).await.json();
+    assert_eq!(status["config"]["client_auth"], "off");
 
     // No keys at all: the client's own header goes to the backend, which decides.
     let r = router(workers(&[s.base()], 1)).await;

@@ -55,6 +55,12 @@ pub fn status(state: &RouterState) -> Value {
             "loaded_at_unix": unix(applied.loaded_at),
             "policy": applied.policy.name(),
             "program_scheduling": applied.config.program_scheduling.is_some(),
+            // Which keys clients must present (never the keys themselves).
+            "client_auth": match (&applied.config.client_api_keys, &applied.client_keys) {
+                (_, None) => "off",
+                (Some(_), Some(_)) => "client_api_keys",
+                (None, Some(_)) => "api_key",
+            },
         },
         "last_reload_error": last_error,
         "targets": targets,

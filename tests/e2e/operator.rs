@@ -1,6 +1,7 @@
 //! program-operator against a real control plane: CRD install and CEL rejection through kubectl,
 //! discovery of worker Pods into DP ranks, router rollout through the real Deployment →
-//! ReplicaSet → Pod chain, Ready status with Events in `kubectl describe`, worker removal
+//! ReplicaSet → Pod chain, API keys from Secrets enforced by the router pods, Ready status with
+//! Events in `kubectl describe`, worker removal
 //! reaching the routers, no writes after an operator restart, and garbage collection on delete.
 //! Each test starts its own control plane; tests run one at a time.
 
@@ -142,11 +143,27 @@ fn operator_discovers_workers_rolls_out_routers_and_reports_status() {
             .await;
 
         let op = Operator::start(&cp, &scratch.0, &["--namespace", ns]);
+        // The workers' key and two client keys, from Secrets.
+        let secrets = r#"
+apiVersion: v1
+kind: Secret
+metadata: {name: vllm-key, namespace: agents}
+stringData: {token: worker-secret}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: client-keys, namespace: agents}
+stringData: {keys: "team-a\nteam-b\n"}
+"#;
+        cp.kubectl_stdin(&["apply", "-f", "-"], Some(secrets))
+            .expect_ok("apply Secrets");
         let (manifest, router_port) = harness::fleet_manifest(
             ns,
             worker_port,
             2,
-            "  programScheduling: {globalQueue: true}\n",
+            "  programScheduling: {globalQueue: true}\n  \
+             apiKeySecretRef: {name: vllm-key, key: token}\n  \
+             clientApiKeysSecretRef: {name: client-keys, key: keys}\n",
         );
         cp.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))
             .expect_ok("apply ProgramScheduling");
@@ -218,8 +235,25 @@ fn operator_discovers_workers_rolls_out_routers_and_reports_status() {
         let body = json!({"model": "sim-model", "max_tokens": 2,
             "messages": [{"role": "user", "content": "hello"}]})
         .to_string();
-        let r = testkit::send(&c, "POST", &url, &body, &[("x-data-parallel-rank", "3")]).await;
+        let r = testkit::send(
+            &c,
+            "POST",
+            &url,
+            &body,
+            &[
+                ("x-data-parallel-rank", "3"),
+                ("authorization", "Bearer team-b"),
+            ],
+        )
+        .await;
         assert_eq!(r.status, 200, "{}", r.text());
+        // The keys came from the Secrets: a client without one of them is refused, the workers'
+        // key included (it stays with the router).
+        for key in [None, Some("Bearer worker-secret")] {
+            let h: Vec<(&str, &str)> = key.map(|k| ("authorization", k)).into_iter().collect();
+            let r = testkit::send(&c, "POST", &url, &body, &h).await;
+            assert_eq!(r.status, 401, "{key:?}: {}", r.text());
+        }
 
         // kubectl describe tells the story: conditions and the events of each transition.
         let described = cp

@@ -1,6 +1,7 @@
 //! The test's kubelet: gives Pods loopback IPs and Ready status, runs vllm-sim for worker Pods
-//! and program-router for the router Pods the ReplicaSet creates, and keeps each router's config
-//! file equal to its ConfigMap (atomic rename, like a ConfigMap volume).
+//! and program-router for the router Pods the ReplicaSet creates (with the environment their
+//! Secrets give them), and keeps each router's config file equal to its ConfigMap (atomic
+//! rename, like a ConfigMap volume).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use program_router::config::cli::Flags;
@@ -239,15 +240,28 @@ impl Kubelet {
                 }
                 continue;
             }
+            let Some(env) = self.secret_env(pod).await? else {
+                continue; // a Secret it names is missing: CreateContainerConfigError
+            };
             let ip = self.next_ip();
             let path = self.dir.join(format!("{name}.json"));
             std::fs::write(&path, &body).map_err(|e| e.to_string())?;
-            let flags = Flags {
+            let mut flags = Flags {
                 config: Some(path.clone()),
                 host: Some(ip.clone()),
                 prometheus_host: Some(ip.clone()),
                 ..Default::default()
             };
+            // The variables the router's flags read (`env = ...` in its CLI).
+            for (var, value) in env {
+                match var.as_str() {
+                    "PROGRAM_ROUTER_API_KEY" => flags.api_key = Some(value),
+                    "PROGRAM_ROUTER_CLIENT_API_KEYS" => {
+                        flags.client_api_keys = Some(value.split(',').map(String::from).collect())
+                    }
+                    _ => {}
+                }
+            }
             let file = program_router::config::cli::load_file(&path).map_err(|e| e.to_string())?;
             let cfg = flags.effective(Some(file)).map_err(|e| e.to_string())?;
             let bound = program_router::run::bind(cfg, flags)
@@ -273,6 +287,38 @@ impl Kubelet {
             );
         }
         Ok(())
+    }
+
+    /// The router container's variables that come from Secrets, read as the kubelet does;
+    /// `None` while a Secret or key they name is missing.
+    async fn secret_env(&self, pod: &Pod) -> Result<Option<Vec<(String, String)>>, String> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.ns);
+        let mut out = Vec::new();
+        let env = pod
+            .spec
+            .iter()
+            .flat_map(|s| &s.containers)
+            .flat_map(|c| c.env.iter().flatten());
+        for e in env {
+            let Some(r) = e
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.as_ref())
+            else {
+                continue;
+            };
+            let value = secrets
+                .get_opt(&r.name)
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|s| s.data)
+                .and_then(|d| d.get(&r.key).cloned());
+            match value {
+                Some(v) => out.push((e.name.clone(), String::from_utf8_lossy(&v.0).into_owned())),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(out))
     }
 
     /// Stops every simulator and router.

@@ -252,7 +252,7 @@ impl ProgramRuntime {
         metrics: ProgramMetrics,
     ) -> Arc<Self> {
         let layout = Layout::new(targets, &metrics, None);
-        let interval = Duration::from_secs_f64(cfg.metrics_interval_seconds);
+        let interval = crate::config::duration(cfg.metrics_interval_seconds);
         let cache_binding =
             cfg.binding_strategy == crate::config::program::BindingStrategy::CacheAware;
         metrics.coefficient.set(0.25);
@@ -309,7 +309,7 @@ impl ProgramRuntime {
         let cache_binding =
             cfg.binding_strategy == crate::config::program::BindingStrategy::CacheAware;
         if cache_binding != self.cache_binding
-            || Duration::from_secs_f64(cfg.metrics_interval_seconds) != self.interval
+            || crate::config::duration(cfg.metrics_interval_seconds) != self.interval
         {
             return false;
         }
@@ -562,7 +562,7 @@ impl ProgramRuntime {
             };
             // Wake at the next timer, and at least once an interval for staleness checks.
             let wait = next.map_or(self.interval, |s| {
-                Duration::from_secs_f64(s).min(self.interval)
+                crate::config::duration(s).min(self.interval)
             });
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}

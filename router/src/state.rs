@@ -196,8 +196,8 @@ impl RouterState {
     /// Resolves when the listener should close. A second call changes nothing and returns at once.
     pub async fn begin_shutdown(&self) {
         let limits = self.applied.load().config.limits.clone();
-        let delay = std::time::Duration::from_secs_f64(limits.shutdown_delay_secs);
-        let drain = std::time::Duration::from_secs_f64(limits.drain_timeout_secs);
+        let delay = crate::config::duration(limits.shutdown_delay_secs);
+        let drain = crate::config::duration(limits.drain_timeout_secs);
         let now = tokio::time::Instant::now();
         let plan = DrainPlan {
             accept_stop: now + delay,

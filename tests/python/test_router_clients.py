@@ -69,6 +69,13 @@ def test_invalid_flags_fail_fast_with_the_field_name(spawn):
     )
     assert out.returncode == 2
     assert "program_scheduling.high_watermark_ratio" in out.stderr
+    # A duration too large for the clocks is refused at start (it used to panic per request).
+    out = subprocess.run(
+        [binary("program-router"), "--worker-urls", "http://127.0.0.1:9", "--request-timeout-secs", "1e20",
+         "config", "print"], capture_output=True, text=True, timeout=30,
+    )
+    assert out.returncode == 2
+    assert "limits.request_timeout_secs: must be at most" in out.stderr, out.stderr
     # A vllm-router flag program-router does not take is refused with what to use instead.
     out = subprocess.run(
         [binary("program-router"), "--worker-urls", "http://127.0.0.1:9", "--max-concurrent-requests", "64"],

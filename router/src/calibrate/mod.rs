@@ -252,7 +252,7 @@ pub async fn run(args: &CalibrateArgs) -> Result<Calibration, String> {
         url: args.worker_url.clone(),
         rank: args.dp_rank,
         key: args.api_key.clone(),
-        timeout: Duration::from_secs_f64(args.timeout_secs),
+        timeout: crate::config::duration(args.timeout_secs),
     };
     let models = ctx.json("/v1/models", None).await?;
     let model = match &args.model {

@@ -341,6 +341,52 @@ impl TargetSpec {
     }
 }
 
+/// Longest value any `*_secs` or `*_seconds` field may hold: a year. More is a typo (or a way
+/// of saying "never"), and would overflow the clocks it is added to.
+pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// `secs` as a `Duration`, clamped to `0..=MAX_SECONDS` (NaN: zero): no conversion at run time
+/// can panic, whatever a caller computed.
+pub fn duration(secs: f64) -> std::time::Duration {
+    if secs.is_nan() {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::from_secs_f64(secs.clamp(0.0, MAX_SECONDS))
+}
+
+/// Every number under a key ending in `_secs` or `_seconds`, at any depth of the configuration
+/// (Program scheduling and fairness included), is at most [`MAX_SECONDS`]; the error names its
+/// path. Lower bounds stay with each field's own check.
+fn check_durations(v: &serde_json::Value, path: &str) -> Result<(), ConfigError> {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, child) in map {
+                let here = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                if (k.ends_with("_secs") || k.ends_with("_seconds"))
+                    && child.as_f64().is_some_and(|x| x > MAX_SECONDS)
+                {
+                    return Err(ConfigError::new(
+                        here,
+                        format!("must be at most {MAX_SECONDS} (a year)"),
+                    ));
+                }
+                check_durations(child, &here)?;
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, child) in items.iter().enumerate() {
+                check_durations(child, &format!("{path}[{i}]"))?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 fn positive(field: &str, v: f64) -> Result<(), ConfigError> {
     if v.is_finite() && v > 0.0 {
         Ok(())
@@ -369,6 +415,10 @@ impl RouterConfig {
 
     /// Checks every field; the error names it.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        check_durations(
+            &serde_json::to_value(self).map_err(|e| ConfigError::new("config", e.to_string()))?,
+            "",
+        )?;
         if let Some(key) = &self.api_key
             && (key.is_empty() || http::HeaderValue::from_str(&format!("Bearer {key}")).is_err())
         {
@@ -656,6 +706,49 @@ mod tests {
                 c.validate().expect_err("header timeout").field,
                 "limits.client_header_timeout_secs"
             );
+        }
+        // Upper bound on every duration, nested ones included; the error names the path.
+        let mut c = RouterConfig::default();
+        c.limits.request_timeout_secs = 1e20;
+        assert_eq!(
+            c.validate().expect_err("huge").field,
+            "limits.request_timeout_secs"
+        );
+        let mut c = RouterConfig::default();
+        c.limits.request_timeout_secs = MAX_SECONDS;
+        c.validate().expect("a year is allowed");
+        let mut c = RouterConfig {
+            program_scheduling: Some(Default::default()),
+            fairness: Some(Default::default()),
+            ..Default::default()
+        };
+        if let Some(f) = c.fairness.as_mut() {
+            f.classes[0].max_tpot_seconds = Some(1e12);
+        }
+        assert_eq!(
+            c.validate().expect_err("nested").field,
+            "fairness.classes[0].max_tpot_seconds"
+        );
+        let mut c = RouterConfig {
+            program_scheduling: Some(Default::default()),
+            ..Default::default()
+        };
+        if let Some(p) = c.program_scheduling.as_mut() {
+            p.queue_timeout_seconds = 1e15;
+            p.force_resume_timeout_seconds = 1.0;
+        }
+        assert_eq!(
+            c.validate().expect_err("nested").field,
+            "program_scheduling.queue_timeout_seconds"
+        );
+        for (v, want) in [
+            (f64::NAN, 0.0),
+            (-1.0, 0.0),
+            (2.5, 2.5),
+            (f64::INFINITY, MAX_SECONDS),
+            (1e300, MAX_SECONDS),
+        ] {
+            assert_eq!(duration(v).as_secs_f64(), want, "{v}");
         }
         let mut c = RouterConfig::default();
         c.limits.client_header_timeout_secs = Some(0.0);

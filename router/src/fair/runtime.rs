@@ -414,7 +414,7 @@ impl FairRuntime {
 
     /// Room per class right now (see the module doc).
     fn allowances(&self, g: &Inner) -> Vec<i64> {
-        let fresh = Duration::from_secs_f64(self.cfg().metrics_max_age_seconds);
+        let fresh = crate::config::duration(self.cfg().metrics_max_age_seconds);
         let now = Instant::now();
         let targets = self.targets.load();
         let samples: Vec<Option<crate::observe::scrape::EngineSample>> = targets

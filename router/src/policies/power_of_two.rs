@@ -16,7 +16,7 @@ pub struct PowerOfTwo {
 impl PowerOfTwo {
     pub fn new(poll_interval_secs: f64) -> Self {
         PowerOfTwo {
-            fresh: Duration::from_secs_f64(poll_interval_secs * 3.0),
+            fresh: crate::config::duration(poll_interval_secs * 3.0),
         }
     }
 

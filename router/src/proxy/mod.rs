@@ -148,7 +148,7 @@ fn backoff(cfg: &crate::config::RetryConfig, attempt: u32) -> Duration {
     } else {
         0.0
     };
-    Duration::from_secs_f64((capped * (1.0 + jitter)).max(0.0) / 1000.0)
+    crate::config::duration((capped * (1.0 + jitter)).max(0.0) / 1000.0)
 }
 
 /// Sends `out` to a target chosen by the policy, retrying connect errors and 503s.
@@ -158,7 +158,7 @@ pub async fn forward(
 ) -> Result<Response<Body>, ApiError> {
     let applied = out.applied.clone();
     let cfg = &applied.config;
-    let timeout = Duration::from_secs_f64(cfg.limits.request_timeout_secs);
+    let timeout = crate::config::duration(cfg.limits.request_timeout_secs);
     let deadline = tokio::time::Instant::from_std(out.received) + timeout;
     let mut tried: Vec<usize> = Vec::new();
     let mut last_error = ApiError::no_target();

@@ -94,7 +94,7 @@ async fn accept_loop(
             .config
             .limits
             .client_header_timeout_secs
-            .map(Duration::from_secs_f64);
+            .map(crate::config::duration);
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             if let Some(t) = header_timeout {

@@ -1,6 +1,6 @@
 //! `GET /status`: what the router applied and how its targets look — the operator reads this.
 
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Instant, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
@@ -16,7 +16,7 @@ fn unix(t: std::time::SystemTime) -> f64 {
 pub fn status(state: &RouterState) -> Value {
     let applied = state.applied.load_full();
     let now = Instant::now();
-    let fresh = Duration::from_secs_f64(applied.config.observation.interval_secs * 3.0);
+    let fresh = crate::config::duration(applied.config.observation.interval_secs * 3.0);
     let observing = applied.needs_observation();
     let targets: Vec<Value> = applied
         .targets

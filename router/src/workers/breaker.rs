@@ -4,7 +4,7 @@
 //! Owns the state machine only; time is passed in, so it is tested without sleeping.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::config::CircuitBreakerConfig;
 
@@ -76,7 +76,7 @@ impl Breaker {
         let mut g = self.lock();
         if g.state == CircuitState::Open
             && now.duration_since(g.opened_at)
-                >= Duration::from_secs_f64(self.cfg.timeout_duration_secs)
+                >= crate::config::duration(self.cfg.timeout_duration_secs)
         {
             g.state = CircuitState::HalfOpen;
             g.successes = 0;
@@ -100,7 +100,7 @@ impl Breaker {
             (CircuitState::Closed, true) => {}
             (CircuitState::Closed, false) => {
                 if now.duration_since(g.window_start)
-                    > Duration::from_secs_f64(self.cfg.window_duration_secs)
+                    > crate::config::duration(self.cfg.window_duration_secs)
                 {
                     g.window_start = now;
                     g.failures = 0;
@@ -131,6 +131,8 @@ impl Breaker {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn cfg() -> CircuitBreakerConfig {

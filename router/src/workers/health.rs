@@ -50,7 +50,7 @@ async fn check_one(state: Arc<RouterState>, backend: Arc<Backend>) {
     let result = get(
         &state,
         url,
-        Duration::from_secs_f64(h.timeout_secs),
+        crate::config::duration(h.timeout_secs),
         64 * 1024,
     )
     .await;
@@ -85,7 +85,7 @@ pub async fn health_loop(state: Arc<RouterState>) {
         for c in checks {
             let _ = c.await;
         }
-        let interval = Duration::from_secs_f64(applied.config.health.interval_secs);
+        let interval = crate::config::duration(applied.config.health.interval_secs);
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = state.health_wake.notified() => {}
@@ -139,7 +139,7 @@ pub async fn observation_loop(state: Arc<RouterState>) {
             Some(ps) => ps.metrics_interval_seconds,
             None => applied.config.observation.interval_secs,
         };
-        let interval = Duration::from_secs_f64(secs);
+        let interval = crate::config::duration(secs);
         if applied.needs_observation() {
             let polls: Vec<_> = applied
                 .targets

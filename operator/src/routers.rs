@@ -26,7 +26,11 @@ impl StatusClient {
         conn.set_nodelay(true);
         StatusClient {
             http: Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(90))
+                // Below the router's idle limit for client connections (60 s), so a poll never
+                // reuses a connection the router is closing (the 30 s steady-state poll still
+                // reuses its connection).
+                .pool_idle_timeout(Duration::from_secs(45))
+                .pool_timer(hyper_util::rt::TokioTimer::new())
                 .build(conn),
             timeout,
         }

@@ -295,6 +295,10 @@ pub struct RouterConfig {
 
 /// More I/O threads than this is a typo, not a machine.
 pub const MAX_IO_THREADS: u32 = 1024;
+/// DP ranks behind one URL: more is a typo, and each becomes a target with its own state.
+pub const MAX_DP_PER_URL: u32 = 1024;
+/// Ring points per target: the ring holds targets × this many entries, built at every reload.
+pub const MAX_VIRTUAL_NODES: u32 = 10_000;
 
 impl Default for RouterConfig {
     fn default() -> Self {
@@ -443,10 +447,10 @@ impl RouterConfig {
                 format!("must be <= {MAX_IO_THREADS} (got {n})"),
             ));
         }
-        if self.intra_node_data_parallel_size == 0 {
+        if !(1..=MAX_DP_PER_URL).contains(&self.intra_node_data_parallel_size) {
             return Err(ConfigError::new(
                 "intra_node_data_parallel_size",
-                "must be >= 1",
+                format!("must be between 1 and {MAX_DP_PER_URL}"),
             ));
         }
         for (i, w) in self.workers.iter().enumerate() {
@@ -489,8 +493,11 @@ impl RouterConfig {
                 "must be >= 1",
             ));
         }
-        if p.virtual_nodes == 0 {
-            return Err(ConfigError::new("policy.virtual_nodes", "must be >= 1"));
+        if !(1..=MAX_VIRTUAL_NODES).contains(&p.virtual_nodes) {
+            return Err(ConfigError::new(
+                "policy.virtual_nodes",
+                format!("must be between 1 and {MAX_VIRTUAL_NODES}"),
+            ));
         }
         if p.max_tree_size == 0 {
             return Err(ConfigError::new("policy.max_tree_size", "must be > 0"));
@@ -758,6 +765,43 @@ mod tests {
         );
         c.limits.client_header_timeout_secs = None;
         c.validate().expect("no limit");
+        // Sizes that allocate in proportion are bounded (a typo must not exhaust memory).
+        let c = RouterConfig {
+            intra_node_data_parallel_size: MAX_DP_PER_URL + 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            c.validate().expect_err("dp").field,
+            "intra_node_data_parallel_size"
+        );
+        let mut c = RouterConfig::default();
+        c.policy.virtual_nodes = u32::MAX;
+        assert_eq!(
+            c.validate().expect_err("ring").field,
+            "policy.virtual_nodes"
+        );
+        let c = RouterConfig {
+            program_scheduling: Some(crate::config::ProgramSchedulingConfig {
+                stats_window_size: u32::MAX,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            c.validate().expect_err("window").field,
+            "program_scheduling.stats_window_size"
+        );
+        let c = RouterConfig {
+            program_scheduling: Some(crate::config::ProgramSchedulingConfig {
+                hash_virtual_nodes: u32::MAX,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            c.validate().expect_err("ring").field,
+            "program_scheduling.hash_virtual_nodes"
+        );
         let c = RouterConfig {
             io_threads: Some(MAX_IO_THREADS + 1),
             ..Default::default()

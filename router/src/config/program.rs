@@ -211,6 +211,7 @@ fn finite_min(field: &str, v: f64, min: f64, strict: bool) -> Result<(), ConfigE
 impl ProgramSchedulingConfig {
     /// Checks every constraint of the spec; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        const MAX_STATS_WINDOW: u32 = 100_000;
         finite_min(
             "cross_rank_headroom_ratio",
             self.cross_rank_headroom_ratio,
@@ -220,8 +221,11 @@ impl ProgramSchedulingConfig {
         if let Some(k) = self.cross_rank_min_wait_ratio {
             finite_min("cross_rank_min_wait_ratio", k, 0.0, false)?;
         }
-        if self.hash_virtual_nodes == 0 {
-            return Err(err("hash_virtual_nodes", "must be >= 1"));
+        if !(1..=super::MAX_VIRTUAL_NODES).contains(&self.hash_virtual_nodes) {
+            return Err(err(
+                "hash_virtual_nodes",
+                format!("must be between 1 and {}", super::MAX_VIRTUAL_NODES),
+            ));
         }
         if self.token_capacity_per_dp_rank == Some(0) {
             return Err(err("token_capacity_per_dp_rank", "must be > 0 or null"));
@@ -294,8 +298,12 @@ impl ProgramSchedulingConfig {
         if self.max_segment_rounds == 0 {
             return Err(err("max_segment_rounds", "must be >= 1"));
         }
-        if self.stats_window_size == 0 {
-            return Err(err("stats_window_size", "must be >= 1"));
+        // Each rank keeps windows of this many samples, allocated up front.
+        if !(1..=MAX_STATS_WINDOW).contains(&self.stats_window_size) {
+            return Err(err(
+                "stats_window_size",
+                format!("must be between 1 and {MAX_STATS_WINDOW}"),
+            ));
         }
         finite_min(
             "force_resume_workload_factor",

@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod fair;
 pub mod hash;
+pub mod limit;
 pub mod net;
 pub mod observe;
 pub mod policies;

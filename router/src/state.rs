@@ -35,6 +35,21 @@ pub struct Applied {
     pub authorization: Option<http::HeaderValue>,
     /// Bearer tokens a client must present on proxied routes; `None`: no check.
     pub client_keys: Option<Arc<[Box<[u8]>]>>,
+    /// The cap on requests in progress, when `limits.max_concurrent_requests` sets one.
+    pub limiter: Option<Arc<crate::limit::Limiter>>,
+}
+
+/// The limiter for `config`: `prev`'s when the cap is unchanged (its places and waiters carry
+/// over a reload), a new one otherwise.
+fn limiter(
+    config: &RouterConfig,
+    prev: Option<&Arc<crate::limit::Limiter>>,
+) -> Option<Arc<crate::limit::Limiter>> {
+    let max = config.limits.max_concurrent_requests?;
+    match prev {
+        Some(l) if l.max() == max => Some(l.clone()),
+        _ => Some(crate::limit::Limiter::new(max)),
+    }
 }
 
 /// The keys clients must present under `config` (see `RouterConfig::client_api_keys`).
@@ -151,6 +166,7 @@ impl RouterState {
             hash: config.hash(),
             authorization: authorization(&config),
             client_keys: client_keys(&config),
+            limiter: limiter(&config, None),
             config,
             targets,
             policy,
@@ -408,6 +424,7 @@ impl RouterState {
         self.applied.store(Arc::new(Applied {
             authorization: authorization(&config),
             client_keys: client_keys(&config),
+            limiter: limiter(&config, prev.limiter.as_ref()),
             config,
             hash,
             targets,

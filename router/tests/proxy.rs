@@ -621,6 +621,65 @@ async fn clients_need_the_api_key_as_with_vllm_unless_client_keys_say_otherwise(
 }
 
 #[tokio::test]
+async fn the_concurrency_cap_queues_then_refuses_and_frees_places_when_responses_end() {
+    // ~100 decode steps of ~11 ms: each request holds its place for about a second.
+    let s = sim(&[]).await;
+    let mut cfg = workers(&[s.base()], 1);
+    cfg.limits.max_concurrent_requests = Some(1);
+    cfg.limits.queue_size = 1;
+    let r = router(cfg).await;
+    let c = client();
+    let slow = || {
+        let (c, url) = (c.clone(), r.url(CHAT));
+        tokio::spawn(async move { post(&c, &url, &chat("slow", 100)).await })
+    };
+    let first = slow();
+    let place_taken = eventually(5.0, || async {
+        r.state
+            .applied
+            .load()
+            .limiter
+            .as_ref()
+            .is_some_and(|l| l.in_progress() == 1)
+    })
+    .await;
+    assert!(place_taken);
+    let second = slow();
+    assert!(
+        eventually(5.0, || async {
+            get(&c, &r.url("/status")).await.json()["limits"]["waiting"] == 1
+        })
+        .await
+    );
+    // The cap and the queue are full: refused at once, before the body is read.
+    let third = post(&c, &r.url(CHAT), &chat("refused", 1)).await;
+    assert_eq!(third.status, 429, "{}", third.text());
+    assert_eq!(third.json()["error"]["code"], "router_queue_full");
+    assert!(third.headers.contains_key("retry-after"));
+    // Both admitted requests finish; their places come back.
+    assert_eq!(first.await.expect("task").status, 200);
+    assert_eq!(second.await.expect("task").status, 200);
+    let status = get(&c, &r.url("/status")).await.json();
+    assert_eq!(status["limits"]["in_progress"], 0, "{status}");
+    assert_eq!(status["limits"]["waiting"], 0);
+
+    // A wait longer than the queue timeout is 504.
+    let mut cfg = workers(&[s.base()], 1);
+    cfg.limits.max_concurrent_requests = Some(1);
+    cfg.limits.queue_timeout_secs = 0.2;
+    let r = router(cfg).await;
+    let busy = {
+        let (c, url) = (c.clone(), r.url(CHAT));
+        tokio::spawn(async move { post(&c, &url, &chat("slow", 100)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let late = post(&c, &r.url(CHAT), &chat("late", 1)).await;
+    assert_eq!(late.status, 504, "{}", late.text());
+    assert_eq!(late.json()["error"]["code"], "queue_timeout");
+    assert_eq!(busy.await.expect("task").status, 200);
+}
+
+#[tokio::test]
 async fn no_target_is_503_and_a_slow_backend_is_504() {
     let r = router(RouterConfig::default()).await;
     let c = client();

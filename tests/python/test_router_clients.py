@@ -1,5 +1,7 @@
 """program-router with real clients: the OpenAI SDK through a router started with vllm-router's flags."""
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -78,12 +80,21 @@ def test_invalid_flags_fail_fast_with_the_field_name(spawn):
     assert "limits.request_timeout_secs: must be at most" in out.stderr, out.stderr
     # A vllm-router flag program-router does not take is refused with what to use instead.
     out = subprocess.run(
-        [binary("program-router"), "--worker-urls", "http://127.0.0.1:9", "--max-concurrent-requests", "64"],
+        [binary("program-router"), "--worker-urls", "http://127.0.0.1:9", "--rate-limit-tokens-per-second", "64"],
         capture_output=True, text=True, timeout=30,
     )
     assert out.returncode == 2
-    assert "hint: --max-concurrent-requests is a vllm-router flag" in out.stderr, out.stderr
-    assert "fairness" in out.stderr
+    assert "hint: --rate-limit-tokens-per-second is a vllm-router flag" in out.stderr, out.stderr
+    assert "--max-concurrent-requests" in out.stderr
+    # ... while its concurrency limiter's flags are taken as they are.
+    out = subprocess.run(
+        [binary("program-router"), "--worker-urls", "http://127.0.0.1:9", "--max-concurrent-requests", "64",
+         "--queue-size", "0", "--queue-timeout-secs", "5", "config", "print"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    limits = json.loads(out.stdout)["limits"]
+    assert (limits["max_concurrent_requests"], limits["queue_size"], limits["queue_timeout_secs"]) == (64, 0, 5.0)
     # calibrate measures one server; a config file it would ignore is refused, not skipped.
     out = subprocess.run(
         [binary("program-router"), "calibrate", "--worker-url", "http://127.0.0.1:9", "--config", "router.json"],

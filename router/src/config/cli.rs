@@ -122,6 +122,17 @@ pub struct Flags {
     /// On SIGTERM, seconds for requests in flight to finish. [config: limits.drain_timeout_secs]
     #[arg(long)]
     pub drain_timeout_secs: Option<f64>,
+    /// Proxied requests in progress at once (as vllm-router's flag); more wait in a bounded
+    /// queue. [config: limits.max_concurrent_requests]
+    #[arg(long)]
+    pub max_concurrent_requests: Option<u32>,
+    /// Requests that may wait for a place beyond --max-concurrent-requests; more get 429.
+    /// [config: limits.queue_size]
+    #[arg(long)]
+    pub queue_size: Option<u32>,
+    /// Longest wait for a place, in seconds; then 504. [config: limits.queue_timeout_secs]
+    #[arg(long)]
+    pub queue_timeout_secs: Option<f64>,
     /// On SIGTERM, seconds to keep accepting with readiness false before draining.
     /// [config: limits.shutdown_delay_secs]
     #[arg(long)]
@@ -352,6 +363,11 @@ impl Flags {
         set!(self.max_payload_size => c.limits.max_payload_size);
         set!(self.drain_timeout_secs => c.limits.drain_timeout_secs);
         set!(self.shutdown_delay_secs => c.limits.shutdown_delay_secs);
+        if let Some(n) = self.max_concurrent_requests {
+            c.limits.max_concurrent_requests = Some(n);
+        }
+        set!(self.queue_size => c.limits.queue_size);
+        set!(self.queue_timeout_secs => c.limits.queue_timeout_secs);
         set!(self.cache_threshold => c.policy.cache_threshold);
         set!(self.balance_abs_threshold => c.policy.balance_abs_threshold);
         set!(self.balance_rel_threshold => c.policy.balance_rel_threshold);

@@ -6,16 +6,10 @@
 /// (flag, what program-router does instead).
 const VLLM_ROUTER_ONLY: &[(&[&str], &str)] = &[
     (
-        &[
-            "--max-concurrent-requests",
-            "--queue-size",
-            "--queue-timeout-secs",
-            "--rate-limit-tokens-per-second",
-        ],
-        "vllm-router's concurrency limiter: program-router queues with `fairness` in its config \
-         file (per-tenant queues held back by vLLM's own waiting queue, `max_queue_per_tenant` \
-         answers 429, `queue_timeout_seconds` 504; docs/fairness.md), and Programs wait in \
-         Program scheduling's RequestPool",
+        &["--rate-limit-tokens-per-second"],
+        "vllm-router's token-bucket refill rate: program-router caps requests in progress with \
+         --max-concurrent-requests (--queue-size, --queue-timeout-secs as in vllm-router), and \
+         shares capacity between tenants with `fairness` in its config file (docs/fairness.md)",
     ),
     (
         &[
@@ -113,8 +107,11 @@ mod tests {
 
     #[test]
     fn known_flags_get_a_hint_and_others_none() {
-        assert!(vllm_router_hint("--queue-size").is_some_and(|h| h.contains("fairness")));
-        assert!(vllm_router_hint("--max-concurrent-requests=64").is_some());
+        assert!(
+            vllm_router_hint("--rate-limit-tokens-per-second")
+                .is_some_and(|h| h.contains("--max-concurrent-requests"))
+        );
+        assert!(vllm_router_hint("--rate-limit-tokens-per-second=64").is_some());
         assert!(vllm_router_hint("--service-discovery").is_some_and(|h| h.contains("operator")));
         assert_eq!(vllm_router_hint("--no-such-flag"), None);
     }

@@ -209,6 +209,13 @@ pub struct LimitsConfig {
     /// one from the previous response (so it is also the idle keep-alive timeout). The
     /// connection is closed after it. `null`: no limit.
     pub client_header_timeout_secs: Option<f64>,
+    /// Proxied requests in progress at once (waiting in the router's own queues included);
+    /// `null`: no cap. vllm-router's `--max-concurrent-requests`.
+    pub max_concurrent_requests: Option<u32>,
+    /// Requests that may wait for a place beyond the cap; more get 429 (0: no waiting).
+    pub queue_size: u32,
+    /// Longest wait for a place; then 504 `queue_timeout`.
+    pub queue_timeout_secs: f64,
 }
 
 impl Default for LimitsConfig {
@@ -219,6 +226,9 @@ impl Default for LimitsConfig {
             drain_timeout_secs: 30.0,
             shutdown_delay_secs: 0.0,
             client_header_timeout_secs: Some(60.0),
+            max_concurrent_requests: None,
+            queue_size: 100,
+            queue_timeout_secs: 60.0,
         }
     }
 }
@@ -512,6 +522,13 @@ impl RouterConfig {
         if let Some(t) = self.limits.client_header_timeout_secs {
             positive("limits.client_header_timeout_secs", t)?;
         }
+        if self.limits.max_concurrent_requests == Some(0) {
+            return Err(ConfigError::new(
+                "limits.max_concurrent_requests",
+                "must be >= 1 (null: no cap)",
+            ));
+        }
+        positive("limits.queue_timeout_secs", self.limits.queue_timeout_secs)?;
         for (field, v) in [
             ("limits.drain_timeout_secs", self.limits.drain_timeout_secs),
             (

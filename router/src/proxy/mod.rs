@@ -99,6 +99,8 @@ pub struct Outbound<'a> {
     pub ticket: Option<ProgramTicket>,
     /// Seat in the fair queue, freed (and charged) when the response ends.
     pub fair: Option<crate::fair::runtime::FairPermit>,
+    /// Place among the router's requests in progress, freed when the response ends.
+    pub place: Option<crate::limit::Place>,
 }
 
 fn upstream_request(
@@ -275,6 +277,7 @@ pub async fn forward(
             conn: Some(conn),
             ticket: out.ticket.take(),
             fair: out.fair.take(),
+            _place: out.place.take(),
             status,
             state: state.clone(),
             route: out.route,
@@ -302,6 +305,8 @@ struct Completion {
     conn: Option<upstream::Sender>,
     ticket: Option<ProgramTicket>,
     fair: Option<crate::fair::runtime::FairPermit>,
+    /// Freed when the completion is dropped, i.e. when the response ended.
+    _place: Option<crate::limit::Place>,
     status: StatusCode,
     state: Arc<RouterState>,
     route: &'static str,

@@ -381,9 +381,23 @@ async fn dispatch(
         ));
     }
     // Before the body is read, and before any queue or scheduler sees the request.
-    if !state.applied.load().client_authorized(req.headers()) {
+    let gate = state.applied.load_full();
+    if !gate.client_authorized(req.headers()) {
         return Err(ApiError::unauthorized());
     }
+    // A place among the requests in progress, held until the response ends (crate::limit).
+    let place = match &gate.limiter {
+        Some(l) => {
+            let limits = &gate.config.limits;
+            let wait = crate::config::duration(limits.queue_timeout_secs);
+            Some(
+                l.enter(limits.queue_size, wait, state.queues_closed())
+                    .await?,
+            )
+        }
+        None => None,
+    };
+    drop(gate);
     let generate = GENERATE_ROUTES.iter().any(|(r, _)| *r == path);
     if generate && method != Method::POST {
         return Err(ApiError::method_not_allowed("POST"));
@@ -415,6 +429,7 @@ async fn dispatch(
                 pin: None,
                 ticket: None,
                 fair: None,
+                place,
             },
         )
         .await;
@@ -488,6 +503,7 @@ async fn dispatch(
             pin,
             ticket,
             fair,
+            place,
         },
     )
     .await

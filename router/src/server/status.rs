@@ -43,8 +43,13 @@ pub fn status(state: &RouterState) -> Value {
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
         .map(|e| json!({ "at_unix": unix(e.at), "message": e.message }));
+    let limits = applied.limiter.as_ref().map(|l| {
+        json!({ "max_concurrent_requests": l.max(), "in_progress": l.in_progress(),
+                "waiting": l.waiting() })
+    });
     json!({
         "version": env!("CARGO_PKG_VERSION"),
+        "limits": limits,
         "ready": ready(state),
         "draining": state.is_draining(),
         "config": {

@@ -65,9 +65,16 @@ fn client_keys(config: &RouterConfig) -> Option<Arc<[Box<[u8]>]>> {
     Some(keys.into_iter().map(|k| k.as_bytes().into()).collect())
 }
 
+/// The workers' `Authorization` header for `config`, if it names an API key that is a valid
+/// header value (validation rejects one that is not).
+fn authorization(config: &RouterConfig) -> Option<http::HeaderValue> {
+    let key = config.api_key.as_ref()?;
+    http::HeaderValue::from_str(&format!("Bearer {key}")).ok()
+}
+
 impl Applied {
     /// Whether `headers` carry `Authorization: Bearer <key>` with one of the client keys (always
-    /// true when none are configured). Every key is compared in constant time.
+    /// true when none are configured). Contents are compared in constant time (`subtle`).
     pub fn client_authorized(&self, headers: &http::HeaderMap) -> bool {
         let Some(keys) = &self.client_keys else {
             return true;
@@ -86,16 +93,7 @@ impl Applied {
             .fold(subtle::Choice::from(0), |found, k| found | k.ct_eq(token))
             .into()
     }
-}
 
-/// The workers' `Authorization` header for `config`, if it names an API key that is a valid
-/// header value (validation rejects one that is not).
-fn authorization(config: &RouterConfig) -> Option<http::HeaderValue> {
-    let key = config.api_key.as_ref()?;
-    http::HeaderValue::from_str(&format!("Bearer {key}")).ok()
-}
-
-impl Applied {
     /// Whether anything reads backend `/metrics`.
     pub fn needs_observation(&self) -> bool {
         self.policy.needs_observation()

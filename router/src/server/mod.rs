@@ -305,11 +305,11 @@ fn route_label(method: &Method, path: &str) -> &'static str {
     }
 }
 
+/// The request's head and whole body, refused above `limit` bytes (413).
 async fn read_body(
-    state: &RouterState,
+    limit: u64,
     req: Request<Incoming>,
 ) -> Result<(http::request::Parts, Bytes), ApiError> {
-    let limit = state.applied.load().config.limits.max_payload_size;
     let (parts, body) = req.into_parts();
     let declared = parts
         .headers
@@ -380,15 +380,19 @@ async fn dispatch(
             format!("no route for {path}"),
         ));
     }
+    let generate = GENERATE_ROUTES.iter().any(|(r, _)| *r == path);
+    if generate && method != Method::POST {
+        return Err(ApiError::method_not_allowed("POST"));
+    }
     // Before the body is read, and before any queue or scheduler sees the request.
-    let gate = state.applied.load_full();
-    if !gate.client_authorized(req.headers()) {
+    let mut applied = state.applied.load_full();
+    if !applied.client_authorized(req.headers()) {
         return Err(ApiError::unauthorized());
     }
     // A place among the requests in progress, held until the response ends (crate::limit).
-    let place = match &gate.limiter {
+    let place = match &applied.limiter {
         Some(l) => {
-            let limits = &gate.config.limits;
+            let limits = &applied.config.limits;
             let wait = crate::config::duration(limits.queue_timeout_secs);
             Some(
                 l.enter(limits.queue_size, wait, state.queues_closed())
@@ -397,18 +401,12 @@ async fn dispatch(
         }
         None => None,
     };
-    drop(gate);
-    let generate = GENERATE_ROUTES.iter().any(|(r, _)| *r == path);
-    if generate && method != Method::POST {
-        return Err(ApiError::method_not_allowed("POST"));
-    }
     let path_and_query = req
         .uri()
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let (parts, body) = read_body(state, req).await?;
-    let mut applied = state.applied.load_full();
+    let (parts, body) = read_body(applied.config.limits.max_payload_size, req).await?;
     if !generate {
         // Other /v1/* endpoints (models, embeddings, ...) and vLLM's own request-level
         // endpoints (tokenize, score, ...) pass through unchanged.

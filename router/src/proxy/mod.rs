@@ -66,14 +66,17 @@ const HOP_BY_HOP: [HeaderName; 10] = [
 ];
 
 /// Header names a message's `Connection` header nominates as hop-by-hop (RFC 9110 7.6.1), e.g.
-/// `Connection: close, x-hop` makes `x-hop` one. Empty (no allocation) without that header.
+/// `Connection: close, x-hop` makes `x-hop` one. Empty, and no allocation, in the common cases:
+/// no such header, or only `keep-alive` / `close` (options, or a name dropped anyway).
 fn nominated(headers: &HeaderMap) -> Vec<HeaderName> {
     headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|t| !t.eq_ignore_ascii_case("keep-alive") && !t.eq_ignore_ascii_case("close"))
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect()
 }
 
@@ -371,8 +374,11 @@ mod tests {
         );
         assert_eq!(
             nominated(&h),
-            ["keep-alive", "x-hop", "close", "x-other"].map(HeaderName::from_static)
+            ["x-hop", "x-other"].map(HeaderName::from_static)
         );
+        let mut common = HeaderMap::new();
+        common.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        assert_eq!(nominated(&common).capacity(), 0, "no allocation");
         assert!(HOP_BY_HOP.contains(&HeaderName::from_static("keep-alive")));
     }
 }

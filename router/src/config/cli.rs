@@ -101,7 +101,6 @@ pub struct Flags {
     #[arg(
         long,
         num_args = 1..,
-        value_delimiter = ',',
         env = "PROGRAM_ROUTER_CLIENT_API_KEYS",
         hide_env_values = true
     )]
@@ -337,10 +336,11 @@ impl Flags {
             c.api_key = Some(k.clone());
         }
         if let Some(keys) = &self.client_api_keys {
-            // A Secret file may end in a newline, or list one key per line.
+            // The one place a key list is split: commas or lines (a Secret may list one key per
+            // line and end in a newline).
             let keys: Vec<String> = keys
                 .iter()
-                .flat_map(|k| k.split('\n'))
+                .flat_map(|k| k.split([',', '\n']))
                 .map(str::trim)
                 .filter(|k| !k.is_empty())
                 .map(String::from)
@@ -448,6 +448,21 @@ mod tests {
         let mut v = vec!["program-router"];
         v.extend_from_slice(args);
         Cli::try_parse_from(v).expect("parse").flags
+    }
+
+    #[test]
+    fn client_keys_split_on_commas_and_lines_and_an_empty_list_is_refused() {
+        let c = flags(&["--client-api-keys", "a,b", "c\nd\n"])
+            .effective(None)
+            .expect("valid");
+        assert_eq!(
+            c.client_api_keys,
+            Some(vec!["a".into(), "b".into(), "c".into(), "d".into()])
+        );
+        let e = flags(&["--client-api-keys", " ,\n"])
+            .effective(None)
+            .expect_err("empty");
+        assert_eq!(e.field, "--client-api-keys");
     }
 
     #[test]

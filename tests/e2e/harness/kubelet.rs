@@ -256,9 +256,7 @@ impl Kubelet {
             for (var, value) in env {
                 match var.as_str() {
                     "PROGRAM_ROUTER_API_KEY" => flags.api_key = Some(value),
-                    "PROGRAM_ROUTER_CLIENT_API_KEYS" => {
-                        flags.client_api_keys = Some(value.split(',').map(String::from).collect())
-                    }
+                    "PROGRAM_ROUTER_CLIENT_API_KEYS" => flags.client_api_keys = Some(vec![value]),
                     _ => {}
                 }
             }

@@ -87,6 +87,7 @@ impl ApiError {
     pub fn kind(&self) -> &'static str {
         match self.status.as_u16() {
             400 | 401 | 404 | 405 | 413 => "invalid_request_error",
+            403 => "permission_error",
             429 => "rate_limit_error",
             503 => "service_unavailable",
             504 => "timeout",

@@ -5,6 +5,7 @@
 //! [`workers`] (targets, health, breakers), with [`observe`] for metrics in both directions.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod calibrate;
 pub mod config;
 pub mod error;

@@ -89,7 +89,10 @@ async fn main() -> ExitCode {
     if let Some(ps) = &config.program_scheduling {
         warn_reference_calibration(ps);
     }
-    if config.api_key.is_some() && config.client_api_keys.as_ref().is_some_and(Vec::is_empty) {
+    if config.api_key.is_some()
+        && config.client_api_keys.as_ref().is_some_and(Vec::is_empty)
+        && config.client_api_keys_dir.is_none()
+    {
         tracing::warn!(
             "client_api_keys is [] with an api_key set: every client reaches the workers with the \
              router's key; only run this way behind a gateway that authenticates"

@@ -76,6 +76,7 @@ impl Bound {
             tokio::spawn(rt.dispatch_loop(state.stop_rx()));
         }
         tokio::spawn(observation_loop(state.clone()));
+        tokio::spawn(crate::auth::dir_loop(state.clone()));
         if let Some(path) = state.flags.config.clone() {
             let st = state.clone();
             let mut stop = state.stop_rx();

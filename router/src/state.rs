@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::{Notify, watch};
 
 use crate::config::cli::Flags;
@@ -33,8 +33,9 @@ pub struct Applied {
     pub fair: Option<Arc<FairRuntime>>,
     /// `Authorization` sent to workers (`Bearer <api_key>`), built once per configuration.
     pub authorization: Option<http::HeaderValue>,
-    /// Bearer tokens a client must present on proxied routes; `None`: no check.
-    pub client_keys: Option<Arc<[Box<[u8]>]>>,
+    /// Keys from `api_key` or `client_api_keys` a client may present on proxied routes; `None`:
+    /// none (see [`crate::auth::authorize`], which adds the key directory's).
+    pub client_keys: Option<Arc<[crate::auth::ClientKey]>>,
     /// The cap on requests in progress, when `limits.max_concurrent_requests` sets one.
     pub limiter: Option<Arc<crate::limit::Limiter>>,
 }
@@ -52,17 +53,26 @@ fn limiter(
     }
 }
 
-/// The keys clients must present under `config` (see `RouterConfig::client_api_keys`).
-fn client_keys(config: &RouterConfig) -> Option<Arc<[Box<[u8]>]>> {
-    let keys: Vec<&String> = match (&config.client_api_keys, &config.api_key) {
-        (Some(list), _) => list.iter().collect(),
-        (None, Some(key)) => vec![key],
-        (None, None) => Vec::new(),
+/// The listed keys clients may present under `config` (see `RouterConfig::client_api_keys`);
+/// with a key directory and no list, the workers' key is not one of them.
+fn client_keys(config: &RouterConfig) -> Option<Arc<[crate::auth::ClientKey]>> {
+    let keys: Vec<&String> = match (
+        &config.client_api_keys,
+        &config.client_api_keys_dir,
+        &config.api_key,
+    ) {
+        (Some(list), _, _) => list.iter().collect(),
+        (None, None, Some(key)) => vec![key],
+        _ => Vec::new(),
     };
     if keys.is_empty() {
         return None;
     }
-    Some(keys.into_iter().map(|k| k.as_bytes().into()).collect())
+    Some(
+        keys.into_iter()
+            .map(|k| crate::auth::ClientKey::unnamed(k.as_bytes()))
+            .collect(),
+    )
 }
 
 /// The workers' `Authorization` header for `config`, if it names an API key that is a valid
@@ -73,27 +83,6 @@ fn authorization(config: &RouterConfig) -> Option<http::HeaderValue> {
 }
 
 impl Applied {
-    /// Whether `headers` carry `Authorization: Bearer <key>` with one of the client keys (always
-    /// true when none are configured). Contents are compared in constant time (`subtle`).
-    pub fn client_authorized(&self, headers: &http::HeaderMap) -> bool {
-        let Some(keys) = &self.client_keys else {
-            return true;
-        };
-        let Some(token) = headers
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, t)| t.trim().as_bytes())
-        else {
-            return false;
-        };
-        use subtle::ConstantTimeEq;
-        keys.iter()
-            .fold(subtle::Choice::from(0), |found, k| found | k.ct_eq(token))
-            .into()
-    }
-
     /// Whether anything reads backend `/metrics`.
     pub fn needs_observation(&self) -> bool {
         self.policy.needs_observation()
@@ -138,6 +127,8 @@ pub struct RouterState {
     /// [`crate::config::file_hash`] of the config file content last applied (or accepted as
     /// unchanged); the operator compares it with the ConfigMap it rendered.
     pub file_hash: Mutex<Option<String>>,
+    /// The keys of `client_api_keys_dir`, when the applied configuration names one.
+    pub client_dir: ArcSwapOption<crate::auth::DirKeys>,
     stop: watch::Sender<bool>,
     generation: AtomicU64,
     next_request: AtomicU64,
@@ -147,7 +138,23 @@ pub struct RouterState {
 }
 
 impl RouterState {
-    pub fn new(config: RouterConfig, flags: Flags) -> Result<Arc<Self>, prometheus::Error> {
+    /// The state for `config`; fails on a metrics registry error or an unreadable key directory.
+    pub fn new(config: RouterConfig, flags: Flags) -> Result<Arc<Self>, String> {
+        let client_dir = match &config.client_api_keys_dir {
+            Some(d) => Some(Arc::new(
+                crate::auth::DirKeys::load(std::path::Path::new(d))
+                    .map_err(|e| format!("client_api_keys_dir: {e}"))?,
+            )),
+            None => None,
+        };
+        Self::with_metrics(config, flags, client_dir).map_err(|e| e.to_string())
+    }
+
+    fn with_metrics(
+        config: RouterConfig,
+        flags: Flags,
+        client_dir: Option<Arc<crate::auth::DirKeys>>,
+    ) -> Result<Arc<Self>, prometheus::Error> {
         let metrics = Metrics::new()?;
         let program_metrics = ProgramMetrics::new(&metrics.registry)?;
         let fair_metrics = FairMetrics::new(&metrics.registry)?;
@@ -187,6 +194,7 @@ impl RouterState {
             flags,
             source,
             file_hash: Mutex::new(None),
+            client_dir: ArcSwapOption::new(client_dir),
             stop,
             generation: AtomicU64::new(1),
             next_request: AtomicU64::new(1),
@@ -318,6 +326,69 @@ impl RouterState {
         result
     }
 
+    /// Takes one read of the key directory `dir` (see [`crate::auth::dir_loop`]): a stable,
+    /// changed key set replaces the one in force; an error is kept for `/status` and logged once,
+    /// and the keys in force stay. `Ok(None)`: the directory changed between two reads.
+    pub fn update_client_dir(
+        &self,
+        dir: &std::path::Path,
+        read: Result<Option<Vec<crate::auth::ClientKey>>, String>,
+    ) {
+        let Some(cur) = self.client_dir.load_full() else {
+            return;
+        };
+        if cur.dir != dir {
+            return; // a reload named another directory meanwhile
+        }
+        let next = match read {
+            Ok(None) => return,
+            Ok(Some(keys)) if *cur.keys == *keys => {
+                if cur.error.is_none() {
+                    return;
+                }
+                tracing::info!(dir = %dir.display(), "client key directory readable again");
+                crate::auth::DirKeys {
+                    error: None,
+                    ..(*cur).clone()
+                }
+            }
+            Ok(Some(keys)) => {
+                let names = |k: &[crate::auth::ClientKey]| -> std::collections::BTreeSet<Arc<str>> {
+                    k.iter().map(|k| k.name.clone()).collect()
+                };
+                let (old, new) = (names(&cur.keys), names(&keys));
+                let list = |s: std::collections::BTreeSet<&Arc<str>>| {
+                    s.into_iter().map(|n| &**n).collect::<Vec<_>>().join(",")
+                };
+                tracing::info!(
+                    event = "client_keys_reloaded",
+                    dir = %dir.display(),
+                    keys = keys.len(),
+                    added = %list(new.difference(&old).collect()),
+                    removed = %list(old.difference(&new).collect()),
+                    "client keys reloaded"
+                );
+                crate::auth::DirKeys {
+                    dir: dir.to_path_buf(),
+                    keys: keys.into(),
+                    loaded_at: SystemTime::now(),
+                    error: None,
+                }
+            }
+            Err(e) => {
+                if cur.error.as_ref() == Some(&e) {
+                    return;
+                }
+                tracing::error!(error = %e, "client key directory refused; keeping the keys in force");
+                crate::auth::DirKeys {
+                    error: Some(e),
+                    ..(*cur).clone()
+                }
+            }
+        };
+        self.client_dir.store(Some(Arc::new(next)));
+    }
+
     /// Records the content of the config file now in force.
     pub fn set_file_hash(&self, bytes: &[u8]) {
         *self.file_hash.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -362,6 +433,18 @@ impl RouterState {
                     "listener and thread changes need a restart; not applied",
                 ));
             }
+        }
+        // A different key directory is read now: one that cannot be used refuses the reload.
+        let new_dir = match &config.client_api_keys_dir {
+            Some(d) if prev.config.client_api_keys_dir.as_ref() != Some(d) => Some(Some(Arc::new(
+                crate::auth::DirKeys::load(std::path::Path::new(d))
+                    .map_err(|e| ConfigError::new("client_api_keys_dir", e))?,
+            ))),
+            Some(_) => None,
+            None => Some(None),
+        };
+        if let Some(d) = new_dir {
+            self.client_dir.store(d);
         }
         let targets = TargetSet::build(&config, Some(&prev.targets), &self.metrics);
         let same_ids = targets.targets.iter().map(|t| &t.id).eq(prev

@@ -366,3 +366,142 @@ async fn program_requests_use_the_request_pool_and_plain_ones_the_fair_queue() {
         "a plain request waits its turn in the fair queue"
     );
 }
+
+/// Writes `keys` into `dir` as the kubelet writes a Secret volume: the data in a new
+/// `..<generation>` folder, `..data` swapped to it with one rename, one link per key through
+/// `..data`, and links of keys no longer present removed.
+fn secret_volume(dir: &std::path::Path, generation: u32, keys: &[(&str, &str)]) {
+    let data = dir.join(format!("..gen{generation}"));
+    std::fs::create_dir(&data).expect("mkdir");
+    for (name, key) in keys {
+        std::fs::write(data.join(name), format!("{key}\n")).expect("write");
+    }
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(&data, &tmp).expect("link");
+    std::fs::rename(&tmp, dir.join("..data")).expect("swap");
+    for entry in std::fs::read_dir(dir).expect("list").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && !keys.iter().any(|(n, _)| *n == name) {
+            std::fs::remove_file(entry.path()).expect("unlink");
+        }
+    }
+    for (name, _) in keys {
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(dir.join("..data").join(name), &link).expect("link");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_keys_from_a_directory_are_tenants_rotate_without_restart_and_cap_classes() {
+    use program_router::config::fairness::TenantSource;
+    let sim = sim(&[]).await;
+    let keys = tempfile::tempdir().expect("tmp");
+    secret_volume(
+        keys.path(),
+        1,
+        &[("search-team", "sk-search"), ("evals", "sk-evals")],
+    );
+    let mut cfg = workers(&[sim.base()], 1);
+    cfg.client_api_keys_dir = Some(keys.path().display().to_string());
+    let mut fair = FairnessConfig {
+        tenant_source: TenantSource::ApiKey,
+        max_class: Some("standard".into()),
+        ..Default::default()
+    };
+    fair.tenant_max_classes
+        .insert("search-team".into(), "interactive".into());
+    fair.tenant_max_classes
+        .insert("evals".into(), "batch".into());
+    fair.tenant_classes.insert("evals".into(), "batch".into());
+    cfg.fairness = Some(fair);
+    let r = router(cfg).await;
+    let c = client();
+    let url = r.url("/v1/chat/completions");
+    let ask = |key: Option<&'static str>, class: Option<&'static str>| {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let auth = key.map(|k| format!("Bearer {k}"));
+            let mut h: Vec<(&str, &str)> = Vec::new();
+            if let Some(a) = &auth {
+                h.push(("authorization", a));
+            }
+            if let Some(class) = class {
+                h.push(("x-priority-class", class));
+            }
+            send(&c, "POST", &url, &chat("hi", 2), &h).await
+        }
+    };
+
+    assert_eq!(ask(None, None).await.status, 401);
+    assert_eq!(ask(Some("sk-other"), None).await.status, 401);
+    assert_eq!(
+        ask(Some("sk-search"), Some("interactive")).await.status,
+        200
+    );
+    assert_eq!(ask(Some("sk-evals"), None).await.status, 200);
+    // The key's name is the tenant: each team's service is counted under its name.
+    let m = format!("http://{}", r.metrics_addr);
+    for team in ["search-team", "evals"] {
+        let served = metric(
+            &c,
+            &m,
+            "program_router_fair_served_tokens",
+            &[("tenant", team)],
+        )
+        .await;
+        assert!(served > 0.0, "{team}: {served}");
+    }
+    // A class above the team's highest is refused, not quietly granted.
+    let refused = ask(Some("sk-evals"), Some("standard")).await;
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["code"], "class_not_allowed");
+    assert_eq!(refused.json()["error"]["type"], "permission_error");
+    let status = get(&c, &r.url("/status")).await;
+    assert_eq!(
+        status.json()["config"]["client_auth"],
+        "client_api_keys_dir"
+    );
+    assert_eq!(
+        status.json()["client_api_keys_dir"]["names"],
+        serde_json::json!(["evals", "search-team"])
+    );
+    assert!(!status.text().contains("sk-"), "no key in /status");
+
+    // Rotation: a new key for one team, one team gone, one new; no restart.
+    secret_volume(
+        keys.path(),
+        2,
+        &[("search-team", "sk-search-2"), ("docs-team", "sk-docs")],
+    );
+    assert!(
+        eventually(10.0, || async {
+            ask(Some("sk-search-2"), None).await.status == 200
+                && ask(Some("sk-evals"), None).await.status == 401
+        })
+        .await,
+        "the rotated keys apply"
+    );
+    assert_eq!(ask(Some("sk-search"), None).await.status, 401);
+    assert_eq!(ask(Some("sk-docs"), None).await.status, 200);
+
+    // An emptied Secret keeps the keys in force and says why on /status.
+    secret_volume(keys.path(), 3, &[]);
+    assert!(
+        eventually(10.0, || async {
+            get(&c, &r.url("/status")).await.json()["client_api_keys_dir"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("holds no key"))
+        })
+        .await
+    );
+    assert_eq!(ask(Some("sk-search-2"), None).await.status, 200);
+
+    // A reload naming a directory that cannot be read is refused, naming the field.
+    let mut moved = r.state.applied.load().config.clone();
+    moved.client_api_keys_dir = Some(keys.path().join("missing").display().to_string());
+    let err = r.state.apply(moved).expect_err("refused");
+    assert_eq!(err.field, "client_api_keys_dir");
+    assert_eq!(ask(Some("sk-search-2"), None).await.status, 200);
+}

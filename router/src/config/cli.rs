@@ -105,6 +105,10 @@ pub struct Flags {
         hide_env_values = true
     )]
     pub client_api_keys: Option<Vec<String>>,
+    /// Directory of named client keys, one per file (a Secret volume); re-read every second.
+    /// [config: client_api_keys_dir]
+    #[arg(long, env = "PROGRAM_ROUTER_CLIENT_API_KEYS_DIR")]
+    pub client_api_keys_dir: Option<String>,
     /// Address of the metrics listener. [config: prometheus_host]
     #[arg(long)]
     pub prometheus_host: Option<String>,
@@ -354,6 +358,9 @@ impl Flags {
                 ));
             }
             c.client_api_keys = Some(keys);
+        }
+        if let Some(d) = &self.client_api_keys_dir {
+            c.client_api_keys_dir = Some(d.clone());
         }
         set!(self.prometheus_host => c.prometheus_host);
         if let Some(p) = self.prometheus_port {

@@ -73,6 +73,12 @@ pub struct FairnessConfig {
     pub default_class: String,
     /// Per-tenant default class.
     pub tenant_classes: BTreeMap<String, String>,
+    /// Highest class a request may name in `class_header` when its tenant has no entry in
+    /// `tenant_max_classes`; a request naming a higher one gets 403 `class_not_allowed`.
+    /// `null`: any class.
+    pub max_class: Option<String>,
+    /// Per-tenant highest class a request may name (see `max_class`).
+    pub tenant_max_classes: BTreeMap<String, String>,
     /// Per-tenant share weights (default 1): a weight-2 tenant gets twice the tokens.
     pub tenant_weights: BTreeMap<String, f64>,
     /// VTC weight of an input (prompt) token.
@@ -110,6 +116,8 @@ impl Default for FairnessConfig {
             class_header: "x-priority-class".into(),
             default_class: "standard".into(),
             tenant_classes: BTreeMap::new(),
+            max_class: None,
+            tenant_max_classes: BTreeMap::new(),
             tenant_weights: BTreeMap::new(),
             input_weight: 1.0,
             output_weight: 2.0,
@@ -155,6 +163,55 @@ impl FairnessConfig {
                 return Err(ConfigError::new(
                     format!("fairness.tenant_classes.{tenant}"),
                     format!("{class:?} is not one of the classes"),
+                ));
+            }
+        }
+        let index = |c: &str| self.classes.iter().position(|k| k.name == c);
+        if let Some(c) = &self.max_class
+            && index(c).is_none()
+        {
+            return Err(ConfigError::new(
+                f("max_class"),
+                format!("{c:?} is not one of the classes"),
+            ));
+        }
+        for (tenant, c) in &self.tenant_max_classes {
+            if index(c).is_none() {
+                return Err(ConfigError::new(
+                    format!("fairness.tenant_max_classes.{tenant}"),
+                    format!("{c:?} is not one of the classes"),
+                ));
+            }
+        }
+        // A tenant's own default class must be one it may use.
+        let tenants = self
+            .tenant_classes
+            .keys()
+            .chain(self.tenant_max_classes.keys());
+        for tenant in tenants.chain(std::iter::once(&String::new())) {
+            let ceiling = self
+                .tenant_max_classes
+                .get(tenant)
+                .or(self.max_class.as_ref());
+            let default = self
+                .tenant_classes
+                .get(tenant)
+                .unwrap_or(&self.default_class);
+            if let Some(ceiling) = ceiling
+                && index(default) < index(ceiling)
+            {
+                let field = if self.tenant_classes.contains_key(tenant) {
+                    format!("fairness.tenant_classes.{tenant}")
+                } else if self.tenant_max_classes.contains_key(tenant) {
+                    format!("fairness.tenant_max_classes.{tenant}")
+                } else {
+                    f("max_class")
+                };
+                return Err(ConfigError::new(
+                    field,
+                    format!(
+                        "the default class {default:?} is above the highest class allowed ({ceiling:?})"
+                    ),
                 ));
             }
         }
@@ -215,6 +272,27 @@ mod tests {
             ),
             (
                 serde_json::json!({"tenant_classes": {"acme": "gold"}}),
+                "fairness.tenant_classes.acme",
+            ),
+            (
+                serde_json::json!({"max_class": "gold"}),
+                "fairness.max_class",
+            ),
+            (
+                serde_json::json!({"tenant_max_classes": {"acme": "gold"}}),
+                "fairness.tenant_max_classes.acme",
+            ),
+            (
+                serde_json::json!({"max_class": "batch"}),
+                "fairness.max_class",
+            ),
+            (
+                serde_json::json!({"tenant_max_classes": {"acme": "batch"}}),
+                "fairness.tenant_max_classes.acme",
+            ),
+            (
+                serde_json::json!({"tenant_classes": {"acme": "interactive"},
+                                   "tenant_max_classes": {"acme": "standard"}}),
                 "fairness.tenant_classes.acme",
             ),
             (

@@ -285,6 +285,11 @@ pub struct RouterConfig {
     /// client reaches the workers with the router's key (only behind a gateway that
     /// authenticates).
     pub client_api_keys: Option<Vec<String>>,
+    /// Directory of named client keys, one per file (a Kubernetes Secret mounted as a volume):
+    /// the file name names the client (fair queueing's `api_key` tenant), the trimmed content is
+    /// the key. Re-read every second, so keys rotate without a restart. With it, clients present
+    /// one of its keys or of `client_api_keys`, never `api_key`.
+    pub client_api_keys_dir: Option<String>,
     pub policy: PolicyConfig,
     pub agentic_context: AgenticContextMode,
     /// Ask the backend for usage on streamed requests so the router can account tokens; the extra
@@ -322,6 +327,7 @@ impl Default for RouterConfig {
             intra_node_data_parallel_size: 1,
             api_key: None,
             client_api_keys: None,
+            client_api_keys_dir: None,
             policy: PolicyConfig::default(),
             agentic_context: AgenticContextMode::default(),
             inject_stream_usage: true,
@@ -448,6 +454,16 @@ impl RouterConfig {
                     "must be non-empty printable ASCII",
                 ));
             }
+        }
+        if self
+            .client_api_keys_dir
+            .as_ref()
+            .is_some_and(|d| d.trim().is_empty())
+        {
+            return Err(ConfigError::new(
+                "client_api_keys_dir",
+                "must name a directory (or be null)",
+            ));
         }
         if let Some(n) = self.io_threads
             && n > MAX_IO_THREADS

@@ -116,6 +116,9 @@ pub enum FairError {
     Timeout { seconds: f64 },
     /// The class header names no configured class.
     UnknownClass(String),
+    /// The class header names a class above the tenant's highest (`max_class`,
+    /// `tenant_max_classes`).
+    ClassNotAllowed { class: String, max: String },
     /// The fairness configuration changed while the request waited.
     Reconfigured,
     /// The router's drain closed the queues while the request waited (or before it would).
@@ -264,19 +267,24 @@ impl FairRuntime {
         true
     }
 
-    /// The tenant of a request (see [`TenantSource`]).
-    pub fn tenant(&self, headers: &http::HeaderMap, user: Option<&str>) -> String {
+    /// The tenant of a request (see [`TenantSource`]); `client` is the name of the key the
+    /// client presented when the router checks keys ([`crate::auth::authorize`]).
+    pub fn tenant(
+        &self,
+        headers: &http::HeaderMap,
+        user: Option<&str>,
+        client: Option<&str>,
+    ) -> String {
         let found = match self.cfg().tenant_source {
             TenantSource::Header => headers
                 .get(self.cfg().tenant_header.as_str())
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
-            TenantSource::ApiKey => headers
-                .get(http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim())
-                .filter(|k| !k.is_empty())
-                .map(|k| format!("key-{:016x}", crate::hash::fnv1a(k.as_bytes()))),
+            // A checked key's name; without a check, the presented key's hash, named as an
+            // unnamed checked key would be.
+            TenantSource::ApiKey => client
+                .map(str::to_string)
+                .or_else(|| crate::auth::bearer(headers).map(crate::auth::hashed_name)),
             TenantSource::User => user.map(str::to_string),
         };
         found
@@ -293,6 +301,27 @@ impl FairRuntime {
             .map(|v| v.trim().to_string())
             .or_else(|| self.cfg().tenant_classes.get(tenant).cloned())
             .unwrap_or_else(|| self.cfg().default_class.clone())
+    }
+
+    /// Whether `tenant` may use `class` (see `FairnessConfig::max_class`). An unknown class
+    /// passes here and is refused by [`FairRuntime::admit`].
+    pub fn check_class(&self, tenant: &str, class: &str) -> Result<(), FairError> {
+        let cfg = self.cfg();
+        let Some(max) = cfg
+            .tenant_max_classes
+            .get(tenant)
+            .or(cfg.max_class.as_ref())
+        else {
+            return Ok(());
+        };
+        let index = |c: &str| cfg.classes.iter().position(|k| k.name == c);
+        match (index(class), index(max)) {
+            (Some(c), Some(m)) if c < m => Err(FairError::ClassNotAllowed {
+                class: class.to_string(),
+                max: max.clone(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Waits until the dispatcher releases the request, or until `shutdown` resolves (the
@@ -723,15 +752,58 @@ mod tests {
         let (rt, _) = setup();
         let mut h = http::HeaderMap::new();
         assert_eq!(
-            rt.tenant(&h, Some("u1")),
+            rt.tenant(&h, Some("u1"), None),
             "default",
             "header source ignores `user`"
         );
         h.insert("x-tenant-id", http::HeaderValue::from_static(" acme "));
-        assert_eq!(rt.tenant(&h, None), "acme");
+        assert_eq!(rt.tenant(&h, None, Some("key-name")), "acme");
         assert_eq!(rt.class(&h, "acme"), "standard");
         h.insert("x-priority-class", http::HeaderValue::from_static("batch"));
         assert_eq!(rt.class(&h, "acme"), "batch");
+        for (tenant, class, ok) in [
+            ("acme", "interactive", true),
+            ("anyone", "interactive", true),
+        ] {
+            assert_eq!(
+                rt.check_class(tenant, class).is_ok(),
+                ok,
+                "{tenant} {class}"
+            );
+        }
+        let mut capped = (**rt.cfg()).clone();
+        capped.max_class = Some("standard".into());
+        capped
+            .tenant_max_classes
+            .insert("acme".into(), "interactive".into());
+        capped
+            .tenant_max_classes
+            .insert("evals".into(), "batch".into());
+        capped.tenant_classes.insert("evals".into(), "batch".into());
+        capped.validate().expect("valid");
+        assert!(rt.reconfigure(&capped), "a ceiling keeps the queue");
+        for (tenant, class, ok) in [
+            ("acme", "interactive", true),
+            ("anyone", "interactive", false),
+            ("anyone", "standard", true),
+            ("anyone", "batch", true),
+            ("evals", "standard", false),
+            ("evals", "batch", true),
+            ("anyone", "gold", true),
+        ] {
+            assert_eq!(
+                rt.check_class(tenant, class).is_ok(),
+                ok,
+                "{tenant} {class}"
+            );
+        }
+        assert_eq!(
+            rt.check_class("anyone", "interactive"),
+            Err(FairError::ClassNotAllowed {
+                class: "interactive".into(),
+                max: "standard".into()
+            })
+        );
 
         let mut cfg = (**rt.cfg()).clone();
         cfg.tenant_source = TenantSource::ApiKey;
@@ -749,12 +821,24 @@ mod tests {
             http::header::AUTHORIZATION,
             http::HeaderValue::from_static("Bearer sk-secret"),
         );
-        let tenant = rt.tenant(&h, None);
+        let tenant = rt.tenant(&h, None, None);
         assert!(
             tenant.starts_with("key-") && !tenant.contains("secret"),
             "{tenant}"
         );
-        assert_eq!(tenant, rt.tenant(&h, None), "stable");
+        assert_eq!(tenant, rt.tenant(&h, None, None), "stable");
+        assert_eq!(
+            tenant,
+            crate::auth::ClientKey::unnamed(b"sk-secret")
+                .name
+                .to_string(),
+            "an unchecked key is named as a checked unnamed key would be"
+        );
+        assert_eq!(
+            rt.tenant(&h, None, Some("search-team")),
+            "search-team",
+            "a checked key's name is the tenant"
+        );
         assert_eq!(rt.class(&http::HeaderMap::new(), "key-x"), "interactive");
     }
 

@@ -386,9 +386,8 @@ async fn dispatch(
     }
     // Before the body is read, and before any queue or scheduler sees the request.
     let mut applied = state.applied.load_full();
-    if !applied.client_authorized(req.headers()) {
-        return Err(ApiError::unauthorized());
-    }
+    // The name of the key the client presented, when clients must present one.
+    let client = crate::auth::authorize(state, &applied, req.headers())?;
     // A place among the requests in progress, held until the response ends (crate::limit).
     let place = match &applied.limiter {
         Some(l) => {
@@ -452,6 +451,7 @@ async fn dispatch(
                 state,
                 rt,
                 &applied,
+                client.as_deref(),
                 &peeked,
                 &original,
                 &parts.headers,
@@ -475,9 +475,17 @@ async fn dispatch(
     // Requests outside Program scheduling (which has its own RequestPool) wait their turn in the
     // fair queue, when one is configured.
     let fair = match (&applied.fair, &ticket) {
-        (Some(f), None) => {
-            Some(fair_admission(state, f, &parts.headers, &peeked, prompt.len()).await?)
-        }
+        (Some(f), None) => Some(
+            fair_admission(
+                state,
+                f,
+                &parts.headers,
+                client.as_deref(),
+                &peeked,
+                prompt.len(),
+            )
+            .await?,
+        ),
         _ => None,
     };
     let info = RequestInfo {
@@ -545,57 +553,65 @@ async fn fair_admission(
     state: &RouterState,
     f: &Arc<crate::fair::runtime::FairRuntime>,
     headers: &http::HeaderMap,
+    client: Option<&str>,
     peeked: &request::Peeked,
     prompt_bytes: usize,
 ) -> Result<crate::fair::runtime::FairPermit, ApiError> {
     use crate::fair::runtime::FairError;
-    let tenant = f.tenant(headers, peeked.user.as_deref());
+    let tenant = f.tenant(headers, peeked.user.as_deref(), client);
     let class = f.class(headers, &tenant);
+    let refused = |e: FairError| match e {
+        FairError::ClassNotAllowed { class, max } => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "class_not_allowed",
+            format!("priority class {class:?} is above the highest this client may use ({max:?})"),
+        ),
+        FairError::QueueFull { tenant } => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "tenant_queue_full",
+            format!(
+                "tenant {tenant:?} already has {} requests queued; retry later",
+                f.cfg().max_queue_per_tenant
+            ),
+        ),
+        FairError::Timeout { seconds } => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "queue_timeout",
+            format!("the request waited longer than the queue timeout ({seconds} s) for capacity"),
+        ),
+        FairError::UnknownClass(c) => ApiError::bad_request(format!(
+            "unknown priority class {c:?} (configured: {})",
+            f.cfg()
+                .classes
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        FairError::ShuttingDown => shutting_down(),
+        FairError::Reconfigured => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "reconfigured",
+            "fair queueing was reconfigured while the request waited; retry",
+        ),
+    };
+    f.check_class(&tenant, &class).map_err(refused)?;
     // About four bytes of JSON text per token: an estimate charged at dispatch; the real prompt
     // and completion counts are charged from the response's usage.
     let estimate = (prompt_bytes / 4) as u64;
     f.admit(&tenant, &class, estimate, state.queues_closed())
         .await
-        .map_err(|e| match e {
-            FairError::QueueFull { tenant } => ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "tenant_queue_full",
-                format!(
-                    "tenant {tenant:?} already has {} requests queued; retry later",
-                    f.cfg().max_queue_per_tenant
-                ),
-            ),
-            FairError::Timeout { seconds } => ApiError::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "queue_timeout",
-                format!(
-                    "the request waited longer than the queue timeout ({seconds} s) for capacity"
-                ),
-            ),
-            FairError::UnknownClass(c) => ApiError::bad_request(format!(
-                "unknown priority class {c:?} (configured: {})",
-                f.cfg()
-                    .classes
-                    .iter()
-                    .map(|c| c.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
-            FairError::ShuttingDown => shutting_down(),
-            FairError::Reconfigured => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "reconfigured",
-                "fair queueing was reconfigured while the request waited; retry",
-            ),
-        })
+        .map_err(refused)
 }
 
 /// Program scheduling for a request that carries Program identity: waits in the RequestPool if
 /// needed and returns the target to pin. Requests without identity take the native path.
+#[allow(clippy::too_many_arguments)] // one request's parts, each used once
 async fn program_admission(
     state: &RouterState,
     rt: &Arc<crate::scheduling::ProgramRuntime>,
     applied: &crate::state::Applied,
+    client: Option<&str>,
     peeked: &request::Peeked,
     body: &[u8],
     headers: &http::HeaderMap,
@@ -625,7 +641,7 @@ async fn program_admission(
     let model = peeked.model.as_deref().unwrap_or("");
     // With fair queueing configured, retained requests resume tenant-fairly within a tier.
     let tenant = applied.fair.as_ref().map(|f| {
-        let t = f.tenant(headers, peeked.user.as_deref());
+        let t = f.tenant(headers, peeked.user.as_deref(), client);
         let w = f.weight(&t);
         (t, w)
     });

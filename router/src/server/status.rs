@@ -43,6 +43,14 @@ pub fn status(state: &RouterState) -> Value {
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
         .map(|e| json!({ "at_unix": unix(e.at), "message": e.message }));
+    // The key directory's state: names and counts, never keys.
+    let dir = applied.config.client_api_keys_dir.as_ref().and_then(|_| {
+        state.client_dir.load_full().map(|d| {
+            json!({ "path": d.dir.display().to_string(), "keys": d.keys.len(),
+                    "names": d.keys.iter().map(|k| &*k.name).collect::<Vec<_>>(),
+                    "loaded_at_unix": unix(d.loaded_at), "error": d.error })
+        })
+    });
     let limits = applied.limiter.as_ref().map(|l| {
         json!({ "max_concurrent_requests": l.max(), "in_progress": l.in_progress(),
                 "waiting": l.waiting() })
@@ -61,15 +69,22 @@ pub fn status(state: &RouterState) -> Value {
             "policy": applied.policy.name(),
             "program_scheduling": applied.config.program_scheduling.is_some(),
             // Which keys clients must present (never the keys themselves).
-            "client_auth": match (&applied.config.client_api_keys, &applied.client_keys) {
-                (_, None) => "off",
-                (Some(_), Some(_)) => "client_api_keys",
-                (None, Some(_)) => "api_key",
-            },
+            "client_auth": client_auth(&applied, dir.is_some()),
         },
+        "client_api_keys_dir": dir,
         "last_reload_error": last_error,
         "targets": targets,
     })
+}
+
+/// Which keys clients must present (never the keys themselves).
+fn client_auth(applied: &crate::state::Applied, dir: bool) -> &'static str {
+    match (&applied.config.client_api_keys, &applied.client_keys, dir) {
+        (_, None, false) => "off",
+        (_, _, true) => "client_api_keys_dir",
+        (Some(_), Some(_), false) => "client_api_keys",
+        (None, Some(_), false) => "api_key",
+    }
 }
 
 /// Ready: not draining and at least one target passed its health checks.

@@ -1,0 +1,318 @@
+//! Client authentication: the keys clients must present on the proxied routes, their names, and
+//! the directory of named keys that the router re-reads while it runs.
+//!
+//! Keys come from three places: `api_key` (vLLM's own rule: clients present the workers' key),
+//! `client_api_keys` (a list; each key is named `key-<hash>` after its content) and
+//! `client_api_keys_dir` (one key per file, named after the file — a Kubernetes Secret mounted as
+//! a volume gives exactly this layout). The name of the key a client presented is who the client
+//! is: fair queueing's `tenant_source: api_key` uses it as the tenant.
+//!
+//! The directory is polled ([`dir_loop`]); a changed key set is applied once two reads a moment
+//! apart agree (a Secret volume swaps its files with one symlink, but a reader can straddle the
+//! swap). A directory that cannot be read, holds no key, or holds an invalid one keeps the keys
+//! already loaded and is reported on `/status` and in the log; at start it is a fatal error.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use subtle::{ConditionallySelectable, ConstantTimeEq};
+
+use crate::error::ApiError;
+use crate::state::{Applied, RouterState};
+
+/// Longest key name (a Kubernetes Secret data key is at most 253 characters).
+const MAX_NAME: usize = 253;
+
+/// Most keys one directory may hold.
+const MAX_KEYS: usize = 10_000;
+
+/// Largest key file.
+const MAX_KEY_BYTES: u64 = 4096;
+
+/// How often the directory is read.
+const POLL: Duration = Duration::from_secs(1);
+
+/// One key a client may present, and its name.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientKey {
+    pub name: Arc<str>,
+    key: Box<[u8]>,
+}
+
+impl std::fmt::Debug for ClientKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClientKey({:?})", self.name)
+    }
+}
+
+impl ClientKey {
+    /// A key named after its content (`key-<16 hex digits>`), for keys given without a name.
+    pub fn unnamed(key: &[u8]) -> Self {
+        ClientKey {
+            name: hashed_name(key).into(),
+            key: key.into(),
+        }
+    }
+}
+
+/// The name an unnamed key goes by: a hash of it, never the key.
+pub fn hashed_name(key: &[u8]) -> String {
+    format!("key-{:016x}", crate::hash::fnv1a(key))
+}
+
+/// The Bearer token of `headers`, if any.
+pub fn bearer(headers: &http::HeaderMap) -> Option<&[u8]> {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim().as_bytes())
+        .filter(|t| !t.is_empty())
+}
+
+/// The key among `keys` equal to `token`, compared in constant time over all of them.
+fn find<'a>(keys: &'a [ClientKey], token: &[u8]) -> Option<&'a ClientKey> {
+    let mut found = subtle::Choice::from(0);
+    let mut index = 0u32;
+    for (i, k) in keys.iter().enumerate() {
+        let eq = k.key.ct_eq(token);
+        index = u32::conditional_select(&index, &(i as u32), eq);
+        found |= eq;
+    }
+    bool::from(found).then(|| &keys[index as usize])
+}
+
+/// The keys of a directory, as last loaded, and the last error reading it.
+#[derive(Debug, Clone)]
+pub struct DirKeys {
+    pub dir: PathBuf,
+    pub keys: Arc<[ClientKey]>,
+    pub loaded_at: SystemTime,
+    /// Why the newest read was not applied (the keys above stay in force).
+    pub error: Option<String>,
+}
+
+impl DirKeys {
+    /// Loads `dir` now; the error names the directory or the file.
+    pub fn load(dir: &Path) -> Result<Self, String> {
+        Ok(DirKeys {
+            dir: dir.to_path_buf(),
+            keys: read_dir(dir)?.into(),
+            loaded_at: SystemTime::now(),
+            error: None,
+        })
+    }
+}
+
+/// Reads every key file of `dir`: each entry whose name does not start with `.` (a Secret
+/// volume keeps its own bookkeeping in `..data` and timestamped `..` folders) and that is, or
+/// links to, a regular file. Its trimmed content is the key and its file name the key's name.
+pub fn read_dir(dir: &Path) -> Result<Vec<ClientKey>, String> {
+    let shown = dir.display();
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read the key directory {shown}: {e}"))?;
+    let mut keys: Vec<ClientKey> = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot read the key directory {shown}: {e}"))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            return Err(format!(
+                "{shown}: the file name {name:?} is not UTF-8 (it names a client)"
+            ));
+        };
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        // Follows links, as a Secret volume's files are links into its current `..data`.
+        let meta = std::fs::metadata(&path)
+            .map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?;
+        if !meta.is_file() {
+            continue;
+        }
+        if meta.len() > MAX_KEY_BYTES {
+            return Err(format!(
+                "the key file {} is larger than {MAX_KEY_BYTES} bytes",
+                path.display()
+            ));
+        }
+        let bytes = std::fs::read(&path)
+            .map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?;
+        let key = bytes.trim_ascii();
+        if key.is_empty() || http::HeaderValue::from_bytes(key).is_err() || key.contains(&b' ') {
+            return Err(format!(
+                "the key file {} must hold one key of printable ASCII without spaces",
+                path.display()
+            ));
+        }
+        if name.len() > MAX_NAME {
+            return Err(format!(
+                "{shown}: the key name {name:?} is longer than {MAX_NAME} bytes"
+            ));
+        }
+        if let Some(other) = keys.iter().find(|k| *k.key == *key) {
+            return Err(format!(
+                "{shown}: {:?} and {name:?} hold the same key (a key must name one client)",
+                other.name
+            ));
+        }
+        keys.push(ClientKey {
+            name: name.into(),
+            key: key.into(),
+        });
+        if keys.len() > MAX_KEYS {
+            return Err(format!("{shown} holds more than {MAX_KEYS} keys"));
+        }
+    }
+    if keys.is_empty() {
+        return Err(format!(
+            "the key directory {shown} holds no key (an empty Secret would lock every client out)"
+        ));
+    }
+    keys.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(keys)
+}
+
+/// Who the client of `headers` is under `applied` and the state's key directory: `Ok(None)`
+/// when no client keys are configured, the name of the key it presented, or 401.
+pub fn authorize(
+    state: &RouterState,
+    applied: &Applied,
+    headers: &http::HeaderMap,
+) -> Result<Option<Arc<str>>, ApiError> {
+    let dir = applied
+        .config
+        .client_api_keys_dir
+        .as_ref()
+        .and(state.client_dir.load_full());
+    if applied.client_keys.is_none() && dir.is_none() {
+        return Ok(None);
+    }
+    let Some(token) = bearer(headers) else {
+        return Err(ApiError::unauthorized());
+    };
+    // Both sets are searched whatever the first finds, so timing does not say which holds it.
+    let listed = applied.client_keys.as_deref().and_then(|k| find(k, token));
+    let named = dir.as_deref().and_then(|d| find(&d.keys, token));
+    match named.or(listed) {
+        Some(k) => Ok(Some(k.name.clone())),
+        None => Err(ApiError::unauthorized()),
+    }
+}
+
+/// Re-reads the key directory of the applied configuration every second and applies a changed
+/// set once it reads the same twice. Runs until the router stops.
+pub async fn dir_loop(state: Arc<RouterState>) {
+    let mut stop = state.stop_rx();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(POLL) => {}
+            _ = stop.changed() => return,
+        }
+        let Some(dir) = state.applied.load().config.client_api_keys_dir.clone() else {
+            continue;
+        };
+        let dir = PathBuf::from(dir);
+        let read = tokio::task::spawn_blocking({
+            let dir = dir.clone();
+            move || {
+                let first = read_dir(&dir)?;
+                std::thread::sleep(Duration::from_millis(100));
+                let second = read_dir(&dir)?;
+                Ok::<_, String>((first == second).then_some(second))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the key directory reader failed: {e}")));
+        state.update_client_dir(&dir, read);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(token: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_str(token).expect("header"),
+        );
+        h
+    }
+
+    #[test]
+    fn find_returns_the_matching_key_among_many() {
+        let keys: Vec<ClientKey> = ["alpha", "beta", "gamma"]
+            .iter()
+            .map(|k| ClientKey::unnamed(k.as_bytes()))
+            .collect();
+        assert_eq!(find(&keys, b"beta").map(|k| &*k.name), Some(&*keys[1].name));
+        assert_eq!(
+            find(&keys, b"gamma").map(|k| &*k.name),
+            Some(&*keys[2].name)
+        );
+        assert!(find(&keys, b"delta").is_none());
+        assert!(find(&keys, b"bet").is_none());
+        assert!(find(&[], b"x").is_none());
+    }
+
+    #[test]
+    fn bearer_tokens_only() {
+        assert_eq!(bearer(&headers("Bearer k1")), Some(&b"k1"[..]));
+        assert_eq!(bearer(&headers("bearer  k1 ")), Some(&b"k1"[..]));
+        assert_eq!(bearer(&headers("Basic k1")), None);
+        assert_eq!(bearer(&headers("Bearer ")), None);
+        assert_eq!(bearer(&http::HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_directory_of_named_keys_as_a_secret_volume_lays_it_out() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = tmp.path();
+        // The kubelet's layout: data in a timestamped folder, `..data` links to it, and each
+        // key is a link through `..data`.
+        let data = dir.join("..2026_12_01_00_00_00.000000001");
+        std::fs::create_dir(&data).expect("mkdir");
+        std::fs::write(data.join("search-team"), "sk-search\n").expect("write");
+        std::fs::write(data.join("nightly-evals"), "sk-evals").expect("write");
+        std::os::unix::fs::symlink(&data, dir.join("..data")).expect("link");
+        for name in ["search-team", "nightly-evals"] {
+            std::os::unix::fs::symlink(dir.join("..data").join(name), dir.join(name))
+                .expect("link");
+        }
+        let keys = read_dir(dir).expect("keys");
+        let names: Vec<&str> = keys.iter().map(|k| &*k.name).collect();
+        assert_eq!(names, ["nightly-evals", "search-team"]);
+        assert_eq!(
+            find(&keys, b"sk-search").map(|k| &*k.name),
+            Some("search-team"),
+            "the trailing newline is not part of the key"
+        );
+    }
+
+    #[test]
+    fn bad_directories_are_refused_with_the_reason() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = tmp.path();
+        let err = read_dir(&dir.join("missing")).expect_err("missing");
+        assert!(err.contains("cannot read the key directory"), "{err}");
+        let err = read_dir(dir).expect_err("empty");
+        assert!(err.contains("holds no key"), "{err}");
+        std::fs::write(dir.join("a"), "same").expect("write");
+        std::fs::write(dir.join("b"), "same\n").expect("write");
+        let err = read_dir(dir).expect_err("duplicate");
+        assert!(err.contains("hold the same key"), "{err}");
+        std::fs::write(dir.join("b"), "two words").expect("write");
+        let err = read_dir(dir).expect_err("space");
+        assert!(err.contains("/b must hold one key"), "{err}");
+        std::fs::write(dir.join("b"), "\n").expect("write");
+        let err = read_dir(dir).expect_err("blank");
+        assert!(err.contains("/b must hold one key"), "{err}");
+        std::fs::write(dir.join("b"), "other").expect("write");
+        std::fs::create_dir(dir.join("sub")).expect("mkdir");
+        assert_eq!(read_dir(dir).expect("keys").len(), 2, "folders are skipped");
+    }
+}

@@ -6,7 +6,7 @@
 //! The router's own `ProgramSchedulingConfig` stays the source of truth for defaults and
 //! validation; [`ProgramSchedulingParams::to_router`] converts.
 
-use k8s_openapi::api::core::v1::{ResourceRequirements, SecretKeySelector};
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements, SecretKeySelector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -55,6 +55,12 @@ pub struct ProgramSchedulingSpec {
     /// the router then authenticates to the workers with apiKeySecretRef's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_api_keys_secret_ref: Option<SecretKeySelector>,
+    /// Secret whose every data key is one client key, named by the data key (a team name): it
+    /// is mounted into the routers, which re-read it, so keys rotate without a restart. The name
+    /// is the tenant under fairness.tenantSource api_key. Counts together with
+    /// clientApiKeysSecretRef's keys; clients then never present apiKeySecretRef's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_api_keys_secret: Option<LocalObjectReference>,
     /// Fair multi-tenant queueing in the router; absent = off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fairness: Option<FairnessParams>,
@@ -78,6 +84,10 @@ pub struct FairnessParams {
     pub class_header: Option<String>,
     pub default_class: Option<String>,
     pub tenant_classes: Option<std::collections::BTreeMap<String, String>>,
+    /// Highest class a request may name (403 above it) unless its tenant has its own entry.
+    pub max_class: Option<String>,
+    /// Tenant → highest class its requests may name.
+    pub tenant_max_classes: Option<std::collections::BTreeMap<String, String>>,
     pub tenant_weights: Option<std::collections::BTreeMap<String, f64>>,
     pub input_weight: Option<f64>,
     pub output_weight: Option<f64>,
@@ -119,6 +129,7 @@ impl FairnessParams {
             class_header,
             default_class,
             tenant_classes,
+            tenant_max_classes,
             tenant_weights,
             input_weight,
             output_weight,
@@ -127,6 +138,9 @@ impl FairnessParams {
             metrics_max_age_seconds,
             metrics_top_tenants
         );
+        if let Some(v) = &self.max_class {
+            c.max_class = Some(v.clone());
+        }
         if let Some(classes) = &self.classes {
             c.classes = classes
                 .iter()

@@ -279,6 +279,7 @@ mod tests {
             program_scheduling: None,
             api_key_secret_ref: None,
             client_api_keys_secret_ref: None,
+            client_api_keys_secret: None,
             fairness: None,
         }
     }

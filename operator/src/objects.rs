@@ -28,6 +28,8 @@ pub const CONFIG_HASH: &str = "scheduling.program-router.dev/config-hash";
 pub const CONFIG_KEY: &str = "config.json";
 /// Where the router container mounts the ConfigMap.
 pub const CONFIG_DIR: &str = "/etc/program-router";
+/// Where the router reads `clientApiKeysSecret` (a Secret volume; outside the ConfigMap's).
+pub const CLIENT_KEYS_DIR: &str = "/var/run/secrets/program-router/client-keys";
 /// The label telling router pods apart from worker pods.
 pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 /// The label naming the owning resource.
@@ -168,6 +170,18 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
         json!("--config"),
         json!(format!("{CONFIG_DIR}/{CONFIG_KEY}")),
     ];
+    let mut mounts = vec![json!({ "name": "config", "mountPath": CONFIG_DIR, "readOnly": true })];
+    let mut volumes = vec![json!({ "name": "config", "configMap": { "name": name } })];
+    if let Some(secret) = &ps.spec.client_api_keys_secret {
+        args.push(json!(format!("--client-api-keys-dir={CLIENT_KEYS_DIR}")));
+        mounts
+            .push(json!({ "name": "client-keys", "mountPath": CLIENT_KEYS_DIR, "readOnly": true }));
+        // Readable by the router's group only (fsGroup below), not by every user.
+        volumes.push(json!({
+            "name": "client-keys",
+            "secret": { "secretName": secret.name, "defaultMode": 0o440 },
+        }));
+    }
     args.extend(r.extra_args.iter().map(|a| json!(a)));
     let mut env = vec![json!({"name": "RUST_LOG", "value": "info"})];
     for (var, secret) in [
@@ -206,7 +220,7 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
             "readOnlyRootFilesystem": true,
             "capabilities": { "drop": ["ALL"] },
         },
-        "volumeMounts": [{ "name": "config", "mountPath": CONFIG_DIR, "readOnly": true }],
+        "volumeMounts": mounts,
     });
     if let Some(res) = &r.resources {
         container["resources"] = json!(res);
@@ -235,10 +249,11 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
                         "runAsNonRoot": true,
                         "runAsUser": 65532,
                         "runAsGroup": 65532,
+                        "fsGroup": 65532,
                         "seccompProfile": { "type": "RuntimeDefault" },
                     },
                     "containers": [container],
-                    "volumes": [{ "name": "config", "configMap": { "name": name } }],
+                    "volumes": volumes,
                 },
             },
         },
@@ -309,6 +324,7 @@ mod tests {
                     key: "keys".into(),
                     optional: None,
                 }),
+                client_api_keys_secret: None,
                 fairness: None,
             },
         );
@@ -387,6 +403,58 @@ mod tests {
         assert_eq!(
             from.map(|s| (s.name.as_str(), s.key.as_str())),
             Some(("clients", "keys"))
+        );
+    }
+
+    #[test]
+    fn named_client_keys_are_a_secret_volume_the_router_reads_by_its_flag() {
+        let cfg = RouterConfig::default();
+        let mut p = ps(RouterSpec {
+            extra_args: vec!["--log-level=debug".into()],
+            ..Default::default()
+        });
+        let plain: Deployment = typed(deployment(&p, &cfg));
+        let pod = plain.spec.template.spec.expect("pod");
+        assert_eq!(pod.volumes.as_ref().map(Vec::len), Some(1), "config only");
+        p.spec.client_api_keys_secret = Some(k8s_openapi::api::core::v1::LocalObjectReference {
+            name: "team-keys".into(),
+        });
+        let d: Deployment = typed(deployment(&p, &cfg));
+        let pod = d.spec.template.spec.expect("pod");
+        let vol = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "client-keys")
+            .and_then(|v| v.secret.clone())
+            .expect("secret volume");
+        assert_eq!(vol.secret_name.as_deref(), Some("team-keys"));
+        assert_eq!(vol.default_mode, Some(0o440));
+        assert_eq!(
+            pod.security_context.and_then(|s| s.fs_group),
+            Some(65532),
+            "the router's group can read the keys"
+        );
+        let c = &pod.containers[0];
+        let mount = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "client-keys")
+            .expect("mounted");
+        assert_eq!(mount.mount_path, CLIENT_KEYS_DIR);
+        assert_eq!(mount.read_only, Some(true));
+        let args = c.args.clone().unwrap_or_default();
+        let flag = format!("--client-api-keys-dir={CLIENT_KEYS_DIR}");
+        assert!(args.contains(&flag), "{args:?}");
+        // The router itself takes these arguments.
+        let cli = <program_router::config::cli::Cli as clap::Parser>::try_parse_from(
+            std::iter::once("program-router".to_string()).chain(args),
+        )
+        .expect("the router parses its arguments");
+        assert_eq!(
+            cli.flags.client_api_keys_dir.as_deref(),
+            Some(CLIENT_KEYS_DIR)
         );
     }
 

@@ -68,6 +68,7 @@ mod tests {
             program_scheduling: ps,
             api_key_secret_ref: None,
             client_api_keys_secret_ref: None,
+            client_api_keys_secret: None,
             fairness: None,
         }
     }

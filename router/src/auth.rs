@@ -272,17 +272,14 @@ mod tests {
     fn a_directory_of_named_keys_as_a_secret_volume_lays_it_out() {
         let tmp = tempfile::tempdir().expect("tmp");
         let dir = tmp.path();
-        // The kubelet's layout: data in a timestamped folder, `..data` links to it, and each
-        // key is a link through `..data`.
-        let data = dir.join("..2026_12_01_00_00_00.000000001");
-        std::fs::create_dir(&data).expect("mkdir");
-        std::fs::write(data.join("search-team"), "sk-search\n").expect("write");
-        std::fs::write(data.join("nightly-evals"), "sk-evals").expect("write");
-        std::os::unix::fs::symlink(&data, dir.join("..data")).expect("link");
-        for name in ["search-team", "nightly-evals"] {
-            std::os::unix::fs::symlink(dir.join("..data").join(name), dir.join(name))
-                .expect("link");
-        }
+        testkit::secret_volume::write(
+            dir,
+            1,
+            &[
+                ("search-team", b"sk-search\n"),
+                ("nightly-evals", b"sk-evals"),
+            ],
+        );
         let keys = read_dir(dir).expect("keys");
         let names: Vec<&str> = keys.iter().map(|k| &*k.name).collect();
         assert_eq!(names, ["nightly-evals", "search-team"]);

@@ -367,30 +367,14 @@ async fn program_requests_use_the_request_pool_and_plain_ones_the_fair_queue() {
     );
 }
 
-/// Writes `keys` into `dir` as the kubelet writes a Secret volume: the data in a new
-/// `..<generation>` folder, `..data` swapped to it with one rename, one link per key through
-/// `..data`, and links of keys no longer present removed.
+/// Writes `keys` into `dir` as the kubelet writes a Secret volume (each key with a newline).
 fn secret_volume(dir: &std::path::Path, generation: u32, keys: &[(&str, &str)]) {
-    let data = dir.join(format!("..gen{generation}"));
-    std::fs::create_dir(&data).expect("mkdir");
-    for (name, key) in keys {
-        std::fs::write(data.join(name), format!("{key}\n")).expect("write");
-    }
-    let tmp = dir.join("..data_tmp");
-    std::os::unix::fs::symlink(&data, &tmp).expect("link");
-    std::fs::rename(&tmp, dir.join("..data")).expect("swap");
-    for entry in std::fs::read_dir(dir).expect("list").flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with('.') && !keys.iter().any(|(n, _)| *n == name) {
-            std::fs::remove_file(entry.path()).expect("unlink");
-        }
-    }
-    for (name, _) in keys {
-        let link = dir.join(name);
-        if std::fs::symlink_metadata(&link).is_err() {
-            std::os::unix::fs::symlink(dir.join("..data").join(name), &link).expect("link");
-        }
-    }
+    let lines: Vec<(&str, Vec<u8>)> = keys
+        .iter()
+        .map(|(n, k)| (*n, format!("{k}\n").into_bytes()))
+        .collect();
+    let data: Vec<(&str, &[u8])> = lines.iter().map(|(n, k)| (*n, k.as_slice())).collect();
+    testkit::secret_volume::write(dir, generation, &data);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

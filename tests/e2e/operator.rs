@@ -154,6 +154,11 @@ apiVersion: v1
 kind: Secret
 metadata: {name: client-keys, namespace: agents}
 stringData: {keys: "team-a\nteam-b\n"}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: team-keys, namespace: agents}
+stringData: {search-team: sk-search-1}
 "#;
         cp.kubectl_stdin(&["apply", "-f", "-"], Some(secrets))
             .expect_ok("apply Secrets");
@@ -163,7 +168,8 @@ stringData: {keys: "team-a\nteam-b\n"}
             2,
             "  programScheduling: {globalQueue: true}\n  \
              apiKeySecretRef: {name: vllm-key, key: token}\n  \
-             clientApiKeysSecretRef: {name: client-keys, key: keys}\n",
+             clientApiKeysSecretRef: {name: client-keys, key: keys}\n  \
+             clientApiKeysSecret: {name: team-keys}\n",
         );
         cp.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))
             .expect_ok("apply ProgramScheduling");
@@ -254,6 +260,52 @@ stringData: {keys: "team-a\nteam-b\n"}
             let r = testkit::send(&c, "POST", &url, &body, &h).await;
             assert_eq!(r.status, 401, "{key:?}: {}", r.text());
         }
+        // Named keys from the mounted Secret count too, and rotate without a restart.
+        let ask = |key: &'static str| {
+            let (c, url, body) = (c.clone(), url.clone(), body.clone());
+            async move {
+                let auth = format!("Bearer {key}");
+                testkit::send(&c, "POST", &url, &body, &[("authorization", &auth)])
+                    .await
+                    .status
+            }
+        };
+        assert_eq!(ask("sk-search-1").await, 200);
+        let rotated = r#"
+apiVersion: v1
+kind: Secret
+metadata: {name: team-keys, namespace: agents}
+stringData: {search-team: sk-search-2, docs-team: sk-docs}
+"#;
+        cp.kubectl_stdin(&["replace", "-f", "-"], Some(rotated))
+            .expect_ok("rotate the named keys");
+        let applied = wait_for(Duration::from_secs(20), || async {
+            (ask("sk-search-2").await == 200
+                && ask("sk-docs").await == 200
+                && ask("sk-search-1").await == 401)
+                .then_some(())
+        })
+        .await;
+        assert!(applied.is_some(), "the rotated keys apply");
+        assert_eq!(
+            kubelet.routers().await,
+            routers,
+            "no router pod was replaced to rotate keys"
+        );
+        let names = kubelet
+            .router_state(&routers[0].0)
+            .await
+            .and_then(|st| st.client_dir.load_full())
+            .map(|d| {
+                d.keys
+                    .iter()
+                    .map(|k| k.name.to_string())
+                    .collect::<Vec<_>>()
+            });
+        assert_eq!(
+            names,
+            Some(vec!["docs-team".to_string(), "search-team".to_string()])
+        );
 
         // kubectl describe tells the story: conditions and the events of each transition.
         let described = cp

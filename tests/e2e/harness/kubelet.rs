@@ -1,7 +1,8 @@
 //! The test's kubelet: gives Pods loopback IPs and Ready status, runs vllm-sim for worker Pods
-//! and program-router for the router Pods the ReplicaSet creates (with the environment their
-//! Secrets give them), and keeps each router's config file equal to its ConfigMap (atomic
-//! rename, like a ConfigMap volume).
+//! and program-router for the router Pods the ReplicaSet creates (with the container's
+//! arguments, the environment their Secrets give them and their Secret volumes), and keeps each
+//! router's config file equal to its ConfigMap (atomic rename, like a ConfigMap volume) and each
+//! Secret volume equal to its Secret (the kubelet's layout and swap).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -12,14 +13,38 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use program_router::config::cli::Flags;
 use program_router::state::RouterState;
 use serde_json::json;
 use tokio::sync::Mutex;
 
+/// A Secret volume of a router pod: where it is written here and what it last held.
+struct SecretVolume {
+    secret: String,
+    dir: PathBuf,
+    written: BTreeMap<String, Vec<u8>>,
+    generation: u32,
+}
+
+impl SecretVolume {
+    /// Writes `data` as the next generation when it differs from what the volume holds.
+    fn sync(&mut self, data: BTreeMap<String, Vec<u8>>) {
+        if data == self.written && self.generation > 0 {
+            return;
+        }
+        self.generation += 1;
+        let items: Vec<(&str, &[u8])> = data
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        testkit::secret_volume::write(&self.dir, self.generation, &items);
+        self.written = data;
+    }
+}
+
 struct RouterPod {
     ip: String,
     config: PathBuf,
+    secrets: Vec<SecretVolume>,
     state: Arc<RouterState>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     ready: bool,
@@ -226,6 +251,12 @@ impl Kubelet {
                 continue; // the volume cannot mount yet
             };
             if let Some(r) = routers.get_mut(&name) {
+                for v in &mut r.secrets {
+                    // A Secret that is gone keeps its last content, as the kubelet does.
+                    if let Some(data) = self.secret_data(&v.secret).await? {
+                        v.sync(data);
+                    }
+                }
                 if std::fs::read_to_string(&r.config).ok().as_deref() != Some(body.as_str()) {
                     let tmp = r.config.with_extension("tmp");
                     std::fs::write(&tmp, &body).map_err(|e| e.to_string())?;
@@ -243,15 +274,71 @@ impl Kubelet {
             let Some(env) = self.secret_env(pod).await? else {
                 continue; // a Secret it names is missing: CreateContainerConfigError
             };
+            let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {
+                continue;
+            };
+            // Secret volumes, written here; the paths the container names are mapped onto them.
+            let mut secrets = Vec::new();
+            let mut mounts: Vec<(String, PathBuf)> = Vec::new();
+            let volumes = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.clone())
+                .unwrap_or_default();
+            let mut missing = false;
+            for m in container.volume_mounts.iter().flatten() {
+                let Some(secret) = volumes
+                    .iter()
+                    .find(|v| v.name == m.name)
+                    .and_then(|v| v.secret.as_ref())
+                    .and_then(|s| s.secret_name.clone())
+                else {
+                    continue;
+                };
+                let Some(data) = self.secret_data(&secret).await? else {
+                    missing = true; // FailedMount: the container does not start
+                    break;
+                };
+                let dir = self.dir.join(format!("{name}-{}", m.name));
+                std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+                let mut v = SecretVolume {
+                    secret,
+                    dir: dir.clone(),
+                    written: BTreeMap::new(),
+                    generation: 0,
+                };
+                v.sync(data);
+                secrets.push(v);
+                mounts.push((m.mount_path.clone(), dir));
+            }
+            if missing {
+                continue;
+            }
+            // The container's own arguments, parsed by the router's command line.
+            let args = container.args.clone().unwrap_or_default();
+            let cli = <program_router::config::cli::Cli as clap::Parser>::try_parse_from(
+                std::iter::once("program-router".to_string()).chain(args),
+            )
+            .map_err(|e| format!("router {name}: its arguments: {e}"))?;
+            let mut flags = cli.flags;
+            if let Some(d) = flags.client_api_keys_dir.take() {
+                let local = mounts
+                    .iter()
+                    .find_map(|(at, dir)| {
+                        std::path::Path::new(&d)
+                            .strip_prefix(at)
+                            .ok()
+                            .map(|rest| dir.join(rest))
+                    })
+                    .ok_or_else(|| format!("router {name}: {d} is on no volume"))?;
+                flags.client_api_keys_dir = Some(local.display().to_string());
+            }
             let ip = self.next_ip();
             let path = self.dir.join(format!("{name}.json"));
             std::fs::write(&path, &body).map_err(|e| e.to_string())?;
-            let mut flags = Flags {
-                config: Some(path.clone()),
-                host: Some(ip.clone()),
-                prometheus_host: Some(ip.clone()),
-                ..Default::default()
-            };
+            flags.config = Some(path.clone());
+            flags.host = Some(ip.clone());
+            flags.prometheus_host = Some(ip.clone());
             // The variables the router's flags read (`env = ...` in its CLI).
             for (var, value) in env {
                 match var.as_str() {
@@ -278,6 +365,7 @@ impl Kubelet {
                 RouterPod {
                     ip,
                     config: path,
+                    secrets,
                     state,
                     stop: Some(tx),
                     ready: false,
@@ -317,6 +405,22 @@ impl Kubelet {
             }
         }
         Ok(Some(out))
+    }
+
+    /// A Secret's data, `None` while it does not exist.
+    async fn secret_data(&self, name: &str) -> Result<Option<BTreeMap<String, Vec<u8>>>, String> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.ns);
+        Ok(secrets
+            .get_opt(name)
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|s| {
+                s.data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.0))
+                    .collect()
+            }))
     }
 
     /// Stops every simulator and router.

@@ -3,6 +3,8 @@
 //! parser. Test support only; never a dependency of shipped code.
 #![forbid(unsafe_code)]
 
+pub mod secret_volume;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;

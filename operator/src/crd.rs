@@ -207,6 +207,19 @@ pub struct RouterSpec {
     #[x_kube(validation = kube::core::Rule::new("self in ['None', 'ClientIP']")
         .message("router.sessionAffinity must be None or ClientIP"))]
     pub session_affinity: String,
+    /// Most proxied requests one router replica holds at once (vllm-router's
+    /// --max-concurrent-requests); absent = no cap. Applied without a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("router.maxConcurrentRequests must be at least 1"))]
+    pub max_concurrent_requests: Option<i64>,
+    /// Requests that may wait for a place beyond the cap (then 429).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0").message("router.queueSize must not be negative"))]
+    pub queue_size: Option<i64>,
+    /// Longest wait for a place (then 504).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("router.queueTimeoutSeconds must be positive"))]
+    pub queue_timeout_seconds: Option<f64>,
 }
 
 /// Defaults of [`RouterSpec`], per field so that a partial `router:` is complete.
@@ -246,6 +259,9 @@ impl Default for RouterSpec {
             service_type: d::service_type(),
             extra_args: Vec::new(),
             session_affinity: d::session_affinity(),
+            max_concurrent_requests: None,
+            queue_size: None,
+            queue_timeout_seconds: None,
         }
     }
 }

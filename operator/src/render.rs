@@ -43,6 +43,30 @@ pub fn render(
     // On SIGTERM keep serving, not ready, while the endpoint removal reaches every node's proxy;
     // the pod's termination grace period covers this and the drain (see objects.rs).
     cfg.limits.shutdown_delay_secs = SHUTDOWN_DELAY_SECS;
+    let r = &spec.router;
+    let count = |v: i64, f: &str| {
+        u32::try_from(v).map_err(|_| RenderError(format!("{f}: out of range ({v})")))
+    };
+    if let Some(n) = r.max_concurrent_requests {
+        let n = count(n, "router.maxConcurrentRequests")?;
+        if n == 0 {
+            return Err(RenderError(
+                "router.maxConcurrentRequests: must be at least 1".into(),
+            ));
+        }
+        cfg.limits.max_concurrent_requests = Some(n);
+    }
+    if let Some(n) = r.queue_size {
+        cfg.limits.queue_size = count(n, "router.queueSize")?;
+    }
+    if let Some(t) = r.queue_timeout_seconds {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(RenderError(format!(
+                "router.queueTimeoutSeconds: must be positive ({t})"
+            )));
+        }
+        cfg.limits.queue_timeout_secs = t;
+    }
     if let Some(ps) = &spec.program_scheduling {
         cfg.program_scheduling = Some(ps.to_router().map_err(RenderError)?);
     }
@@ -144,10 +168,47 @@ mod tests {
                 "stats_window_size",
             ),
         ];
+        let capped = |n: i64, q: i64, t: f64| {
+            spec(
+                RouterSpec {
+                    max_concurrent_requests: Some(n),
+                    queue_size: Some(q),
+                    queue_timeout_seconds: Some(t),
+                    ..Default::default()
+                },
+                None,
+            )
+        };
+        let cases = cases.into_iter().chain([
+            (capped(0, 10, 1.0), "router.maxConcurrentRequests"),
+            (capped(-1, 10, 1.0), "router.maxConcurrentRequests"),
+            (capped(8, -1, 1.0), "router.queueSize"),
+            (capped(8, 1 << 40, 1.0), "router.queueSize"),
+            (capped(8, 10, 0.0), "router.queueTimeoutSeconds"),
+        ]);
         for (s, want) in cases {
             let e = render(&s, vec![w(0)]).expect_err(want);
             assert!(e.0.contains(want), "{}", e.0);
         }
+    }
+
+    #[test]
+    fn the_concurrency_cap_reaches_the_router_limits() {
+        let none = render(&spec(Default::default(), None), vec![w(0)]).expect("valid");
+        assert_eq!(none.limits.max_concurrent_requests, None, "off by default");
+        let s = spec(
+            RouterSpec {
+                max_concurrent_requests: Some(512),
+                queue_size: Some(1000),
+                queue_timeout_seconds: Some(30.0),
+                ..Default::default()
+            },
+            None,
+        );
+        let c = render(&s, vec![w(0)]).expect("valid");
+        assert_eq!(c.limits.max_concurrent_requests, Some(512));
+        assert_eq!(c.limits.queue_size, 1000);
+        assert_eq!(c.limits.queue_timeout_secs, 30.0);
     }
 
     #[test]

@@ -656,6 +656,23 @@ async fn the_concurrency_cap_queues_then_refuses_and_frees_places_when_responses
     assert_eq!(third.status, 429, "{}", third.text());
     assert_eq!(third.json()["error"]["code"], "router_queue_full");
     assert!(third.headers.contains_key("retry-after"));
+    // Prometheus sees the same as /status.
+    let m = format!("http://{}", r.metrics_addr);
+    for (series, want) in [
+        ("program_router_concurrency_limit", 1.0),
+        ("program_router_concurrency_in_progress", 1.0),
+        ("program_router_concurrency_waiting", 1.0),
+    ] {
+        assert_eq!(metric(&c, &m, series, &[]).await, want, "{series}");
+    }
+    let refused = metric(
+        &c,
+        &m,
+        "vllm_router_request_errors_total",
+        &[("error", "router_queue_full")],
+    )
+    .await;
+    assert_eq!(refused, 1.0);
     // Both admitted requests finish; their places come back.
     assert_eq!(first.await.expect("task").status, 200);
     assert_eq!(second.await.expect("task").status, 200);

@@ -80,6 +80,14 @@ spec:
                 "router.sessionAffinity must be None or ClientIP",
             ),
             (
+                "router: {maxConcurrentRequests: 0}",
+                "router.maxConcurrentRequests must be at least 1",
+            ),
+            (
+                "router: {queueTimeoutSeconds: 0}",
+                "router.queueTimeoutSeconds must be positive",
+            ),
+            (
                 "fairness: {discipline: lottery}",
                 "fairness.discipline must be vtc or round_robin",
             ),

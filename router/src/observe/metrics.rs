@@ -24,6 +24,10 @@ pub struct Metrics {
     pub tokens: IntCounterVec,
     pub ttfb: Histogram,
     pub config_reloads: IntCounterVec,
+    /// The cap on requests in progress (`limits.max_concurrent_requests`), read at scrape time.
+    pub concurrency_limit: IntGauge,
+    pub concurrency_in_progress: IntGauge,
+    pub concurrency_waiting: IntGauge,
     routes: Vec<(&'static str, RouteMetrics)>,
 }
 
@@ -150,6 +154,18 @@ impl Metrics {
                     "Configuration reloads by result."
                 ),
                 &["result"]
+            )?),
+            concurrency_limit: reg!(IntGauge::new(
+                "program_router_concurrency_limit",
+                "The cap on proxied requests in progress (limits.max_concurrent_requests); 0: none."
+            )?),
+            concurrency_in_progress: reg!(IntGauge::new(
+                "program_router_concurrency_in_progress",
+                "Proxied requests holding one of the cap's places (0 without a cap)."
+            )?),
+            concurrency_waiting: reg!(IntGauge::new(
+                "program_router_concurrency_waiting",
+                "Requests waiting for one of the cap's places (at most limits.queue_size)."
             )?),
             routes: Vec::new(),
             registry,

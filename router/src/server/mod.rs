@@ -207,6 +207,14 @@ pub async fn serve_metrics(
                     let st = st.clone();
                     async move {
                         let r = if req.uri().path() == "/metrics" {
+                            let limiter = st.applied.load().limiter.clone();
+                            let m = &st.metrics;
+                            let (max, busy, waiting) = limiter
+                                .map(|l| (l.max(), l.in_progress(), l.waiting()))
+                                .unwrap_or_default();
+                            m.concurrency_limit.set(i64::from(max));
+                            m.concurrency_in_progress.set(i64::from(busy));
+                            m.concurrency_waiting.set(i64::from(waiting));
                             let mut r = Response::new(full(st.metrics.render()));
                             r.headers_mut().insert(
                                 header::CONTENT_TYPE,

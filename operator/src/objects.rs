@@ -225,6 +225,17 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
     if let Some(res) = &r.resources {
         container["resources"] = json!(res);
     }
+    let mut pod_security = json!({
+        "runAsNonRoot": true,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "seccompProfile": { "type": "RuntimeDefault" },
+    });
+    if ps.spec.client_api_keys_secret.is_some() {
+        // The key files belong to the router's group (mode 0440). Only with the volume, so
+        // that an operator upgrade does not restart routers that do not use it.
+        pod_security["fsGroup"] = json!(65532);
+    }
     stamped(json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -245,13 +256,7 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
                     "serviceAccountName": name,
                     "automountServiceAccountToken": false,
                     "terminationGracePeriodSeconds": grace_seconds(config),
-                    "securityContext": {
-                        "runAsNonRoot": true,
-                        "runAsUser": 65532,
-                        "runAsGroup": 65532,
-                        "fsGroup": 65532,
-                        "seccompProfile": { "type": "RuntimeDefault" },
-                    },
+                    "securityContext": pod_security,
                     "containers": [container],
                     "volumes": volumes,
                 },
@@ -416,6 +421,11 @@ mod tests {
         let plain: Deployment = typed(deployment(&p, &cfg));
         let pod = plain.spec.template.spec.expect("pod");
         assert_eq!(pod.volumes.as_ref().map(Vec::len), Some(1), "config only");
+        assert_eq!(
+            pod.security_context.and_then(|s| s.fs_group),
+            None,
+            "no template change for routers without the volume"
+        );
         p.spec.client_api_keys_secret = Some(k8s_openapi::api::core::v1::LocalObjectReference {
             name: "team-keys".into(),
         });

@@ -175,8 +175,9 @@ pub fn read_dir(dir: &Path) -> Result<Vec<ClientKey>, String> {
     Ok(keys)
 }
 
-/// Who the client of `headers` is under `applied` and the state's key directory: `Ok(None)`
-/// when no client keys are configured, the name of the key it presented, or 401.
+/// Who the client of `headers` is under `applied` and the state's key directory: the name of
+/// the key it presented, 401 without a valid one, or `Ok(None)` when keys do not tell clients
+/// apart (none configured, or only the workers' `api_key`, which every client shares).
 pub fn authorize(
     state: &RouterState,
     applied: &Applied,
@@ -197,7 +198,8 @@ pub fn authorize(
     let listed = applied.client_keys.as_deref().and_then(|k| find(k, token));
     let named = dir.as_deref().and_then(|d| find(&d.keys, token));
     match named.or(listed) {
-        Some(k) => Ok(Some(k.name.clone())),
+        Some(k) if applied.named_clients => Ok(Some(k.name.clone())),
+        Some(_) => Ok(None),
         None => Err(ApiError::unauthorized()),
     }
 }

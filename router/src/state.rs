@@ -36,6 +36,9 @@ pub struct Applied {
     /// Keys from `api_key` or `client_api_keys` a client may present on proxied routes; `None`:
     /// none (see [`crate::auth::authorize`], which adds the key directory's).
     pub client_keys: Option<Arc<[crate::auth::ClientKey]>>,
+    /// Clients have keys of their own (`client_api_keys` or a key directory), so a key names
+    /// one client; with only `api_key`, every client presents the same key.
+    pub named_clients: bool,
     /// The cap on requests in progress, when `limits.max_concurrent_requests` sets one.
     pub limiter: Option<Arc<crate::limit::Limiter>>,
 }
@@ -171,6 +174,7 @@ impl RouterState {
             hash: config.hash(),
             authorization: authorization(&config),
             client_keys: client_keys(&config),
+            named_clients: config.client_api_keys.is_some() || config.client_api_keys_dir.is_some(),
             limiter: limiter(&config, None),
             config,
             targets,
@@ -505,6 +509,7 @@ impl RouterState {
         self.applied.store(Arc::new(Applied {
             authorization: authorization(&config),
             client_keys: client_keys(&config),
+            named_clients: config.client_api_keys.is_some() || config.client_api_keys_dir.is_some(),
             limiter: limiter(&config, prev.limiter.as_ref()),
             config,
             hash,

@@ -794,3 +794,72 @@ async fn diagnostics_cover_the_peers_fields() {
     assert_eq!(wb["force_resume_pool_remaining_rounds"], 1.0);
     b.abort();
 }
+
+#[tokio::test]
+async fn each_client_key_has_its_own_programs() {
+    // Two teams with keys of their own both call their session "s1"; the workers' key is
+    // shared by everyone and so names no one.
+    let s = sim(&["--time-scale", "20"]).await;
+    let team_a = "sk-team-a";
+    let cfg = RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        client_api_keys: Some(vec![team_a.into(), "sk-team-b".into()]),
+        ..workers(&[s.base()], 1)
+    };
+    let r = router(cfg).await;
+    let c = client();
+    let body = program_body("s1", 10, json!({"parent_program_id": "root"}));
+    for key in [team_a, "sk-team-b"] {
+        let auth = format!("Bearer {key}");
+        let resp = send(&c, "POST", &r.url(CHAT), &body, &[("authorization", &auth)]).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    let d = diagnostics(&c, &r).await;
+    let programs = d["ranks"][0]["programs"].as_array().expect("programs");
+    let mut listed: Vec<(String, String)> = programs
+        .iter()
+        .map(|p| {
+            (
+                p["program"].as_str().unwrap_or_default().to_string(),
+                p["parent_program_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    listed.sort();
+    let name = |k: &str| program_router::auth::hashed_name(k.as_bytes());
+    let mut want = vec![
+        (
+            format!("{}/s1", name(team_a)),
+            format!("{}/root", name(team_a)),
+        ),
+        (
+            format!("{}/s1", name("sk-team-b")),
+            format!("{}/root", name("sk-team-b")),
+        ),
+    ];
+    want.sort();
+    assert_eq!(listed, want, "{d}");
+
+    // With only the workers' key, ids stay as the client sent them.
+    let keyed = sim(&["--time-scale", "20", "--api-key", "worker"]).await;
+    let cfg = RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        api_key: Some("worker".into()),
+        ..workers(&[keyed.base()], 1)
+    };
+    let r = router(cfg).await;
+    let resp = send(
+        &c,
+        "POST",
+        &r.url(CHAT),
+        &body,
+        &[("authorization", "Bearer worker")],
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let d = diagnostics(&c, &r).await;
+    assert_eq!(d["ranks"][0]["programs"][0]["program"], "s1", "{d}");
+}

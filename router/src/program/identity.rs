@@ -57,6 +57,21 @@ pub struct Identity {
     pub source: Option<Source>,
 }
 
+impl Identity {
+    /// Puts the Program and its parent and root into `client`'s namespace (`client/id`), so
+    /// that the same id from two clients names two Programs.
+    pub fn scope(&mut self, client: &str) {
+        let scoped = |id: &str| format!("{client}/{id}");
+        self.program_id = scoped(&self.program_id);
+        for id in [&mut self.parent_program_id, &mut self.root_program_id]
+            .into_iter()
+            .flatten()
+        {
+            *id = scoped(id);
+        }
+    }
+}
+
 /// An identity input that is present but wrong: the client opted in, so this is a 400.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{field}: {message}")]
@@ -424,5 +439,21 @@ mod tests {
         );
         let free = json!({"session_id": "solo", "blocks_parent": false});
         assert!(from_agent_hint(&free).expect("valid").expected_resume);
+    }
+
+    #[test]
+    fn scope_puts_the_program_tree_in_the_clients_namespace() {
+        let mut id = Identity {
+            program_id: "s1".into(),
+            parent_program_id: Some("root".into()),
+            root_program_id: Some("root".into()),
+            task_id: Some("t".into()),
+            ..Default::default()
+        };
+        id.scope("team-a");
+        assert_eq!(id.program_id, "team-a/s1");
+        assert_eq!(id.parent_program_id.as_deref(), Some("team-a/root"));
+        assert_eq!(id.root_program_id.as_deref(), Some("team-a/root"));
+        assert_eq!(id.task_id.as_deref(), Some("t"), "hints are not ids");
     }
 }

@@ -643,9 +643,14 @@ async fn program_admission(
         headers,
     )
     .map_err(|e| ApiError::bad_request(format!("invalid Program identity: {e}")))?;
-    let Some(id) = id else {
+    let Some(mut id) = id else {
         return Ok((None, None));
     };
+    if let Some(client) = client {
+        // Each client's Programs are its own: two teams that both call a session "s1" are two
+        // Programs, and one cannot join, pin or pause the other's.
+        id.scope(client);
+    }
     let model = peeked.model.as_deref().unwrap_or("");
     // With fair queueing configured, retained requests resume tenant-fairly within a tier.
     let tenant = applied.fair.as_ref().map(|f| {

@@ -863,3 +863,78 @@ async fn each_client_key_has_its_own_programs() {
     let d = diagnostics(&c, &r).await;
     assert_eq!(d["ranks"][0]["programs"][0]["program"], "s1", "{d}");
 }
+
+#[tokio::test]
+async fn claude_code_messages_and_codex_responses_are_program_scheduled() {
+    // Claude Code speaks the Anthropic Messages API and Codex the Responses API; with `auto`
+    // their session headers make Programs, and each API's own usage reaches the scheduler.
+    let (_s, r) = setup(ProgramSchedulingConfig {
+        program_scheduling_enable_key: program_router::config::program::EnableKey::Auto,
+        token_capacity_per_dp_rank: Some(100_000),
+        ..Default::default()
+    })
+    .await;
+    let c = client();
+    let words = "w ".repeat(100);
+    let messages = json!({"model": "sim-model", "max_tokens": 4, "stream": true,
+        "system": [{"type": "text", "text": "You are Claude Code."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": words}]}]});
+    let resp = send(
+        &c,
+        "POST",
+        &r.url("/v1/messages"),
+        &messages.to_string(),
+        &[("x-claude-code-session-id", "cc-1")],
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let text = resp.text();
+    // Relayed as the backend sent it: the usage event stays (the client's API always has it).
+    assert!(
+        text.contains("event: message_delta") && text.contains("\"output_tokens\":4"),
+        "{text}"
+    );
+    assert!(
+        text.trim_end()
+            .ends_with(r#"data: {"type":"message_stop"}"#),
+        "{text}"
+    );
+    let responses = json!({"model": "sim-model", "max_output_tokens": 3,
+        "instructions": "You are Codex.", "input": words});
+    let resp = send(
+        &c,
+        "POST",
+        &r.url("/v1/responses"),
+        &responses.to_string(),
+        &[("session-id", "codex-1")],
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json()["usage"]["output_tokens"], 3);
+
+    let d = diagnostics(&c, &r).await;
+    let programs = d["ranks"][0]["programs"].as_array().expect("programs");
+    for id in ["cc-1", "codex-1"] {
+        let p = programs
+            .iter()
+            .find(|p| p["program"] == id)
+            .unwrap_or_else(|| panic!("{id} is a Program: {d}"));
+        assert!(
+            p["context_tokens"].as_u64().expect("context") > 100,
+            "{id}: its usage reached the scheduler: {p}"
+        );
+    }
+    let m = get_metrics(&c, &r).await;
+    for route in ["/v1/messages", "/v1/responses"] {
+        assert_eq!(
+            metric_in(&m, "vllm_router_requests_total", &[("route", route)]),
+            1.0,
+            "{route}"
+        );
+    }
+    assert_eq!(
+        metric_in(&m, "vllm_router_tokens_total", &[("kind", "completion")]),
+        7.0,
+        "both APIs' output tokens are counted"
+    );
+}

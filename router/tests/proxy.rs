@@ -126,6 +126,43 @@ async fn explicit_global_ranks_reach_a_server_owning_4_to_7() {
 }
 
 #[tokio::test]
+async fn anthropic_messages_stick_by_metadata_user_id() {
+    // Claude Code sends its session in the body's `metadata.user_id`: a plain /v1/messages
+    // request (no Program scheduling) keeps to one rank by it under consistent_hash.
+    let s = sim(&["--instant", "-d", "4"]).await;
+    let mut cfg = workers(&[s.base()], 4);
+    cfg.policy.kind = PolicyKind::ConsistentHash;
+    let r = router(cfg).await;
+    let c = client();
+    let body = json!({"model": "sim-model", "max_tokens": 1,
+        "metadata": {"user_id": "user_abc_account_1_session_42"},
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    for _ in 0..6 {
+        let resp = post(&c, &r.url("/v1/messages"), &body).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(resp.json()["type"], "message");
+    }
+    let mut per_rank = Vec::new();
+    for e in ["0", "1", "2", "3"] {
+        per_rank.push(
+            sim_metric(
+                &c,
+                &s,
+                "vllm:request_success_total",
+                &[("engine", e), ("finished_reason", "length")],
+            )
+            .await,
+        );
+    }
+    assert_eq!(
+        per_rank.iter().filter(|n| **n == 6.0).count(),
+        1,
+        "{per_rank:?}"
+    );
+}
+
+#[tokio::test]
 async fn consistent_hash_keeps_a_session_on_one_rank() {
     let s = sim(&["--instant", "-d", "4"]).await;
     let mut cfg = workers(&[s.base()], 4);

@@ -1,7 +1,9 @@
-"""program-router with real clients: the OpenAI SDK through a router started with vllm-router's flags."""
+"""program-router with real clients: the OpenAI SDK through a router started with vllm-router's flags,
+and the Anthropic SDK (Claude Code's API) and the OpenAI Responses API (Codex's)."""
 
 import json
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -56,6 +58,44 @@ def test_openai_sdk_through_the_router(router):
     assert completion == 9.0, metrics
     status = httpx.get(f"{url}/status").json()
     assert status["ready"] and len(status["targets"]) == 2
+
+
+def test_anthropic_sdk_and_responses_api_are_program_scheduled(router):
+    config = json.dumps({"program_scheduling_enable_key": "auto", "token_capacity_per_dp_rank": 100000})
+    url, prom = router("--enable-program-scheduling", "--program-scheduling-config-json", config)
+    claude = anthropic.Anthropic(base_url=url, api_key="unused")
+    headers = {"x-claude-code-session-id": "cc-py"}
+    msg = claude.messages.create(
+        model="sim-model", max_tokens=5, system="You are Claude Code.",
+        messages=[{"role": "user", "content": "hello"}], extra_headers=headers,
+    )
+    assert msg.usage.output_tokens == 5 and msg.content[0].type == "text"
+    with claude.messages.stream(
+        model="sim-model", max_tokens=4, messages=[{"role": "user", "content": "stream"}],
+        extra_headers=headers,
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text.count(" w") == 4 and final.usage.output_tokens == 4
+
+    codex = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    r = codex.responses.create(
+        model="sim-model", instructions="You are Codex.", input="hello", max_output_tokens=3,
+        extra_headers={"session-id": "codex-py"},
+    )
+    assert r.usage.output_tokens == 3 and r.output_text.count(" w") == 3
+    events = list(codex.responses.create(
+        model="sim-model", input="stream", max_output_tokens=2, stream=True,
+        extra_headers={"session-id": "codex-py"},
+    ))
+    assert events[-1].type == "response.completed" and events[-1].response.usage.output_tokens == 2
+
+    programs = httpx.get(f"{url}/scheduling/diagnostics").json()["ranks"]
+    ids = {p["program"] for rank in programs for p in rank["programs"]}
+    assert {"cc-py", "codex-py"} <= ids, ids
+    metrics = httpx.get(f"{prom}/metrics").text
+    assert 'vllm_router_requests_total{route="/v1/messages"} 2' in metrics
+    assert 'vllm_router_requests_total{route="/v1/responses"} 2' in metrics
 
 
 def test_invalid_flags_fail_fast_with_the_field_name(spawn):

@@ -32,7 +32,7 @@ pub struct Metrics {
 }
 
 /// The `route` label values (a closed set).
-pub const ROUTES: [&str; 10] = [
+pub const ROUTES: [&str; 12] = [
     "/health",
     "/readiness",
     "/status",
@@ -40,6 +40,8 @@ pub const ROUTES: [&str; 10] = [
     "/v1/models",
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/messages",
+    "/v1/responses",
     "/v1/other",
     "vllm_api",
     "other",

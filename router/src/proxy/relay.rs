@@ -12,14 +12,15 @@ use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame, Incoming};
 use serde::Deserialize;
 
-/// Token usage as the backend reported it.
+/// Token usage as the backend reported it, in OpenAI's names or in the names of the Anthropic
+/// Messages and Responses APIs (`input_tokens`, `output_tokens`, `input_tokens_details`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 pub struct Usage {
-    #[serde(default)]
+    #[serde(default, alias = "input_tokens")]
     pub prompt_tokens: u64,
-    #[serde(default)]
+    #[serde(default, alias = "output_tokens")]
     pub completion_tokens: u64,
-    #[serde(default)]
+    #[serde(default, alias = "input_tokens_details")]
     pub prompt_tokens_details: Option<PromptDetails>,
 }
 
@@ -204,6 +205,14 @@ fn sse_usage(event: &[u8]) -> Option<(Usage, bool)> {
         usage: Option<Usage>,
         #[serde(default)]
         choices: Option<Vec<serde::de::IgnoredAny>>,
+        /// Responses API: `response.completed` carries the response, usage inside.
+        #[serde(default)]
+        response: Option<Inner>,
+    }
+    #[derive(Deserialize)]
+    struct Inner {
+        #[serde(default)]
+        usage: Option<Usage>,
     }
     let text = std::str::from_utf8(event).ok()?;
     let data = text
@@ -211,7 +220,7 @@ fn sse_usage(event: &[u8]) -> Option<(Usage, bool)> {
         .find_map(|l| l.strip_prefix("data:"))
         .map(str::trim)?;
     let c: Chunk = serde_json::from_str(data).ok()?;
-    let usage = c.usage?;
+    let usage = c.usage.or(c.response.and_then(|r| r.usage))?;
     Some((usage, c.choices.is_none_or(|v| v.is_empty())))
 }
 
@@ -346,6 +355,32 @@ mod tests {
             (9, 5, 4)
         );
         assert_eq!(usage_in_json_tail(br#"{"usage":null}"#), None);
+    }
+
+    #[test]
+    fn reads_usage_in_the_messages_and_responses_shapes() {
+        let messages = br#"{"id":"msg_1","type":"message","content":[{"type":"text","text":"usage"}],"stop_reason":"end_turn","usage":{"input_tokens":12,"output_tokens":3}}"#;
+        let u = usage_in_json_tail(messages).expect("usage");
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (12, 3));
+        let responses = br#"{"id":"resp_1","object":"response","output":[],"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":4},"output_tokens":2,"total_tokens":11}}"#;
+        let u = usage_in_json_tail(responses).expect("usage");
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.cached_tokens()),
+            (9, 2, 4)
+        );
+        let delta = b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":7,\"output_tokens\":5}}\n\n";
+        let (u, _) = sse_usage(delta).expect("message_delta usage");
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (7, 5));
+        let start = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":7,\"output_tokens\":0}}}\n\n";
+        assert!(
+            sse_usage(start).is_none(),
+            "the opening event is not the final usage"
+        );
+        let done = b"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":9,\"output_tokens\":4}}}\n\n";
+        let (u, _) = sse_usage(done).expect("response.completed usage");
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (9, 4));
+        let created = b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"usage\":null}}\n\n";
+        assert!(sse_usage(created).is_none());
     }
 
     #[test]

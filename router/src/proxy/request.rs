@@ -30,6 +30,17 @@ struct Peek<'a> {
     messages: Option<&'a RawValue>,
     #[serde(borrow, default)]
     prompt: Option<&'a RawValue>,
+    /// Anthropic Messages: the system prompt, outside `messages`.
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    /// OpenAI Responses: the conversation and the system prompt.
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    /// Anthropic Messages: `metadata.user_id` (Claude Code puts its session in it).
+    #[serde(default)]
+    metadata: Option<Metadata>,
     #[serde(borrow, default)]
     vllm_xargs: Option<&'a RawValue>,
     #[serde(default)]
@@ -46,6 +57,12 @@ fn raw_even_if_null<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<&'de RawValue>, D::Error> {
     <&RawValue>::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    #[serde(default)]
+    user_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -70,9 +87,12 @@ pub struct Peeked {
     pub client_wants_usage: bool,
     stream_options: Option<Range<usize>>,
     xargs: Option<Range<usize>>,
-    /// Byte range of `messages` (chat) or `prompt` (completions).
+    /// Byte range of the prompt: `messages` (chat), `prompt` (completions), or from the first to
+    /// the last of `system` and `messages` (Anthropic Messages) or `instructions` and `input`
+    /// (Responses), so that a shared system prompt is part of the prefix.
     pub prompt: Option<Range<usize>>,
-    /// Session-like key from the body (`session_params.session_id` > `user` > `session_id` > `user_id`).
+    /// Session-like key from the body (`session_params.session_id` > `user` > `session_id` >
+    /// `user_id` > `metadata.user_id`).
     pub body_key: Option<String>,
     /// The OpenAI `user` field.
     pub user: Option<String>,
@@ -115,7 +135,13 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         .or(p.user)
         .or(p.session_id)
         .or(p.user_id)
+        .or(p.metadata.and_then(|m| m.user_id))
         .filter(|k| !k.is_empty());
+    let prompt = [p.system, p.instructions, p.messages, p.input, p.prompt]
+        .into_iter()
+        .flatten()
+        .map(|r| span(body, r))
+        .reduce(|a, b| a.start.min(b.start)..a.end.max(b.end));
     Ok(Peeked {
         model: p.model,
         agent_hint: p.agent_hint.map(|r| span(body, r)),
@@ -123,7 +149,7 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         client_wants_usage,
         stream_options: p.stream_options.map(|r| span(body, r)),
         xargs: p.vllm_xargs.map(|r| span(body, r)),
-        prompt: p.messages.or(p.prompt).map(|r| span(body, r)),
+        prompt,
         body_key,
         user,
     })

@@ -235,10 +235,19 @@ pub async fn serve_metrics(
     }
 }
 
-const GENERATE_ROUTES: [(&str, &str); 2] = [
+const GENERATE_ROUTES: [(&str, &str); 4] = [
     ("/v1/chat/completions", "/v1/chat/completions"),
     ("/v1/completions", "/v1/completions"),
+    // vLLM's Anthropic Messages API (Claude Code) and OpenAI Responses API (Codex): generations
+    // like the two above, so they take the policy, Program scheduling and the fair queue.
+    ("/v1/messages", "/v1/messages"),
+    ("/v1/responses", "/v1/responses"),
 ];
+
+/// Routes whose requests take OpenAI's `stream_options` (the other two always report usage).
+fn takes_stream_options(path: &str) -> bool {
+    matches!(path, "/v1/chat/completions" | "/v1/completions")
+}
 
 /// vLLM's own request-level endpoints outside `/v1/`: any one target answers them as well as
 /// another, so they are passed through like other `/v1/*` paths. Endpoints that act on one
@@ -451,7 +460,7 @@ async fn dispatch(
         body,
         &peeked,
         applied.config.agentic_context,
-        applied.config.inject_stream_usage,
+        applied.config.inject_stream_usage && takes_stream_options(&path),
     )?;
     let (pin, ticket) = match &applied.program {
         Some(rt) => {

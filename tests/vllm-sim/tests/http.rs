@@ -39,6 +39,71 @@ async fn chat_completion_reports_usage_and_prefix_reuse() {
 }
 
 #[tokio::test]
+async fn messages_and_responses_apis_answer_in_their_own_shapes() {
+    let sim = start(&["--instant"]).await;
+    let c = client();
+    let text = words(1, 50);
+    let chat = post(&c, &sim.url(CHAT), &chat_body(&text, 3)).await.json();
+    let prompt = chat["usage"]["prompt_tokens"].as_u64().expect("prompt");
+
+    let m = json!({"model": "sim-model", "max_tokens": 3,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]});
+    let j = post(&c, &sim.url("/v1/messages"), &m.to_string())
+        .await
+        .json();
+    assert_eq!(j["type"], "message");
+    assert_eq!(j["stop_reason"], "max_tokens");
+    assert_eq!(
+        j["usage"]["input_tokens"], prompt,
+        "the same prompt as chat"
+    );
+    assert_eq!(j["usage"]["output_tokens"], 3);
+    let mut streamed = m.clone();
+    streamed["stream"] = json!(true);
+    let events = post(&c, &sim.url("/v1/messages"), &streamed.to_string())
+        .await
+        .text();
+    let names: Vec<&str> = events
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+
+    let r = json!({"model": "sim-model", "max_output_tokens": 2, "input": text, "stream": true});
+    let events = post(&c, &sim.url("/v1/responses"), &r.to_string())
+        .await
+        .text();
+    let last = events
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .next_back()
+        .expect("events");
+    let done: serde_json::Value = serde_json::from_str(last).expect("json");
+    assert_eq!(done["type"], "response.completed");
+    assert_eq!(done["response"]["usage"]["output_tokens"], 2);
+    assert_eq!(
+        done["response"]["usage"]["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .map(|c| c > 0),
+        Some(true),
+        "the chat request above left the prefix cached"
+    );
+    assert!(events.starts_with("event: response.created\n"), "{events}");
+}
+
+#[tokio::test]
 async fn tokenize_counts_the_prompt_a_request_would_have() {
     let sim = start(&["--instant"]).await;
     let c = client();

@@ -3,6 +3,7 @@
 //! Owns routing, authentication, body limits, DP-rank selection, failure injection and graceful
 //! shutdown; request parsing lives in [`openai`], bodies in [`respond`], series in [`metrics`].
 
+mod apis;
 mod error;
 mod metrics;
 pub mod openai;
@@ -200,6 +201,8 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Response<Bo
         }
         (&Method::POST, "/v1/chat/completions") => generate(st, req, Endpoint::Chat).await,
         (&Method::POST, "/v1/completions") => generate(st, req, Endpoint::Completion).await,
+        (&Method::POST, "/v1/messages") => generate(st, req, Endpoint::Messages).await,
+        (&Method::POST, "/v1/responses") => generate(st, req, Endpoint::Responses).await,
         (
             _,
             "/health"
@@ -207,6 +210,8 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Response<Bo
             | "/v1/models"
             | "/v1/chat/completions"
             | "/v1/completions"
+            | "/v1/messages"
+            | "/v1/responses"
             | "/version"
             | "/tokenize",
         ) => Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").into()),
@@ -365,6 +370,8 @@ async fn generate(
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completion => "cmpl",
+        Endpoint::Messages => "msg",
+        Endpoint::Responses => "resp",
     };
     let ctx = RespCtx {
         id: format!("{prefix}-sim{}-{n}", rank.global_rank),

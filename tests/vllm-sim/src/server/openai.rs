@@ -14,6 +14,10 @@ use crate::tokenizer::{TemplateMessage, render_chat, tokenize};
 pub enum Endpoint {
     Chat,
     Completion,
+    /// Anthropic Messages (`/v1/messages`, see `super::apis`).
+    Messages,
+    /// OpenAI Responses (`/v1/responses`, see `super::apis`).
+    Responses,
 }
 
 /// A validated request, ready for an engine.
@@ -106,6 +110,8 @@ struct CompletionBody {
 /// Parses and validates a request body for `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job, ApiError> {
     let (common, prompt) = match endpoint {
+        Endpoint::Messages => return super::apis::parse_messages(body, limits),
+        Endpoint::Responses => return super::apis::parse_responses(body, limits),
         Endpoint::Chat => {
             let b: ChatBody = from_json(body)?;
             let messages = b.messages.ok_or_else(|| {

@@ -1,4 +1,5 @@
-//! Response bodies: non-streaming JSON and the SSE stream, in vLLM's OpenAI shapes.
+//! Response bodies: non-streaming JSON and the SSE stream, in vLLM's shapes (OpenAI chat and
+//! completions, Anthropic Messages, OpenAI Responses).
 //!
 //! Owns how engine messages become bytes on the wire, including the usage object and the
 //! injected mid-stream failure; it never decides scheduling.
@@ -34,6 +35,8 @@ impl RespCtx {
             (Endpoint::Chat, true) => "chat.completion.chunk",
             (Endpoint::Chat, false) => "chat.completion",
             (Endpoint::Completion, _) => "text_completion",
+            (Endpoint::Messages, _) => "message",
+            (Endpoint::Responses, _) => "response",
         }
     }
 
@@ -68,6 +71,18 @@ pub fn full_json(ctx: &RespCtx, o: &Outcome) -> String {
     let text = serde_json::Value::String(ctx.text(o.completion_tokens)).to_string();
     let reason = o.reason.as_str();
     let choice = match ctx.endpoint {
+        Endpoint::Messages => {
+            let stop = if reason == "length" {
+                "max_tokens"
+            } else {
+                "end_turn"
+            };
+            return format!(
+                r#"{{"id":"{}","type":"message","role":"assistant","content":[{{"type":"text","text":{text}}}],"model":{},"stop_reason":"{stop}","stop_sequence":null,"usage":{{"input_tokens":{},"output_tokens":{}}}}}"#,
+                ctx.id, ctx.model_json, o.prompt_tokens, o.completion_tokens
+            );
+        }
+        Endpoint::Responses => return response_json(ctx, Some(o)),
         Endpoint::Chat => format!(
             r#"{{"index":0,"message":{{"role":"assistant","content":{text},"tool_calls":[]}},"logprobs":null,"finish_reason":"{reason}","stop_reason":null}}"#
         ),
@@ -80,6 +95,45 @@ pub fn full_json(ctx: &RespCtx, o: &Outcome) -> String {
         ctx.head(false),
         usage_json(o.prompt_tokens, o.completion_tokens, o.cached_tokens)
     )
+}
+
+/// A Responses API `response` object: in progress (no outcome yet) or finished.
+fn response_json(ctx: &RespCtx, o: Option<&Outcome>) -> String {
+    let (status, output, usage) = match o {
+        None => ("in_progress", String::new(), "null".to_string()),
+        Some(o) => {
+            let text = serde_json::Value::String(ctx.text(o.completion_tokens)).to_string();
+            let status = if o.reason.as_str() == "length" {
+                "incomplete"
+            } else {
+                "completed"
+            };
+            (
+                status,
+                format!(
+                    r#"{{"type":"message","id":"msg_{}","status":"completed","role":"assistant","content":[{{"type":"output_text","text":{text},"annotations":[]}}]}}"#,
+                    ctx.id
+                ),
+                format!(
+                    r#"{{"input_tokens":{},"input_tokens_details":{{"cached_tokens":{}}},"output_tokens":{},"output_tokens_details":{{"reasoning_tokens":0}},"total_tokens":{}}}"#,
+                    o.prompt_tokens,
+                    o.cached_tokens,
+                    o.completion_tokens,
+                    o.prompt_tokens + o.completion_tokens as usize
+                ),
+            )
+        }
+    };
+    format!(
+        r#"{{"id":"{}","object":"response","created_at":{},"model":{},"status":"{status}","output":[{output}],"usage":{usage}}}"#,
+        ctx.id, ctx.created, ctx.model_json
+    )
+}
+
+/// One named SSE event (`event:` line, then the data), as the Messages and Responses streams
+/// send them.
+fn named_event(name: &str, data: &str) -> String {
+    format!("event: {name}\ndata: {data}\n\n")
 }
 
 /// SSE stream of one request. Dropping it before the end aborts the request in the engine.
@@ -116,7 +170,7 @@ impl SseBody {
             Endpoint::Chat => {
                 format!(r#"{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{reason}}}"#)
             }
-            Endpoint::Completion => format!(
+            _ => format!(
                 r#"{{"index":0,"text":{delta},"logprobs":null,"finish_reason":{reason},"stop_reason":null}}"#
             ),
         };
@@ -129,12 +183,61 @@ impl SseBody {
         )
     }
 
+    /// The events that open a Messages or Responses stream.
+    fn open_events(&self, out: &mut String) {
+        match self.ctx.endpoint {
+            Endpoint::Messages => {
+                out.push_str(&named_event(
+                    "message_start",
+                    &format!(
+                        r#"{{"type":"message_start","message":{{"id":"{}","type":"message","role":"assistant","content":[],"model":{},"stop_reason":null,"stop_sequence":null,"usage":{{"input_tokens":{},"output_tokens":0}}}}}}"#,
+                        self.ctx.id, self.ctx.model_json, self.prompt_tokens
+                    ),
+                ));
+                out.push_str(&named_event(
+                    "content_block_start",
+                    r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+                ));
+            }
+            Endpoint::Responses => out.push_str(&named_event(
+                "response.created",
+                &format!(
+                    r#"{{"type":"response.created","sequence_number":0,"response":{}}}"#,
+                    response_json(&self.ctx, None)
+                ),
+            )),
+            Endpoint::Chat | Endpoint::Completion => {}
+        }
+    }
+
     fn token_frame(&mut self, index: u32, out: &mut String) {
         let text = output_token_text(self.ctx.output_seed, index);
+        if matches!(self.ctx.endpoint, Endpoint::Messages | Endpoint::Responses) {
+            if index == 0 {
+                self.open_events(out);
+            }
+            let data = match self.ctx.endpoint {
+                Endpoint::Messages => format!(
+                    r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{text}"}}}}"#
+                ),
+                _ => format!(
+                    r#"{{"type":"response.output_text.delta","sequence_number":{},"item_id":"msg_{}","output_index":0,"content_index":0,"delta":"{text}"}}"#,
+                    index + 1,
+                    self.ctx.id
+                ),
+            };
+            let name = match self.ctx.endpoint {
+                Endpoint::Messages => "content_block_delta",
+                _ => "response.output_text.delta",
+            };
+            out.push_str(&named_event(name, &data));
+            self.sent += 1;
+            return;
+        }
         let delta = match self.ctx.endpoint {
             Endpoint::Chat if index == 0 => format!(r#"{{"role":"assistant","content":"{text}"}}"#),
             Endpoint::Chat => format!(r#"{{"content":"{text}"}}"#),
-            Endpoint::Completion => format!("\"{text}\""),
+            _ => format!("\"{text}\""),
         };
         let usage = self
             .continuous_usage
@@ -144,9 +247,45 @@ impl SseBody {
     }
 
     fn done_frame(&mut self, o: &Outcome, out: &mut String) {
+        if matches!(self.ctx.endpoint, Endpoint::Messages | Endpoint::Responses) {
+            if self.sent == 0 {
+                self.open_events(out);
+            }
+            if self.ctx.endpoint == Endpoint::Messages {
+                let stop = if o.reason.as_str() == "length" {
+                    "max_tokens"
+                } else {
+                    "end_turn"
+                };
+                out.push_str(&named_event(
+                    "content_block_stop",
+                    r#"{"type":"content_block_stop","index":0}"#,
+                ));
+                out.push_str(&named_event(
+                    "message_delta",
+                    &format!(
+                        r#"{{"type":"message_delta","delta":{{"stop_reason":"{stop}","stop_sequence":null}},"usage":{{"input_tokens":{},"output_tokens":{}}}}}"#,
+                        o.prompt_tokens, o.completion_tokens
+                    ),
+                ));
+                out.push_str(&named_event("message_stop", r#"{"type":"message_stop"}"#));
+            } else {
+                out.push_str(&named_event(
+                    "response.completed",
+                    &format!(
+                        r#"{{"type":"response.completed","sequence_number":{},"response":{}}}"#,
+                        self.sent + 1,
+                        response_json(&self.ctx, Some(o))
+                    ),
+                ));
+            }
+            self.finished = true;
+            self.submission.finish();
+            return;
+        }
         let empty = match self.ctx.endpoint {
             Endpoint::Chat => "{}",
-            Endpoint::Completion => "\"\"",
+            _ => "\"\"",
         };
         out.push_str(&self.chunk(empty, Some(o.reason.as_str()), None));
         if self.include_usage {

@@ -130,6 +130,8 @@ pub struct RouterState {
     /// [`crate::config::file_hash`] of the config file content last applied (or accepted as
     /// unchanged); the operator compares it with the ConfigMap it rendered.
     pub file_hash: Mutex<Option<String>>,
+    /// Which server stored each Responses API response the router relayed.
+    pub response_homes: crate::proxy::stored::ResponseHomes,
     /// The keys of `client_api_keys_dir`, when the applied configuration names one.
     pub client_dir: ArcSwapOption<crate::auth::DirKeys>,
     stop: watch::Sender<bool>,
@@ -199,6 +201,7 @@ impl RouterState {
             source,
             file_hash: Mutex::new(None),
             client_dir: ArcSwapOption::new(client_dir),
+            response_homes: Default::default(),
             stop,
             generation: AtomicU64::new(1),
             next_request: AtomicU64::new(1),

@@ -163,6 +163,59 @@ async fn anthropic_messages_stick_by_metadata_user_id() {
 }
 
 #[tokio::test]
+async fn stored_responses_are_followed_up_on_the_server_that_stored_them() {
+    // Two servers, each with its own response store (as vLLM keeps them): a follow-up naming a
+    // stored response, or reading it back, must reach the one that stored it, whatever the
+    // policy would pick; round robin alone would send half of them to the other server (404).
+    let (a, b) = (sim(&["--instant"]).await, sim(&["--instant"]).await);
+    let mut cfg = workers(&[a.base(), b.base()], 1);
+    cfg.policy.kind = PolicyKind::RoundRobin;
+    let r = router(cfg).await;
+    let c = client();
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let body = json!({"model": "sim-model", "input": format!("turn {i}"),
+            "max_output_tokens": 1, "stream": i % 2 == 1});
+        let resp = post(&c, &r.url("/v1/responses"), &body.to_string()).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        let text = resp.text();
+        let id = if i % 2 == 1 {
+            let done = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .next_back()
+                .expect("events");
+            serde_json::from_str::<serde_json::Value>(done).expect("json")["response"]["id"]
+                .as_str()
+                .map(str::to_string)
+        } else {
+            resp.json()["id"].as_str().map(str::to_string)
+        };
+        ids.push(id.expect("a response id"));
+    }
+    assert_eq!(
+        r.state.response_homes.len(),
+        4,
+        "streamed and plain ids learned"
+    );
+    for id in &ids {
+        for _ in 0..2 {
+            let next = json!({"model": "sim-model", "input": "go on", "max_output_tokens": 1,
+                "previous_response_id": id});
+            let resp = post(&c, &r.url("/v1/responses"), &next.to_string()).await;
+            assert_eq!(resp.status, 200, "{id}: {}", resp.text());
+        }
+        let got = get(&c, &r.url(&format!("/v1/responses/{id}"))).await;
+        assert_eq!(got.status, 200, "{id}: {}", got.text());
+        assert_eq!(got.json()["id"], id.as_str());
+    }
+    // An id the router never saw takes the normal route; the backend answers for itself.
+    let unknown = json!({"input": "x", "previous_response_id": "resp_unknown"});
+    let resp = post(&c, &r.url("/v1/responses"), &unknown.to_string()).await;
+    assert_eq!(resp.status, 404, "{}", resp.text());
+}
+
+#[tokio::test]
 async fn consistent_hash_keeps_a_session_on_one_rank() {
     let s = sim(&["--instant", "-d", "4"]).await;
     let mut cfg = workers(&[s.base()], 4);
@@ -253,12 +306,19 @@ async fn streamed_bytes_equal_the_direct_stream() {
     .to_string();
     let a = post(&c, &direct.url(CHAT), &body).await.text();
     let b = post(&c, &r.url(CHAT), &body).await.text();
+    // Timestamps and ids (random per server) differ; every other byte is the same.
     let norm = |s: &str| {
-        s.split("\"created\":")
+        let s = s
+            .split("\"created\":")
             .map(|p| p.trim_start_matches(char::is_numeric))
+            .collect::<Vec<_>>()
+            .join("");
+        s.split("\"id\":\"")
+            .map(|p| p.split_once('"').map_or(p, |(_, rest)| rest))
             .collect::<Vec<_>>()
             .join("")
     };
+    assert!(a.contains("\"id\":\"chatcmpl_sim"), "{a}");
     assert_eq!(norm(&a), norm(&b));
     // A client that did not ask for usage gets no usage chunk, though the router asked for one.
     let body = json!({"messages": [{"role": "user", "content": "no usage"}], "max_tokens": 3, "stream": true}).to_string();

@@ -6,6 +6,7 @@
 
 pub mod relay;
 pub mod request;
+pub mod stored;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use crate::scheduling::ProgramTicket;
 use crate::server::Body;
 use crate::state::{Applied, RouterState};
 use crate::workers::{InFlight, TargetState};
-use relay::{End, Finish, Relay, Usage};
+use relay::{End, Finish, Relay, Tapped};
 use upstream::SendError;
 
 /// The pooled HTTP client of health checks, metric scrapes and calibration; proxied requests use
@@ -290,6 +291,7 @@ pub async fn forward(
             body,
             sse,
             sse && out.filter_usage_chunk,
+            out.route == "/v1/responses" && status.is_success(),
             Some(deadline),
             finish,
         );
@@ -317,7 +319,8 @@ struct Completion {
 }
 
 impl Finish for Completion {
-    fn finish(mut self: Box<Self>, end: End, usage: Option<Usage>) {
+    fn finish(mut self: Box<Self>, end: End, tapped: Tapped) {
+        let usage = tapped.usage;
         if let Some(ticket) = self.ticket.take()
             && end == End::Complete
             && self.status.is_success()
@@ -333,6 +336,12 @@ impl Finish for Completion {
         }
         // Otherwise the ticket (and fair permit) drop here: the request did not run to completion.
         let target = self.guard.target();
+        if let (End::Complete, Some(id), true) =
+            (end, &tapped.response_id, self.status.is_success())
+        {
+            // A follow-up naming this response must come back to this server (`stored`).
+            self.state.response_homes.insert(id, &target.spec.url);
+        }
         if let (End::Complete, Some(conn)) = (end, self.conn.take()) {
             target.backend.pool.put(conn);
         }

@@ -49,9 +49,17 @@ pub enum End {
     Abandoned,
 }
 
+/// What the relay read from a response on the way through.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tapped {
+    pub usage: Option<Usage>,
+    /// The Responses API response's id, when asked for (see `super::stored`).
+    pub response_id: Option<String>,
+}
+
 /// Called once when the relay ends.
 pub trait Finish: Send + 'static {
-    fn finish(self: Box<Self>, end: End, usage: Option<Usage>);
+    fn finish(self: Box<Self>, end: End, tapped: Tapped);
 }
 
 const TAIL: usize = 16 * 1024;
@@ -74,6 +82,10 @@ pub struct Relay {
     inner: Incoming,
     tap: Tap,
     usage: Option<Usage>,
+    /// Look for the response id: the start of a JSON body is kept here until the end.
+    capture_id: bool,
+    head: Option<Bytes>,
+    response_id: Option<String>,
     finish: Option<Box<dyn Finish>>,
     deadline: Option<tokio::time::Instant>,
     /// Armed only once the body has to wait (most short bodies never do).
@@ -94,6 +106,7 @@ impl Relay {
         inner: Incoming,
         sse: bool,
         filter_usage_chunk: bool,
+        capture_id: bool,
         deadline: Option<tokio::time::Instant>,
         finish: Box<dyn Finish>,
     ) -> Self {
@@ -112,6 +125,9 @@ impl Relay {
             inner,
             tap,
             usage: None,
+            capture_id,
+            head: None,
+            response_id: None,
             finish: Some(finish),
             deadline,
             timer: None,
@@ -133,8 +149,20 @@ impl Relay {
                 ),
             };
         }
+        if end == End::Complete
+            && self.response_id.is_none()
+            && let Some(head) = &self.head
+        {
+            self.response_id = super::stored::id_in_json_head(head);
+        }
         if let Some(f) = self.finish.take() {
-            f.finish(end, self.usage);
+            f.finish(
+                end,
+                Tapped {
+                    usage: self.usage,
+                    response_id: self.response_id.take(),
+                },
+            );
         }
     }
 
@@ -142,6 +170,9 @@ impl Relay {
     fn process(&mut self, chunk: Bytes) -> Bytes {
         match &mut self.tap {
             Tap::Json { tail, len } => {
+                if self.capture_id && self.head.is_none() {
+                    self.head = Some(chunk.slice(..chunk.len().min(super::stored::HEAD)));
+                }
                 *len += chunk.len();
                 tail.push_back(chunk.clone());
                 while tail.front().is_some_and(|f| *len - f.len() >= TAIL) {
@@ -162,6 +193,9 @@ impl Relay {
                 let mut consumed = 0;
                 while let Some(pos) = memchr::memmem::find(&pending[consumed..], b"\n\n") {
                     let event = &pending[consumed..consumed + pos + 2];
+                    if self.capture_id && self.response_id.is_none() {
+                        self.response_id = super::stored::id_in_event(event);
+                    }
                     let is_usage_chunk = if memchr::memmem::find(event, b"\"usage\"").is_some() {
                         match sse_usage(event) {
                             Some((u, no_choices)) => {

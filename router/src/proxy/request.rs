@@ -38,6 +38,9 @@ struct Peek<'a> {
     input: Option<&'a RawValue>,
     #[serde(borrow, default)]
     instructions: Option<&'a RawValue>,
+    /// Responses: the stored response this request continues.
+    #[serde(default)]
+    previous_response_id: Option<String>,
     /// Anthropic Messages: `metadata.user_id` (Claude Code puts its session in it).
     #[serde(default)]
     metadata: Option<Metadata>,
@@ -96,6 +99,8 @@ pub struct Peeked {
     pub body_key: Option<String>,
     /// The OpenAI `user` field.
     pub user: Option<String>,
+    /// Responses API: the stored response this request continues.
+    pub previous_response_id: Option<String>,
 }
 
 fn span(body: &[u8], raw: &RawValue) -> Range<usize> {
@@ -152,6 +157,7 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         prompt,
         body_key,
         user,
+        previous_response_id: p.previous_response_id.filter(|id| !id.is_empty()),
     })
 }
 

@@ -424,6 +424,9 @@ async fn dispatch(
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     let (parts, body) = read_body(applied.config.limits.max_payload_size, req).await?;
     if !generate {
+        // A stored response's own endpoints go to the server that stored it.
+        let pin = crate::proxy::stored::id_in_path(&path)
+            .and_then(|id| state.response_homes.home(id, &applied.targets.targets));
         // Other /v1/* endpoints (models, embeddings, ...) and vLLM's own request-level
         // endpoints (tokenize, score, ...) pass through unchanged.
         return proxy::forward(
@@ -440,7 +443,7 @@ async fn dispatch(
                 filter_usage_chunk: false,
                 request_id,
                 received,
-                pin: None,
+                pin,
                 ticket: None,
                 fair: None,
                 place,
@@ -462,7 +465,15 @@ async fn dispatch(
         applied.config.agentic_context,
         applied.config.inject_stream_usage && takes_stream_options(&path),
     )?;
+    // A Responses request that continues a stored response must reach the server that stored
+    // it; Program scheduling could place it anywhere, so it steps aside for this request.
+    let stored_home = peeked
+        .previous_response_id
+        .as_deref()
+        .filter(|_| path == "/v1/responses")
+        .and_then(|id| state.response_homes.home(id, &applied.targets.targets));
     let (pin, ticket) = match &applied.program {
+        _ if stored_home.is_some() => (stored_home, None),
         Some(rt) => {
             let (placed, ticket) = program_admission(
                 state,

@@ -2,9 +2,13 @@
 //! (`POST /v1/messages`, what Claude Code speaks) and the OpenAI Responses API
 //! (`POST /v1/responses`, what Codex speaks). Both become the same engine work as a chat request.
 //!
-//! Owns their parsing and 4xx answers; text is taken from every text field of a content block or
-//! item (tool calls and results included, as their JSON), which is all the engine's cost model
-//! needs.
+//! Owns their parsing and 4xx answers, and the store of Responses API responses (kept as vLLM
+//! keeps them with `VLLM_ENABLE_RESPONSES_API_STORE=1`: in this server's memory only). Text is
+//! taken from every text field of a content block or item (tool calls and results included, as
+//! their JSON), which is all the engine's cost model needs.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -41,6 +45,8 @@ struct ResponsesBody {
     stream: Option<bool>,
     #[serde(default)]
     previous_response_id: Option<String>,
+    #[serde(default)]
+    store: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -95,6 +101,44 @@ fn max_tokens(v: Option<i64>, field: &'static str, default: u32) -> Result<u32, 
     }
 }
 
+/// Stored responses by id, the oldest forgotten beyond `STORED`.
+#[derive(Default)]
+pub struct ResponseStore {
+    inner: Mutex<(HashMap<String, String>, VecDeque<String>)>,
+}
+
+const STORED: usize = 10_000;
+
+impl ResponseStore {
+    pub fn insert(&self, id: String, json: String) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if g.0.insert(id.clone(), json).is_none() {
+            g.1.push_back(id);
+        }
+        while g.1.len() > STORED {
+            if let Some(old) = g.1.pop_front() {
+                g.0.remove(&old);
+            }
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<String> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.0.get(id).cloned()
+    }
+
+    /// 404 in vLLM's words for an id this server does not hold.
+    pub fn check(&self, id: &str) -> Result<(), ApiError> {
+        match self.get(id) {
+            Some(_) => Ok(()),
+            None => Err(ApiError::new(
+                http::StatusCode::NOT_FOUND,
+                format!("Response with id '{id}' not found."),
+            )),
+        }
+    }
+}
+
 fn job(endpoint: Endpoint, turns: &[(String, String)], max_tokens: u32, stream: bool) -> Job {
     let rendered = render_chat(
         turns
@@ -110,6 +154,8 @@ fn job(endpoint: Endpoint, turns: &[(String, String)], max_tokens: u32, stream: 
         include_usage: true,
         continuous_usage: false,
         priority: 0,
+        previous_response_id: None,
+        store: false,
     }
 }
 
@@ -144,18 +190,11 @@ pub fn parse_messages(body: &[u8], limits: &Limits<'_>) -> Result<Job, ApiError>
     ))
 }
 
-/// `POST /v1/responses`: `input` is a string or a list of items. The simulator stores no
-/// responses, so `previous_response_id` is refused the way vLLM refuses an unknown one.
+/// `POST /v1/responses`: `input` is a string or a list of items; `store` defaults to true and
+/// `previous_response_id` must name a stored response (checked by the server).
 pub fn parse_responses(body: &[u8], limits: &Limits<'_>) -> Result<Job, ApiError> {
     let b: ResponsesBody = from_json(body)?;
     check_model(&b.model, limits)?;
-    if let Some(id) = &b.previous_response_id {
-        return Err(ApiError::new(
-            http::StatusCode::NOT_FOUND,
-            format!("Response with id '{id}' not found."),
-        )
-        .with_param("previous_response_id"));
-    }
     let mut turns = Vec::new();
     if let Some(i) = &b.instructions {
         turns.push(("system".to_string(), i.clone()));
@@ -184,12 +223,10 @@ pub fn parse_responses(body: &[u8], limits: &Limits<'_>) -> Result<Job, ApiError
         "max_output_tokens",
         limits.default_max_tokens,
     )?;
-    Ok(job(
-        Endpoint::Responses,
-        &turns,
-        max,
-        b.stream.unwrap_or(false),
-    ))
+    let mut j = job(Endpoint::Responses, &turns, max, b.stream.unwrap_or(false));
+    j.previous_response_id = b.previous_response_id;
+    j.store = b.store.unwrap_or(true);
+    Ok(j)
 }
 
 #[cfg(test)]
@@ -253,8 +290,19 @@ mod tests {
         assert!(items.prompt.len() > s.prompt.len());
         let e = parse_responses(br#"{"input":[]}"#, &LIMITS).expect_err("empty");
         assert_eq!(e.param, Some("input"));
-        let e = parse_responses(br#"{"input":"x","previous_response_id":"resp_1"}"#, &LIMITS)
-            .expect_err("not stored");
-        assert_eq!(e.status, http::StatusCode::NOT_FOUND);
+        let next = parse_responses(
+            br#"{"input":"x","previous_response_id":"resp_1","store":false}"#,
+            &LIMITS,
+        )
+        .expect("continues");
+        assert_eq!(next.previous_response_id.as_deref(), Some("resp_1"));
+        assert!(!next.store && s.store, "store defaults to true");
+        let kept = ResponseStore::default();
+        kept.insert("resp_1".into(), "{}".into());
+        assert!(kept.check("resp_1").is_ok());
+        assert_eq!(
+            kept.check("resp_2").expect_err("unknown").status,
+            http::StatusCode::NOT_FOUND
+        );
     }
 }

@@ -56,6 +56,10 @@ struct AppState {
     next_id: AtomicU64,
     rr: AtomicU64,
     model_json: Arc<str>,
+    responses: Arc<apis::ResponseStore>,
+    /// Makes ids unique across servers (a router keys stored responses by id, as vLLM's random
+    /// ids allow).
+    tag: u32,
 }
 
 /// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests finish for up
@@ -81,6 +85,8 @@ pub async fn serve(
         rng: Mutex::new(SmallRng::seed_from_u64(cfg.seed)),
         next_id: AtomicU64::new(0),
         rr: AtomicU64::new(0),
+        responses: Default::default(),
+        tag: rand::random(),
         ranks,
         cfg,
     });
@@ -203,6 +209,11 @@ async fn route(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Response<Bo
         (&Method::POST, "/v1/completions") => generate(st, req, Endpoint::Completion).await,
         (&Method::POST, "/v1/messages") => generate(st, req, Endpoint::Messages).await,
         (&Method::POST, "/v1/responses") => generate(st, req, Endpoint::Responses).await,
+        (&Method::GET, p) if p.starts_with("/v1/responses/") => {
+            let id = &p["/v1/responses/".len()..];
+            st.responses.check(id)?;
+            Ok(json_response(st.responses.get(id).unwrap_or_default()))
+        }
         (
             _,
             "/health"
@@ -342,6 +353,11 @@ async fn generate(
         accept_nested_xargs: st.cfg.accept_nested_xargs,
     };
     let job: Job = openai::parse(endpoint, &body, &limits)?;
+    if let Some(prev) = &job.previous_response_id {
+        st.responses.check(prev)?;
+    }
+    // Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
+    let store = (endpoint == Endpoint::Responses && job.store).then(|| st.responses.clone());
     st.cfg
         .engine
         .check(job.prompt.len(), job.max_tokens)
@@ -374,7 +390,7 @@ async fn generate(
         Endpoint::Responses => "resp",
     };
     let ctx = RespCtx {
-        id: format!("{prefix}-sim{}-{n}", rank.global_rank),
+        id: format!("{prefix}_sim{:08x}r{}n{n}", st.tag, rank.global_rank),
         created: unix_now(),
         model_json: st.model_json.clone(),
         endpoint,
@@ -403,6 +419,7 @@ async fn generate(
             finished: false,
             buf: VecDeque::new(),
             cut: None,
+            store: store.clone(),
         };
         let mut r = Response::new(
             body.map_err(|e| -> HandlerError { Box::new(e) })
@@ -427,7 +444,11 @@ async fn generate(
             }
             RankMsg::Done(o) => {
                 submission.finish();
-                return Ok(json_response(respond::full_json(&ctx, &o)));
+                let json = respond::full_json(&ctx, &o);
+                if let Some(store) = &store {
+                    store.insert(ctx.id.clone(), json.clone());
+                }
+                return Ok(json_response(json));
             }
         }
     }

@@ -30,6 +30,9 @@ pub struct Job {
     pub include_usage: bool,
     pub continuous_usage: bool,
     pub priority: i64,
+    /// Responses API: the stored response this request continues, and whether to store this one.
+    pub previous_response_id: Option<String>,
+    pub store: bool,
 }
 
 /// What validation needs to know about the server.
@@ -182,6 +185,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
         continuous_usage: include_usage
             && opts.and_then(|o| o.continuous_usage_stats).unwrap_or(false),
         priority: common.priority.unwrap_or(0),
+        previous_response_id: None,
+        store: false,
     })
 }
 

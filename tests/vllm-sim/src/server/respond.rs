@@ -153,6 +153,8 @@ pub struct SseBody {
     /// connection drops when this timer fires, so a client reliably sees exactly `fail_after`
     /// tokens before the cut (an error right after a data frame can overtake its flush).
     pub cut: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Where a finished Responses API response is kept, when it is to be stored.
+    pub store: Option<Arc<super::apis::ResponseStore>>,
 }
 
 /// How long an injected cut waits after the last delivered token.
@@ -270,14 +272,17 @@ impl SseBody {
                 ));
                 out.push_str(&named_event("message_stop", r#"{"type":"message_stop"}"#));
             } else {
+                let response = response_json(&self.ctx, Some(o));
                 out.push_str(&named_event(
                     "response.completed",
                     &format!(
-                        r#"{{"type":"response.completed","sequence_number":{},"response":{}}}"#,
+                        r#"{{"type":"response.completed","sequence_number":{},"response":{response}}}"#,
                         self.sent + 1,
-                        response_json(&self.ctx, Some(o))
                     ),
                 ));
+                if let Some(store) = &self.store {
+                    store.insert(self.ctx.id.clone(), response);
+                }
             }
             self.finished = true;
             self.submission.finish();

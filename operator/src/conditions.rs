@@ -15,6 +15,7 @@ pub const ROUTER_AVAILABLE: &str = "RouterAvailable";
 pub const BACKENDS_OBSERVED: &str = "BackendsObserved";
 pub const CALIBRATED: &str = "Calibrated";
 pub const PROGRAM_AFFINITY: &str = "ProgramAffinity";
+pub const CLIENT_KEYS: &str = "ClientKeys";
 
 /// What one router pod's `/status` said (or that it could not be read).
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +26,8 @@ pub enum RouterReport {
         targets: usize,
         healthy_targets: usize,
         last_reload_error: Option<String>,
+        /// Why the router keeps its previous client keys (`clientApiKeysSecret` unreadable).
+        client_keys_error: Option<String>,
     },
     Unreachable {
         pod: String,
@@ -49,6 +52,8 @@ pub struct Observed {
     pub calibration: Calibration,
     /// Whether each Program's requests reach one router replica.
     pub affinity: Affinity,
+    /// Whether the routers read named client keys from `clientApiKeysSecret`.
+    pub client_keys_secret: bool,
 }
 
 /// Program scheduling keeps its state (bindings, RequestPool, TTLs, the KV ledger) in each router
@@ -167,6 +172,7 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
                 targets,
                 healthy_targets,
                 last_reload_error,
+                ..
             } => Some((
                 pod,
                 file_hash,
@@ -342,6 +348,44 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
         ),
     };
 
+    let refused: Vec<String> = obs
+        .routers
+        .iter()
+        .filter_map(|r| match r {
+            RouterReport::Status {
+                pod,
+                client_keys_error: Some(e),
+                ..
+            } => Some(format!("{pod}: {e}")),
+            _ => None,
+        })
+        .collect();
+    let client_keys = if !obs.client_keys_secret {
+        cond(
+            CLIENT_KEYS,
+            true,
+            "NotUsed",
+            "no clientApiKeysSecret; keys, if any, come from environment variables".into(),
+        )
+    } else if refused.is_empty() {
+        cond(
+            CLIENT_KEYS,
+            true,
+            "Loaded",
+            "the routers hold the keys of clientApiKeysSecret".into(),
+        )
+    } else {
+        cond(
+            CLIENT_KEYS,
+            false,
+            "KeysRefused",
+            format!(
+                "routers keep their previous client keys, the Secret's content was refused: {}",
+                refused.join("; ")
+            ),
+        )
+    };
+
     let render = obs
         .render_error
         .as_ref()
@@ -366,7 +410,14 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
         }
     });
     vec![
-        ready, workers, applied, router, observed, calibrated, affinity,
+        ready,
+        workers,
+        applied,
+        router,
+        observed,
+        calibrated,
+        affinity,
+        client_keys,
     ]
 }
 
@@ -423,6 +474,7 @@ mod tests {
             targets: 4,
             healthy_targets: 4,
             last_reload_error: None,
+            client_keys_error: None,
         }
     }
 
@@ -435,7 +487,40 @@ mod tests {
             routers: vec![healthy("r-a", "h1"), healthy("r-b", "h1")],
             calibration: Calibration::Reference,
             affinity: Affinity::Split(2),
+            client_keys_secret: false,
         }
+    }
+
+    #[test]
+    fn refused_client_keys_are_said_and_do_not_affect_ready() {
+        let mut o = good();
+        assert_eq!(get(&evaluate(&o), CLIENT_KEYS).reason, "NotUsed");
+        o.client_keys_secret = true;
+        assert_eq!(get(&evaluate(&o), CLIENT_KEYS).reason, "Loaded");
+        o.routers[1] = RouterReport::Status {
+            pod: "r-b".into(),
+            file_hash: Some("h1".into()),
+            targets: 4,
+            healthy_targets: 4,
+            last_reload_error: None,
+            client_keys_error: Some("the key directory /k holds no key".into()),
+        };
+        let cs = evaluate(&o);
+        let c = get(&cs, CLIENT_KEYS);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "KeysRefused")
+        );
+        assert!(
+            c.message.contains("r-b: the key directory /k holds no key"),
+            "{}",
+            c.message
+        );
+        assert_eq!(
+            get(&cs, READY).status,
+            "True",
+            "the previous keys still serve"
+        );
     }
 
     fn get<'a>(cs: &'a [Condition], t: &str) -> &'a Condition {
@@ -592,6 +677,7 @@ mod tests {
                         targets: 4,
                         healthy_targets: 0,
                         last_reload_error: None,
+                        client_keys_error: None,
                     }
                 }),
                 BACKENDS_OBSERVED,
@@ -624,6 +710,7 @@ mod tests {
             targets: 4,
             healthy_targets: 4,
             last_reload_error: Some("workers[0].url: bad".into()),
+            client_keys_error: None,
         };
         let cs = evaluate(&o);
         assert!(

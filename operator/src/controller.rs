@@ -303,6 +303,7 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
             ps.spec.router.replicas,
             &ps.spec.router.session_affinity,
         ),
+        client_keys_secret: ps.spec.client_api_keys_secret.is_some(),
     };
     let previous = ps.status.clone().unwrap_or_default();
     let (conds, transitions) = conditions::merge(

@@ -100,6 +100,7 @@ fn parse(pod: String, v: &serde_json::Value) -> RouterReport {
             .filter(|t| t["healthy"].as_bool() == Some(true))
             .count(),
         last_reload_error: v["last_reload_error"]["message"].as_str().map(String::from),
+        client_keys_error: v["client_api_keys_dir"]["error"].as_str().map(String::from),
     }
 }
 
@@ -113,6 +114,7 @@ mod tests {
         let v = json!({
             "config": {"hash": "x", "file_hash": "abc"},
             "last_reload_error": {"at_unix": 1, "message": "workers[0].url: bad"},
+            "client_api_keys_dir": {"keys": 2, "error": "empty"},
             "targets": [{"healthy": true}, {"healthy": false}, {"healthy": true}],
         });
         assert_eq!(
@@ -123,6 +125,7 @@ mod tests {
                 targets: 3,
                 healthy_targets: 2,
                 last_reload_error: Some("workers[0].url: bad".into()),
+                client_keys_error: Some("empty".into()),
             }
         );
         let empty = parse("r".into(), &json!({}));

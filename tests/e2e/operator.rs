@@ -314,6 +314,51 @@ stringData: {search-team: sk-search-2, docs-team: sk-docs}
             names,
             Some(vec!["docs-team".to_string(), "search-team".to_string()])
         );
+        assert_eq!(
+            condition(&api.get("fleet").await.expect("get"), "ClientKeys"),
+            Some(("True".into(), "Loaded".into()))
+        );
+        // A Secret emptied by mistake: the routers keep the keys in force, and the resource says
+        // why (the operator re-reads router status every 30 s when Ready; an edit is sooner).
+        let emptied =
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: team-keys, namespace: agents}\n";
+        cp.kubectl_stdin(&["replace", "-f", "-"], Some(emptied))
+            .expect_ok("empty the named keys");
+        let refused = wait_for(Duration::from_secs(20), || async {
+            let st = kubelet.router_state(&routers[0].0).await?;
+            st.client_dir.load_full()?.error.clone()
+        })
+        .await;
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|e| e.contains("holds no key")),
+            "{refused:?}"
+        );
+        assert_eq!(ask("sk-search-2").await, 200, "the keys in force stay");
+        cp.kubectl(&[
+            "annotate",
+            "psched",
+            "fleet",
+            "-n",
+            ns,
+            "poke=1",
+            "--overwrite",
+        ])
+        .expect_ok("annotate");
+        let said = wait_for(Duration::from_secs(20), || async {
+            let ps = api.get("fleet").await.ok()?;
+            let (status, reason) = condition(&ps, "ClientKeys")?;
+            (status == "False" && reason == "KeysRefused").then_some(ps)
+        })
+        .await;
+        assert!(said.is_some(), "ClientKeys turns False with the reason");
+        let ps = said.expect("checked");
+        assert_eq!(
+            condition(&ps, "Ready").map(|c| c.0),
+            Some("True".into()),
+            "refused keys do not make the routers unready"
+        );
 
         // kubectl describe tells the story: conditions and the events of each transition.
         let described = cp

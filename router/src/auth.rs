@@ -61,14 +61,19 @@ pub fn hashed_name(key: &[u8]) -> String {
     format!("key-{:016x}", crate::hash::fnv1a(key))
 }
 
-/// The Bearer token of `headers`, if any.
-pub fn bearer(headers: &http::HeaderMap) -> Option<&[u8]> {
-    headers
+/// The header Anthropic's clients carry their key in (Claude Code with `ANTHROPIC_API_KEY`).
+pub const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
+/// The key a client presented: its `Authorization: Bearer` token, else its `x-api-key`.
+pub fn presented_key(headers: &http::HeaderMap) -> Option<&[u8]> {
+    let bearer = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, t)| t.trim().as_bytes())
+        .map(|(_, t)| t.trim().as_bytes());
+    bearer
+        .or_else(|| headers.get(X_API_KEY).map(|v| v.as_bytes().trim_ascii()))
         .filter(|t| !t.is_empty())
 }
 
@@ -191,7 +196,7 @@ pub fn authorize(
     if applied.client_keys.is_none() && dir.is_none() {
         return Ok(None);
     }
-    let Some(token) = bearer(headers) else {
+    let Some(token) = presented_key(headers) else {
         return Err(ApiError::unauthorized());
     };
     // Both sets are searched whatever the first finds, so timing does not say which holds it.
@@ -262,12 +267,22 @@ mod tests {
     }
 
     #[test]
-    fn bearer_tokens_only() {
-        assert_eq!(bearer(&headers("Bearer k1")), Some(&b"k1"[..]));
-        assert_eq!(bearer(&headers("bearer  k1 ")), Some(&b"k1"[..]));
-        assert_eq!(bearer(&headers("Basic k1")), None);
-        assert_eq!(bearer(&headers("Bearer ")), None);
-        assert_eq!(bearer(&http::HeaderMap::new()), None);
+    fn a_bearer_token_or_else_an_x_api_key() {
+        assert_eq!(presented_key(&headers("Bearer k1")), Some(&b"k1"[..]));
+        assert_eq!(presented_key(&headers("bearer  k1 ")), Some(&b"k1"[..]));
+        assert_eq!(presented_key(&headers("Basic k1")), None);
+        assert_eq!(presented_key(&headers("Bearer ")), None);
+        assert_eq!(presented_key(&http::HeaderMap::new()), None);
+        let mut anthropic = http::HeaderMap::new();
+        anthropic.insert(X_API_KEY, http::HeaderValue::from_static(" k2 "));
+        assert_eq!(presented_key(&anthropic), Some(&b"k2"[..]));
+        let mut both = headers("Bearer k1");
+        both.insert(X_API_KEY, http::HeaderValue::from_static("k2"));
+        assert_eq!(
+            presented_key(&both),
+            Some(&b"k1"[..]),
+            "Authorization first"
+        );
     }
 
     #[test]

@@ -59,7 +59,7 @@ impl ApiError {
         Self::new(
             StatusCode::UNAUTHORIZED,
             "invalid_api_key",
-            "missing or incorrect API key: send `Authorization: Bearer <key>`",
+            "missing or incorrect API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)",
         )
     }
 

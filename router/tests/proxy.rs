@@ -695,6 +695,18 @@ async fn clients_need_the_api_key_as_with_vllm_unless_client_keys_say_otherwise(
     assert_eq!(chat_as(&r, Some(bearer("team-b"))).await.status, 200);
     assert_eq!(chat_as(&r, Some(bearer("worker-key"))).await.status, 401);
     assert_eq!(chat_as(&r, None).await.status, 401);
+    // Anthropic's clients send `x-api-key` (Claude Code with ANTHROPIC_API_KEY).
+    for (key, want) in [("team-a", 200), ("worker-key", 401)] {
+        let resp = send(
+            &c,
+            "POST",
+            &r.url(CHAT),
+            &chat("x", 1),
+            &[("x-api-key", key)],
+        )
+        .await;
+        assert_eq!(resp.status, want, "{key}: {}", resp.text());
+    }
     let status = get(&c, &r.url("/status")).await.json();
     assert_eq!(status["config"]["client_auth"], "client_api_keys");
 

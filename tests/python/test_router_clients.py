@@ -97,6 +97,15 @@ def test_anthropic_sdk_and_responses_api_are_program_scheduled(router):
     assert 'vllm_router_requests_total{route="/v1/messages"} 2' in metrics
     assert 'vllm_router_requests_total{route="/v1/responses"} 2' in metrics
 
+    # With client keys, the SDK's own `x-api-key` (Claude Code's ANTHROPIC_API_KEY) is checked.
+    keyed, _ = router("--client-api-keys", "team-key")
+    ok = anthropic.Anthropic(base_url=keyed, api_key="team-key").messages.create(
+        model="sim-model", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    assert ok.usage.output_tokens == 2
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=keyed, api_key="wrong").messages.create(
+            model="sim-model", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+
 
 def test_invalid_flags_fail_fast_with_the_field_name(spawn):
     import subprocess

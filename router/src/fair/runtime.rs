@@ -284,7 +284,7 @@ impl FairRuntime {
             // unnamed checked key would be.
             TenantSource::ApiKey => client
                 .map(str::to_string)
-                .or_else(|| crate::auth::bearer(headers).map(crate::auth::hashed_name)),
+                .or_else(|| crate::auth::presented_key(headers).map(crate::auth::hashed_name)),
             TenantSource::User => user.map(str::to_string),
         };
         found

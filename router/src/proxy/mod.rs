@@ -124,8 +124,14 @@ fn upstream_request(
     h.reserve(out.headers.len() + 4);
     h.insert(header::HOST, host.clone());
     let connection_scoped = nominated(out.headers);
+    // A client key the router checked stays with the router (the workers get `api_key`).
+    let checked = applied.client_keys.is_some() || applied.config.client_api_keys_dir.is_some();
     for (k, v) in out.headers {
-        if !HOP_BY_HOP.contains(k) && k != DP_RANK && !connection_scoped.contains(k) {
+        if !HOP_BY_HOP.contains(k)
+            && k != DP_RANK
+            && !connection_scoped.contains(k)
+            && !(checked && (k == header::AUTHORIZATION || k == crate::auth::X_API_KEY))
+        {
             h.append(k, v.clone());
         }
     }

@@ -89,6 +89,10 @@ pub struct FairnessParams {
     /// Tenant → highest class its requests may name.
     pub tenant_max_classes: Option<std::collections::BTreeMap<String, String>>,
     pub tenant_weights: Option<std::collections::BTreeMap<String, f64>>,
+    /// Tenant → quota (requests and tokens per minute); more gets 429 with Retry-After.
+    pub tenant_rate_limits: Option<std::collections::BTreeMap<String, RateLimitParams>>,
+    /// Quota of tenants without their own entry.
+    pub default_rate_limit: Option<RateLimitParams>,
     pub input_weight: Option<f64>,
     pub output_weight: Option<f64>,
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("fairness.maxQueuePerTenant must be at least 1"))]
@@ -96,6 +100,25 @@ pub struct FairnessParams {
     pub queue_timeout_seconds: Option<f64>,
     pub metrics_max_age_seconds: Option<f64>,
     pub metrics_top_tenants: Option<u32>,
+}
+
+/// One tenant's quota (the router's `RateLimitConfig`); an absent field is unlimited.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, KubeSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimitParams {
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("requestsPerMinute must be positive"))]
+    pub requests_per_minute: Option<f64>,
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("tokensPerMinute must be positive"))]
+    pub tokens_per_minute: Option<f64>,
+}
+
+impl RateLimitParams {
+    fn to_router(self) -> program_router::config::fairness::RateLimitConfig {
+        program_router::config::fairness::RateLimitConfig {
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
@@ -140,6 +163,12 @@ impl FairnessParams {
         );
         if let Some(v) = &self.max_class {
             c.max_class = Some(v.clone());
+        }
+        if let Some(m) = &self.tenant_rate_limits {
+            c.tenant_rate_limits = m.iter().map(|(t, l)| (t.clone(), l.to_router())).collect();
+        }
+        if let Some(l) = self.default_rate_limit {
+            c.default_rate_limit = Some(l.to_router());
         }
         if let Some(classes) = &self.classes {
             c.classes = classes
@@ -666,6 +695,10 @@ mod tests {
             "tenantSource": "api_key",
             "tenantWeights": {"searchTeam": 2.0},
             "tenantClasses": {"nightlyEvals": "batch"},
+            "maxClass": "standard",
+            "tenantMaxClasses": {"searchTeam": "interactive", "nightlyEvals": "batch"},
+            "tenantRateLimits": {"nightlyEvals": {"tokensPerMinute": 100000}},
+            "defaultRateLimit": {"requestsPerMinute": 600},
             "classes": [{"name": "interactive", "maxTpotSeconds": 0.1}, {"name": "standard"}, {"name": "batch", "onlyWhenIdle": true}],
             "maxQueuePerTenant": 8
         }))
@@ -677,6 +710,16 @@ mod tests {
             "tenant names kept"
         );
         assert_eq!(c.tenant_classes["nightlyEvals"], "batch");
+        assert_eq!(c.max_class.as_deref(), Some("standard"));
+        assert_eq!(c.tenant_max_classes["searchTeam"], "interactive");
+        assert_eq!(
+            c.tenant_rate_limits["nightlyEvals"].tokens_per_minute,
+            Some(100000.0)
+        );
+        assert_eq!(
+            c.default_rate_limit.and_then(|l| l.requests_per_minute),
+            Some(600.0)
+        );
         assert_eq!(c.classes[0].max_tpot_seconds, Some(0.1));
         assert_eq!(c.classes[1].max_waiting_requests, 3);
         assert!(c.classes[2].only_when_idle);

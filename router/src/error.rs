@@ -18,6 +18,8 @@ pub struct ApiError {
     pub message: String,
     /// The methods a 405 answer lists in its `Allow` header.
     pub allow: Option<&'static str>,
+    /// Seconds for `Retry-After` on a 429/503 (default 1).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -27,7 +29,14 @@ impl ApiError {
             code,
             message: message.into(),
             allow: None,
+            retry_after: None,
         }
+    }
+
+    /// Sets the `Retry-After` seconds of a 429 or 503.
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
     }
 
     /// 405 for a path that only takes `allow` (sent in the `Allow` header, as HTTP requires).
@@ -119,8 +128,10 @@ impl ApiError {
             || self.status == StatusCode::SERVICE_UNAVAILABLE
         {
             // Queue-full and reconfiguration answers are transient: tell clients when to retry.
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(self.retry_after.unwrap_or(1)),
+            );
         }
         r
     }

@@ -158,6 +158,9 @@ fn documented_defaults_are_the_real_defaults() {
             .expect("program defaults");
     defaults["fairness"] = serde_json::to_value(program_router::config::FairnessConfig::default())
         .expect("fairness defaults");
+    defaults["fairness"]["default_rate_limit"] =
+        serde_json::to_value(program_router::config::fairness::RateLimitConfig::default())
+            .expect("quota defaults");
     let mut checked = 0;
     let mut wrong = Vec::new();
     for (field, cell, _) in table_rows() {
@@ -166,7 +169,14 @@ fn documented_defaults_are_the_real_defaults() {
         let Some(literal) = cell.strip_prefix('`').and_then(|s| s.split('`').next()) else {
             continue;
         };
-        if field.contains("[]") || field == "program_scheduling" || field == "fairness" {
+        if field.contains("[]")
+            || [
+                "program_scheduling",
+                "fairness",
+                "fairness.default_rate_limit",
+            ]
+            .contains(&&*field)
+        {
             continue;
         }
         let Some(real) = at(&defaults, &field) else {

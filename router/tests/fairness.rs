@@ -489,3 +489,70 @@ async fn named_keys_from_a_directory_are_tenants_rotate_without_restart_and_cap_
     assert_eq!(err.field, "client_api_keys_dir");
     assert_eq!(ask(Some("sk-search-2"), None).await.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_quotas_refuse_with_retry_after_even_when_the_backend_is_idle() {
+    use program_router::config::fairness::RateLimitConfig;
+    let sim = sim(&[]).await;
+    let mut cfg = workers(&[sim.base()], 1);
+    let mut fair = FairnessConfig {
+        default_rate_limit: Some(RateLimitConfig {
+            requests_per_minute: Some(2.0),
+            tokens_per_minute: None,
+        }),
+        ..Default::default()
+    };
+    fair.tenant_rate_limits.insert(
+        "metered".into(),
+        RateLimitConfig {
+            requests_per_minute: None,
+            tokens_per_minute: Some(60.0),
+        },
+    );
+    cfg.fairness = Some(fair);
+    let r = router(cfg).await;
+    let c = client();
+    let url = r.url("/v1/chat/completions");
+    // Requests per minute: two, then 429 with a real Retry-After (one comes back every 30 s).
+    for _ in 0..2 {
+        assert_eq!(chat_as(&c, &url, "acme", 2).await.status, 200);
+    }
+    let refused = chat_as(&c, &url, "acme", 2).await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["code"], "tenant_rate_limited");
+    let retry: u64 = refused
+        .headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("retry-after");
+    assert!((29..=30).contains(&retry), "{retry}");
+    assert_eq!(
+        chat_as(&c, &url, "other", 2).await.status,
+        200,
+        "each tenant has its own quota"
+    );
+    // Tokens per minute: the first request's real usage (a short prompt + 80 generated)
+    // overdraws the minute's 60 tokens; the next waits for the debt to be paid.
+    assert_eq!(chat_as(&c, &url, "metered", 80).await.status, 200);
+    let refused = chat_as(&c, &url, "metered", 1).await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert!(
+        refused.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("tokens per minute")),
+        "{}",
+        refused.text()
+    );
+    let m = format!("http://{}", r.metrics_addr);
+    assert_eq!(
+        metric(
+            &c,
+            &m,
+            "vllm_router_request_errors_total",
+            &[("error", "tenant_rate_limited")]
+        )
+        .await,
+        2.0
+    );
+}

@@ -80,6 +80,10 @@ spec:
                 "router.sessionAffinity must be None or ClientIP",
             ),
             (
+                "fairness: {defaultRateLimit: {tokensPerMinute: 0}}",
+                "tokensPerMinute must be positive",
+            ),
+            (
                 "router: {maxConcurrentRequests: 0}",
                 "router.maxConcurrentRequests must be at least 1",
             ),

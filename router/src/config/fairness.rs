@@ -55,6 +55,45 @@ pub fn default_max_waiting() -> u32 {
     3
 }
 
+/// One tenant's quota; an absent field is unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    /// Requests admitted per minute (a minute's worth may come at once).
+    #[serde(default)]
+    pub requests_per_minute: Option<f64>,
+    /// Prompt plus generated tokens per minute (from the backend's usage; the prompt is charged
+    /// by estimate on admission and corrected when the request ends).
+    #[serde(default)]
+    pub tokens_per_minute: Option<f64>,
+}
+
+impl RateLimitConfig {
+    pub fn limits(&self) -> crate::fair::rate::Limits {
+        crate::fair::rate::Limits {
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+        }
+    }
+
+    fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        for (name, v) in [
+            ("requests_per_minute", self.requests_per_minute),
+            ("tokens_per_minute", self.tokens_per_minute),
+        ] {
+            if let Some(v) = v
+                && !(v.is_finite() && v > 0.0)
+            {
+                return Err(ConfigError::new(
+                    format!("{field}.{name}"),
+                    format!("must be > 0 (got {v})"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Fair queueing; absent or null = off (requests go straight to the policy).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -81,6 +120,11 @@ pub struct FairnessConfig {
     pub tenant_max_classes: BTreeMap<String, String>,
     /// Per-tenant share weights (default 1): a weight-2 tenant gets twice the tokens.
     pub tenant_weights: BTreeMap<String, f64>,
+    /// Per-tenant quotas (requests and tokens per minute), enforced even when the backends are
+    /// idle; more gets 429 `tenant_rate_limited` with `Retry-After`.
+    pub tenant_rate_limits: BTreeMap<String, RateLimitConfig>,
+    /// Quota of tenants without an entry in `tenant_rate_limits`; null: none.
+    pub default_rate_limit: Option<RateLimitConfig>,
     /// VTC weight of an input (prompt) token.
     pub input_weight: f64,
     /// VTC weight of an output token.
@@ -119,6 +163,8 @@ impl Default for FairnessConfig {
             max_class: None,
             tenant_max_classes: BTreeMap::new(),
             tenant_weights: BTreeMap::new(),
+            tenant_rate_limits: BTreeMap::new(),
+            default_rate_limit: None,
             input_weight: 1.0,
             output_weight: 2.0,
             max_queue_per_tenant: 256,
@@ -215,6 +261,12 @@ impl FairnessConfig {
                 ));
             }
         }
+        for (tenant, l) in &self.tenant_rate_limits {
+            l.validate(&format!("fairness.tenant_rate_limits.{tenant}"))?;
+        }
+        if let Some(l) = &self.default_rate_limit {
+            l.validate("fairness.default_rate_limit")?;
+        }
         for (tenant, w) in &self.tenant_weights {
             if !(w.is_finite() && *w > 0.0) {
                 return Err(ConfigError::new(
@@ -277,6 +329,14 @@ mod tests {
             (
                 serde_json::json!({"max_class": "gold"}),
                 "fairness.max_class",
+            ),
+            (
+                serde_json::json!({"tenant_rate_limits": {"acme": {"tokens_per_minute": 0}}}),
+                "fairness.tenant_rate_limits.acme.tokens_per_minute",
+            ),
+            (
+                serde_json::json!({"default_rate_limit": {"requests_per_minute": -1}}),
+                "fairness.default_rate_limit.requests_per_minute",
             ),
             (
                 serde_json::json!({"tenant_max_classes": {"acme": "gold"}}),

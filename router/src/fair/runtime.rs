@@ -176,6 +176,29 @@ pub struct FairRuntime {
     next: AtomicU64,
     retired: AtomicBool,
     metrics: FairMetrics,
+    /// Per-tenant quotas (`fairness.tenant_rate_limits`); kept across tuning reloads.
+    rate: Mutex<super::rate::RateLimiter>,
+}
+
+/// A request's charge against its tenant's token quota, settled with the real usage.
+pub struct RateCharge {
+    rt: Arc<FairRuntime>,
+    tenant: String,
+    estimate: u64,
+}
+
+impl RateCharge {
+    /// Charges the tokens the request really used (prompt plus output).
+    pub fn settle(self, used: u64) {
+        let Some(l) = self.rt.rate_limits(&self.tenant) else {
+            return;
+        };
+        self.rt
+            .rate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .settle(&self.tenant, &l, self.estimate, used, Instant::now());
+    }
 }
 
 impl FairRuntime {
@@ -203,7 +226,40 @@ impl FairRuntime {
             next: AtomicU64::new(1),
             retired: AtomicBool::new(false),
             metrics,
+            rate: Default::default(),
         })
+    }
+
+    /// The quota of `tenant`, if it has one.
+    fn rate_limits(&self, tenant: &str) -> Option<super::rate::Limits> {
+        let cfg = self.cfg();
+        cfg.tenant_rate_limits
+            .get(tenant)
+            .or(cfg.default_rate_limit.as_ref())
+            .map(|l| l.limits())
+    }
+
+    /// Admits a request of `tenant` under its quota, charging one request and `estimate`
+    /// prompt tokens; `Ok(None)` when the tenant has no quota.
+    pub fn rate_admit(
+        self: &Arc<Self>,
+        tenant: &str,
+        estimate: u64,
+    ) -> Result<Option<RateCharge>, super::rate::Refused> {
+        let Some(l) = self.rate_limits(tenant) else {
+            return Ok(None);
+        };
+        self.rate.lock().unwrap_or_else(|p| p.into_inner()).admit(
+            tenant,
+            &l,
+            estimate,
+            Instant::now(),
+        )?;
+        Ok(Some(RateCharge {
+            rt: self.clone(),
+            tenant: tenant.to_string(),
+            estimate,
+        }))
     }
 
     fn now(&self) -> f64 {

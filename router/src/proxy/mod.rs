@@ -105,6 +105,8 @@ pub struct Outbound<'a> {
     pub fair: Option<crate::fair::runtime::FairPermit>,
     /// Place among the router's requests in progress, freed when the response ends.
     pub place: Option<crate::limit::Place>,
+    /// Charge against the tenant's token quota, settled with the response's usage.
+    pub rate: Option<crate::fair::runtime::RateCharge>,
 }
 
 fn upstream_request(
@@ -288,6 +290,7 @@ pub async fn forward(
             ticket: out.ticket.take(),
             fair: out.fair.take(),
             _place: out.place.take(),
+            rate: out.rate.take(),
             status,
             state: state.clone(),
             route: out.route,
@@ -318,6 +321,7 @@ struct Completion {
     fair: Option<crate::fair::runtime::FairPermit>,
     /// Freed when the completion is dropped, i.e. when the response ended.
     _place: Option<crate::limit::Place>,
+    rate: Option<crate::fair::runtime::RateCharge>,
     status: StatusCode,
     state: Arc<RouterState>,
     route: &'static str,
@@ -339,6 +343,9 @@ impl Finish for Completion {
         }
         if let (Some(permit), Some(u)) = (self.fair.take(), usage) {
             permit.complete(u.prompt_tokens, u.completion_tokens);
+        }
+        if let (Some(rate), Some(u)) = (self.rate.take(), usage) {
+            rate.settle(u.prompt_tokens + u.completion_tokens);
         }
         // Otherwise the ticket (and fair permit) drop here: the request did not run to completion.
         let target = self.guard.target();

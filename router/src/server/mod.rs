@@ -447,6 +447,7 @@ async fn dispatch(
                 ticket: None,
                 fair: None,
                 place,
+                rate: None,
             },
         )
         .await;
@@ -459,6 +460,16 @@ async fn dispatch(
         .map(|r| body.slice(r))
         .unwrap_or_default();
     let original = body.clone();
+    // The tenant's quota, before the request waits anywhere (Program scheduling included).
+    let rate = match &applied.fair {
+        Some(f) => {
+            let tenant = f.tenant(&parts.headers, peeked.user.as_deref(), client.as_deref());
+            // About four bytes of JSON text per token, as the fair queue estimates.
+            f.rate_admit(&tenant, (prompt.len() / 4) as u64)
+                .map_err(|r| rate_limited(&tenant, r))?
+        }
+        None => None,
+    };
     let outgoing = request::rewrite(
         body,
         &peeked,
@@ -538,9 +549,24 @@ async fn dispatch(
             ticket,
             fair,
             place,
+            rate,
         },
     )
     .await
+}
+
+/// 429 for a tenant over its quota (`fairness.tenant_rate_limits`).
+fn rate_limited(tenant: &str, r: crate::fair::rate::Refused) -> ApiError {
+    let what = if r.tokens { "tokens" } else { "requests" };
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "tenant_rate_limited",
+        format!(
+            "tenant {tenant:?} used its {what} per minute; retry in {} s",
+            r.retry_after_secs
+        ),
+    )
+    .retry_after(r.retry_after_secs)
 }
 
 /// The applied configuration to forward under and the index of target `id` in it: the request's

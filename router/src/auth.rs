@@ -209,6 +209,28 @@ pub fn authorize(
     }
 }
 
+/// Who may read `/scheduling/diagnostics` and what: `Ok(None)` for the whole document (clients
+/// have no keys of their own, or the request presents the workers' `api_key`, which only the
+/// platform holds), `Ok(Some(name))` for client `name`'s Programs only, or 401.
+pub fn diagnostics_scope(
+    state: &RouterState,
+    applied: &Applied,
+    headers: &http::HeaderMap,
+) -> Result<Option<Arc<str>>, ApiError> {
+    if !applied.named_clients {
+        return Ok(None);
+    }
+    if let (Some(key), Some(token)) = (&applied.config.api_key, presented_key(headers))
+        && bool::from(key.as_bytes().ct_eq(token))
+    {
+        return Ok(None);
+    }
+    match authorize(state, applied, headers)? {
+        Some(name) => Ok(Some(name)),
+        None => Err(ApiError::unauthorized()),
+    }
+}
+
 /// Re-reads the key directory of the applied configuration every second and applies a changed
 /// set once it reads the same twice. Runs until the router stops.
 pub async fn dir_loop(state: Arc<RouterState>) {

@@ -804,6 +804,7 @@ async fn each_client_key_has_its_own_programs() {
     let cfg = RouterConfig {
         program_scheduling: Some(ProgramSchedulingConfig::default()),
         client_api_keys: Some(vec![team_a.into(), "sk-team-b".into()]),
+        api_key: Some("platform-key".into()),
         ..workers(&[s.base()], 1)
     };
     let r = router(cfg).await;
@@ -814,7 +815,28 @@ async fn each_client_key_has_its_own_programs() {
         let resp = send(&c, "POST", &r.url(CHAT), &body, &[("authorization", &auth)]).await;
         assert_eq!(resp.status, 200, "{}", resp.text());
     }
-    let d = diagnostics(&c, &r).await;
+    // Diagnostics: a team sees its own Programs, the platform's key (the workers') all of them,
+    // and no key nothing.
+    assert_eq!(get(&c, &r.url("/scheduling/diagnostics")).await.status, 401);
+    let as_key = |key: &'static str| {
+        let (c, url) = (c.clone(), r.url("/scheduling/diagnostics"));
+        async move {
+            let auth = format!("Bearer {key}");
+            send(&c, "GET", &url, "", &[("authorization", &auth)])
+                .await
+                .json()
+        }
+    };
+    let own = as_key(team_a).await;
+    let own: Vec<&str> = own["ranks"][0]["programs"]
+        .as_array()
+        .expect("programs")
+        .iter()
+        .filter_map(|p| p["program"].as_str())
+        .collect();
+    let name = |k: &str| program_router::auth::hashed_name(k.as_bytes());
+    assert_eq!(own, [format!("{}/s1", name(team_a))]);
+    let d = as_key("platform-key").await;
     let programs = d["ranks"][0]["programs"].as_array().expect("programs");
     let mut listed: Vec<(String, String)> = programs
         .iter()
@@ -829,7 +851,6 @@ async fn each_client_key_has_its_own_programs() {
         })
         .collect();
     listed.sort();
-    let name = |k: &str| program_router::auth::hashed_name(k.as_bytes());
     let mut want = vec![
         (
             format!("{}/s1", name(team_a)),

@@ -35,6 +35,17 @@ pub struct Diagnostics {
     pub ranks: Vec<RankDiagnostics>,
 }
 
+impl Diagnostics {
+    /// Keeps only the Programs of client `name` (their ids are `name/...`, see
+    /// `Identity::scope`); rank figures stay whole.
+    pub fn only_client(&mut self, name: &str) {
+        let prefix = format!("{name}/");
+        for r in &mut self.ranks {
+            r.programs.retain(|p| p.program.starts_with(&prefix));
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct TokenEstimation {
     pub model_pool: &'static str,

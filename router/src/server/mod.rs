@@ -370,8 +370,17 @@ async fn dispatch(
         }
         (&Method::GET, "/status") => return Ok(json(StatusCode::OK, &status::status(state))),
         (&Method::GET, "/scheduling/diagnostics") => {
-            let v = match &state.applied.load().program {
-                Some(rt) => serde_json::to_value(rt.diagnostics()).unwrap_or_default(),
+            let applied = state.applied.load_full();
+            // With per-client keys a client sees its own Programs (the workers' key sees all).
+            let scope = crate::auth::diagnostics_scope(state, &applied, req.headers())?;
+            let v = match &applied.program {
+                Some(rt) => {
+                    let mut d = rt.diagnostics();
+                    if let Some(name) = &scope {
+                        d.only_client(name);
+                    }
+                    serde_json::to_value(d).unwrap_or_default()
+                }
                 None => serde_json::json!({ "enabled": false }),
             };
             return Ok(json(StatusCode::OK, &v));

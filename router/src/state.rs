@@ -78,6 +78,16 @@ fn client_keys(config: &RouterConfig) -> Option<Arc<[crate::auth::ClientKey]>> {
     )
 }
 
+/// Whether clients have keys of their own under `config` (a non-empty `client_api_keys`, or a
+/// key directory); `client_api_keys: []` turns checking off and names no one.
+fn named_clients(config: &RouterConfig) -> bool {
+    config
+        .client_api_keys
+        .as_ref()
+        .is_some_and(|l| !l.is_empty())
+        || config.client_api_keys_dir.is_some()
+}
+
 /// The workers' `Authorization` header for `config`, if it names an API key that is a valid
 /// header value (validation rejects one that is not).
 fn authorization(config: &RouterConfig) -> Option<http::HeaderValue> {
@@ -176,7 +186,7 @@ impl RouterState {
             hash: config.hash(),
             authorization: authorization(&config),
             client_keys: client_keys(&config),
-            named_clients: config.client_api_keys.is_some() || config.client_api_keys_dir.is_some(),
+            named_clients: named_clients(&config),
             limiter: limiter(&config, None),
             config,
             targets,
@@ -512,7 +522,7 @@ impl RouterState {
         self.applied.store(Arc::new(Applied {
             authorization: authorization(&config),
             client_keys: client_keys(&config),
-            named_clients: config.client_api_keys.is_some() || config.client_api_keys_dir.is_some(),
+            named_clients: named_clients(&config),
             limiter: limiter(&config, prev.limiter.as_ref()),
             config,
             hash,

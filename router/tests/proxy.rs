@@ -718,6 +718,11 @@ async fn clients_need_the_api_key_as_with_vllm_unless_client_keys_say_otherwise(
     assert_eq!(chat_as(&r, None).await.status, 200);
     let status = get(&c, &r.url("/status")).await.json();
     assert_eq!(status["config"]["client_auth"], "off");
+    assert_eq!(
+        get(&c, &r.url("/scheduling/diagnostics")).await.status,
+        200,
+        "checking off names no client: diagnostics stay open"
+    );
 
     // No keys at all: the client's own header goes to the backend, which decides.
     let r = router(workers(&[s.base()], 1)).await;

@@ -248,14 +248,18 @@ fn sse_usage(event: &[u8]) -> Option<(Usage, bool)> {
         #[serde(default)]
         usage: Option<Usage>,
     }
-    let text = std::str::from_utf8(event).ok()?;
-    let data = text
-        .lines()
-        .find_map(|l| l.strip_prefix("data:"))
-        .map(str::trim)?;
-    let c: Chunk = serde_json::from_str(data).ok()?;
+    let c: Chunk = serde_json::from_str(sse_data(event)?).ok()?;
     let usage = c.usage.or(c.response.and_then(|r| r.usage))?;
     Some((usage, c.choices.is_none_or(|v| v.is_empty())))
+}
+
+/// The data of one SSE event (its first `data:` line).
+pub(super) fn sse_data(event: &[u8]) -> Option<&str> {
+    std::str::from_utf8(event)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
 }
 
 /// The last `"usage": {...}` object in the tail of a JSON body.

@@ -110,12 +110,7 @@ pub fn id_in_event(event: &[u8]) -> Option<String> {
         id: String,
     }
     memchr::memmem::find(event, b"\"response\"")?;
-    let text = std::str::from_utf8(event).ok()?;
-    let data = text
-        .lines()
-        .find_map(|l| l.strip_prefix("data:"))
-        .map(str::trim)?;
-    serde_json::from_str::<Event>(data)
+    serde_json::from_str::<Event>(super::relay::sse_data(event)?)
         .ok()
         .map(|e| e.response.id)
         .filter(|id| !id.is_empty())

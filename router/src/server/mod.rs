@@ -469,15 +469,22 @@ async fn dispatch(
         .map(|r| body.slice(r))
         .unwrap_or_default();
     let original = body.clone();
+    // With fair queueing, the request's tenant (one for its quota, its queue and its Program).
+    let tenant = applied
+        .fair
+        .as_ref()
+        .map(|f| f.tenant(&parts.headers, peeked.user.as_deref(), client.as_deref()));
     // The tenant's quota, before the request waits anywhere (Program scheduling included).
-    let rate = match &applied.fair {
-        Some(f) => {
-            let tenant = f.tenant(&parts.headers, peeked.user.as_deref(), client.as_deref());
-            // About four bytes of JSON text per token, as the fair queue estimates.
-            f.rate_admit(&tenant, (prompt.len() / 4) as u64)
-                .map_err(|r| rate_limited(&tenant, r))?
-        }
-        None => None,
+    let rate = match (&applied.fair, &tenant) {
+        // About four bytes of JSON text per token, as the fair queue estimates.
+        (Some(f), Some(t)) => f
+            .rate_admit(t, (prompt.len() / 4) as u64)
+            .map_err(|r| rate_limited(t, r))?,
+        _ => None,
+    };
+    let caller = Caller {
+        client: client.as_deref(),
+        tenant: tenant.as_deref(),
     };
     let outgoing = request::rewrite(
         body,
@@ -499,7 +506,7 @@ async fn dispatch(
                 state,
                 rt,
                 &applied,
-                client.as_deref(),
+                caller,
                 &peeked,
                 &original,
                 &parts.headers,
@@ -522,18 +529,10 @@ async fn dispatch(
     };
     // Requests outside Program scheduling (which has its own RequestPool) wait their turn in the
     // fair queue, when one is configured.
-    let fair = match (&applied.fair, &ticket) {
-        (Some(f), None) => Some(
-            fair_admission(
-                state,
-                f,
-                &parts.headers,
-                client.as_deref(),
-                &peeked,
-                prompt.len(),
-            )
-            .await?,
-        ),
+    let fair = match (&applied.fair, caller.tenant, &ticket) {
+        (Some(f), Some(tenant), None) => {
+            Some(fair_admission(state, f, &parts.headers, tenant, prompt.len()).await?)
+        }
         _ => None,
     };
     let info = RequestInfo {
@@ -611,18 +610,17 @@ fn shutting_down() -> ApiError {
 }
 
 /// Waits in the fair queue; errors are OpenAI-style 429 (tenant queue full), 504 (queue timeout),
-/// 400 (unknown class) or 503 (reconfigured, shutting down).
+/// 400 (unknown class), 403 (a class above the tenant's cap) or 503 (reconfigured, shutting
+/// down).
 async fn fair_admission(
     state: &RouterState,
     f: &Arc<crate::fair::runtime::FairRuntime>,
     headers: &http::HeaderMap,
-    client: Option<&str>,
-    peeked: &request::Peeked,
+    tenant: &str,
     prompt_bytes: usize,
 ) -> Result<crate::fair::runtime::FairPermit, ApiError> {
     use crate::fair::runtime::FairError;
-    let tenant = f.tenant(headers, peeked.user.as_deref(), client);
-    let class = f.class(headers, &tenant);
+    let class = f.class(headers, tenant);
     let refused = |e: FairError| match e {
         FairError::ClassNotAllowed { class, max } => ApiError::new(
             StatusCode::FORBIDDEN,
@@ -658,13 +656,21 @@ async fn fair_admission(
             "fair queueing was reconfigured while the request waited; retry",
         ),
     };
-    f.check_class(&tenant, &class).map_err(refused)?;
+    f.check_class(tenant, &class).map_err(refused)?;
     // About four bytes of JSON text per token: an estimate charged at dispatch; the real prompt
     // and completion counts are charged from the response's usage.
     let estimate = (prompt_bytes / 4) as u64;
-    f.admit(&tenant, &class, estimate, state.queues_closed())
+    f.admit(tenant, &class, estimate, state.queues_closed())
         .await
         .map_err(refused)
+}
+
+/// Who sent a request: the name of the key it presented (when clients have their own) and its
+/// fair-queueing tenant (when fairness is configured).
+#[derive(Clone, Copy)]
+struct Caller<'a> {
+    client: Option<&'a str>,
+    tenant: Option<&'a str>,
 }
 
 /// Program scheduling for a request that carries Program identity: waits in the RequestPool if
@@ -674,7 +680,7 @@ async fn program_admission(
     state: &RouterState,
     rt: &Arc<crate::scheduling::ProgramRuntime>,
     applied: &crate::state::Applied,
-    client: Option<&str>,
+    caller: Caller<'_>,
     peeked: &request::Peeked,
     body: &[u8],
     headers: &http::HeaderMap,
@@ -701,18 +707,18 @@ async fn program_admission(
     let Some(mut id) = id else {
         return Ok((None, None));
     };
-    if let Some(client) = client {
+    if let Some(client) = caller.client {
         // Each client's Programs are its own: two teams that both call a session "s1" are two
         // Programs, and one cannot join, pin or pause the other's.
         id.scope(client);
     }
     let model = peeked.model.as_deref().unwrap_or("");
     // With fair queueing configured, retained requests resume tenant-fairly within a tier.
-    let tenant = applied.fair.as_ref().map(|f| {
-        let t = f.tenant(headers, peeked.user.as_deref(), client);
-        let w = f.weight(&t);
-        (t, w)
-    });
+    let tenant = applied
+        .fair
+        .as_ref()
+        .zip(caller.tenant)
+        .map(|(f, t)| (t.to_string(), f.weight(t)));
     let (ticket, admission) = rt.admit(model, id, prompt, tenant);
     let queue_timeout = || {
         ApiError::new(

@@ -9,23 +9,15 @@
 # /tmp/old REV && cd /tmp/old && CARGO_TARGET_DIR=/tmp/old-target cargo build --release -p
 # program-router`).
 set -euo pipefail
-cd "$(dirname "$0")/.."
 [ $# = 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY" >&2; exit 2; }
+old_bin=$(realpath "$1"); new_bin=$(realpath "$2")
+cd "$(dirname "$0")/.."
 command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)" >&2; exit 1; }
 target="${CARGO_TARGET_DIR:-target}"
 cargo build --release --locked -q -p vllm-sim
-declare -A bin=([A]=$1 [B]=$2) port pid
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_up() { for _ in $(seq 1 100); do curl -fs "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not up: $1" >&2; exit 1; }
-lua=$(mktemp)
-cat > "$lua" <<'LUA'
-wrk.method = "POST"
-wrk.body = '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":1}'
-wrk.headers["Content-Type"] = "application/json"
-LUA
+declare -A bin=([A]=$old_bin [B]=$new_bin) port pid
+. scripts/bench-lib.sh
+lua=$(chat_lua)
 sim_port=$(free_port)
 "$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
 wait_up "http://127.0.0.1:$sim_port/health"

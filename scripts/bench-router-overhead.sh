@@ -25,19 +25,8 @@ fi
 [ -x "$venv/bin/vllm-router" ] || { echo "vllm-router not found in $venv (pip install vllm-router==0.1.17)" >&2; exit 1; }
 cargo build --release --locked -q -p vllm-sim -p program-router
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_up() { for _ in $(seq 1 100); do curl -fs "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not up: $1" >&2; exit 1; }
-
-lua=$(mktemp)
-cat > "$lua" <<'LUA'
-wrk.method = "POST"
-wrk.body = '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":1}'
-wrk.headers["Content-Type"] = "application/json"
-LUA
+. scripts/bench-lib.sh
+lua=$(chat_lua)
 
 sim_port=$(free_port)
 "${load[@]}" "$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)

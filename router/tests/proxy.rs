@@ -125,6 +125,27 @@ async fn explicit_global_ranks_reach_a_server_owning_4_to_7() {
     }
 }
 
+/// Asserts that exactly one of the simulator's four ranks finished `n` requests.
+async fn assert_one_rank_served_all(c: &HttpClient, s: &vllm_sim::server::Spawned, n: f64) {
+    let mut per_rank = Vec::new();
+    for e in ["0", "1", "2", "3"] {
+        per_rank.push(
+            sim_metric(
+                c,
+                s,
+                "vllm:request_success_total",
+                &[("engine", e), ("finished_reason", "length")],
+            )
+            .await,
+        );
+    }
+    assert_eq!(
+        per_rank.iter().filter(|x| **x == n).count(),
+        1,
+        "{per_rank:?}"
+    );
+}
+
 #[tokio::test]
 async fn anthropic_messages_stick_by_metadata_user_id() {
     // Claude Code sends its session in the body's `metadata.user_id`: a plain /v1/messages
@@ -143,23 +164,7 @@ async fn anthropic_messages_stick_by_metadata_user_id() {
         assert_eq!(resp.status, 200, "{}", resp.text());
         assert_eq!(resp.json()["type"], "message");
     }
-    let mut per_rank = Vec::new();
-    for e in ["0", "1", "2", "3"] {
-        per_rank.push(
-            sim_metric(
-                &c,
-                &s,
-                "vllm:request_success_total",
-                &[("engine", e), ("finished_reason", "length")],
-            )
-            .await,
-        );
-    }
-    assert_eq!(
-        per_rank.iter().filter(|n| **n == 6.0).count(),
-        1,
-        "{per_rank:?}"
-    );
+    assert_one_rank_served_all(&c, &s, 6.0).await;
 }
 
 #[tokio::test]
@@ -233,23 +238,7 @@ async fn consistent_hash_keeps_a_session_on_one_rank() {
         .await;
         assert_eq!(resp.status, 200);
     }
-    let mut per_rank = Vec::new();
-    for e in ["0", "1", "2", "3"] {
-        per_rank.push(
-            sim_metric(
-                &c,
-                &s,
-                "vllm:request_success_total",
-                &[("engine", e), ("finished_reason", "length")],
-            )
-            .await,
-        );
-    }
-    assert_eq!(
-        per_rank.iter().filter(|n| **n == 6.0).count(),
-        1,
-        "{per_rank:?}"
-    );
+    assert_one_rank_served_all(&c, &s, 6.0).await;
     // Many sessions spread over all ranks.
     for i in 0..40 {
         let key = format!("s{i}");

@@ -244,10 +244,14 @@ pub async fn dir_loop(state: Arc<RouterState>) {
             continue;
         };
         let dir = PathBuf::from(dir);
+        let current = state.client_dir.load_full();
         let read = tokio::task::spawn_blocking({
             let dir = dir.clone();
             move || {
                 let first = read_dir(&dir)?;
+                if current.is_some_and(|c| *c.keys == *first) {
+                    return Ok(Some(first)); // unchanged: nothing to confirm
+                }
                 std::thread::sleep(Duration::from_millis(100));
                 let second = read_dir(&dir)?;
                 Ok::<_, String>((first == second).then_some(second))

@@ -233,11 +233,7 @@ pub fn parse_responses(body: &[u8], limits: &Limits<'_>) -> Result<Job, ApiError
 mod tests {
     use super::*;
 
-    const LIMITS: Limits<'static> = Limits {
-        model: "sim-model",
-        default_max_tokens: 16,
-        accept_nested_xargs: false,
-    };
+    const LIMITS: Limits<'static> = super::super::openai::TEST_LIMITS;
 
     #[test]
     fn messages_take_the_system_prompt_and_every_block() {

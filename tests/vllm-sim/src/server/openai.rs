@@ -316,15 +316,19 @@ fn check_xargs(x: &serde_json::Map<String, Value>, accept_nested: bool) -> Resul
     Ok(())
 }
 
+/// The server limits the parsing tests use (here and in `super::apis`).
+#[cfg(test)]
+pub(super) const TEST_LIMITS: Limits<'static> = Limits {
+    model: "sim-model",
+    default_max_tokens: 16,
+    accept_nested_xargs: false,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const LIMITS: Limits<'static> = Limits {
-        model: "sim-model",
-        default_max_tokens: 16,
-        accept_nested_xargs: false,
-    };
+    const LIMITS: Limits<'static> = TEST_LIMITS;
 
     fn chat(body: &str) -> Result<Job, ApiError> {
         parse(Endpoint::Chat, body.as_bytes(), &LIMITS)

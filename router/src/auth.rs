@@ -192,7 +192,7 @@ pub fn authorize(
         .config
         .client_api_keys_dir
         .as_ref()
-        .and(state.client_dir.load_full());
+        .and_then(|_| state.client_dir.load_full());
     if applied.client_keys.is_none() && dir.is_none() {
         return Ok(None);
     }

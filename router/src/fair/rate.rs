@@ -95,13 +95,17 @@ impl RateLimiter {
         if l.requests_per_minute.is_none() && l.tokens_per_minute.is_none() {
             return Ok(());
         }
-        if self.tenants.len() >= MAX_TENANTS && !self.tenants.contains_key(tenant) {
-            self.prune(now);
+        if !self.tenants.contains_key(tenant) {
+            if self.tenants.len() >= MAX_TENANTS {
+                self.prune(now);
+            }
+            // Only a newcomer allocates its name.
+            self.tenants
+                .insert(tenant.to_string(), Buckets::full(l, now));
         }
-        let b = self
-            .tenants
-            .entry(tenant.to_string())
-            .or_insert_with(|| Buckets::full(l, now));
+        let Some(b) = self.tenants.get_mut(tenant) else {
+            return Ok(());
+        };
         b.refill(l, now);
         b.limits = *l;
         if let Some(r) = l.requests_per_minute
@@ -153,10 +157,6 @@ impl RateLimiter {
             b.refill(&l, now);
             !b.is_full(&l)
         });
-    }
-
-    pub fn tenants(&self) -> usize {
-        self.tenants.len()
     }
 }
 
@@ -239,13 +239,13 @@ mod tests {
         };
         let t0 = Instant::now();
         assert!(r.admit("a", &none, 5, t0).is_ok());
-        assert_eq!(r.tenants(), 0);
+        assert_eq!(r.tenants.len(), 0);
         for i in 0..MAX_TENANTS {
             r.admit(&format!("t{i}"), &RPM, 0, t0).expect("first");
         }
         // A minute later every bucket is full again: room for newcomers.
         let later = t0 + Duration::from_secs(60);
         r.admit("new", &RPM, 0, later).expect("admitted");
-        assert_eq!(r.tenants(), 1);
+        assert_eq!(r.tenants.len(), 1);
     }
 }

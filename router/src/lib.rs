@@ -14,6 +14,7 @@ pub mod hash;
 pub mod limit;
 pub mod net;
 pub mod observe;
+pub mod peers;
 pub mod policies;
 pub mod program;
 pub mod proxy;

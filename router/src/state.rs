@@ -41,6 +41,8 @@ pub struct Applied {
     pub named_clients: bool,
     /// The cap on requests in progress, when `limits.max_concurrent_requests` sets one.
     pub limiter: Option<Arc<crate::limit::Limiter>>,
+    /// The other router replicas Program requests are forwarded to, when `peers` is set.
+    pub peers: Option<Arc<crate::peers::Peers>>,
 }
 
 /// The limiter for `config`: `prev`'s when the cap is unchanged (its places and waiters carry
@@ -127,6 +129,8 @@ pub struct RouterState {
     pub program_metrics: ProgramMetrics,
     pub fair_metrics: FairMetrics,
     pub client: UpstreamClient,
+    /// Carries Program requests to the replica that owns them (`peers`).
+    pub peer_client: crate::peers::PeerClient,
     /// From the shutdown signal on: when the router's queues close and when the drain ends
     /// (see [`RouterState::begin_shutdown`]).
     drain: watch::Sender<Option<DrainPlan>>,
@@ -188,6 +192,10 @@ impl RouterState {
             client_keys: client_keys(&config),
             named_clients: named_clients(&config),
             limiter: limiter(&config, None),
+            peers: config
+                .peers
+                .as_ref()
+                .map(|p| Arc::new(crate::peers::Peers::new(p, None))),
             config,
             targets,
             policy,
@@ -203,6 +211,7 @@ impl RouterState {
             program_metrics,
             fair_metrics,
             client: proxy::client(),
+            peer_client: crate::peers::client(),
             drain: watch::channel(None).0,
             last_reload_error: Mutex::new(None),
             health_wake: Notify::new(),
@@ -524,6 +533,10 @@ impl RouterState {
             client_keys: client_keys(&config),
             named_clients: named_clients(&config),
             limiter: limiter(&config, prev.limiter.as_ref()),
+            peers: config
+                .peers
+                .as_ref()
+                .map(|p| Arc::new(crate::peers::Peers::new(p, prev.peers.as_deref()))),
             config,
             hash,
             targets,

@@ -161,6 +161,8 @@ fn documented_defaults_are_the_real_defaults() {
     defaults["fairness"]["default_rate_limit"] =
         serde_json::to_value(program_router::config::fairness::RateLimitConfig::default())
             .expect("quota defaults");
+    defaults["peers"] = serde_json::to_value(program_router::config::peers::PeersConfig::default())
+        .expect("peers defaults");
     let mut checked = 0;
     let mut wrong = Vec::new();
     for (field, cell, _) in table_rows() {
@@ -174,6 +176,7 @@ fn documented_defaults_are_the_real_defaults() {
                 "program_scheduling",
                 "fairness",
                 "fairness.default_rate_limit",
+                "peers",
             ]
             .contains(&&*field)
         {

@@ -109,6 +109,10 @@ pub struct Flags {
     /// [config: client_api_keys_dir]
     #[arg(long, env = "PROGRAM_ROUTER_CLIENT_API_KEYS_DIR")]
     pub client_api_keys_dir: Option<String>,
+    /// This replica's name in the config's `peers.members` (the operator passes the pod name);
+    /// ignored without `peers`. [config: peers.self_name]
+    #[arg(long, env = "PROGRAM_ROUTER_PEER_NAME")]
+    pub peer_name: Option<String>,
     /// Address of the metrics listener. [config: prometheus_host]
     #[arg(long)]
     pub prometheus_host: Option<String>,
@@ -361,6 +365,9 @@ impl Flags {
         }
         if let Some(d) = &self.client_api_keys_dir {
             c.client_api_keys_dir = Some(d.clone());
+        }
+        if let (Some(name), Some(peers)) = (&self.peer_name, c.peers.as_mut()) {
+            peers.self_name = Some(name.clone());
         }
         set!(self.prometheus_host => c.prometheus_host);
         if let Some(p) = self.prometheus_port {

@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod fairness;
 pub mod migrate;
+pub mod peers;
 pub mod program;
 pub mod watch;
 
@@ -304,6 +305,9 @@ pub struct RouterConfig {
     pub program_scheduling: Option<ProgramSchedulingConfig>,
     /// Fair multi-tenant queueing; absent or null = disabled.
     pub fairness: Option<FairnessConfig>,
+    /// Router replicas that forward each Program's requests to one owner replica (extension);
+    /// absent or null = every replica schedules the Programs it sees.
+    pub peers: Option<peers::PeersConfig>,
     pub log_level: String,
     pub log_format: LogFormat,
 }
@@ -338,6 +342,7 @@ impl Default for RouterConfig {
             observation: ObservationConfig::default(),
             program_scheduling: None,
             fairness: None,
+            peers: None,
             log_level: "info".into(),
             log_format: LogFormat::default(),
         }
@@ -611,6 +616,9 @@ impl RouterConfig {
         }
         if let Some(ps) = &self.program_scheduling {
             ps.validate()?;
+        }
+        if let Some(p) = &self.peers {
+            p.validate()?;
         }
         tracing_subscriber::EnvFilter::try_new(&self.log_level)
             .map_err(|e| ConfigError::new("log_level", e.to_string()))?;

@@ -28,6 +28,8 @@ pub struct Metrics {
     pub concurrency_limit: IntGauge,
     pub concurrency_in_progress: IntGauge,
     pub concurrency_waiting: IntGauge,
+    /// Program requests handed between router replicas (`peers`), by outcome.
+    pub peer_forwards: IntCounterVec,
     routes: Vec<(&'static str, RouteMetrics)>,
 }
 
@@ -168,6 +170,15 @@ impl Metrics {
             concurrency_waiting: reg!(IntGauge::new(
                 "program_router_concurrency_waiting",
                 "Requests waiting for one of the cap's places (at most limits.queue_size)."
+            )?),
+            peer_forwards: reg!(IntCounterVec::new(
+                Opts::new(
+                    "program_router_peer_forwards_total",
+                    "Program requests forwarded to the replica that owns them (forwarded), \
+                     served here because the owner was unreachable (unreachable), failed on the \
+                     way (failed), or received from another replica (received)."
+                ),
+                &["outcome"]
             )?),
             routes: Vec::new(),
             registry,

@@ -81,6 +81,18 @@ fn nominated(headers: &HeaderMap) -> Vec<HeaderName> {
         .collect()
 }
 
+/// Copies `src`'s end-to-end headers into `dst`: hop-by-hop ones, those its `Connection` header
+/// names, `Host` and `Content-Length` stay behind.
+pub(crate) fn copy_end_to_end(src: &HeaderMap, dst: &mut HeaderMap) {
+    let connection_scoped = nominated(src);
+    dst.reserve(src.len() + 4);
+    for (k, v) in src {
+        if !HOP_BY_HOP.contains(k) && !connection_scoped.contains(k) {
+            dst.append(k, v.clone());
+        }
+    }
+}
+
 /// One request to forward.
 pub struct Outbound<'a> {
     /// The configuration snapshot the request was admitted under (a pinned rank indexes its

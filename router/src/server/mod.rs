@@ -469,6 +469,74 @@ async fn dispatch(
         .map(|r| body.slice(r))
         .unwrap_or_default();
     let original = body.clone();
+    // A Responses request that continues a stored response must reach the server that stored
+    // it; Program scheduling could place it anywhere, so it steps aside for this request.
+    let stored_home = peeked
+        .previous_response_id
+        .as_deref()
+        .filter(|_| path == "/v1/responses")
+        .and_then(|id| state.response_homes.home(id, &applied.targets.targets));
+    let identity = match stored_home {
+        Some(_) => None,
+        None => program_identity(
+            &applied,
+            client.as_deref(),
+            &peeked,
+            &original,
+            &parts.headers,
+        )?,
+    };
+    // A Program another router replica owns is scheduled there (`peers`); the quota, queues
+    // and scheduler of that replica apply, not this one's.
+    if let (Some(peers), Some(id)) = (&applied.peers, &identity) {
+        if parts.headers.contains_key(&crate::peers::FORWARDED_BY) {
+            state
+                .metrics
+                .peer_forwards
+                .with_label_values(&["received"])
+                .inc();
+        } else {
+            let root = id.root_program_id.as_deref().unwrap_or(&id.program_id);
+            if let Some(owner) = peers.owner(root, Instant::now()) {
+                let handoff = crate::peers::Handoff {
+                    method: method.clone(),
+                    path_and_query: &path_and_query,
+                    headers: &parts.headers,
+                    body: original.clone(),
+                    request_id,
+                    timeout: crate::config::duration(applied.config.limits.request_timeout_secs),
+                };
+                match crate::peers::forward(&state.peer_client, peers, owner, handoff).await {
+                    Ok(resp) => {
+                        state
+                            .metrics
+                            .peer_forwards
+                            .with_label_values(&["forwarded"])
+                            .inc();
+                        return Ok(hold(resp, place));
+                    }
+                    Err(crate::peers::ForwardError::Failed(e)) => {
+                        state
+                            .metrics
+                            .peer_forwards
+                            .with_label_values(&["failed"])
+                            .inc();
+                        return Err(e);
+                    }
+                    Err(crate::peers::ForwardError::Unreachable(why)) => {
+                        // Nothing was sent: this replica schedules the Program instead (every
+                        // replica skips the owner for a while, so they agree on the next one).
+                        state
+                            .metrics
+                            .peer_forwards
+                            .with_label_values(&["unreachable"])
+                            .inc();
+                        tracing::warn!(error = %why, "Program owner unreachable; serving here");
+                    }
+                }
+            }
+        }
+    }
     // With fair queueing, the request's tenant (one for its quota, its queue and its Program).
     let tenant = applied
         .fair
@@ -482,34 +550,23 @@ async fn dispatch(
             .map_err(|r| rate_limited(t, r))?,
         _ => None,
     };
-    let caller = Caller {
-        client: client.as_deref(),
-        tenant: tenant.as_deref(),
-    };
     let outgoing = request::rewrite(
         body,
         &peeked,
         applied.config.agentic_context,
         applied.config.inject_stream_usage && takes_stream_options(&path),
     )?;
-    // A Responses request that continues a stored response must reach the server that stored
-    // it; Program scheduling could place it anywhere, so it steps aside for this request.
-    let stored_home = peeked
-        .previous_response_id
-        .as_deref()
-        .filter(|_| path == "/v1/responses")
-        .and_then(|id| state.response_homes.home(id, &applied.targets.targets));
-    let (pin, ticket) = match &applied.program {
+    let (pin, ticket) = match (&applied.program, identity) {
         _ if stored_home.is_some() => (stored_home, None),
-        Some(rt) => {
+        (Some(rt), Some(id)) => {
+            let rt = rt.clone();
             let (placed, ticket) = program_admission(
                 state,
-                rt,
+                &rt,
                 &applied,
-                caller,
-                &peeked,
-                &original,
-                &parts.headers,
+                tenant.as_deref(),
+                id,
+                peeked.model.as_deref(),
                 &prompt,
             )
             .await?;
@@ -525,11 +582,11 @@ async fn dispatch(
                 None => (None, ticket),
             }
         }
-        None => (None, None),
+        _ => (None, None),
     };
     // Requests outside Program scheduling (which has its own RequestPool) wait their turn in the
     // fair queue, when one is configured.
-    let fair = match (&applied.fair, caller.tenant, &ticket) {
+    let fair = match (&applied.fair, tenant.as_deref(), &ticket) {
         (Some(f), Some(tenant), None) => {
             Some(fair_admission(state, f, &parts.headers, tenant, prompt.len()).await?)
         }
@@ -561,6 +618,14 @@ async fn dispatch(
         },
     )
     .await
+}
+
+/// `resp` with `place` (a place among the requests in progress) held until its body ends.
+fn hold(resp: Response<Body>, place: Option<crate::limit::Place>) -> Response<Body> {
+    match place {
+        Some(p) => resp.map(|b| crate::peers::Holding::new(b, p).boxed_unsync()),
+        None => resp,
+    }
 }
 
 /// 429 for a tenant over its quota (`fairness.tenant_rate_limits`).
@@ -665,31 +730,18 @@ async fn fair_admission(
         .map_err(refused)
 }
 
-/// Who sent a request: the name of the key it presented (when clients have their own) and its
-/// fair-queueing tenant (when fairness is configured).
-#[derive(Clone, Copy)]
-struct Caller<'a> {
-    client: Option<&'a str>,
-    tenant: Option<&'a str>,
-}
-
-/// Program scheduling for a request that carries Program identity: waits in the RequestPool if
-/// needed and returns the target to pin. Requests without identity take the native path.
-#[allow(clippy::too_many_arguments)] // one request's parts, each used once
-async fn program_admission(
-    state: &RouterState,
-    rt: &Arc<crate::scheduling::ProgramRuntime>,
+/// The request's Program identity when Program scheduling is on and the request carries one,
+/// scoped to the client that presented a key of its own.
+fn program_identity(
     applied: &crate::state::Applied,
-    caller: Caller<'_>,
+    client: Option<&str>,
     peeked: &request::Peeked,
     body: &[u8],
     headers: &http::HeaderMap,
-    prompt: &[u8],
-) -> Result<(Option<String>, Option<crate::scheduling::ProgramTicket>), ApiError> {
+) -> Result<Option<crate::program::identity::Identity>, ApiError> {
     use crate::program::identity;
-    use crate::scheduling::{Admission, Placement};
     let Some(ps) = &applied.config.program_scheduling else {
-        return Ok((None, None));
+        return Ok(None);
     };
     let ctx = peeked.agentic_context(body)?;
     let hint = if ps.program_scheduling_enable_key == crate::config::program::EnableKey::Auto {
@@ -704,20 +756,37 @@ async fn program_admission(
         headers,
     )
     .map_err(|e| ApiError::bad_request(format!("invalid Program identity: {e}")))?;
-    let Some(mut id) = id else {
+    Ok(id.map(|mut id| {
+        if let Some(client) = client {
+            // Each client's Programs are its own: two teams that both call a session "s1" are
+            // two Programs, and one cannot join, pin or pause the other's.
+            id.scope(client);
+        }
+        id
+    }))
+}
+
+/// Program scheduling for a request that carries Program identity: waits in the RequestPool if
+/// needed and returns the target to pin.
+async fn program_admission(
+    state: &RouterState,
+    rt: &Arc<crate::scheduling::ProgramRuntime>,
+    applied: &crate::state::Applied,
+    tenant: Option<&str>,
+    id: crate::program::identity::Identity,
+    model: Option<&str>,
+    prompt: &[u8],
+) -> Result<(Option<String>, Option<crate::scheduling::ProgramTicket>), ApiError> {
+    use crate::scheduling::{Admission, Placement};
+    let Some(ps) = &applied.config.program_scheduling else {
         return Ok((None, None));
     };
-    if let Some(client) = caller.client {
-        // Each client's Programs are its own: two teams that both call a session "s1" are two
-        // Programs, and one cannot join, pin or pause the other's.
-        id.scope(client);
-    }
-    let model = peeked.model.as_deref().unwrap_or("");
+    let model = model.unwrap_or("");
     // With fair queueing configured, retained requests resume tenant-fairly within a tier.
     let tenant = applied
         .fair
         .as_ref()
-        .zip(caller.tenant)
+        .zip(tenant)
         .map(|(f, t)| (t.to_string(), f.weight(t)));
     let (ticket, admission) = rt.admit(model, id, prompt, tenant);
     let queue_timeout = || {

@@ -55,9 +55,17 @@ pub fn status(state: &RouterState) -> Value {
         json!({ "max_concurrent_requests": l.max(), "in_progress": l.in_progress(),
                 "waiting": l.waiting() })
     });
+    // Program forwarding between replicas: who this replica is and whom it skips.
+    let peers = applied.peers.as_ref().map(|p| {
+        json!({ "self_name": p.self_name, "member": p.is_member(),
+                "members": p.members.iter().map(|m| &m.name).collect::<Vec<_>>(),
+                "unreachable": p.down_members(),
+                "forwarding": applied.program.is_some() })
+    });
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "limits": limits,
+        "peers": peers,
         "ready": ready(state),
         "draining": state.is_draining(),
         "config": {

@@ -1,0 +1,314 @@
+//! Program forwarding between router replicas (`peers`), against vllm-sim over loopback: each
+//! Program is scheduled by one owner replica whichever replica the client reached.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use program_router::config::peers::{PeerMember, PeersConfig};
+use program_router::config::{ProgramSchedulingConfig, RouterConfig};
+use serde_json::json;
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn program_body(program: &str, stream: bool) -> String {
+    json!({
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": format!("turn of {program}")}],
+        "max_tokens": 3,
+        "stream": stream,
+        "vllm_xargs": {"agentic_context": {"program_id": program}},
+    })
+    .to_string()
+}
+
+/// Two replicas over one simulator, each told about both.
+async fn pair(extra: impl Fn(&mut RouterConfig)) -> (vllm_sim::server::Spawned, Router, Router) {
+    pair_on(&["--time-scale", "50"], extra).await
+}
+
+async fn pair_on(
+    sim_args: &[&str],
+    extra: impl Fn(&mut RouterConfig),
+) -> (vllm_sim::server::Spawned, Router, Router) {
+    let s = sim(sim_args).await;
+    let mut base = RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        ..workers(&[s.base()], 1)
+    };
+    extra(&mut base);
+    let a = router(base.clone()).await;
+    let b = router(base.clone()).await;
+    let members = vec![
+        PeerMember {
+            name: "router-a".into(),
+            url: a.server.base(),
+        },
+        PeerMember {
+            name: "router-b".into(),
+            url: b.server.base(),
+        },
+    ];
+    for (r, me) in [(&a, "router-a"), (&b, "router-b")] {
+        let mut cfg = r.state.applied.load().config.clone();
+        cfg.peers = Some(PeersConfig {
+            self_name: Some(me.into()),
+            members: members.clone(),
+            unreachable_backoff_secs: 30.0,
+        });
+        cfg.validate().expect("valid");
+        assert!(r.state.apply(cfg).expect("applied"));
+    }
+    (s, a, b)
+}
+
+async fn programs(c: &HttpClient, r: &Router, headers: &[(&str, &str)]) -> BTreeSet<String> {
+    let d = send(c, "GET", &r.url("/scheduling/diagnostics"), "", headers)
+        .await
+        .json();
+    d["ranks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|rank| rank["programs"].as_array().into_iter().flatten())
+        .filter_map(|p| p["program"].as_str().map(String::from))
+        .collect()
+}
+
+async fn forwards(c: &HttpClient, r: &Router, outcome: &str) -> f64 {
+    metric(
+        c,
+        &format!("http://{}", r.metrics_addr),
+        "program_router_peer_forwards_total",
+        &[("outcome", outcome)],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn each_program_is_scheduled_by_one_replica_whichever_the_client_reaches() {
+    let (_s, a, b) = pair(|_| {}).await;
+    let c = client();
+    let ids: Vec<String> = (0..24).map(|i| format!("agent-{i}")).collect();
+    // Every Program's turns alternate between the replicas, as a load balancer may send them;
+    // half are streamed.
+    for turn in 0..2 {
+        for (i, id) in ids.iter().enumerate() {
+            let r = if (i + turn) % 2 == 0 { &a } else { &b };
+            let stream = i % 2 == 1;
+            let resp = post(&c, &r.url(CHAT), &program_body(id, stream)).await;
+            assert_eq!(resp.status, 200, "{id}: {}", resp.text());
+            if stream {
+                let text = resp.text();
+                assert!(text.contains("data: [DONE]"), "{id}: {text}");
+                assert!(text.contains("chat.completion.chunk"), "{id}: {text}");
+            } else {
+                assert_eq!(resp.json()["object"], "chat.completion", "{id}");
+            }
+        }
+    }
+    let (on_a, on_b) = (programs(&c, &a, &[]).await, programs(&c, &b, &[]).await);
+    assert!(
+        on_a.is_disjoint(&on_b),
+        "a Program on both: {on_a:?} {on_b:?}"
+    );
+    let all: BTreeSet<String> = on_a.union(&on_b).cloned().collect();
+    assert_eq!(
+        all,
+        ids.iter().cloned().collect(),
+        "every Program has one owner"
+    );
+    assert!(!on_a.is_empty() && !on_b.is_empty(), "{on_a:?} {on_b:?}");
+    // Each replica forwarded what the other owns and received what it owns.
+    let (fa, fb) = (
+        forwards(&c, &a, "forwarded").await,
+        forwards(&c, &b, "forwarded").await,
+    );
+    let (ra, rb) = (
+        forwards(&c, &a, "received").await,
+        forwards(&c, &b, "received").await,
+    );
+    assert_eq!(fa + fb, ids.len() as f64, "half of 48 turns cross over");
+    assert_eq!((fa, fb), (rb, ra), "what one sends the other receives");
+    // The owner counted every turn: each Program has two completed requests there.
+    for (r, owned) in [(&a, &on_a), (&b, &on_b)] {
+        let d = get(&c, &r.url("/scheduling/diagnostics")).await.json();
+        for p in d["ranks"][0]["programs"].as_array().expect("programs") {
+            assert!(owned.contains(p["program"].as_str().unwrap_or_default()));
+        }
+    }
+
+    // Requests without Program identity are served where they land.
+    let before = forwards(&c, &a, "forwarded").await;
+    for _ in 0..4 {
+        assert_eq!(post(&c, &a.url(CHAT), &chat("plain", 2)).await.status, 200);
+    }
+    assert_eq!(forwards(&c, &a, "forwarded").await, before);
+
+    // A request another replica forwarded is served here, even for a Program this replica
+    // does not own (replicas that briefly disagree never bounce a request back and forth).
+    let theirs = on_b.iter().next().expect("b owns one").clone();
+    let resp = send(
+        &c,
+        "POST",
+        &a.url(CHAT),
+        &program_body(&theirs, false),
+        &[("x-program-router-peer", "router-b")],
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert!(programs(&c, &a, &[]).await.contains(&theirs));
+
+    // Status names the members and this replica.
+    let st = get(&c, &a.url("/status")).await.json();
+    assert_eq!(st["peers"]["self_name"], "router-a", "{st}");
+    assert_eq!(st["peers"]["member"], true);
+    assert_eq!(st["peers"]["members"], json!(["router-a", "router-b"]));
+    assert_eq!(st["peers"]["unreachable"], json!([]));
+}
+
+#[tokio::test]
+async fn an_unreachable_owner_is_skipped_and_its_programs_served_here() {
+    let (_s, a, mut b) = pair(|_| {}).await;
+    let c = client();
+    // Programs b owns, found through a's own view of the members.
+    let peers = a.state.applied.load().peers.clone().expect("peers");
+    let now = std::time::Instant::now();
+    let theirs: Vec<String> = (0..200)
+        .map(|i| format!("p{i}"))
+        .filter(|p| peers.owner(p, now).is_some())
+        .take(3)
+        .collect();
+    assert_eq!(theirs.len(), 3);
+    b.server.stopped().await;
+    for p in &theirs {
+        let resp = post(&c, &a.url(CHAT), &program_body(p, false)).await;
+        assert_eq!(resp.status, 200, "{p}: {}", resp.text());
+    }
+    // One refused connection, then b is skipped for the backoff: no more attempts.
+    assert_eq!(forwards(&c, &a, "unreachable").await, 1.0);
+    assert_eq!(forwards(&c, &a, "forwarded").await, 0.0);
+    let on_a = programs(&c, &a, &[]).await;
+    assert!(theirs.iter().all(|p| on_a.contains(p)), "{on_a:?}");
+    let st = get(&c, &a.url("/status")).await.json();
+    assert_eq!(st["peers"]["unreachable"], json!(["router-b"]), "{st}");
+}
+
+#[tokio::test]
+async fn a_forwarded_request_keeps_the_clients_key_and_program_namespace() {
+    // With per-client keys the owner checks the client's key again and scopes the Program to
+    // that client, exactly as if the client had reached it directly.
+    let (_s, a, b) = pair(|c| {
+        c.client_api_keys = Some(vec!["sk-team".into()]);
+        c.api_key = None;
+    })
+    .await;
+    let c = client();
+    let auth = [("authorization", "Bearer sk-team")];
+    for i in 0..8 {
+        let r = if i % 2 == 0 { &a } else { &b };
+        let body = program_body(&format!("s{i}"), false);
+        let resp = send(&c, "POST", &r.url(CHAT), &body, &auth).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        let wrong = [("authorization", "Bearer nope")];
+        assert_eq!(
+            send(&c, "POST", &r.url(CHAT), &body, &wrong).await.status,
+            401
+        );
+    }
+    let name = program_router::auth::hashed_name(b"sk-team");
+    let mut all: Vec<String> = programs(&c, &a, &auth).await.into_iter().collect();
+    all.extend(programs(&c, &b, &auth).await);
+    all.sort();
+    let want: Vec<String> = {
+        let mut v: Vec<String> = (0..8).map(|i| format!("{name}/s{i}")).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(all, want);
+    assert!(forwards(&c, &a, "forwarded").await + forwards(&c, &b, "forwarded").await > 0.0);
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_a_forwarded_stream_aborts_it_at_the_engine() {
+    // Real time: 1000 tokens take about 11 s, so the stream is cut mid-generation.
+    let (s, a, _b) = pair_on(&[], |c| c.limits.max_concurrent_requests = Some(8)).await;
+    let c = client();
+    let peers = a.state.applied.load().peers.clone().expect("peers");
+    let now = std::time::Instant::now();
+    let theirs = (0..200)
+        .map(|i| format!("p{i}"))
+        .find(|p| peers.owner(p, now).is_some())
+        .expect("b owns one");
+    let body = json!({
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "long"}],
+        "max_tokens": 1000,
+        "stream": true,
+        "vllm_xargs": {"agentic_context": {"program_id": theirs}},
+    })
+    .to_string();
+    let resp = c
+        .request(
+            hyper::Request::post(a.url(CHAT))
+                .body(Full::new(Bytes::from(body)))
+                .expect("request"),
+        )
+        .await
+        .expect("response");
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.into_body();
+    stream.frame().await.expect("first chunk").expect("ok");
+    assert_eq!(forwards(&c, &a, "forwarded").await, 1.0);
+    let limits = |r: &Router| r.state.applied.load().limiter.clone().expect("cap");
+    assert_eq!(
+        limits(&a).in_progress(),
+        1,
+        "the forwarding replica holds a place"
+    );
+    drop(stream);
+    let sim_aborts = || async {
+        metric(
+            &c,
+            &s.base(),
+            "vllm:request_success_total",
+            &[("finished_reason", "abort")],
+        )
+        .await
+    };
+    assert!(
+        eventually(3.0, || async { sim_aborts().await == 1.0 }).await,
+        "the engine saw the abort"
+    );
+    assert!(
+        eventually(3.0, || async { limits(&a).in_progress() == 0 }).await,
+        "the place was released"
+    );
+}
+
+#[test]
+fn the_peer_name_flag_names_this_replica_only_with_peers() {
+    let flags = <program_router::config::cli::Cli as clap::Parser>::try_parse_from([
+        "program-router",
+        "--peer-name",
+        "router-7",
+    ])
+    .expect("flags")
+    .flags;
+    let with = RouterConfig {
+        peers: Some(PeersConfig::default()),
+        ..Default::default()
+    };
+    let cfg = flags.effective(Some(with)).expect("valid");
+    assert_eq!(
+        cfg.peers.and_then(|p| p.self_name).as_deref(),
+        Some("router-7")
+    );
+    let cfg = flags
+        .effective(Some(RouterConfig::default()))
+        .expect("valid");
+    assert!(cfg.peers.is_none());
+}

@@ -64,6 +64,8 @@ pub enum Affinity {
     NotUsed,
     /// At most one router replica.
     SingleReplica,
+    /// The replicas forward each Program's requests to one owner replica (`peerForwarding`).
+    PeerForwarding(i32),
     /// The Service keeps each client on one replica (`sessionAffinity: ClientIP`).
     ClientIp,
     /// Program scheduling on, this many replicas, and nothing keeps a Program on one of them.
@@ -95,13 +97,20 @@ pub fn calibration(missing: Option<Vec<&'static str>>) -> Calibration {
     }
 }
 
-/// The [`Affinity`] of a spec: Program scheduling on or off, router replicas, and the router
-/// Service's session affinity.
-pub fn affinity(program_scheduling: bool, replicas: i32, session_affinity: &str) -> Affinity {
+/// The [`Affinity`] of a spec: Program scheduling on or off, router replicas, forwarding between
+/// them, and the router Service's session affinity.
+pub fn affinity(
+    program_scheduling: bool,
+    replicas: i32,
+    peer_forwarding: bool,
+    session_affinity: &str,
+) -> Affinity {
     if !program_scheduling {
         Affinity::NotUsed
     } else if replicas <= 1 {
         Affinity::SingleReplica
+    } else if peer_forwarding {
+        Affinity::PeerForwarding(replicas)
     } else if session_affinity == "ClientIP" {
         Affinity::ClientIp
     } else {
@@ -326,6 +335,15 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
             "SingleReplica",
             "one router replica holds every Program's scheduling state".into(),
         ),
+        Affinity::PeerForwarding(n) => cond(
+            PROGRAM_AFFINITY,
+            true,
+            "PeerForwarding",
+            format!(
+                "each Program is scheduled by one of the {n} router replicas; the others forward \
+                 its requests there (router.peerForwarding)"
+            ),
+        ),
         Affinity::ClientIp => cond(
             PROGRAM_AFFINITY,
             true,
@@ -339,11 +357,12 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
             false,
             "SplitAcrossReplicas",
             format!(
-                "Program scheduling on {n} router replicas with router.sessionAffinity None: a \
-                 Program whose requests reach several replicas is scheduled by partial views \
-                 (bindings, queues, TTLs and KV ledgers are per replica); set router.replicas: \
-                 1, router.sessionAffinity: ClientIP, or route each agent session to one \
-                 replica at the ingress"
+                "Program scheduling on {n} router replicas with router.peerForwarding false and \
+                 router.sessionAffinity None: a Program whose requests reach several replicas is \
+                 scheduled by partial views (bindings, queues, TTLs and KV ledgers are per \
+                 replica); set router.peerForwarding: true, router.replicas: 1, \
+                 router.sessionAffinity: ClientIP, or route each agent session to one replica at \
+                 the ingress"
             ),
         ),
     };
@@ -605,12 +624,17 @@ mod tests {
             ("False", "SplitAcrossReplicas")
         );
         assert!(c.message.contains("2 router replicas"), "{}", c.message);
-        assert_eq!(affinity(false, 3, "None"), Affinity::NotUsed);
-        assert_eq!(affinity(true, 1, "None"), Affinity::SingleReplica);
-        assert_eq!(affinity(true, 0, "None"), Affinity::SingleReplica);
-        assert_eq!(affinity(true, 3, "ClientIP"), Affinity::ClientIp);
-        assert_eq!(affinity(true, 3, "None"), Affinity::Split(3));
+        assert_eq!(affinity(false, 3, true, "None"), Affinity::NotUsed);
+        assert_eq!(affinity(true, 1, false, "None"), Affinity::SingleReplica);
+        assert_eq!(affinity(true, 0, true, "None"), Affinity::SingleReplica);
+        assert_eq!(
+            affinity(true, 3, true, "ClientIP"),
+            Affinity::PeerForwarding(3)
+        );
+        assert_eq!(affinity(true, 3, false, "ClientIP"), Affinity::ClientIp);
+        assert_eq!(affinity(true, 3, false, "None"), Affinity::Split(3));
         for (a, reason) in [
+            (Affinity::PeerForwarding(2), "PeerForwarding"),
             (Affinity::NotUsed, "NotUsed"),
             (Affinity::SingleReplica, "SingleReplica"),
             (Affinity::ClientIp, "ClientIPAffinity"),

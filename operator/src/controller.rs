@@ -227,9 +227,20 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
         }
     };
 
+    // This resource's router pods: Ready ones with an IP are the replicas that forward Programs
+    // to each other (`peers`), and each is asked for its `/status` below.
+    let router_pods = pods_api
+        .list(&ListParams::default().labels(&objects::router_pod_selector(ps)))
+        .await?
+        .items;
+    let peers: Vec<(String, String)> = router_pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.name.clone()?, crate::routers::ready_ip(p)?)))
+        .collect();
+
     // Render; on failure the last good config stays.
     let rendered = match &workers {
-        Ok((_, targets)) => render(&ps.spec, targets.clone()).map_err(|e| e.to_string()),
+        Ok((_, targets)) => render(&ps.spec, targets.clone(), &peers).map_err(|e| e.to_string()),
         Err(e) => Err(format!("workers: {e}")),
     };
     let render_error = match (&rendered, &workers) {
@@ -271,10 +282,6 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0);
 
-    let router_pods = pods_api
-        .list(&ListParams::default().labels(&objects::router_pod_selector(ps)))
-        .await?
-        .items;
     let port = ps.spec.router.port;
     let reports: Vec<_> =
         futures::future::join_all(router_pods.iter().map(|p| ctx.status.report(p, port)))
@@ -301,6 +308,7 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
         affinity: conditions::affinity(
             ps.spec.program_scheduling.is_some(),
             ps.spec.router.replicas,
+            ps.spec.router.peer_forwarding,
             &ps.spec.router.session_affinity,
         ),
         client_keys_secret: ps.spec.client_api_keys_secret.is_some(),

@@ -249,6 +249,10 @@ pub struct RouterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("router.queueTimeoutSeconds must be positive"))]
     pub queue_timeout_seconds: Option<f64>,
+    /// With Program scheduling on several replicas: each Program is scheduled by one owner
+    /// replica, and the others forward its requests there (the router's `peers`).
+    #[serde(default = "d::peer_forwarding")]
+    pub peer_forwarding: bool,
 }
 
 /// Defaults of [`RouterSpec`], per field so that a partial `router:` is complete.
@@ -274,6 +278,9 @@ mod d {
     pub fn service_type() -> String {
         "ClusterIP".into()
     }
+    pub fn peer_forwarding() -> bool {
+        true
+    }
 }
 
 impl Default for RouterSpec {
@@ -291,6 +298,7 @@ impl Default for RouterSpec {
             max_concurrent_requests: None,
             queue_size: None,
             queue_timeout_seconds: None,
+            peer_forwarding: d::peer_forwarding(),
         }
     }
 }

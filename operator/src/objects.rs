@@ -183,7 +183,15 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
         }));
     }
     args.extend(r.extra_args.iter().map(|a| json!(a)));
-    let mut env = vec![json!({"name": "RUST_LOG", "value": "info"})];
+    let mut env = vec![
+        json!({"name": "RUST_LOG", "value": "info"}),
+        // The pod's name among the config's `peers.members` (set on every pod, so that turning
+        // Program scheduling on or scaling past one replica does not restart the routers).
+        json!({
+            "name": "PROGRAM_ROUTER_PEER_NAME",
+            "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } },
+        }),
+    ];
     for (var, secret) in [
         ("PROGRAM_ROUTER_API_KEY", &ps.spec.api_key_secret_ref),
         (
@@ -506,7 +514,7 @@ mod tests {
     #[test]
     fn the_grace_period_covers_the_shutdown_delay_and_the_drain() {
         let p = ps(RouterSpec::default());
-        let cfg = crate::render::render(&p.spec, Vec::new()).expect("renders");
+        let cfg = crate::render::render(&p.spec, Vec::new(), &[]).expect("renders");
         let d = deployment(&p, &cfg);
         let grace = d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
             .as_f64()

@@ -4,6 +4,7 @@
 //! validation before it can reach a ConfigMap. The API key never appears in it (the Deployment
 //! passes it from its Secret as `PROGRAM_ROUTER_API_KEY`).
 
+use program_router::config::peers::{PeerMember, PeersConfig};
 use program_router::config::{PolicyKind, RouterConfig, WorkerConfig};
 
 use crate::crd::ProgramSchedulingSpec;
@@ -25,6 +26,7 @@ pub const SHUTDOWN_DELAY_SECS: f64 = 5.0;
 pub fn render(
     spec: &ProgramSchedulingSpec,
     workers: Vec<WorkerConfig>,
+    routers: &[(String, String)],
 ) -> Result<RouterConfig, RenderError> {
     let port = |v: i32, f: &str| {
         u16::try_from(v).map_err(|_| RenderError(format!("{f}: not a TCP port ({v})")))
@@ -73,8 +75,32 @@ pub fn render(
     if let Some(f) = &spec.fairness {
         cfg.fairness = Some(f.to_router().map_err(RenderError)?);
     }
+    if cfg.program_scheduling.is_some() && r.peer_forwarding && r.replicas > 1 {
+        cfg.peers = Some(peers(routers, cfg.port));
+    }
     cfg.validate().map_err(|e| RenderError(e.to_string()))?;
     Ok(cfg)
+}
+
+/// The router replicas that forward Programs to each other: `routers` are the Ready router
+/// pods as (name, IP), listed by name so that the rendered file does not depend on list order.
+fn peers(routers: &[(String, String)], port: u16) -> PeersConfig {
+    let mut members: Vec<PeerMember> = routers
+        .iter()
+        .map(|(name, ip)| PeerMember {
+            name: name.clone(),
+            url: if ip.contains(':') {
+                format!("http://[{ip}]:{port}")
+            } else {
+                format!("http://{ip}:{port}")
+            },
+        })
+        .collect();
+    members.sort_by(|a, b| a.name.cmp(&b.name));
+    PeersConfig {
+        members,
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]
@@ -119,6 +145,7 @@ mod tests {
                 Some(ps),
             ),
             vec![w(0), w(1)],
+            &[],
         )
         .expect("valid");
         assert_eq!(c.targets().len(), 2);
@@ -187,14 +214,14 @@ mod tests {
             (capped(8, 10, 0.0), "router.queueTimeoutSeconds"),
         ]);
         for (s, want) in cases {
-            let e = render(&s, vec![w(0)]).expect_err(want);
+            let e = render(&s, vec![w(0)], &[]).expect_err(want);
             assert!(e.0.contains(want), "{}", e.0);
         }
     }
 
     #[test]
     fn the_concurrency_cap_reaches_the_router_limits() {
-        let none = render(&spec(Default::default(), None), vec![w(0)]).expect("valid");
+        let none = render(&spec(Default::default(), None), vec![w(0)], &[]).expect("valid");
         assert_eq!(none.limits.max_concurrent_requests, None, "off by default");
         let s = spec(
             RouterSpec {
@@ -205,7 +232,7 @@ mod tests {
             },
             None,
         );
-        let c = render(&s, vec![w(0)]).expect("valid");
+        let c = render(&s, vec![w(0)], &[]).expect("valid");
         assert_eq!(c.limits.max_concurrent_requests, Some(512));
         assert_eq!(c.limits.queue_size, 1000);
         assert_eq!(c.limits.queue_timeout_secs, 30.0);
@@ -215,12 +242,52 @@ mod tests {
     fn same_input_same_hash() {
         let s = spec(Default::default(), None);
         assert_eq!(
-            render(&s, vec![w(0)]).expect("ok").hash(),
-            render(&s, vec![w(0)]).expect("ok").hash()
+            render(&s, vec![w(0)], &[]).expect("ok").hash(),
+            render(&s, vec![w(0)], &[]).expect("ok").hash()
         );
         assert_ne!(
-            render(&s, vec![w(0)]).expect("ok").hash(),
-            render(&s, vec![w(1)]).expect("ok").hash()
+            render(&s, vec![w(0)], &[]).expect("ok").hash(),
+            render(&s, vec![w(1)], &[]).expect("ok").hash()
         );
+    }
+
+    #[test]
+    fn program_scheduling_on_several_replicas_lists_the_ready_router_pods_as_peers() {
+        let routers = [
+            ("router-b".to_string(), "10.0.0.8".to_string()),
+            ("router-a".to_string(), "fd00::7".to_string()),
+        ];
+        let with = |replicas: i32, forwarding: bool, ps: bool| {
+            let r = RouterSpec {
+                replicas,
+                peer_forwarding: forwarding,
+                ..Default::default()
+            };
+            render(
+                &spec(r, ps.then(ProgramSchedulingParams::default)),
+                vec![w(0)],
+                &routers,
+            )
+            .expect("valid")
+            .peers
+        };
+        let peers = with(2, true, true).expect("peers");
+        let members: Vec<(&str, &str)> = peers
+            .members
+            .iter()
+            .map(|m| (m.name.as_str(), m.url.as_str()))
+            .collect();
+        assert_eq!(
+            members,
+            [
+                ("router-a", "http://[fd00::7]:8080"),
+                ("router-b", "http://10.0.0.8:8080")
+            ],
+            "sorted by name; IPv6 in brackets; the API port"
+        );
+        assert_eq!(peers.self_name, None, "each pod names itself (--peer-name)");
+        assert_eq!(with(1, true, true), None, "one replica: nothing to forward");
+        assert_eq!(with(2, false, true), None, "turned off");
+        assert_eq!(with(2, true, false), None, "no Program scheduling");
     }
 }

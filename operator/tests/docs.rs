@@ -93,7 +93,7 @@ fn the_documented_minimal_resource_is_valid() {
         .to_router()
         .expect("valid");
     assert!(ps_cfg.global_queue);
-    program_operator::render::render(&ps.spec, Vec::new()).expect("renders");
+    program_operator::render::render(&ps.spec, Vec::new(), &[]).expect("renders");
 }
 
 /// Every key path of a YAML value (`a.b.c`; list items share their list's path).
@@ -138,7 +138,7 @@ fn the_chart_examples_are_valid_and_lose_no_field() {
             "{}: unknown fields {dropped:?}",
             path.display()
         );
-        program_operator::render::render(&ps.spec, Vec::new())
+        program_operator::render::render(&ps.spec, Vec::new(), &[])
             .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
         if let Some(p) = &ps.spec.program_scheduling {
             // An example that says it is calibrated gives both cost models.

@@ -236,13 +236,15 @@ fn chart_installs_with_least_privilege_runs_the_example_and_upgrades_cleanly() {
                 .expect("example")
                 .replace("workerPort: 8000", &format!("workerPort: {worker_port}"))
                 .replace(
-                    "  router:\n",
+                    "  programScheduling: {}\n",
                     &format!(
-                        "  router:\n    replicas: 1\n    port: {}\n    metricsPort: {}\n",
+                        "  programScheduling: {{}}\n  router:\n    replicas: 1\n    port: {}\n    \
+                         metricsPort: {}\n",
                         free_port(),
                         free_port()
                     ),
                 );
+            assert!(example.contains("replicas: 1"), "{example}");
             cp.kubectl_stdin(&["apply", "-n", "team-a", "-f", "-"], Some(&example))
                 .expect_ok("apply the minimal example");
             // The production example passes the real API server's schema, CEL rules and strict

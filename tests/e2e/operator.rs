@@ -209,10 +209,10 @@ stringData: {search-team: sk-search-1}
             condition(&ps, "Calibrated"),
             Some(("False".into(), "ReferenceCoefficients".into()))
         );
-        // Two router replicas, Program scheduling on, no session affinity: said, not fatal.
+        // Two router replicas with Program scheduling: they forward Programs to each other.
         assert_eq!(
             condition(&ps, "ProgramAffinity"),
-            Some(("False".into(), "SplitAcrossReplicas".into()))
+            Some(("True".into(), "PeerForwarding".into()))
         );
         for t in [
             "WorkersDiscovered",
@@ -265,6 +265,98 @@ stringData: {search-team: sk-search-1}
         )
         .await;
         assert_eq!(r.status, 200, "{}", r.text());
+
+        // Program forwarding: the config lists both router pods as peers, each pod runs it
+        // under its own name, and every Program is scheduled by one of them whichever pod its
+        // turns reach.
+        let members = wait_for(Duration::from_secs(30), || async {
+            let cm = cms.get("fleet-router").await.ok()?;
+            let cfg: program_router::config::RouterConfig =
+                serde_json::from_str(cm.data?.get("config.json")?).ok()?;
+            let m: Vec<(String, String)> = cfg
+                .peers?
+                .members
+                .into_iter()
+                .map(|m| (m.name, m.url))
+                .collect();
+            (m.len() == 2).then_some(m)
+        })
+        .await
+        .expect("both router pods become peers");
+        let want: Vec<(String, String)> = routers
+            .iter()
+            .map(|(name, ip)| (name.clone(), format!("http://{ip}:{router_port}")))
+            .collect();
+        assert_eq!(members, want);
+        for (name, _) in &routers {
+            let knows = wait_for(Duration::from_secs(20), || async {
+                let p = kubelet
+                    .router_state(name)
+                    .await?
+                    .applied
+                    .load()
+                    .peers
+                    .clone()?;
+                (p.is_member() && p.self_name.as_deref() == Some(name) && p.members.len() == 2)
+                    .then_some(())
+            })
+            .await;
+            assert!(
+                knows.is_some(),
+                "{name} runs the peer list under its own name"
+            );
+        }
+        let ids: Vec<String> = (0..12).map(|i| format!("agent-{i}")).collect();
+        for turn in 0..2 {
+            for (i, id) in ids.iter().enumerate() {
+                let ip = &routers[(i + turn) % 2].1;
+                let body = json!({"model": "sim-model", "max_tokens": 2,
+                    "messages": [{"role": "user", "content": format!("turn {turn}")}],
+                    "vllm_xargs": {"agentic_context": {"program_id": id}}})
+                .to_string();
+                let url = format!("http://{ip}:{router_port}/v1/chat/completions");
+                let r = testkit::send(
+                    &c,
+                    "POST",
+                    &url,
+                    &body,
+                    &[("authorization", "Bearer team-b")],
+                )
+                .await;
+                assert_eq!(r.status, 200, "{id}: {}", r.text());
+            }
+        }
+        let mut owned = Vec::new();
+        for (name, _) in &routers {
+            let st = kubelet.router_state(name).await.expect("running");
+            let d = serde_json::to_value(
+                st.applied
+                    .load()
+                    .program
+                    .as_ref()
+                    .expect("on")
+                    .diagnostics(),
+            )
+            .expect("diagnostics");
+            let programs: std::collections::BTreeSet<String> = d["ranks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|r| r["programs"].as_array().into_iter().flatten())
+                .filter_map(|p| p["program"].as_str())
+                // Scoped to the client's key: `<key name>/<id>`.
+                .filter_map(|p| p.rsplit('/').next().map(String::from))
+                .collect();
+            owned.push(programs);
+        }
+        assert!(owned[0].is_disjoint(&owned[1]), "{owned:?}");
+        let all: std::collections::BTreeSet<String> = owned[0].union(&owned[1]).cloned().collect();
+        assert_eq!(
+            all,
+            ids.iter().cloned().collect(),
+            "each Program has one owner"
+        );
+
         // The keys came from the Secrets: a client without one of them is refused, the workers'
         // key included (it stays with the router).
         for key in [None, Some("Bearer worker-secret")] {
@@ -373,7 +465,7 @@ stringData: {search-team: sk-search-2, docs-team: sk-docs}
             "WorkersDiscovered",
             "ConfigApplied",
             "ReferenceCoefficients",
-            "SplitAcrossReplicas",
+            "PeerForwarding",
             "Events:",
             "Discovered",
         ] {

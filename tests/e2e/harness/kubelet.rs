@@ -344,6 +344,7 @@ impl Kubelet {
                 match var.as_str() {
                     "PROGRAM_ROUTER_API_KEY" => flags.api_key = Some(value),
                     "PROGRAM_ROUTER_CLIENT_API_KEYS" => flags.client_api_keys = Some(vec![value]),
+                    "PROGRAM_ROUTER_PEER_NAME" => flags.peer_name = Some(value),
                     _ => {}
                 }
             }
@@ -375,8 +376,8 @@ impl Kubelet {
         Ok(())
     }
 
-    /// The router container's variables that come from Secrets, read as the kubelet does;
-    /// `None` while a Secret or key they name is missing.
+    /// The router container's variables that come from Secrets or the pod's name, read as the
+    /// kubelet does; `None` while a Secret or key they name is missing.
     async fn secret_env(&self, pod: &Pod) -> Result<Option<Vec<(String, String)>>, String> {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.ns);
         let mut out = Vec::new();
@@ -386,6 +387,17 @@ impl Kubelet {
             .flat_map(|s| &s.containers)
             .flat_map(|c| c.env.iter().flatten());
         for e in env {
+            let field = e.value_from.as_ref().and_then(|v| v.field_ref.as_ref());
+            if let Some(f) = field {
+                match f.field_path.as_str() {
+                    "metadata.name" => out.push((
+                        e.name.clone(),
+                        pod.metadata.name.clone().unwrap_or_default(),
+                    )),
+                    other => return Err(format!("env {}: fieldRef {other} not supported", e.name)),
+                }
+                continue;
+            }
             let Some(r) = e
                 .value_from
                 .as_ref()

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# What a hop between router replicas costs (`peers`): two program-router replicas with Program
+# scheduling over one instant vllm-sim, wrk sending Program requests (1,000 Program ids, 1-token
+# answers) to replica A. Runs, interleaved: A alone (no peers: every Program is scheduled where it
+# lands) and A with B as its peer (about half the Programs are B's, forwarded A -> B). Prints
+# requests/s and latency per run, at CONNS connections (default 64) and at 1.
+#   DURATION=5s scripts/bench-peer-forwarding.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-5s}
+CONNS=${CONNS:-64}
+ROUNDS=${ROUNDS:-3}
+target="${CARGO_TARGET_DIR:-target}"
+command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)" >&2; exit 1; }
+cargo build --release --locked -q -p vllm-sim -p program-router
+
+. scripts/bench-lib.sh
+tmp=$(mktemp -d)
+lua="$tmp/program.lua"
+cat > "$lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local n = 0
+request = function()
+  n = n + 1
+  local body = '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":1,' ..
+    '"vllm_xargs":{"agentic_context":{"program_id":"bench-' .. (n % 1000) .. '"}}}'
+  return wrk.format(nil, nil, nil, body)
+end
+LUA
+
+sim_port=$(free_port)
+"$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
+wait_up "http://127.0.0.1:$sim_port/health"
+
+a_port=$(free_port); b_port=$(free_port); a_prom=$(free_port); b_prom=$(free_port)
+config() { # peers-json
+  cat <<JSON
+{"workers":[{"url":"http://127.0.0.1:$sim_port"}],"program_scheduling":{},"log_level":"warn",
+ "peers":$1}
+JSON
+}
+members='[{"name":"a","url":"http://127.0.0.1:'$a_port'"},{"name":"b","url":"http://127.0.0.1:'$b_port'"}]'
+config "{\"members\":$members}" > "$tmp/b.json"
+config "null" > "$tmp/a.json"
+start() { # name port config metrics-port
+  "$target/release/program-router" --config "$3" --port "$2" --prometheus-port "$4" \
+    --peer-name "$1" >/dev/null 2>&1 & pids+=($!)
+  wait_up "http://127.0.0.1:$2/readiness"
+}
+start a "$a_port" "$tmp/a.json" "$a_prom"
+start b "$b_port" "$tmp/b.json" "$b_prom"
+
+# Switches A's peers by rewriting its config file (hot reload) and waits until /status shows it.
+set_peers() { # on|off
+  if [ "$1" = on ]; then config "{\"members\":$members}"; else config null; fi > "$tmp/a.next"
+  mv "$tmp/a.next" "$tmp/a.json"
+  for _ in $(seq 1 50); do
+    local p
+    p=$(curl -fs "http://127.0.0.1:$a_port/status" | python3 -c 'import json,sys; print(json.load(sys.stdin)["peers"] is not None)')
+    { [ "$1" = on ] && [ "$p" = True ]; } || { [ "$1" = off ] && [ "$p" = False ]; } && return 0
+    sleep 0.1
+  done
+  echo "config switch to $1 did not apply" >&2; exit 1
+}
+
+run() { # label conns
+  local out
+  out=$(wrk -t1 -c"$2" -d"$DURATION" --latency -s "$lua" "http://127.0.0.1:$a_port/v1/chat/completions")
+  echo "$out" | grep -qE "Non-2xx|Socket errors" && { echo "$1: errors during the run:" >&2; echo "$out" >&2; exit 1; }
+  printf '%s\tc=%s\t%s req/s\tp50 %s\tp99 %s\n' "$1" "$2" \
+    "$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
+    "$(echo "$out" | awk '$1=="50%" {print $2}')" "$(echo "$out" | awk '$1=="99%" {print $2}')"
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  for conns in "$CONNS" 1; do
+    set_peers off; run "A alone      (round $round)" "$conns"
+    set_peers on;  run "A with peer B (round $round)" "$conns"
+  done
+done
+count() { curl -fs "http://127.0.0.1:$1/metrics" | awk -v o="$2" '$1 == "program_router_peer_forwards_total{outcome=\""o"\"}" {print $2}'; }
+f=$(count "$a_prom" forwarded); r=$(count "$b_prom" received); u=$(count "$a_prom" unreachable)
+echo "A forwarded ${f:-0} requests (B received ${r:-0}: those wrk cut at the end of a run count only there); unreachable ${u:-0}"
+rm -rf "$tmp"

@@ -143,6 +143,7 @@ fn upstream_request(
     for (k, v) in out.headers {
         if !HOP_BY_HOP.contains(k)
             && k != DP_RANK
+            && k != crate::peers::FORWARDED_BY
             && !connection_scoped.contains(k)
             && !(checked && (k == header::AUTHORIZATION || k == crate::auth::X_API_KEY))
         {
@@ -414,5 +415,56 @@ mod tests {
         common.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
         assert_eq!(nominated(&common).capacity(), 0, "no allocation");
         assert!(HOP_BY_HOP.contains(&HeaderName::from_static("keep-alive")));
+    }
+
+    #[test]
+    fn the_peer_marker_and_a_checked_client_key_stay_with_the_router() {
+        let cfg = crate::config::RouterConfig {
+            workers: vec![crate::config::WorkerConfig {
+                url: "http://127.0.0.1:9".into(),
+                dp_rank: Some(2),
+            }],
+            api_key: Some("worker".into()),
+            client_api_keys: Some(vec!["team".into()]),
+            ..Default::default()
+        };
+        let state = crate::state::RouterState::new(cfg, Default::default()).expect("state");
+        let applied = state.applied.load_full();
+        let mut h = HeaderMap::new();
+        h.insert(
+            crate::peers::FORWARDED_BY.clone(),
+            HeaderValue::from_static("router-a"),
+        );
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer team"),
+        );
+        h.insert("x-custom", HeaderValue::from_static("kept"));
+        let id = HeaderValue::from_static("rid-1");
+        let out = Outbound {
+            applied: applied.clone(),
+            route: "/v1/chat/completions",
+            method: Method::POST,
+            path_and_query: http::uri::PathAndQuery::from_static("/v1/chat/completions"),
+            headers: &h,
+            body: Bytes::from_static(b"{}"),
+            info: RequestInfo::default(),
+            sse: false,
+            filter_usage_chunk: false,
+            request_id: &id,
+            received: Instant::now(),
+            pin: None,
+            ticket: None,
+            fair: None,
+            place: None,
+            rate: None,
+        };
+        let req = upstream_request(&applied, &applied.targets.targets[0], &out).expect("request");
+        let got = req.headers();
+        assert!(got.get(&crate::peers::FORWARDED_BY).is_none(), "{got:?}");
+        assert_eq!(got[header::AUTHORIZATION], "Bearer worker");
+        assert_eq!(got["x-custom"], "kept");
+        assert_eq!(got[&DP_RANK], "2");
+        assert_eq!(got["x-request-id"], "rid-1");
     }
 }

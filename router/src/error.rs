@@ -1,4 +1,6 @@
-//! OpenAI-style errors the router answers with: `{"error":{"message","type","param","code"}}`.
+//! OpenAI-style errors the router answers with: `{"error":{"message","type","param","code"}}`,
+//! and on the Anthropic Messages API route the shape vLLM answers there with,
+//! `{"type":"error","error":{"type","message"}}` (plus the router's `code`).
 //!
 //! Owns the mapping from each router failure to its HTTP status and error code; the `code` is
 //! also the bounded `error` label of `vllm_router_request_errors_total`.
@@ -104,12 +106,42 @@ impl ApiError {
         }
     }
 
+    /// Anthropic Messages API error `type` for the status (the names vLLM's `/v1/messages`
+    /// and Anthropic's clients use).
+    pub fn anthropic_kind(&self) -> &'static str {
+        match self.status.as_u16() {
+            400 | 405 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            _ => "api_error",
+        }
+    }
+
+    /// The OpenAI-shaped answer.
     pub fn into_response(self) -> Response<Body> {
         let body = serde_json::json!({
             "error": {
                 "message": self.message, "type": self.kind(), "param": null, "code": self.code
             }
         });
+        self.respond(body)
+    }
+
+    /// The answer in the Anthropic Messages API's shape, for `/v1/messages` (Claude Code and
+    /// Anthropic's SDKs read `error.type` and `error.message` there).
+    pub fn into_anthropic_response(self) -> Response<Body> {
+        let body = serde_json::json!({
+            "type": "error",
+            "error": { "type": self.anthropic_kind(), "message": self.message, "code": self.code }
+        });
+        self.respond(body)
+    }
+
+    fn respond(self, body: serde_json::Value) -> Response<Body> {
         let mut r = Response::new(full(Bytes::from(body.to_string())));
         *r.status_mut() = self.status;
         r.headers_mut().insert(

@@ -165,6 +165,38 @@ async fn anthropic_messages_stick_by_metadata_user_id() {
         assert_eq!(resp.json()["type"], "message");
     }
     assert_one_rank_served_all(&c, &s, 6.0).await;
+    // The router's own errors there take the Anthropic shape (vLLM's on that route), the
+    // Responses and chat routes keep OpenAI's.
+    for (body, status, kind) in [
+        ("{not json", 400, "invalid_request_error"),
+        (r#"{"stream": 1}"#, 400, "invalid_request_error"),
+    ] {
+        let resp = post(&c, &r.url("/v1/messages"), body).await;
+        assert_eq!(resp.status, status, "{}", resp.text());
+        let v = resp.json();
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], kind, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+        assert_eq!(v["error"]["code"], "invalid_request");
+    }
+    let wrong = send(&c, "GET", &r.url("/v1/messages"), "", &[]).await;
+    assert_eq!(wrong.status, 405);
+    assert_eq!(wrong.json()["error"]["type"], "invalid_request_error");
+    for path in ["/v1/responses", CHAT] {
+        let v = post(&c, &r.url(path), "{not json").await.json();
+        assert!(v.get("type").is_none(), "{path}: {v}");
+        assert_eq!(v["error"]["param"], serde_json::Value::Null, "{path}: {v}");
+    }
+    let mut keyed = workers(&[s.base()], 4);
+    keyed.client_api_keys = Some(vec!["team".into()]);
+    let keyed = router(keyed).await;
+    let refused = post(&c, &keyed.url("/v1/messages"), &body).await;
+    assert_eq!(refused.status, 401);
+    assert_eq!(refused.json()["error"]["type"], "authentication_error");
 }
 
 #[tokio::test]

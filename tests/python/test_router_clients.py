@@ -102,9 +102,12 @@ def test_anthropic_sdk_and_responses_api_are_program_scheduled(router):
     ok = anthropic.Anthropic(base_url=keyed, api_key="team-key").messages.create(
         model="sim-model", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
     assert ok.usage.output_tokens == 2
-    with pytest.raises(anthropic.AuthenticationError):
+    with pytest.raises(anthropic.AuthenticationError) as refused:
         anthropic.Anthropic(base_url=keyed, api_key="wrong").messages.create(
             model="sim-model", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    # The router's own errors on /v1/messages come in the Anthropic shape, as vLLM's do there.
+    body = refused.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "authentication_error", body
 
 
 def test_invalid_flags_fail_fast_with_the_field_name(spawn):

@@ -290,7 +290,12 @@ async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Bod
                     tracing::debug!(status = e.status.as_u16(), code = e.code, message = %e.message, "request refused");
                 }
                 state.metrics.route(route).duration.observe(received.elapsed().as_secs_f64());
-                e.into_response()
+                // Each API's clients read errors in that API's shape.
+                if route == "/v1/messages" {
+                    e.into_anthropic_response()
+                } else {
+                    e.into_response()
+                }
             }
         };
         resp.headers_mut().insert("x-request-id", request_id);

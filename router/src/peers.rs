@@ -29,6 +29,23 @@ use crate::server::{Body, BoxError};
 /// by the replica it reaches.
 pub static FORWARDED_BY: HeaderName = HeaderName::from_static("x-program-router-peer");
 
+/// On a 503 from a replica that declined a forwarded request before doing anything with it (it
+/// is shutting down): the sender serves the request itself.
+pub static DECLINED: HeaderName = HeaderName::from_static("x-program-router-peer-declined");
+
+/// The answer of a replica that declines a forwarded request because it is shutting down.
+pub fn decline_draining() -> Response<Body> {
+    let mut r = ApiError::new(
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        "shutting_down",
+        "this router replica is shutting down; the sending replica serves the request",
+    )
+    .into_response();
+    r.headers_mut()
+        .insert(DECLINED.clone(), HeaderValue::from_static("draining"));
+    r
+}
+
 /// The client that carries requests between replicas.
 pub type PeerClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -168,7 +185,8 @@ fn score<'a>(member: &'a str, key: &str) -> (u64, &'a str) {
 
 /// Why a forward did not produce an answer.
 pub enum ForwardError {
-    /// The owner could not be reached before anything was sent: serve the request here.
+    /// The owner could not be reached before anything was sent, or declined the request before
+    /// doing anything with it: serve the request here.
     Unreachable(String),
     /// It failed after the request may have reached the owner (never sent again): the answer.
     Failed(ApiError),
@@ -234,6 +252,18 @@ pub async fn forward(
                 "router replica {} failed: {e}",
                 member.name
             ))));
+        }
+        Ok(Ok(r))
+            if r.status() == http::StatusCode::SERVICE_UNAVAILABLE
+                && r.headers().contains_key(&DECLINED) =>
+        {
+            // Declined before the owner did anything with it (it is shutting down): safe to
+            // serve here, and its Programs go to the next owner until it is gone.
+            peers.mark_down(member);
+            return Err(ForwardError::Unreachable(format!(
+                "router replica {} is shutting down",
+                member.name
+            )));
         }
         Ok(Ok(r)) => r,
     };

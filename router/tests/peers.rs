@@ -198,6 +198,39 @@ async fn an_unreachable_owner_is_skipped_and_its_programs_served_here() {
 }
 
 #[tokio::test]
+async fn a_replica_shutting_down_declines_forwarded_requests_and_the_sender_serves_them() {
+    // A router pod told to stop keeps serving (readiness off) for its shutdown delay and then
+    // drains, while the other replicas may still list it for a while (the config reaches them
+    // later): it declines forwarded Program requests untouched, and the sender serves them.
+    let (_s, a, b) = pair(|c| c.limits.shutdown_delay_secs = 30.0).await;
+    let c = client();
+    let peers = a.state.applied.load().peers.clone().expect("peers");
+    let now = std::time::Instant::now();
+    let theirs: Vec<String> = (0..200)
+        .map(|i| format!("p{i}"))
+        .filter(|p| peers.owner(p, now).is_some())
+        .take(2)
+        .collect();
+    let bs = b.state.clone();
+    tokio::spawn(async move { bs.begin_shutdown().await });
+    assert!(eventually(2.0, || async { b.state.is_draining() }).await);
+    for p in &theirs {
+        let resp = post(&c, &a.url(CHAT), &program_body(p, false)).await;
+        assert_eq!(resp.status, 200, "{p}: {}", resp.text());
+    }
+    assert_eq!(forwards(&c, &a, "unreachable").await, 1.0, "declined once");
+    assert_eq!(forwards(&c, &a, "forwarded").await, 0.0);
+    assert_eq!(
+        forwards(&c, &b, "received").await,
+        0.0,
+        "b did nothing with it"
+    );
+    let on_a = programs(&c, &a, &[]).await;
+    assert!(theirs.iter().all(|p| on_a.contains(p)), "{on_a:?}");
+    assert!(programs(&c, &b, &[]).await.is_empty());
+}
+
+#[tokio::test]
 async fn a_forwarded_request_keeps_the_clients_key_and_program_namespace() {
     // With per-client keys the owner checks the client's key again and scopes the Program to
     // that client, exactly as if the client had reached it directly.

@@ -175,7 +175,7 @@ impl Metrics {
                 Opts::new(
                     "program_router_peer_forwards_total",
                     "Program requests forwarded to the replica that owns them (forwarded), \
-                     served here because the owner was unreachable (unreachable), failed on the \
+                     served here because the owner was unreachable or shutting down (unreachable), failed on the \
                      way (failed), or received from another replica (received)."
                 ),
                 &["outcome"]

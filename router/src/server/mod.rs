@@ -495,6 +495,10 @@ async fn dispatch(
     // and scheduler of that replica apply, not this one's.
     if let (Some(peers), Some(id)) = (&applied.peers, &identity) {
         if parts.headers.contains_key(&crate::peers::FORWARDED_BY) {
+            if state.is_draining() {
+                // The sender serves it instead: nothing was done with it here.
+                return Ok(hold(crate::peers::decline_draining(), place));
+            }
             state
                 .metrics
                 .peer_forwards

@@ -275,6 +275,62 @@ pub async fn forward(
     Ok(Response::from_parts(parts, body))
 }
 
+/// Every member's `/scheduling/diagnostics` but this replica's, read with the client's own
+/// credentials (each replica applies its own diagnostics scope): `(name, url, document or
+/// error)`, in member order. Members are asked at once, each for at most `timeout`.
+pub async fn member_diagnostics(
+    client: &PeerClient,
+    peers: &Peers,
+    headers: &HeaderMap,
+    timeout: Duration,
+) -> Vec<(String, String, Result<serde_json::Value, String>)> {
+    let asks = peers
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != peers.me)
+        .map(|(_, m)| async move {
+            let got = async {
+                let uri = Uri::builder()
+                    .scheme("http")
+                    .authority(m.authority.clone())
+                    .path_and_query("/scheduling/diagnostics")
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                let mut req = Request::get(uri);
+                if let Some(out) = req.headers_mut() {
+                    for name in [header::AUTHORIZATION, crate::auth::X_API_KEY] {
+                        if let Some(v) = headers.get(&name) {
+                            out.insert(name, v.clone());
+                        }
+                    }
+                    out.insert(FORWARDED_BY.clone(), peers.sender.clone());
+                }
+                let req = req
+                    .body(Full::new(Bytes::new()))
+                    .map_err(|e| e.to_string())?;
+                let resp = client.request(req).await.map_err(|e| e.to_string())?;
+                let status = resp.status();
+                let body = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .to_bytes();
+                if !status.is_success() {
+                    return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body)));
+                }
+                serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))
+            };
+            let got = match tokio::time::timeout(timeout, got).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("no answer within {timeout:?}")),
+            };
+            (m.name.clone(), m.url.clone(), got)
+        });
+    futures_util::future::join_all(asks).await
+}
+
 /// A response body that keeps `T` (a place among the requests in progress) until the body ends
 /// or is dropped.
 pub struct Holding<T> {

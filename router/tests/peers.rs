@@ -141,6 +141,30 @@ async fn each_program_is_scheduled_by_one_replica_whichever_the_client_reaches()
         }
     }
 
+    // One call shows every replica's view: the Programs of both, each where it is owned.
+    let all = get(&c, &b.url("/scheduling/diagnostics?replicas=all"))
+        .await
+        .json();
+    let replicas = all["replicas"].as_array().expect("replicas");
+    assert_eq!(replicas.len(), 2, "{all}");
+    assert_eq!(
+        (&replicas[0]["name"], &replicas[0]["self"]),
+        (&json!("router-b"), &json!(true))
+    );
+    assert_eq!(replicas[1]["name"], "router-a");
+    assert_eq!(replicas[1]["url"], json!(a.server.base()));
+    let listed = |d: &serde_json::Value| -> BTreeSet<String> {
+        d["ranks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|r| r["programs"].as_array().into_iter().flatten())
+            .filter_map(|p| p["program"].as_str().map(String::from))
+            .collect()
+    };
+    assert_eq!(listed(&replicas[0]["diagnostics"]), on_b);
+    assert_eq!(listed(&replicas[1]["diagnostics"]), on_a);
+
     // Requests without Program identity are served where they land.
     let before = forwards(&c, &a, "forwarded").await;
     for _ in 0..4 {
@@ -195,6 +219,16 @@ async fn an_unreachable_owner_is_skipped_and_its_programs_served_here() {
     assert!(theirs.iter().all(|p| on_a.contains(p)), "{on_a:?}");
     let st = get(&c, &a.url("/status")).await.json();
     assert_eq!(st["peers"]["unreachable"], json!(["router-b"]), "{st}");
+    // The all-replicas view says which replica did not answer.
+    let all = get(&c, &a.url("/scheduling/diagnostics?replicas=all"))
+        .await
+        .json();
+    assert_eq!(all["replicas"][1]["name"], "router-b", "{all}");
+    assert!(all["replicas"][1]["error"].as_str().is_some(), "{all}");
+    assert!(
+        all["replicas"][0]["diagnostics"]["ranks"].is_array(),
+        "{all}"
+    );
 }
 
 #[tokio::test]
@@ -263,6 +297,33 @@ async fn a_forwarded_request_keeps_the_clients_key_and_program_namespace() {
     };
     assert_eq!(all, want);
     assert!(forwards(&c, &a, "forwarded").await + forwards(&c, &b, "forwarded").await > 0.0);
+    // The all-replicas view asks each peer with the caller's key, and each applies its scope:
+    // no key, no view.
+    let all = send(
+        &c,
+        "GET",
+        &a.url("/scheduling/diagnostics?replicas=all"),
+        "",
+        &auth,
+    )
+    .await
+    .json();
+    let n: usize = all["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .map(|r| {
+            r["diagnostics"]["ranks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|k| k["programs"].as_array().map_or(0, Vec::len))
+                .sum::<usize>()
+        })
+        .sum();
+    assert_eq!(n, 8, "{all}");
+    let anonymous = get(&c, &a.url("/scheduling/diagnostics?replicas=all")).await;
+    assert_eq!(anonymous.status, 401);
 }
 
 #[tokio::test]

@@ -388,6 +388,18 @@ async fn dispatch(
                 }
                 None => serde_json::json!({ "enabled": false }),
             };
+            // `?replicas=all`: every peer's view beside this one's (each Program is in the view
+            // of the replica that owns it).
+            let all = req
+                .uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|kv| kv == "replicas=all"));
+            if all && !req.headers().contains_key(&crate::peers::FORWARDED_BY) {
+                return Ok(json(
+                    StatusCode::OK,
+                    &all_replicas(state, &applied, req.headers(), v).await,
+                ));
+            }
             return Ok(json(StatusCode::OK, &v));
         }
         (
@@ -627,6 +639,38 @@ async fn dispatch(
         },
     )
     .await
+}
+
+/// `/scheduling/diagnostics?replicas=all`: this replica's document `own` and every peer's, as
+/// `{"replicas": [{"name", "url", "self", "diagnostics" | "error"}]}`.
+async fn all_replicas(
+    state: &RouterState,
+    applied: &crate::state::Applied,
+    headers: &http::HeaderMap,
+    own: serde_json::Value,
+) -> serde_json::Value {
+    let me = applied.peers.as_ref().and_then(|p| p.self_name.clone());
+    let mut replicas = vec![serde_json::json!({
+        "name": me, "url": null, "self": true, "diagnostics": own,
+    })];
+    if let Some(peers) = &applied.peers {
+        let others = crate::peers::member_diagnostics(
+            &state.peer_client,
+            peers,
+            headers,
+            Duration::from_secs(2),
+        )
+        .await;
+        for (name, url, got) in others {
+            replicas.push(match got {
+                Ok(d) => {
+                    serde_json::json!({"name": name, "url": url, "self": false, "diagnostics": d})
+                }
+                Err(e) => serde_json::json!({"name": name, "url": url, "self": false, "error": e}),
+            });
+        }
+    }
+    serde_json::json!({ "replicas": replicas })
 }
 
 /// `resp` with `place` (a place among the requests in progress) held until its body ends.

@@ -249,8 +249,9 @@ pub struct RouterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("router.queueTimeoutSeconds must be positive"))]
     pub queue_timeout_seconds: Option<f64>,
-    /// With Program scheduling on several replicas: each Program is scheduled by one owner
-    /// replica, and the others forward its requests there (the router's `peers`).
+    /// With Program scheduling or quotas on several replicas, the replicas know each other (the
+    /// router's `peers`): each Program is scheduled by one owner replica, which the others
+    /// forward its requests to, and tenants' quotas hold across the replicas.
     #[serde(default = "d::peer_forwarding")]
     pub peer_forwarding: bool,
 }

@@ -75,7 +75,12 @@ pub fn render(
     if let Some(f) = &spec.fairness {
         cfg.fairness = Some(f.to_router().map_err(RenderError)?);
     }
-    if cfg.program_scheduling.is_some() && r.peer_forwarding && r.replicas > 1 {
+    // Replicas that know each other forward Programs to their owner and share quota use.
+    let quotas = cfg
+        .fairness
+        .as_ref()
+        .is_some_and(|f| !f.tenant_rate_limits.is_empty() || f.default_rate_limit.is_some());
+    if (cfg.program_scheduling.is_some() || quotas) && r.peer_forwarding && r.replicas > 1 {
         cfg.peers = Some(peers(routers, cfg.port));
     }
     cfg.validate().map_err(|e| RenderError(e.to_string()))?;
@@ -289,5 +294,15 @@ mod tests {
         assert_eq!(with(1, true, true), None, "one replica: nothing to forward");
         assert_eq!(with(2, false, true), None, "turned off");
         assert_eq!(with(2, true, false), None, "no Program scheduling");
+        // Quotas alone: the replicas share quota use.
+        let mut s = spec(RouterSpec::default(), None);
+        s.fairness = Some(
+            serde_json::from_value(serde_json::json!({
+                "defaultRateLimit": {"requestsPerMinute": 60.0}
+            }))
+            .expect("fairness"),
+        );
+        let c = render(&s, vec![w(0)], &routers).expect("valid");
+        assert_eq!(c.peers.map(|p| p.members.len()), Some(2));
     }
 }

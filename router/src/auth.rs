@@ -209,6 +209,16 @@ pub fn authorize(
     }
 }
 
+/// Whether the request presents the workers' `api_key` (which only the platform and the router
+/// replicas hold); `true` when none is configured.
+pub fn is_platform(applied: &Applied, headers: &http::HeaderMap) -> bool {
+    match (&applied.config.api_key, presented_key(headers)) {
+        (None, _) => true,
+        (Some(key), Some(token)) => bool::from(key.as_bytes().ct_eq(token)),
+        (Some(_), None) => false,
+    }
+}
+
 /// Who may read `/scheduling/diagnostics` and what: `Ok(None)` for the whole document (clients
 /// have no keys of their own, or the request presents the workers' `api_key`, which only the
 /// platform holds), `Ok(Some(name))` for client `name`'s Programs only, or 401.

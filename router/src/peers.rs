@@ -20,6 +20,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use rustc_hash::FxHashMap;
 
 use crate::config::peers::PeersConfig;
 use crate::error::ApiError;
@@ -329,6 +330,147 @@ pub async fn member_diagnostics(
             (m.name.clone(), m.url.clone(), got)
         });
     futures_util::future::join_all(asks).await
+}
+
+/// `GET /peers/usage`: what this replica charged to each tenant's quota, for the others to
+/// charge too: `{"epoch": <id of this quota state>, "age_secs": <its age>, "tenants": {name:
+/// [requests, tokens]}}`.
+pub fn usage_document(applied: &crate::state::Applied) -> serde_json::Value {
+    let (epoch, age, tenants) = match &applied.fair {
+        Some(f) => (
+            f.rate_epoch(),
+            f.rate_age_secs(),
+            f.rate_totals()
+                .into_iter()
+                .map(|(t, r, k)| (t, serde_json::json!([r, k])))
+                .collect::<serde_json::Map<_, _>>(),
+        ),
+        None => (0, 0.0, serde_json::Map::new()),
+    };
+    serde_json::json!({ "epoch": epoch.to_string(), "age_secs": age, "tenants": tenants })
+}
+
+/// A bucket holds one minute's allowance: use older than this has been refilled anyway.
+const QUOTA_MEMORY_SECS: f64 = 60.0;
+
+/// What one member reported last: its quota state's epoch and per-tenant totals.
+#[derive(Default)]
+struct Seen {
+    epoch: String,
+    totals: FxHashMap<String, (f64, f64)>,
+}
+
+/// How often the replicas exchange quota use.
+pub const USAGE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Every [`USAGE_INTERVAL`], while this replica has peers and tenants have quotas: reads each
+/// other member's `/peers/usage` and charges this replica's quotas with what the member admitted
+/// since the last read. On the first read of a member, its totals count when its quota state is
+/// younger than a minute (all of it is recent) and are only remembered otherwise (older use has
+/// been refilled; the last minute's is not known apart); after it restarted, all of them count.
+/// Stops with the router.
+pub async fn usage_loop(state: std::sync::Arc<crate::state::RouterState>) {
+    let mut stop = state.stop_rx();
+    let mut seen: FxHashMap<String, Seen> = FxHashMap::default();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(USAGE_INTERVAL) => {}
+            _ = stop.changed() => return,
+        }
+        let applied = state.applied.load_full();
+        let (Some(peers), Some(fair)) = (&applied.peers, &applied.fair) else {
+            seen.clear();
+            continue;
+        };
+        if !fair.has_rate_limits() {
+            seen.clear();
+            continue;
+        }
+        let reads = peers
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != peers.me)
+            .map(|(_, m)| {
+                let (client, auth) = (&state.peer_client, applied.authorization.clone());
+                async move {
+                    let doc = read_usage(client, peers, m, auth).await;
+                    (m.name.clone(), doc)
+                }
+            });
+        for (name, doc) in futures_util::future::join_all(reads).await {
+            let Ok(doc) = doc else { continue };
+            let epoch = doc["epoch"].as_str().unwrap_or_default().to_string();
+            let first = !seen.contains_key(&name);
+            let young = doc["age_secs"]
+                .as_f64()
+                .is_some_and(|a| a <= QUOTA_MEMORY_SECS);
+            let entry = seen.entry(name).or_default();
+            let restarted = !first && entry.epoch != epoch;
+            // Whether this read's totals count from zero.
+            let from_zero = restarted || (first && young);
+            let mut totals = FxHashMap::default();
+            for (tenant, v) in doc["tenants"].as_object().into_iter().flatten() {
+                let (Some(r), Some(k)) = (v[0].as_f64(), v[1].as_f64()) else {
+                    continue;
+                };
+                if !first || from_zero {
+                    let (r0, k0) = match entry.totals.get(tenant) {
+                        // Totals only grow in requests; fewer means they started over.
+                        Some(&(r0, k0)) if !from_zero && r >= r0 => (r0, k0),
+                        _ => (0.0, 0.0),
+                    };
+                    if r - r0 != 0.0 || k - k0 != 0.0 {
+                        fair.rate_absorb(tenant, r - r0, k - k0);
+                    }
+                }
+                totals.insert(tenant.clone(), (r, k));
+            }
+            *entry = Seen { epoch, totals };
+        }
+        seen.retain(|name, _| peers.members.iter().any(|m| &m.name == name));
+    }
+}
+
+async fn read_usage(
+    client: &PeerClient,
+    peers: &Peers,
+    m: &Member,
+    authorization: Option<HeaderValue>,
+) -> Result<serde_json::Value, String> {
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(m.authority.clone())
+        .path_and_query("/peers/usage")
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut req = Request::get(uri);
+    if let Some(h) = req.headers_mut() {
+        if let Some(a) = authorization {
+            h.insert(header::AUTHORIZATION, a);
+        }
+        h.insert(FORWARDED_BY.clone(), peers.sender.clone());
+    }
+    let req = req
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let work = async {
+        let resp = client.request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!("HTTP {status}"));
+        }
+        serde_json::from_slice(&body).map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(USAGE_INTERVAL, work)
+        .await
+        .map_err(|_| "no answer in time".to_string())?
 }
 
 /// A response body that keeps `T` (a place among the requests in progress) until the body ends

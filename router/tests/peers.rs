@@ -383,6 +383,95 @@ async fn a_client_that_leaves_a_forwarded_stream_aborts_it_at_the_engine() {
     );
 }
 
+#[tokio::test]
+async fn a_tenant_quota_holds_across_the_replicas() {
+    // 6 requests a minute for "team": without sharing, each of two replicas would admit 6.
+    let (_s, a, b) = pair(|c| {
+        let mut fair = program_router::config::FairnessConfig::default();
+        for (tenant, rpm) in [("team", 6.0), ("big", 10.0)] {
+            fair.tenant_rate_limits.insert(
+                tenant.into(),
+                program_router::config::fairness::RateLimitConfig {
+                    requests_per_minute: Some(rpm),
+                    tokens_per_minute: None,
+                },
+            );
+        }
+        c.fairness = Some(fair);
+    })
+    .await;
+    let c = client();
+    let as_tenant = |r: &Router, tenant: &'static str| {
+        let (c, url) = (c.clone(), r.url(CHAT));
+        async move {
+            send(&c, "POST", &url, &chat("q", 1), &[("x-tenant-id", tenant)])
+                .await
+                .status
+        }
+    };
+    for r in [&a, &b] {
+        for _ in 0..3 {
+            assert_eq!(as_tenant(r, "team").await, 200);
+        }
+    }
+    let usage = get(&c, &a.url("/peers/usage")).await.json();
+    assert_eq!(usage["tenants"]["team"][0], 3.0, "{usage}");
+    // The replicas read each other's use every second: then each knows the minute is spent.
+    tokio::time::sleep(program_router::peers::USAGE_INTERVAL * 3).await;
+    for r in [&a, &b] {
+        let resp = send(
+            &c,
+            "POST",
+            &r.url(CHAT),
+            &chat("q", 1),
+            &[("x-tenant-id", "team")],
+        )
+        .await;
+        assert_eq!(resp.status, 429, "{}", resp.text());
+        assert_eq!(resp.json()["error"]["code"], "tenant_rate_limited");
+        assert_eq!(
+            as_tenant(r, "other").await,
+            200,
+            "other tenants are not charged"
+        );
+    }
+    // Later use travels too: 5 of "big"'s 10 on a, then b has 5 left.
+    for _ in 0..5 {
+        assert_eq!(as_tenant(&a, "big").await, 200);
+    }
+    tokio::time::sleep(program_router::peers::USAGE_INTERVAL * 3).await;
+    for _ in 0..5 {
+        assert_eq!(as_tenant(&b, "big").await, 200);
+    }
+    assert_eq!(as_tenant(&b, "big").await, 429, "10 of 10 used across both");
+    // Without peers the endpoint does not exist; with the workers' key set, it needs that key.
+    let alone = router(workers(&[_s.base()], 1)).await;
+    assert_eq!(get(&c, &alone.url("/peers/usage")).await.status, 404);
+}
+
+#[tokio::test]
+async fn the_usage_endpoint_needs_the_workers_key_when_one_is_set() {
+    let s = sim(&["--time-scale", "50", "--api-key", "worker"]).await;
+    let cfg = RouterConfig {
+        api_key: Some("worker".into()),
+        peers: Some(PeersConfig::default()),
+        ..workers(&[s.base()], 1)
+    };
+    let r = router(cfg).await;
+    let c = client();
+    assert_eq!(get(&c, &r.url("/peers/usage")).await.status, 401);
+    let ok = send(
+        &c,
+        "GET",
+        &r.url("/peers/usage"),
+        "",
+        &[("authorization", "Bearer worker")],
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    assert!(ok.json()["tenants"].is_object());
+}
+
 #[test]
 fn the_peer_name_flag_names_this_replica_only_with_peers() {
     let flags = <program_router::config::cli::Cli as clap::Parser>::try_parse_from([

@@ -10,6 +10,12 @@
 //! single large request is never refused for its size, and no tenant exceeds its allowance by
 //! more than what it had in flight.
 //!
+//! With several router replicas (`peers`) each replica also counts what it admitted per tenant
+//! ([`RateLimiter::totals`]) and charges its own buckets with what the others admitted
+//! ([`RateLimiter::absorb`], fed every second by [`crate::peers`]), so a quota holds across the
+//! replicas; a burst can pass it by what the replicas admit in the second before they hear of
+//! each other.
+//!
 //! Pure: every call takes the time explicitly.
 
 use std::time::Instant;
@@ -49,6 +55,9 @@ const MAX_TENANTS: usize = 10_000;
 #[derive(Debug, Default)]
 pub struct RateLimiter {
     tenants: FxHashMap<String, Buckets>,
+    /// Requests and tokens charged here per limited tenant since this limiter was made
+    /// (admissions and settlements, never what was absorbed from other replicas).
+    totals: FxHashMap<String, (f64, f64)>,
 }
 
 fn per_second(per_minute: f64) -> f64 {
@@ -131,7 +140,54 @@ impl RateLimiter {
         if l.tokens_per_minute.is_some() {
             b.tokens -= estimate as f64;
         }
+        self.count(tenant, 1.0, estimate as f64);
         Ok(())
+    }
+
+    /// Adds to `tenant`'s totals (bounded: beyond the tenant limit the totals start over, which
+    /// the other replicas read as this one restarting).
+    fn count(&mut self, tenant: &str, requests: f64, tokens: f64) {
+        if let Some(t) = self.totals.get_mut(tenant) {
+            t.0 += requests;
+            t.1 += tokens;
+            return;
+        }
+        if self.totals.len() >= MAX_TENANTS {
+            self.totals.clear();
+        }
+        self.totals.insert(tenant.to_string(), (requests, tokens));
+    }
+
+    /// Requests and tokens charged here per tenant since this limiter was made.
+    pub fn totals(&self) -> impl Iterator<Item = (&str, f64, f64)> {
+        self.totals.iter().map(|(t, (r, k))| (t.as_str(), *r, *k))
+    }
+
+    /// Charges `tenant`'s buckets with what another replica admitted (`requests`, `tokens`;
+    /// negative tokens give back an over-estimate), without admitting anything here. The
+    /// balance may go below zero: the tenant then waits here too.
+    pub fn absorb(&mut self, tenant: &str, l: &Limits, requests: f64, tokens: f64, now: Instant) {
+        if l.requests_per_minute.is_none() && l.tokens_per_minute.is_none() {
+            return;
+        }
+        if !self.tenants.contains_key(tenant) {
+            if self.tenants.len() >= MAX_TENANTS {
+                self.prune(now);
+            }
+            self.tenants
+                .insert(tenant.to_string(), Buckets::full(l, now));
+        }
+        let Some(b) = self.tenants.get_mut(tenant) else {
+            return;
+        };
+        b.refill(l, now);
+        b.limits = *l;
+        if let Some(r) = l.requests_per_minute {
+            b.requests = (b.requests - requests).min(r);
+        }
+        if let Some(t) = l.tokens_per_minute {
+            b.tokens = (b.tokens - tokens).min(t);
+        }
     }
 
     /// Charges what a finished request really used beyond the estimate charged at admission
@@ -147,6 +203,7 @@ impl RateLimiter {
                 b.tokens = b.tokens.min(t);
             }
         }
+        self.count(tenant, 0.0, used as f64 - estimate as f64);
     }
 
     /// Forgets tenants whose buckets are full again (a refill to the top is the same as never
@@ -247,5 +304,38 @@ mod tests {
         let later = t0 + Duration::from_secs(60);
         r.admit("new", &RPM, 0, later).expect("admitted");
         assert_eq!(r.tenants.len(), 1);
+    }
+
+    #[test]
+    fn totals_count_what_was_charged_here_and_absorb_charges_what_others_admitted() {
+        let both = Limits {
+            requests_per_minute: Some(4.0),
+            tokens_per_minute: Some(1000.0),
+        };
+        let mut a = RateLimiter::default();
+        let t0 = Instant::now();
+        a.admit("x", &both, 100, t0).expect("one");
+        a.settle("x", &both, 100, 250, t0);
+        let totals: Vec<_> = a.totals().collect();
+        assert_eq!(totals, vec![("x", 1.0, 250.0)]);
+        // Another replica admitted three more of x's requests: one is left here.
+        a.absorb("x", &both, 3.0, 300.0, t0);
+        assert!(
+            a.admit("x", &both, 10, t0).is_err(),
+            "4 of 4 per minute used"
+        );
+        assert_eq!(
+            a.totals().collect::<Vec<_>>(),
+            vec![("x", 1.0, 250.0)],
+            "absorbed use is not re-exported"
+        );
+        // A tenant first seen through another replica starts from a full bucket.
+        let mut b = RateLimiter::default();
+        b.absorb("y", &both, 4.0, 0.0, t0);
+        assert!(b.admit("y", &both, 0, t0).is_err());
+        assert!(b.admit("y", &both, 0, t0 + Duration::from_secs(15)).is_ok());
+        // An over-estimate given back elsewhere never fills a bucket past its allowance.
+        b.absorb("z", &both, 0.0, -5000.0, t0);
+        assert_eq!(b.tenants.get("z").map(|x| x.tokens), Some(1000.0));
     }
 }

@@ -178,6 +178,8 @@ pub struct FairRuntime {
     metrics: FairMetrics,
     /// Per-tenant quotas (`fairness.tenant_rate_limits`); kept across tuning reloads.
     rate: Mutex<super::rate::RateLimiter>,
+    /// Names this quota state for the other replicas (a new one means its totals started over).
+    rate_epoch: u64,
 }
 
 /// A request's charge against its tenant's token quota, settled with the real usage.
@@ -227,6 +229,7 @@ impl FairRuntime {
             retired: AtomicBool::new(false),
             metrics,
             rate: Default::default(),
+            rate_epoch: rand::random(),
         })
     }
 
@@ -260,6 +263,46 @@ impl FairRuntime {
             tenant: tenant.to_string(),
             estimate,
         }))
+    }
+
+    /// Requests and tokens charged to each tenant's quota here (for the other replicas).
+    pub fn rate_totals(&self) -> Vec<(String, f64, f64)> {
+        self.rate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .totals()
+            .map(|(t, r, k)| (t.to_string(), r, k))
+            .collect()
+    }
+
+    /// Charges `tenant`'s quota here with what another replica admitted.
+    pub fn rate_absorb(&self, tenant: &str, requests: f64, tokens: f64) {
+        let Some(l) = self.rate_limits(tenant) else {
+            return;
+        };
+        self.rate.lock().unwrap_or_else(|p| p.into_inner()).absorb(
+            tenant,
+            &l,
+            requests,
+            tokens,
+            Instant::now(),
+        );
+    }
+
+    /// The id of this quota state (see [`crate::peers::usage_document`]).
+    pub fn rate_epoch(&self) -> u64 {
+        self.rate_epoch
+    }
+
+    /// Seconds since this quota state was made.
+    pub fn rate_age_secs(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64()
+    }
+
+    /// Whether any tenant has a quota.
+    pub fn has_rate_limits(&self) -> bool {
+        let cfg = self.cfg();
+        !cfg.tenant_rate_limits.is_empty() || cfg.default_rate_limit.is_some()
     }
 
     fn now(&self) -> f64 {

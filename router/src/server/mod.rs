@@ -402,6 +402,24 @@ async fn dispatch(
             }
             return Ok(json(StatusCode::OK, &v));
         }
+        // What this replica charged to tenants' quotas, read by the other replicas (`peers`).
+        (&Method::GET, "/peers/usage") => {
+            let applied = state.applied.load_full();
+            if applied.peers.is_none() {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    "no route for /peers/usage (this router has no peers)",
+                ));
+            }
+            if !crate::auth::is_platform(&applied, req.headers()) {
+                return Err(ApiError::unauthorized());
+            }
+            return Ok(json(
+                StatusCode::OK,
+                &crate::peers::usage_document(&applied),
+            ));
+        }
         (
             _,
             "/health"
@@ -409,7 +427,8 @@ async fn dispatch(
             | "/ping"
             | "/readiness"
             | "/status"
-            | "/scheduling/diagnostics",
+            | "/scheduling/diagnostics"
+            | "/peers/usage",
         ) => {
             return Err(ApiError::method_not_allowed("GET"));
         }

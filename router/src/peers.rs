@@ -473,6 +473,72 @@ async fn read_usage(
         .map_err(|_| "no answer in time".to_string())?
 }
 
+/// The worker URL that stored Responses API response `id`, asked of every other member that is
+/// not skipped (`GET /peers/response-home/{id}`, at once, each for at most half a second): the
+/// first that knows. For a follow-up to a response another replica relayed.
+pub async fn response_home(
+    client: &PeerClient,
+    peers: &Peers,
+    id: &str,
+    authorization: Option<HeaderValue>,
+) -> Option<String> {
+    if !crate::proxy::stored::plain_id(id) {
+        return None;
+    }
+    let now = Instant::now();
+    let asks = peers
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(i, m)| Some(*i) != peers.me && !m.down(now))
+        .map(|(_, m)| {
+            let authorization = authorization.clone();
+            Box::pin(async move {
+                let uri = Uri::builder()
+                    .scheme("http")
+                    .authority(m.authority.clone())
+                    .path_and_query(format!("/peers/response-home/{id}"))
+                    .build()
+                    .ok()?;
+                let mut req = Request::get(uri);
+                if let Some(h) = req.headers_mut() {
+                    if let Some(a) = authorization {
+                        h.insert(header::AUTHORIZATION, a);
+                    }
+                    h.insert(FORWARDED_BY.clone(), peers.sender.clone());
+                }
+                let req = req.body(Full::new(Bytes::new())).ok()?;
+                let work = async {
+                    let resp = client.request(req).await.ok()?;
+                    if !resp.status().is_success() {
+                        return None;
+                    }
+                    let body = resp.into_body().collect().await.ok()?.to_bytes();
+                    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+                    v["url"].as_str().map(String::from)
+                };
+                tokio::time::timeout(Duration::from_millis(500), work)
+                    .await
+                    .ok()
+                    .flatten()
+            })
+        })
+        .collect::<Vec<_>>();
+    if asks.is_empty() {
+        return None;
+    }
+    // The first member that knows answers; the others are not waited for.
+    let mut pending = asks;
+    while !pending.is_empty() {
+        let (found, _, rest) = futures_util::future::select_all(pending).await;
+        if found.is_some() {
+            return found;
+        }
+        pending = rest;
+    }
+    None
+}
+
 /// A response body that keeps `T` (a place among the requests in progress) until the body ends
 /// or is dropped.
 pub struct Holding<T> {

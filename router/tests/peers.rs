@@ -472,6 +472,57 @@ async fn the_usage_endpoint_needs_the_workers_key_when_one_is_set() {
     assert!(ok.json()["tenants"].is_object());
 }
 
+#[tokio::test]
+async fn a_stored_response_is_followed_up_through_any_replica() {
+    // Two servers, each with its own response store; two replicas, round robin. A response
+    // relayed by one replica is read back and continued through the other: that one asks its
+    // peers which server stored it (round robin alone would miss half the time).
+    let (s1, s2) = (sim(&["--instant"]).await, sim(&["--instant"]).await);
+    let mut base = workers(&[s1.base(), s2.base()], 1);
+    base.policy.kind = program_router::config::PolicyKind::RoundRobin;
+    let a = router(base.clone()).await;
+    let b = router(base).await;
+    let members = vec![
+        PeerMember {
+            name: "router-a".into(),
+            url: a.server.base(),
+        },
+        PeerMember {
+            name: "router-b".into(),
+            url: b.server.base(),
+        },
+    ];
+    for (r, me) in [(&a, "router-a"), (&b, "router-b")] {
+        let mut cfg = r.state.applied.load().config.clone();
+        cfg.peers = Some(PeersConfig {
+            self_name: Some(me.into()),
+            members: members.clone(),
+            ..Default::default()
+        });
+        assert!(r.state.apply(cfg).expect("applied"));
+    }
+    let c = client();
+    for i in 0..4 {
+        let body =
+            json!({"model": "sim-model", "input": format!("turn {i}"), "max_output_tokens": 1});
+        let made = post(&c, &a.url("/v1/responses"), &body.to_string()).await;
+        assert_eq!(made.status, 200, "{}", made.text());
+        let id = made.json()["id"].as_str().expect("id").to_string();
+        for _ in 0..2 {
+            let read = get(&c, &b.url(&format!("/v1/responses/{id}"))).await;
+            assert_eq!(read.status, 200, "{id}: {}", read.text());
+            assert_eq!(read.json()["id"], json!(id));
+        }
+        let next = json!({"model": "sim-model", "input": "more", "max_output_tokens": 1,
+            "previous_response_id": id});
+        let resp = post(&c, &b.url("/v1/responses"), &next.to_string()).await;
+        assert_eq!(resp.status, 200, "{id}: {}", resp.text());
+    }
+    // The endpoint the replicas ask.
+    let home = get(&c, &a.url("/peers/response-home/nope")).await.json();
+    assert_eq!(home["url"], serde_json::Value::Null);
+}
+
 #[test]
 fn the_peer_name_flag_names_this_replica_only_with_peers() {
     let flags = <program_router::config::cli::Cli as clap::Parser>::try_parse_from([

@@ -7,7 +7,8 @@
 //! field of the JSON body, or the `response.created` event of a stream) and remembers the base
 //! URL that answered — any DP rank behind that URL shares its API server and so its store. The
 //! memory is bounded (oldest forgotten first); an id it does not know (another replica made it,
-//! the router restarted) takes the normal route, where vLLM answers for itself.
+//! the router restarted) is asked of the other replicas when there are `peers`
+//! ([`crate::peers::response_home`]), else takes the normal route, where vLLM answers for itself.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -67,15 +68,28 @@ impl ResponseHomes {
     /// rank behind the URL that stored it, when the router knows that URL and it is still
     /// configured.
     pub fn home(&self, id: &str, targets: &[Arc<TargetState>]) -> Option<usize> {
-        let url = self.get(id)?;
-        let now = Instant::now();
-        targets
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| *t.spec.url == *url && t.available(now))
-            .min_by_key(|(_, t)| t.in_flight())
-            .map(|(i, _)| i)
+        pick(&self.get(id)?, targets)
     }
+}
+
+/// The least busy available rank behind base URL `url`.
+pub fn pick(url: &str, targets: &[Arc<TargetState>]) -> Option<usize> {
+    let now = Instant::now();
+    targets
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| *t.spec.url == *url && t.available(now))
+        .min_by_key(|(_, t)| t.in_flight())
+        .map(|(i, _)| i)
+}
+
+/// Whether `id` can travel as a path segment unescaped (vLLM's ids are `resp_<hex>`).
+pub fn plain_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 256
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
 /// The stored response a path names: `/v1/responses/{id}` and its sub-resources

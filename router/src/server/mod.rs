@@ -402,6 +402,26 @@ async fn dispatch(
             }
             return Ok(json(StatusCode::OK, &v));
         }
+        // Which worker stored a Responses API response this replica relayed (`peers`).
+        (&Method::GET, p) if p.starts_with("/peers/response-home/") => {
+            let applied = state.applied.load_full();
+            if applied.peers.is_none() {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    "no route (this router has no peers)",
+                ));
+            }
+            if !crate::auth::is_platform(&applied, req.headers()) {
+                return Err(ApiError::unauthorized());
+            }
+            let id = &p["/peers/response-home/".len()..];
+            let url = state.response_homes.get(id);
+            return Ok(json(
+                StatusCode::OK,
+                &serde_json::json!({ "url": url.as_deref() }),
+            ));
+        }
         // What this replica charged to tenants' quotas, read by the other replicas (`peers`).
         (&Method::GET, "/peers/usage") => {
             let applied = state.applied.load_full();
@@ -470,8 +490,10 @@ async fn dispatch(
     let (parts, body) = read_body(applied.config.limits.max_payload_size, req).await?;
     if !generate {
         // A stored response's own endpoints go to the server that stored it.
-        let pin = crate::proxy::stored::id_in_path(&path)
-            .and_then(|id| state.response_homes.home(id, &applied.targets.targets));
+        let pin = match crate::proxy::stored::id_in_path(&path) {
+            Some(id) => stored_home(state, &applied, id).await,
+            None => None,
+        };
         // Other /v1/* endpoints (models, embeddings, ...) and vLLM's own request-level
         // endpoints (tokenize, score, ...) pass through unchanged.
         return proxy::forward(
@@ -507,11 +529,14 @@ async fn dispatch(
     let original = body.clone();
     // A Responses request that continues a stored response must reach the server that stored
     // it; Program scheduling could place it anywhere, so it steps aside for this request.
-    let stored_home = peeked
+    let stored_home = match peeked
         .previous_response_id
         .as_deref()
         .filter(|_| path == "/v1/responses")
-        .and_then(|id| state.response_homes.home(id, &applied.targets.targets));
+    {
+        Some(id) => stored_home(state, &applied, id).await,
+        None => None,
+    };
     let identity = match stored_home {
         Some(_) => None,
         None => program_identity(
@@ -658,6 +683,25 @@ async fn dispatch(
         },
     )
     .await
+}
+
+/// The target for a request about stored response `id`: on the server that stored it, as this
+/// replica knows or, with `peers`, as another replica that relayed it does (then remembered).
+async fn stored_home(
+    state: &RouterState,
+    applied: &crate::state::Applied,
+    id: &str,
+) -> Option<usize> {
+    let targets = &applied.targets.targets;
+    if let Some(i) = state.response_homes.home(id, targets) {
+        return Some(i);
+    }
+    let peers = applied.peers.as_ref()?;
+    let url =
+        crate::peers::response_home(&state.peer_client, peers, id, applied.authorization.clone())
+            .await?;
+    state.response_homes.insert(id, &url);
+    crate::proxy::stored::pick(&url, targets)
 }
 
 /// `/scheduling/diagnostics?replicas=all`: this replica's document `own` and every peer's, as

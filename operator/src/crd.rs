@@ -249,9 +249,10 @@ pub struct RouterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("router.queueTimeoutSeconds must be positive"))]
     pub queue_timeout_seconds: Option<f64>,
-    /// With Program scheduling or quotas on several replicas, the replicas know each other (the
-    /// router's `peers`): each Program is scheduled by one owner replica, which the others
-    /// forward its requests to, and tenants' quotas hold across the replicas.
+    /// With several replicas, the replicas know each other (the router's `peers`): each Program
+    /// is scheduled by one owner replica, which the others forward its requests to, tenants'
+    /// quotas hold across the replicas, and a Responses API follow-up finds the server that
+    /// stored its response through any replica.
     #[serde(default = "d::peer_forwarding")]
     pub peer_forwarding: bool,
 }

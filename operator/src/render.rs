@@ -75,12 +75,9 @@ pub fn render(
     if let Some(f) = &spec.fairness {
         cfg.fairness = Some(f.to_router().map_err(RenderError)?);
     }
-    // Replicas that know each other forward Programs to their owner and share quota use.
-    let quotas = cfg
-        .fairness
-        .as_ref()
-        .is_some_and(|f| !f.tenant_rate_limits.is_empty() || f.default_rate_limit.is_some());
-    if (cfg.program_scheduling.is_some() || quotas) && r.peer_forwarding && r.replicas > 1 {
+    // Replicas that know each other forward Programs to their owner, share quota use and find
+    // which server stored a Responses API response.
+    if r.peer_forwarding && r.replicas > 1 {
         cfg.peers = Some(peers(routers, cfg.port));
     }
     cfg.validate().map_err(|e| RenderError(e.to_string()))?;
@@ -257,7 +254,7 @@ mod tests {
     }
 
     #[test]
-    fn program_scheduling_on_several_replicas_lists_the_ready_router_pods_as_peers() {
+    fn several_replicas_list_the_ready_router_pods_as_peers() {
         let routers = [
             ("router-b".to_string(), "10.0.0.8".to_string()),
             ("router-a".to_string(), "fd00::7".to_string()),
@@ -293,16 +290,9 @@ mod tests {
         assert_eq!(peers.self_name, None, "each pod names itself (--peer-name)");
         assert_eq!(with(1, true, true), None, "one replica: nothing to forward");
         assert_eq!(with(2, false, true), None, "turned off");
-        assert_eq!(with(2, true, false), None, "no Program scheduling");
-        // Quotas alone: the replicas share quota use.
-        let mut s = spec(RouterSpec::default(), None);
-        s.fairness = Some(
-            serde_json::from_value(serde_json::json!({
-                "defaultRateLimit": {"requestsPerMinute": 60.0}
-            }))
-            .expect("fairness"),
+        assert!(
+            with(2, true, false).is_some(),
+            "without Program scheduling the replicas still share quota use and response homes"
         );
-        let c = render(&s, vec![w(0)], &routers).expect("valid");
-        assert_eq!(c.peers.map(|p| p.members.len()), Some(2));
     }
 }

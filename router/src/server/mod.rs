@@ -3,6 +3,7 @@
 //! Owns how a client request becomes an [`Outbound`] (or an error answer); forwarding itself is
 //! in [`crate::proxy`]. Never panics on input: every failure is an OpenAI-style error.
 
+mod peering;
 mod shards;
 pub mod status;
 
@@ -397,48 +398,13 @@ async fn dispatch(
             if all && !req.headers().contains_key(&crate::peers::FORWARDED_BY) {
                 return Ok(json(
                     StatusCode::OK,
-                    &all_replicas(state, &applied, req.headers(), v).await,
+                    &peering::all_replicas(state, &applied, req.headers(), v).await,
                 ));
             }
             return Ok(json(StatusCode::OK, &v));
         }
-        // Which worker stored a Responses API response this replica relayed (`peers`).
-        (&Method::GET, p) if p.starts_with("/peers/response-home/") => {
-            let applied = state.applied.load_full();
-            if applied.peers.is_none() {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    "no route (this router has no peers)",
-                ));
-            }
-            if !crate::auth::is_platform(&applied, req.headers()) {
-                return Err(ApiError::unauthorized());
-            }
-            let id = &p["/peers/response-home/".len()..];
-            let url = state.response_homes.get(id);
-            return Ok(json(
-                StatusCode::OK,
-                &serde_json::json!({ "url": url.as_deref() }),
-            ));
-        }
-        // What this replica charged to tenants' quotas, read by the other replicas (`peers`).
-        (&Method::GET, "/peers/usage") => {
-            let applied = state.applied.load_full();
-            if applied.peers.is_none() {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    "no route for /peers/usage (this router has no peers)",
-                ));
-            }
-            if !crate::auth::is_platform(&applied, req.headers()) {
-                return Err(ApiError::unauthorized());
-            }
-            return Ok(json(
-                StatusCode::OK,
-                &crate::peers::usage_document(&applied),
-            ));
+        (&Method::GET, p) if p.starts_with("/peers/") => {
+            return peering::endpoint(state, p, req.headers());
         }
         (
             _,
@@ -447,8 +413,7 @@ async fn dispatch(
             | "/ping"
             | "/readiness"
             | "/status"
-            | "/scheduling/diagnostics"
-            | "/peers/usage",
+            | "/scheduling/diagnostics",
         ) => {
             return Err(ApiError::method_not_allowed("GET"));
         }
@@ -491,7 +456,7 @@ async fn dispatch(
     if !generate {
         // A stored response's own endpoints go to the server that stored it.
         let pin = match crate::proxy::stored::id_in_path(&path) {
-            Some(id) => stored_home(state, &applied, id).await,
+            Some(id) => peering::stored_home(state, &applied, id).await,
             None => None,
         };
         // Other /v1/* endpoints (models, embeddings, ...) and vLLM's own request-level
@@ -534,7 +499,7 @@ async fn dispatch(
         .as_deref()
         .filter(|_| path == "/v1/responses")
     {
-        Some(id) => stored_home(state, &applied, id).await,
+        Some(id) => peering::stored_home(state, &applied, id).await,
         None => None,
     };
     let identity = match stored_home {
@@ -549,59 +514,22 @@ async fn dispatch(
     };
     // A Program another router replica owns is scheduled there (`peers`); the quota, queues
     // and scheduler of that replica apply, not this one's.
-    if let (Some(peers), Some(id)) = (&applied.peers, &identity) {
-        if parts.headers.contains_key(&crate::peers::FORWARDED_BY) {
-            if state.is_draining() {
-                // The sender serves it instead: nothing was done with it here.
-                return Ok(hold(crate::peers::decline_draining(), place));
-            }
-            state
-                .metrics
-                .peer_forwards
-                .with_label_values(&["received"])
-                .inc();
-        } else {
-            let root = id.root_program_id.as_deref().unwrap_or(&id.program_id);
-            if let Some(owner) = peers.owner(root, Instant::now()) {
-                let handoff = crate::peers::Handoff {
-                    method: method.clone(),
-                    path_and_query: &path_and_query,
-                    headers: &parts.headers,
-                    body: original.clone(),
-                    request_id,
-                    timeout: crate::config::duration(applied.config.limits.request_timeout_secs),
-                };
-                match crate::peers::forward(&state.peer_client, peers, owner, handoff).await {
-                    Ok(resp) => {
-                        state
-                            .metrics
-                            .peer_forwards
-                            .with_label_values(&["forwarded"])
-                            .inc();
-                        return Ok(hold(resp, place));
-                    }
-                    Err(crate::peers::ForwardError::Failed(e)) => {
-                        state
-                            .metrics
-                            .peer_forwards
-                            .with_label_values(&["failed"])
-                            .inc();
-                        return Err(e);
-                    }
-                    Err(crate::peers::ForwardError::Unreachable(why)) => {
-                        // Nothing was sent: this replica schedules the Program instead (every
-                        // replica skips the owner for a while, so they agree on the next one).
-                        state
-                            .metrics
-                            .peer_forwards
-                            .with_label_values(&["unreachable"])
-                            .inc();
-                        tracing::warn!(error = %why, "Program owner unreachable; serving here");
-                    }
-                }
+    let place = match (&applied.peers, &identity) {
+        (Some(peers), Some(id)) => {
+            let here = peering::Request {
+                method: &method,
+                path_and_query: &path_and_query,
+                headers: &parts.headers,
+                body: &original,
+                request_id,
+            };
+            match peering::to_owner(state, &applied, peers, id, here, place).await {
+                peering::Owner::Answered(r) => return r,
+                peering::Owner::Here(place) => place,
             }
         }
-    }
+        _ => place,
+    };
     // With fair queueing, the request's tenant (one for its quota, its queue and its Program).
     let tenant = applied
         .fair
@@ -683,65 +611,6 @@ async fn dispatch(
         },
     )
     .await
-}
-
-/// The target for a request about stored response `id`: on the server that stored it, as this
-/// replica knows or, with `peers`, as another replica that relayed it does (then remembered).
-async fn stored_home(
-    state: &RouterState,
-    applied: &crate::state::Applied,
-    id: &str,
-) -> Option<usize> {
-    let targets = &applied.targets.targets;
-    if let Some(i) = state.response_homes.home(id, targets) {
-        return Some(i);
-    }
-    let peers = applied.peers.as_ref()?;
-    let url =
-        crate::peers::response_home(&state.peer_client, peers, id, applied.authorization.clone())
-            .await?;
-    state.response_homes.insert(id, &url);
-    crate::proxy::stored::pick(&url, targets)
-}
-
-/// `/scheduling/diagnostics?replicas=all`: this replica's document `own` and every peer's, as
-/// `{"replicas": [{"name", "url", "self", "diagnostics" | "error"}]}`.
-async fn all_replicas(
-    state: &RouterState,
-    applied: &crate::state::Applied,
-    headers: &http::HeaderMap,
-    own: serde_json::Value,
-) -> serde_json::Value {
-    let me = applied.peers.as_ref().and_then(|p| p.self_name.clone());
-    let mut replicas = vec![serde_json::json!({
-        "name": me, "url": null, "self": true, "diagnostics": own,
-    })];
-    if let Some(peers) = &applied.peers {
-        let others = crate::peers::member_diagnostics(
-            &state.peer_client,
-            peers,
-            headers,
-            Duration::from_secs(2),
-        )
-        .await;
-        for (name, url, got) in others {
-            replicas.push(match got {
-                Ok(d) => {
-                    serde_json::json!({"name": name, "url": url, "self": false, "diagnostics": d})
-                }
-                Err(e) => serde_json::json!({"name": name, "url": url, "self": false, "error": e}),
-            });
-        }
-    }
-    serde_json::json!({ "replicas": replicas })
-}
-
-/// `resp` with `place` (a place among the requests in progress) held until its body ends.
-fn hold(resp: Response<Body>, place: Option<crate::limit::Place>) -> Response<Body> {
-    match place {
-        Some(p) => resp.map(|b| crate::peers::Holding::new(b, p).boxed_unsync()),
-        None => resp,
-    }
 }
 
 /// 429 for a tenant over its quota (`fairness.tenant_rate_limits`).

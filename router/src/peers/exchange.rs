@@ -1,0 +1,192 @@
+//! What the replicas tell each other: quota use (read every second and charged here), which
+//! server stored a Responses API response, and each replica's diagnostics.
+
+use std::time::{Duration, Instant};
+
+use http::header;
+use http::{HeaderMap, HeaderValue};
+use rustc_hash::FxHashMap;
+
+use super::{Member, PeerClient, Peers, get_json};
+
+/// Every member's `/scheduling/diagnostics` but this replica's, read with the client's own
+/// credentials (each replica applies its own diagnostics scope): `(name, url, document or
+/// error)`, in member order. Members are asked at once, each for at most `timeout`.
+pub async fn member_diagnostics(
+    client: &PeerClient,
+    peers: &Peers,
+    headers: &HeaderMap,
+    timeout: Duration,
+) -> Vec<(String, String, Result<serde_json::Value, String>)> {
+    let mut creds = HeaderMap::new();
+    for name in [header::AUTHORIZATION, crate::auth::X_API_KEY] {
+        if let Some(v) = headers.get(&name) {
+            creds.insert(name, v.clone());
+        }
+    }
+    let asks = others(peers).map(|m| {
+        let creds = creds.clone();
+        async move {
+            let got = get_json(client, peers, m, "/scheduling/diagnostics", creds, timeout).await;
+            (m.name.clone(), m.url.clone(), got)
+        }
+    });
+    futures_util::future::join_all(asks).await
+}
+
+/// Every member but this replica.
+fn others(peers: &Peers) -> impl Iterator<Item = &Member> {
+    peers
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != peers.me)
+        .map(|(_, m)| m)
+}
+
+/// The workers' key, which the replicas present to each other.
+fn platform(authorization: Option<HeaderValue>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Some(a) = authorization {
+        h.insert(header::AUTHORIZATION, a);
+    }
+    h
+}
+
+/// `GET /peers/usage`: what this replica charged to each tenant's quota, for the others to
+/// charge too: `{"epoch": <id of this quota state>, "age_secs": <its age>, "tenants": {name:
+/// [requests, tokens]}}`.
+pub fn usage_document(applied: &crate::state::Applied) -> serde_json::Value {
+    let (epoch, age, tenants) = match &applied.fair {
+        Some(f) => (
+            f.rate_epoch(),
+            f.rate_age_secs(),
+            f.rate_totals()
+                .into_iter()
+                .map(|(t, r, k)| (t, serde_json::json!([r, k])))
+                .collect::<serde_json::Map<_, _>>(),
+        ),
+        None => (0, 0.0, serde_json::Map::new()),
+    };
+    serde_json::json!({ "epoch": epoch.to_string(), "age_secs": age, "tenants": tenants })
+}
+
+/// A bucket holds one minute's allowance: use older than this has been refilled anyway.
+const QUOTA_MEMORY_SECS: f64 = 60.0;
+
+/// What one member reported last: its quota state's epoch and per-tenant totals.
+#[derive(Default)]
+struct Seen {
+    epoch: String,
+    totals: FxHashMap<String, (f64, f64)>,
+}
+
+/// How often the replicas exchange quota use.
+pub const USAGE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Every [`USAGE_INTERVAL`], while this replica has peers and tenants have quotas: reads each
+/// other member's `/peers/usage` and charges this replica's quotas with what the member admitted
+/// since the last read. On the first read of a member, its totals count when its quota state is
+/// younger than a minute (all of it is recent) and are only remembered otherwise (older use has
+/// been refilled; the last minute's is not known apart); after it restarted, all of them count.
+/// Stops with the router.
+pub async fn usage_loop(state: std::sync::Arc<crate::state::RouterState>) {
+    let mut stop = state.stop_rx();
+    let mut seen: FxHashMap<String, Seen> = FxHashMap::default();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(USAGE_INTERVAL) => {}
+            _ = stop.changed() => return,
+        }
+        let applied = state.applied.load_full();
+        let (Some(peers), Some(fair)) = (&applied.peers, &applied.fair) else {
+            seen.clear();
+            continue;
+        };
+        if !fair.has_rate_limits() {
+            seen.clear();
+            continue;
+        }
+        let client = &state.peer_client;
+        let reads = others(peers).map(|m| {
+            let headers = platform(applied.authorization.clone());
+            async move {
+                let doc = get_json(client, peers, m, "/peers/usage", headers, USAGE_INTERVAL).await;
+                (m.name.clone(), doc)
+            }
+        });
+        for (name, doc) in futures_util::future::join_all(reads).await {
+            let Ok(doc) = doc else { continue };
+            let epoch = doc["epoch"].as_str().unwrap_or_default().to_string();
+            let first = !seen.contains_key(&name);
+            let young = doc["age_secs"]
+                .as_f64()
+                .is_some_and(|a| a <= QUOTA_MEMORY_SECS);
+            let entry = seen.entry(name).or_default();
+            let restarted = !first && entry.epoch != epoch;
+            // Whether this read's totals count from zero.
+            let from_zero = restarted || (first && young);
+            let mut totals = FxHashMap::default();
+            for (tenant, v) in doc["tenants"].as_object().into_iter().flatten() {
+                let (Some(r), Some(k)) = (v[0].as_f64(), v[1].as_f64()) else {
+                    continue;
+                };
+                if !first || from_zero {
+                    let (r0, k0) = match entry.totals.get(tenant) {
+                        // Totals only grow in requests; fewer means they started over.
+                        Some(&(r0, k0)) if !from_zero && r >= r0 => (r0, k0),
+                        _ => (0.0, 0.0),
+                    };
+                    if r - r0 != 0.0 || k - k0 != 0.0 {
+                        fair.rate_absorb(tenant, r - r0, k - k0);
+                    }
+                }
+                totals.insert(tenant.clone(), (r, k));
+            }
+            *entry = Seen { epoch, totals };
+        }
+        seen.retain(|name, _| peers.members.iter().any(|m| &m.name == name));
+    }
+}
+
+/// The worker URL that stored Responses API response `id`, asked of every other member that is
+/// not skipped (`GET /peers/response-home/{id}`, at once, each for at most half a second): the
+/// first that knows. For a follow-up to a response another replica relayed.
+pub async fn response_home(
+    client: &PeerClient,
+    peers: &Peers,
+    id: &str,
+    authorization: Option<HeaderValue>,
+) -> Option<String> {
+    if !crate::proxy::stored::plain_id(id) {
+        return None;
+    }
+    let now = Instant::now();
+    let path = format!("/peers/response-home/{id}");
+    let asks = others(peers)
+        .filter(|m| !m.down(now))
+        .map(|m| {
+            let (path, headers) = (path.clone(), platform(authorization.clone()));
+            Box::pin(async move {
+                let timeout = Duration::from_millis(500);
+                let v = get_json(client, peers, m, &path, headers, timeout)
+                    .await
+                    .ok()?;
+                v["url"].as_str().map(String::from)
+            })
+        })
+        .collect::<Vec<_>>();
+    if asks.is_empty() {
+        return None;
+    }
+    // The first member that knows answers; the others are not waited for.
+    let mut pending = asks;
+    while !pending.is_empty() {
+        let (found, _, rest) = futures_util::future::select_all(pending).await;
+        if found.is_some() {
+            return found;
+        }
+        pending = rest;
+    }
+    None
+}

@@ -1,0 +1,162 @@
+//! Handing a Program request to the replica that owns it, and relaying the answer.
+//!
+//! Owns the forward itself — the client's request, body and headers unchanged, to the owner's
+//! API listener, the answer (streamed or not) relayed back with the sender's place among the
+//! requests in progress held until it ends — and the owner's refusal while it shuts down, which
+//! the sender answers by serving the request itself.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
+
+use super::{FORWARDED_BY, Member, PeerClient, Peers};
+use crate::error::ApiError;
+use crate::server::{Body, BoxError};
+
+/// On a 503 from a replica that declined a forwarded request before doing anything with it (it
+/// is shutting down): the sender serves the request itself.
+pub static DECLINED: HeaderName = HeaderName::from_static("x-program-router-peer-declined");
+
+/// The answer of a replica that declines a forwarded request because it is shutting down.
+pub fn decline_draining() -> Response<Body> {
+    let mut r = ApiError::new(
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        "shutting_down",
+        "this router replica is shutting down; the sending replica serves the request",
+    )
+    .into_response();
+    r.headers_mut()
+        .insert(DECLINED.clone(), HeaderValue::from_static("draining"));
+    r
+}
+
+/// Why a forward did not produce an answer.
+pub enum ForwardError {
+    /// The owner could not be reached before anything was sent, or declined the request before
+    /// doing anything with it: serve the request here.
+    Unreachable(String),
+    /// It failed after the request may have reached the owner (never sent again): the answer.
+    Failed(ApiError),
+}
+
+/// One request to hand to its owner.
+pub struct Handoff<'a> {
+    pub method: Method,
+    pub path_and_query: &'a http::uri::PathAndQuery,
+    pub headers: &'a HeaderMap,
+    /// The client's body exactly as received.
+    pub body: Bytes,
+    pub request_id: &'a HeaderValue,
+    /// Deadline for the owner's response headers.
+    pub timeout: Duration,
+}
+
+/// Sends `h` to `member` and returns its answer, body streamed through.
+pub async fn forward(
+    client: &PeerClient,
+    peers: &Peers,
+    member: &Member,
+    h: Handoff<'_>,
+) -> Result<Response<Body>, ForwardError> {
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(member.authority.clone())
+        .path_and_query(h.path_and_query.clone())
+        .build()
+        .map_err(|e| ForwardError::Failed(ApiError::upstream(format!("peer URL: {e}"))))?;
+    let mut req = Request::builder().method(h.method).uri(uri);
+    if let Some(out) = req.headers_mut() {
+        crate::proxy::copy_end_to_end(h.headers, out);
+        out.insert(FORWARDED_BY.clone(), peers.sender.clone());
+        out.insert("x-request-id", h.request_id.clone());
+        if !h.body.is_empty() {
+            out.insert(header::CONTENT_LENGTH, HeaderValue::from(h.body.len()));
+        }
+    }
+    let req = req
+        .body(Full::new(h.body))
+        .map_err(|e| ForwardError::Failed(ApiError::upstream(format!("peer request: {e}"))))?;
+    let resp = match tokio::time::timeout(h.timeout, client.request(req)).await {
+        Err(_) => {
+            return Err(ForwardError::Failed(ApiError::new(
+                http::StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                format!(
+                    "router replica {} sent no response headers within {:?}",
+                    member.name, h.timeout
+                ),
+            )));
+        }
+        Ok(Err(e)) if e.is_connect() => {
+            peers.mark_down(member);
+            return Err(ForwardError::Unreachable(format!(
+                "router replica {} ({}): {e}",
+                member.name, member.url
+            )));
+        }
+        Ok(Err(e)) => {
+            return Err(ForwardError::Failed(ApiError::upstream(format!(
+                "router replica {} failed: {e}",
+                member.name
+            ))));
+        }
+        Ok(Ok(r))
+            if r.status() == http::StatusCode::SERVICE_UNAVAILABLE
+                && r.headers().contains_key(&DECLINED) =>
+        {
+            // Declined before the owner did anything with it (it is shutting down): safe to
+            // serve here, and its Programs go to the next owner until it is gone.
+            peers.mark_down(member);
+            return Err(ForwardError::Unreachable(format!(
+                "router replica {} is shutting down",
+                member.name
+            )));
+        }
+        Ok(Ok(r)) => r,
+    };
+    let (mut parts, body) = resp.into_parts();
+    let mut headers = HeaderMap::with_capacity(parts.headers.len());
+    crate::proxy::copy_end_to_end(&parts.headers, &mut headers);
+    parts.headers = headers;
+    let body = body.map_err(|e| Box::new(e) as BoxError).boxed_unsync();
+    Ok(Response::from_parts(parts, body))
+}
+
+/// A response body that keeps `T` (a place among the requests in progress) until the body ends
+/// or is dropped.
+pub struct Holding<T> {
+    inner: Body,
+    _held: T,
+}
+
+impl<T> Holding<T> {
+    pub fn new(inner: Body, held: T) -> Self {
+        Holding { inner, _held: held }
+    }
+}
+
+impl<T: Unpin> HttpBody for Holding<T> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

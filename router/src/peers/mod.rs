@@ -1,0 +1,321 @@
+//! Router replicas that know each other (`peers`, extension): membership and ownership.
+//!
+//! Owns who owns a Program — rendezvous (highest random weight) hashing of the Program tree's
+//! root id over the member names, which every replica with the same member list computes alike
+//! and which moves only the departed member's Programs when the list changes — the skipping of
+//! members that refused a connection, and the HTTP client and JSON reads between replicas.
+//! [`forward`] hands Program requests to their owner; [`exchange`] carries what the replicas
+//! tell each other (quota use, stored-response homes, diagnostics). A request from a peer
+//! carries [`FORWARDED_BY`] and is always served where it lands, so a request crosses at most
+//! one hop even while replicas disagree about the member list.
+
+pub mod exchange;
+pub mod forward;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::HeaderName;
+use http::{HeaderMap, HeaderValue, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+
+use crate::config::peers::PeersConfig;
+
+pub use exchange::{USAGE_INTERVAL, member_diagnostics, response_home, usage_document, usage_loop};
+pub use forward::{DECLINED, ForwardError, Handoff, Holding, decline_draining, forward};
+
+/// Marks a request forwarded by a peer (its value names the sender); such a request is served
+/// by the replica it reaches.
+pub static FORWARDED_BY: HeaderName = HeaderName::from_static("x-program-router-peer");
+
+/// The client that carries requests between replicas.
+pub type PeerClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Builds the peer client: replicas run in one cluster, so a member that does not accept within
+/// a second is treated as down; idle connections are dropped well before a replica's own idle
+/// limit for clients (60 s), so a request is never written into a connection being closed.
+pub fn client() -> PeerClient {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(1)));
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    http.enforce_http(true);
+    Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .build(http)
+}
+
+/// One member of the applied peer list.
+#[derive(Debug)]
+pub struct Member {
+    pub name: String,
+    pub url: String,
+    authority: http::uri::Authority,
+    /// Skipped until then after a refused connection.
+    down_until: Mutex<Option<Instant>>,
+}
+
+impl Member {
+    fn down(&self, now: Instant) -> bool {
+        self.down_until
+            .lock()
+            .map(|d| d.is_some_and(|t| now < t))
+            .unwrap_or(false)
+    }
+}
+
+/// The applied `peers` section.
+#[derive(Debug)]
+pub struct Peers {
+    /// This replica's position in `members`, when it is one.
+    me: Option<usize>,
+    pub self_name: Option<String>,
+    pub members: Vec<Member>,
+    backoff: Duration,
+    /// `FORWARDED_BY`'s value on requests this replica forwards.
+    sender: HeaderValue,
+}
+
+impl Peers {
+    /// The runtime view of a validated `cfg`; members of `prev` with the same name and URL keep
+    /// their down state.
+    pub fn new(cfg: &PeersConfig, prev: Option<&Peers>) -> Peers {
+        let members: Vec<Member> = cfg
+            .members
+            .iter()
+            .filter_map(|m| {
+                let uri: Uri = m.url.parse().ok()?;
+                let down = prev
+                    .and_then(|p| {
+                        p.members
+                            .iter()
+                            .find(|o| o.name == m.name && o.url == m.url)
+                    })
+                    .and_then(|o| o.down_until.lock().ok().and_then(|d| *d));
+                Some(Member {
+                    name: m.name.clone(),
+                    url: m.url.trim_end_matches('/').to_string(),
+                    authority: uri.authority()?.clone(),
+                    down_until: Mutex::new(down),
+                })
+            })
+            .collect();
+        let me = cfg
+            .self_name
+            .as_ref()
+            .and_then(|n| members.iter().position(|m| &m.name == n));
+        let sender = cfg
+            .self_name
+            .as_deref()
+            .and_then(|n| HeaderValue::from_str(n).ok())
+            .unwrap_or(HeaderValue::from_static("unnamed"));
+        Peers {
+            me,
+            self_name: cfg.self_name.clone(),
+            members,
+            backoff: crate::config::duration(cfg.unreachable_backoff_secs),
+            sender,
+        }
+    }
+
+    /// Whether this replica is one of the members (otherwise it owns no Program).
+    pub fn is_member(&self) -> bool {
+        self.me.is_some()
+    }
+
+    /// The member that owns the Program tree `root`, when that is another replica; `None` when
+    /// this replica owns it (or no member is reachable, so it serves the request itself).
+    /// Members found down are passed over, and never this replica.
+    pub fn owner(&self, root: &str, now: Instant) -> Option<&Member> {
+        let best = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| Some(*i) == self.me || !m.down(now))
+            .max_by_key(|(_, m)| score(&m.name, root))?;
+        (Some(best.0) != self.me).then_some(best.1)
+    }
+
+    /// Marks `m` down for the backoff (a connection to it was refused).
+    pub fn mark_down(&self, m: &Member) {
+        if let Ok(mut d) = m.down_until.lock() {
+            *d = Some(Instant::now() + self.backoff);
+        }
+    }
+
+    /// Names of the members skipped now.
+    pub fn down_members(&self) -> Vec<&str> {
+        let now = Instant::now();
+        self.members
+            .iter()
+            .filter(|m| m.down(now))
+            .map(|m| m.name.as_str())
+            .collect()
+    }
+}
+
+/// The rendezvous weight of `member` for `key`: the largest owns the key.
+fn score<'a>(member: &'a str, key: &str) -> (u64, &'a str) {
+    let mut bytes = Vec::with_capacity(member.len() + key.len() + 1);
+    bytes.extend_from_slice(member.as_bytes());
+    bytes.push(0xff); // never in UTF-8 text: ("ab","c") and ("a","bc") differ
+    bytes.extend_from_slice(key.as_bytes());
+    // The name breaks (astronomically unlikely) ties, so every replica picks the same member.
+    (crate::hash::stable_hash(&bytes), member)
+}
+
+/// `GET path` on `m` with `headers` (and [`FORWARDED_BY`]), its JSON body within `timeout`.
+pub(crate) async fn get_json(
+    client: &PeerClient,
+    peers: &Peers,
+    m: &Member,
+    path: &str,
+    headers: HeaderMap,
+    timeout: Duration,
+) -> Result<serde_json::Value, String> {
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(m.authority.clone())
+        .path_and_query(path)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut req = Request::get(uri);
+    if let Some(h) = req.headers_mut() {
+        *h = headers;
+        h.insert(FORWARDED_BY.clone(), peers.sender.clone());
+    }
+    let req = req
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let work = async {
+        let resp = client.request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body)));
+        }
+        serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer within {timeout:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::peers::PeerMember;
+
+    fn peers(me: Option<&str>, names: &[&str]) -> Peers {
+        Peers::new(
+            &PeersConfig {
+                self_name: me.map(String::from),
+                members: names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| PeerMember {
+                        name: (*n).into(),
+                        url: format!("http://127.0.0.1:{}", 9000 + i),
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+            None,
+        )
+    }
+
+    /// The owner as a name, `me` included.
+    fn owner_name<'a>(p: &'a Peers, me: &'a str, key: &str) -> &'a str {
+        p.owner(key, Instant::now()).map_or(me, |m| m.name.as_str())
+    }
+
+    #[test]
+    fn every_replica_agrees_and_keys_spread() {
+        let names = ["r-a", "r-b", "r-c"];
+        let views: Vec<Peers> = names.iter().map(|n| peers(Some(n), &names)).collect();
+        let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+        for k in 0..3000 {
+            let key = format!("program-{k}");
+            let owners: Vec<&str> = views
+                .iter()
+                .zip(names)
+                .map(|(v, me)| owner_name(v, me, &key))
+                .collect();
+            assert!(owners.iter().all(|o| *o == owners[0]), "{key}: {owners:?}");
+            *counts.entry(owners[0]).or_default() += 1;
+        }
+        for n in names {
+            let c = counts[n];
+            assert!((850..=1150).contains(&c), "{n} owns {c} of 3000");
+        }
+    }
+
+    #[test]
+    fn a_departed_member_moves_only_its_own_programs() {
+        let before = peers(Some("r-a"), &["r-a", "r-b", "r-c"]);
+        let after = peers(Some("r-a"), &["r-a", "r-c"]);
+        for k in 0..2000 {
+            let key = format!("p{k}");
+            let was = owner_name(&before, "r-a", &key);
+            let now = owner_name(&after, "r-a", &key);
+            if was != "r-b" {
+                assert_eq!(was, now, "{key} moved though its owner stayed");
+            }
+        }
+    }
+
+    #[test]
+    fn a_down_member_is_skipped_and_a_non_member_never_owns() {
+        let p = peers(Some("r-a"), &["r-a", "r-b"]);
+        let theirs = (0..100)
+            .map(|k| format!("p{k}"))
+            .find(|k| p.owner(k, Instant::now()).is_some())
+            .expect("r-b owns some");
+        let b = p.owner(&theirs, Instant::now()).expect("r-b");
+        p.mark_down(b);
+        assert!(p.owner(&theirs, Instant::now()).is_none(), "served here");
+        assert_eq!(p.down_members(), vec!["r-b"]);
+        // A reload with the same member keeps the down state; a new URL does not.
+        let cfg = |url: &str| PeersConfig {
+            self_name: Some("r-a".into()),
+            members: vec![
+                PeerMember {
+                    name: "r-a".into(),
+                    url: "http://127.0.0.1:9000".into(),
+                },
+                PeerMember {
+                    name: "r-b".into(),
+                    url: url.into(),
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            Peers::new(&cfg("http://127.0.0.1:9001"), Some(&p)).down_members(),
+            vec!["r-b"]
+        );
+        assert!(
+            Peers::new(&cfg("http://127.0.0.1:9101"), Some(&p))
+                .down_members()
+                .is_empty()
+        );
+
+        let outsider = peers(Some("r-new"), &["r-a", "r-b"]);
+        assert!(!outsider.is_member());
+        for k in 0..50 {
+            assert!(outsider.owner(&format!("p{k}"), Instant::now()).is_some());
+        }
+        let alone = peers(None, &[]);
+        assert!(alone.owner("p", Instant::now()).is_none());
+    }
+}

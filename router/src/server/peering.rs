@@ -1,0 +1,182 @@
+//! The steps of a request that involve the other router replicas (`peers`): the `/peers/*`
+//! endpoints they read, handing a Program request to the replica that owns it, finding which
+//! server stored a Responses API response, and `/scheduling/diagnostics?replicas=all`.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
+use http_body_util::BodyExt;
+
+use super::{Body, json};
+use crate::error::ApiError;
+use crate::program::identity::Identity;
+use crate::state::{Applied, RouterState};
+
+/// `GET /peers/...`: what the other replicas read here; 404 without `peers`, and only for the
+/// workers' `api_key` when one is set.
+pub(super) fn endpoint(
+    state: &RouterState,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<Response<Body>, ApiError> {
+    let applied = state.applied.load_full();
+    let not_found = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no route for {path} (this router has no peers)"),
+        )
+    };
+    if applied.peers.is_none() {
+        return Err(not_found());
+    }
+    if !crate::auth::is_platform(&applied, headers) {
+        return Err(ApiError::unauthorized());
+    }
+    if path == "/peers/usage" {
+        // What this replica charged to tenants' quotas.
+        return Ok(json(
+            StatusCode::OK,
+            &crate::peers::usage_document(&applied),
+        ));
+    }
+    if let Some(id) = path.strip_prefix("/peers/response-home/") {
+        // Which worker stored a Responses API response this replica relayed.
+        let url = state.response_homes.get(id);
+        return Ok(json(
+            StatusCode::OK,
+            &serde_json::json!({ "url": url.as_deref() }),
+        ));
+    }
+    Err(not_found())
+}
+
+/// The parts of a client request a hand-off sends on unchanged.
+pub(super) struct Request<'a> {
+    pub method: &'a Method,
+    pub path_and_query: &'a http::uri::PathAndQuery,
+    pub headers: &'a HeaderMap,
+    pub body: &'a Bytes,
+    pub request_id: &'a HeaderValue,
+}
+
+/// What became of a Program request with respect to its owner replica.
+pub(super) enum Owner {
+    /// Answered: by the owner (relayed), or with an error (never sent twice).
+    Answered(Result<Response<Body>, ApiError>),
+    /// This replica schedules it (it owns the Program, the request came from a peer, or the
+    /// owner is unreachable or shutting down); the place among the requests in progress is
+    /// handed back.
+    Here(Option<crate::limit::Place>),
+}
+
+/// Hands a request of Program `id` to the replica that owns its tree, unless that is this one.
+pub(super) async fn to_owner(
+    state: &RouterState,
+    applied: &Applied,
+    peers: &crate::peers::Peers,
+    id: &Identity,
+    req: Request<'_>,
+    place: Option<crate::limit::Place>,
+) -> Owner {
+    let count = |outcome: &str| {
+        state
+            .metrics
+            .peer_forwards
+            .with_label_values(&[outcome])
+            .inc()
+    };
+    if req.headers.contains_key(&crate::peers::FORWARDED_BY) {
+        if state.is_draining() {
+            // The sender serves it instead: nothing was done with it here.
+            return Owner::Answered(Ok(hold(crate::peers::decline_draining(), place)));
+        }
+        count("received");
+        return Owner::Here(place);
+    }
+    let root = id.root_program_id.as_deref().unwrap_or(&id.program_id);
+    let Some(owner) = peers.owner(root, Instant::now()) else {
+        return Owner::Here(place);
+    };
+    let handoff = crate::peers::Handoff {
+        method: req.method.clone(),
+        path_and_query: req.path_and_query,
+        headers: req.headers,
+        body: req.body.clone(),
+        request_id: req.request_id,
+        timeout: crate::config::duration(applied.config.limits.request_timeout_secs),
+    };
+    match crate::peers::forward(&state.peer_client, peers, owner, handoff).await {
+        Ok(resp) => {
+            count("forwarded");
+            Owner::Answered(Ok(hold(resp, place)))
+        }
+        Err(crate::peers::ForwardError::Failed(e)) => {
+            count("failed");
+            Owner::Answered(Err(e))
+        }
+        Err(crate::peers::ForwardError::Unreachable(why)) => {
+            // Nothing was sent: this replica schedules the Program instead (every replica skips
+            // the owner for a while, so they agree on the next one).
+            count("unreachable");
+            tracing::warn!(error = %why, "Program owner unreachable; serving here");
+            Owner::Here(place)
+        }
+    }
+}
+
+/// The target for a request about stored response `id`: on the server that stored it, as this
+/// replica knows or, with `peers`, as another replica that relayed it does (then remembered).
+pub(super) async fn stored_home(state: &RouterState, applied: &Applied, id: &str) -> Option<usize> {
+    let targets = &applied.targets.targets;
+    if let Some(i) = state.response_homes.home(id, targets) {
+        return Some(i);
+    }
+    let peers = applied.peers.as_ref()?;
+    let url =
+        crate::peers::response_home(&state.peer_client, peers, id, applied.authorization.clone())
+            .await?;
+    state.response_homes.insert(id, &url);
+    crate::proxy::stored::pick(&url, targets)
+}
+
+/// `/scheduling/diagnostics?replicas=all`: this replica's document `own` and every peer's, as
+/// `{"replicas": [{"name", "url", "self", "diagnostics" | "error"}]}`.
+pub(super) async fn all_replicas(
+    state: &RouterState,
+    applied: &Applied,
+    headers: &http::HeaderMap,
+    own: serde_json::Value,
+) -> serde_json::Value {
+    let me = applied.peers.as_ref().and_then(|p| p.self_name.clone());
+    let mut replicas = vec![serde_json::json!({
+        "name": me, "url": null, "self": true, "diagnostics": own,
+    })];
+    if let Some(peers) = &applied.peers {
+        let others = crate::peers::member_diagnostics(
+            &state.peer_client,
+            peers,
+            headers,
+            Duration::from_secs(2),
+        )
+        .await;
+        for (name, url, got) in others {
+            replicas.push(match got {
+                Ok(d) => {
+                    serde_json::json!({"name": name, "url": url, "self": false, "diagnostics": d})
+                }
+                Err(e) => serde_json::json!({"name": name, "url": url, "self": false, "error": e}),
+            });
+        }
+    }
+    serde_json::json!({ "replicas": replicas })
+}
+
+/// `resp` with `place` (a place among the requests in progress) held until its body ends.
+fn hold(resp: Response<Body>, place: Option<crate::limit::Place>) -> Response<Body> {
+    match place {
+        Some(p) => resp.map(|b| crate::peers::Holding::new(b, p).boxed_unsync()),
+        None => resp,
+    }
+}

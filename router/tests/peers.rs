@@ -42,6 +42,12 @@ async fn pair_on(
     extra(&mut base);
     let a = router(base.clone()).await;
     let b = router(base.clone()).await;
+    join(&a, &b);
+    (s, a, b)
+}
+
+/// Makes `a` and `b` each other's peers, as `router-a` and `router-b` (a hot reload).
+fn join(a: &Router, b: &Router) {
     let members = vec![
         PeerMember {
             name: "router-a".into(),
@@ -52,7 +58,7 @@ async fn pair_on(
             url: b.server.base(),
         },
     ];
-    for (r, me) in [(&a, "router-a"), (&b, "router-b")] {
+    for (r, me) in [(a, "router-a"), (b, "router-b")] {
         let mut cfg = r.state.applied.load().config.clone();
         cfg.peers = Some(PeersConfig {
             self_name: Some(me.into()),
@@ -62,7 +68,6 @@ async fn pair_on(
         cfg.validate().expect("valid");
         assert!(r.state.apply(cfg).expect("applied"));
     }
-    (s, a, b)
 }
 
 async fn programs(c: &HttpClient, r: &Router, headers: &[(&str, &str)]) -> BTreeSet<String> {
@@ -482,25 +487,7 @@ async fn a_stored_response_is_followed_up_through_any_replica() {
     base.policy.kind = program_router::config::PolicyKind::RoundRobin;
     let a = router(base.clone()).await;
     let b = router(base).await;
-    let members = vec![
-        PeerMember {
-            name: "router-a".into(),
-            url: a.server.base(),
-        },
-        PeerMember {
-            name: "router-b".into(),
-            url: b.server.base(),
-        },
-    ];
-    for (r, me) in [(&a, "router-a"), (&b, "router-b")] {
-        let mut cfg = r.state.applied.load().config.clone();
-        cfg.peers = Some(PeersConfig {
-            self_name: Some(me.into()),
-            members: members.clone(),
-            ..Default::default()
-        });
-        assert!(r.state.apply(cfg).expect("applied"));
-    }
+    join(&a, &b);
     let c = client();
     for i in 0..4 {
         let body =

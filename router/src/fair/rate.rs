@@ -92,17 +92,11 @@ impl Buckets {
 }
 
 impl RateLimiter {
-    /// Admits one request of `tenant` and charges it one request and `estimate` tokens, or says
-    /// which allowance is spent and for how long.
-    pub fn admit(
-        &mut self,
-        tenant: &str,
-        l: &Limits,
-        estimate: u64,
-        now: Instant,
-    ) -> Result<(), Refused> {
+    /// `tenant`'s buckets refilled to `now` under `l` (full for a newcomer); `None` for a tenant
+    /// without limits, which keeps no state.
+    fn buckets(&mut self, tenant: &str, l: &Limits, now: Instant) -> Option<&mut Buckets> {
         if l.requests_per_minute.is_none() && l.tokens_per_minute.is_none() {
-            return Ok(());
+            return None;
         }
         if !self.tenants.contains_key(tenant) {
             if self.tenants.len() >= MAX_TENANTS {
@@ -112,11 +106,24 @@ impl RateLimiter {
             self.tenants
                 .insert(tenant.to_string(), Buckets::full(l, now));
         }
-        let Some(b) = self.tenants.get_mut(tenant) else {
-            return Ok(());
-        };
+        let b = self.tenants.get_mut(tenant)?;
         b.refill(l, now);
         b.limits = *l;
+        Some(b)
+    }
+
+    /// Admits one request of `tenant` and charges it one request and `estimate` tokens, or says
+    /// which allowance is spent and for how long.
+    pub fn admit(
+        &mut self,
+        tenant: &str,
+        l: &Limits,
+        estimate: u64,
+        now: Instant,
+    ) -> Result<(), Refused> {
+        let Some(b) = self.buckets(tenant, l, now) else {
+            return Ok(());
+        };
         if let Some(r) = l.requests_per_minute
             && b.requests < 1.0
         {
@@ -167,21 +174,9 @@ impl RateLimiter {
     /// negative tokens give back an over-estimate), without admitting anything here. The
     /// balance may go below zero: the tenant then waits here too.
     pub fn absorb(&mut self, tenant: &str, l: &Limits, requests: f64, tokens: f64, now: Instant) {
-        if l.requests_per_minute.is_none() && l.tokens_per_minute.is_none() {
-            return;
-        }
-        if !self.tenants.contains_key(tenant) {
-            if self.tenants.len() >= MAX_TENANTS {
-                self.prune(now);
-            }
-            self.tenants
-                .insert(tenant.to_string(), Buckets::full(l, now));
-        }
-        let Some(b) = self.tenants.get_mut(tenant) else {
+        let Some(b) = self.buckets(tenant, l, now) else {
             return;
         };
-        b.refill(l, now);
-        b.limits = *l;
         if let Some(r) = l.requests_per_minute {
             b.requests = (b.requests - requests).min(r);
         }

@@ -70,6 +70,19 @@ fn join(a: &Router, b: &Router) {
     }
 }
 
+/// `n` Program ids that `r`'s peers own (none of them `r`'s), as `r` sees the members.
+fn owned_elsewhere(r: &Router, n: usize) -> Vec<String> {
+    let peers = r.state.applied.load().peers.clone().expect("peers");
+    let now = std::time::Instant::now();
+    let ids: Vec<String> = (0..1000)
+        .map(|i| format!("p{i}"))
+        .filter(|p| peers.owner(p, now).is_some())
+        .take(n)
+        .collect();
+    assert_eq!(ids.len(), n);
+    ids
+}
+
 async fn programs(c: &HttpClient, r: &Router, headers: &[(&str, &str)]) -> BTreeSet<String> {
     let d = send(c, "GET", &r.url("/scheduling/diagnostics"), "", headers)
         .await
@@ -204,14 +217,7 @@ async fn an_unreachable_owner_is_skipped_and_its_programs_served_here() {
     let (_s, a, mut b) = pair(|_| {}).await;
     let c = client();
     // Programs b owns, found through a's own view of the members.
-    let peers = a.state.applied.load().peers.clone().expect("peers");
-    let now = std::time::Instant::now();
-    let theirs: Vec<String> = (0..200)
-        .map(|i| format!("p{i}"))
-        .filter(|p| peers.owner(p, now).is_some())
-        .take(3)
-        .collect();
-    assert_eq!(theirs.len(), 3);
+    let theirs = owned_elsewhere(&a, 3);
     b.server.stopped().await;
     for p in &theirs {
         let resp = post(&c, &a.url(CHAT), &program_body(p, false)).await;
@@ -243,13 +249,7 @@ async fn a_replica_shutting_down_declines_forwarded_requests_and_the_sender_serv
     // later): it declines forwarded Program requests untouched, and the sender serves them.
     let (_s, a, b) = pair(|c| c.limits.shutdown_delay_secs = 30.0).await;
     let c = client();
-    let peers = a.state.applied.load().peers.clone().expect("peers");
-    let now = std::time::Instant::now();
-    let theirs: Vec<String> = (0..200)
-        .map(|i| format!("p{i}"))
-        .filter(|p| peers.owner(p, now).is_some())
-        .take(2)
-        .collect();
+    let theirs = owned_elsewhere(&a, 2);
     let bs = b.state.clone();
     tokio::spawn(async move { bs.begin_shutdown().await });
     assert!(eventually(2.0, || async { b.state.is_draining() }).await);
@@ -336,12 +336,7 @@ async fn a_client_that_leaves_a_forwarded_stream_aborts_it_at_the_engine() {
     // Real time: 1000 tokens take about 11 s, so the stream is cut mid-generation.
     let (s, a, _b) = pair_on(&[], |c| c.limits.max_concurrent_requests = Some(8)).await;
     let c = client();
-    let peers = a.state.applied.load().peers.clone().expect("peers");
-    let now = std::time::Instant::now();
-    let theirs = (0..200)
-        .map(|i| format!("p{i}"))
-        .find(|p| peers.owner(p, now).is_some())
-        .expect("b owns one");
+    let theirs = owned_elsewhere(&a, 1).remove(0);
     let body = json!({
         "model": "sim-model",
         "messages": [{"role": "user", "content": "long"}],

@@ -41,6 +41,13 @@ pub enum Variant {
     /// excess JCT is what remains without KV pressure — batching slowdown and the harness's
     /// timing — which no placement or retention policy can remove.
     PrUnboundedKv,
+    /// Two program-router replicas with full Program scheduling behind a load balancer without
+    /// affinity (the replay sends a Program's consecutive turns to alternate replicas), each
+    /// scheduling what it sees. Not in the default set.
+    PrSplit2,
+    /// The same two replicas as each other's `peers`: each Program is scheduled by its owner
+    /// replica, which the other forwards its turns to. Not in the default set.
+    PrPeers2,
     /// vllm-router 0.1.17, consistent_hash.
     VrHash,
     /// vllm-router 0.1.17 with --enable-program-scheduling.
@@ -575,7 +582,9 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         | Variant::PrBinding
         | Variant::PrProgram
         | Variant::PrUnboundedKv
-        | Variant::PrAuto => {
+        | Variant::PrAuto
+        | Variant::PrSplit2
+        | Variant::PrPeers2 => {
             args.extend(["--log-level".into(), "warn".into()]);
             match v {
                 Variant::PrBinding => args.extend([
@@ -583,7 +592,10 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
                     "--program-scheduling-config-json".into(),
                     binding.to_string(),
                 ]),
-                Variant::PrProgram | Variant::PrUnboundedKv => args.extend([
+                Variant::PrProgram
+                | Variant::PrUnboundedKv
+                | Variant::PrSplit2
+                | Variant::PrPeers2 => args.extend([
                     "--enable-program-scheduling".into(),
                     "--program-scheduling-config-json".into(),
                     ps.to_string(),
@@ -632,6 +644,57 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         let _ = router.kill();
         return Err(format!("{v:?}: router did not become ready"));
     }
+    // The two-replica variants: a second router with the same flags on its own ports, and for
+    // `pr-peers2` both started again with a config file that makes them each other's peers.
+    let mut second = None;
+    let mut peers_file = None;
+    if matches!(v, Variant::PrSplit2 | Variant::PrPeers2) {
+        let (port2, prom2) = (free_port()?, free_port()?);
+        let mut args2 = args.clone();
+        let swap = |a: &mut Vec<String>, flag: &str, value: u16| {
+            if let Some(i) = a.iter().position(|x| x == flag) {
+                a[i + 1] = value.to_string();
+            }
+        };
+        swap(&mut args2, "--port", port2);
+        swap(&mut args2, "--prometheus-port", prom2);
+        if v == Variant::PrPeers2 {
+            let _ = router.kill();
+            let _ = router.wait();
+            let file = std::env::temp_dir().join(format!(
+                "progbench-peers-{}-{port}.json",
+                std::process::id()
+            ));
+            let members = serde_json::json!({"peers": {"members": [
+                {"name": "r1", "url": url},
+                {"name": "r2", "url": format!("http://127.0.0.1:{port2}")},
+            ]}});
+            std::fs::write(&file, members.to_string()).map_err(|e| e.to_string())?;
+            let path = file.display().to_string();
+            for (a, name) in [(&mut args, "r1"), (&mut args2, "r2")] {
+                a.extend([
+                    "--config".into(),
+                    path.clone(),
+                    "--peer-name".into(),
+                    name.into(),
+                ]);
+            }
+            peers_file = Some(file);
+            router = spawn(&bin, &args)?;
+            if !wait_ok(&format!("{url}{health}"), 60.0) {
+                let _ = router.kill();
+                return Err(format!("{v:?}: router did not become ready"));
+            }
+        }
+        let mut r2 = spawn(&bin, &args2)?;
+        let url2 = format!("http://127.0.0.1:{port2}");
+        if !wait_ok(&format!("{url2}{health}"), 60.0) {
+            let _ = r2.kill();
+            let _ = router.kill();
+            return Err(format!("{v:?}: second router did not become ready"));
+        }
+        second = Some((r2, url2, prom2));
+    }
     let pid_alive = |c: &mut Child| matches!(c.try_wait(), Ok(None));
     let cfg = ReplayConfig {
         url: url.clone(),
@@ -643,6 +706,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         stream: false,
         max_requests: None,
         api_key: None,
+        alternate_urls: second.iter().map(|(_, u, _)| u.clone()).collect(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -657,10 +721,24 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     let replay_seconds = replay_started.elapsed().as_secs_f64() * s.time_scale;
     stop.store(true, Ordering::Relaxed);
     let (hit_series, kv_series) = sampler.join().map_err(|_| "the sampler panicked")?;
-    let alive = pid_alive(&mut router) && matches!(get(&format!("{url}/health")), Some((200, _)));
-    let t = get(&format!("http://127.0.0.1:{prom}/metrics"))
+    let mut alive =
+        pid_alive(&mut router) && matches!(get(&format!("{url}/health")), Some((200, _)));
+    let mut t = get(&format!("http://127.0.0.1:{prom}/metrics"))
         .map(|(_, text)| transitions(&text))
         .unwrap_or_default();
+    if let Some((r2, url2, prom2)) = &mut second {
+        alive &= pid_alive(r2) && matches!(get(&format!("{url2}/health")), Some((200, _)));
+        if let Some((_, text)) = get(&format!("http://127.0.0.1:{prom2}/metrics")) {
+            for (k, n) in transitions(&text) {
+                *t.entry(k).or_default() += n;
+            }
+        }
+        let _ = r2.kill();
+        let _ = r2.wait();
+    }
+    if let Some(f) = &peers_file {
+        let _ = std::fs::remove_file(f);
+    }
     r.program_admissions = admissions(&t);
     r.force_resumes = sum_of(&t, &["force_resume"]);
     r.segment_yields = sum_of(&t, &["max_segment_yield", "segment_yield"]);

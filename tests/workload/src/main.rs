@@ -683,6 +683,7 @@ async fn replay(cmd: Cmd) -> Result<bool, String> {
             stream,
             max_requests,
             api_key,
+            alternate_urls: Vec::new(),
         },
     )
     .await;

@@ -53,6 +53,21 @@ pub struct ReplayConfig {
     pub max_requests: Option<u64>,
     /// Sent as `Authorization: Bearer <key>` (a router or vLLM that requires a key).
     pub api_key: Option<String>,
+    /// More endpoints beside `url`, as behind a load balancer without affinity: a Program's
+    /// consecutive turns go to consecutive endpoints (turn k of Program i to endpoint
+    /// `(i + k) mod n`), so every Program meets every endpoint.
+    pub alternate_urls: Vec<String>,
+}
+
+impl ReplayConfig {
+    /// The endpoint of turn `step` of Program `index`.
+    fn endpoint(&self, index: u64, step: u32) -> &str {
+        let n = 1 + self.alternate_urls.len() as u64;
+        match (index + u64::from(step)) % n {
+            0 => &self.url,
+            k => &self.alternate_urls[(k - 1) as usize],
+        }
+    }
 }
 
 /// One request's record.
@@ -314,7 +329,7 @@ async fn program_task(
         }
         let mut req = hyper::Request::post(format!(
             "{}/v1/chat/completions",
-            cfg.url.trim_end_matches('/')
+            cfg.endpoint(index, turn.step).trim_end_matches('/')
         ))
         .header("content-type", "application/json")
         .header("x-session-id", turn.program_id.as_str());

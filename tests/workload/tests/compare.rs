@@ -43,11 +43,15 @@ async fn program_router_variants_serve_identical_work() {
     let turns = generate(Preset::Chat, 3, 2.0, 5);
     // pr-auto: the same scheduling, identity from session headers only (`enable_key: auto`).
     // pr-unbounded-kv: the no-KV-pressure reference (simulators sized for the whole workload).
+    // pr-split2 / pr-peers2: two replicas, turns alternating between them, without and with
+    // `peers`.
     let mut variants = vec![
         Variant::PrHash,
         Variant::PrProgram,
         Variant::PrAuto,
         Variant::PrUnboundedKv,
+        Variant::PrSplit2,
+        Variant::PrPeers2,
     ];
     if vllm_router.is_some() {
         variants.push(Variant::VrHash);
@@ -64,7 +68,11 @@ async fn program_router_variants_serve_identical_work() {
         assert!(r.server_token_hit > 0.0 && r.server_token_hit < 1.0);
         // Program scheduling engaged for every Program where it is on, and only there.
         match r.variant {
-            Variant::PrProgram | Variant::PrAuto | Variant::PrUnboundedKv => {
+            Variant::PrProgram
+            | Variant::PrAuto
+            | Variant::PrUnboundedKv
+            | Variant::PrSplit2
+            | Variant::PrPeers2 => {
                 assert!(r.program_admissions >= 3.0, "{r:?}")
             }
             _ => assert_eq!(r.program_admissions, 0.0, "{r:?}"),

@@ -25,7 +25,41 @@ fn config(url: String, stream: bool, max_requests: Option<u64>) -> ReplayConfig 
         stream,
         max_requests,
         api_key: None,
+        alternate_urls: Vec::new(),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alternate_endpoints_take_turns_within_each_program() {
+    // As behind a load balancer without affinity: each Program's consecutive turns go to
+    // consecutive endpoints, so every Program meets both.
+    let (a, b) = (simulator().await, simulator().await);
+    let turns = generate(Preset::Chat, 2, 1.0, 3);
+    let mut cfg = config(a.base(), false, None);
+    cfg.alternate_urls = vec![b.base()];
+    let report = replay(&turns, cfg).await;
+    assert_eq!(report.errors, 0);
+    let c = testkit::client();
+    let mut per_sim = Vec::new();
+    for s in [&a, &b] {
+        let text = testkit::get(&c, &format!("{}/metrics", s.base()))
+            .await
+            .text();
+        per_sim.push(testkit::metric_value(
+            &text,
+            "vllm:request_success_total",
+            &[],
+            true,
+        ));
+    }
+    let total = report.requests.len() as f64;
+    assert_eq!(per_sim[0] + per_sim[1], total, "{per_sim:?}");
+    // Two Programs, turns alternating from different starts: the split is even within one turn
+    // per Program.
+    assert!(
+        (per_sim[0] - per_sim[1]).abs() <= 2.0,
+        "{per_sim:?} of {total}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

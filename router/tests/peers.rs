@@ -270,6 +270,46 @@ async fn a_replica_shutting_down_declines_forwarded_requests_and_the_sender_serv
 }
 
 #[tokio::test]
+async fn only_the_addressed_member_is_believed() {
+    // b now runs under another name than a's list gives for its address (a pod that took a
+    // departed member's IP): it declines what a forwards, and a serves it.
+    let (s, a, b) = pair(|_| {}).await;
+    let mut cfg = b.state.applied.load().config.clone();
+    if let Some(p) = cfg.peers.as_mut() {
+        p.self_name = Some("router-x".into());
+    }
+    assert!(b.state.apply(cfg).expect("applied"));
+    let c = client();
+    for p in owned_elsewhere(&a, 2) {
+        let resp = post(&c, &a.url(CHAT), &program_body(&p, false)).await;
+        assert_eq!(resp.status, 200, "{p}: {}", resp.text());
+        assert!(programs(&c, &a, &[]).await.contains(&p));
+    }
+    assert_eq!(forwards(&c, &a, "unreachable").await, 1.0, "declined once");
+    assert_eq!(forwards(&c, &b, "received").await, 0.0);
+    assert!(programs(&c, &b, &[]).await.is_empty());
+
+    // Something that is not a router at a member's address (here a vLLM server) answers without
+    // the member's name: its answer is not relayed (it may have generated, so the request is
+    // not sent again either): 502, and the member is skipped from then on.
+    let mut cfg = a.state.applied.load().config.clone();
+    if let Some(p) = cfg.peers.as_mut() {
+        p.members[1].url = s.base();
+    }
+    assert!(a.state.apply(cfg).expect("applied"));
+    let p = owned_elsewhere(&a, 1).remove(0);
+    let resp = post(&c, &a.url(CHAT), &program_body(&p, false)).await;
+    assert_eq!(resp.status, 502, "{}", resp.text());
+    assert!(
+        resp.text()
+            .contains("did not answer as router replica router-b")
+    );
+    let again = post(&c, &a.url(CHAT), &program_body(&p, false)).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(forwards(&c, &a, "failed").await, 1.0);
+}
+
+#[tokio::test]
 async fn a_forwarded_request_keeps_the_clients_key_and_program_namespace() {
     // With per-client keys the owner checks the client's key again and scopes the Program to
     // that client, exactly as if the client had reached it directly.

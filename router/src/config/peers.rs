@@ -59,18 +59,20 @@ impl PeersConfig {
                 format!("at most {MAX_MEMBERS} members (got {})", self.members.len()),
             ));
         }
-        if self.self_name.as_ref().is_some_and(|n| n.trim().is_empty()) {
+        // Names travel in headers between the replicas.
+        let name_ok = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_graphic());
+        if self.self_name.as_deref().is_some_and(|n| !name_ok(n)) {
             return Err(ConfigError::new(
                 "peers.self_name",
-                "must be non-empty (or null)",
+                "must be non-empty printable ASCII without spaces (or null)",
             ));
         }
         let mut names = std::collections::BTreeSet::new();
         for (i, m) in self.members.iter().enumerate() {
-            if m.name.trim().is_empty() {
+            if !name_ok(&m.name) {
                 return Err(ConfigError::new(
                     format!("peers.members[{i}].name"),
-                    "must be non-empty",
+                    "must be non-empty printable ASCII without spaces",
                 ));
             }
             if !names.insert(m.name.as_str()) {
@@ -139,6 +141,13 @@ mod tests {
             (
                 PeersConfig {
                     members: vec![member(" ", "http://x:1")],
+                    ..Default::default()
+                },
+                "peers.members[0].name",
+            ),
+            (
+                PeersConfig {
+                    members: vec![member("r\u{e9}", "http://x:1")],
                     ..Default::default()
                 },
                 "peers.members[0].name",

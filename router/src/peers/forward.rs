@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 
-use super::{FORWARDED_BY, Member, PeerClient, Peers};
+use super::{Member, PeerClient, Peers};
 use crate::error::ApiError;
 use crate::server::{Body, BoxError};
 
@@ -23,16 +23,33 @@ use crate::server::{Body, BoxError};
 /// is shutting down): the sender serves the request itself.
 pub static DECLINED: HeaderName = HeaderName::from_static("x-program-router-peer-declined");
 
-/// The answer of a replica that declines a forwarded request because it is shutting down.
-pub fn decline_draining() -> Response<Body> {
-    let mut r = ApiError::new(
-        http::StatusCode::SERVICE_UNAVAILABLE,
-        "shutting_down",
-        "this router replica is shutting down; the sending replica serves the request",
-    )
-    .into_response();
+/// Why a replica declines a forwarded request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Decline {
+    /// It is shutting down.
+    Draining,
+    /// The request is addressed to another member (this replica has a departed member's
+    /// address, or is not in the sender's list under this name).
+    Misaddressed,
+}
+
+/// The answer of a replica that declines a forwarded request, untouched: the sender serves it.
+pub fn decline(why: Decline) -> Response<Body> {
+    let (code, message, value) = match why {
+        Decline::Draining => (
+            "shutting_down",
+            "this router replica is shutting down; the sending replica serves the request",
+            "draining",
+        ),
+        Decline::Misaddressed => (
+            "misaddressed",
+            "this router replica is not the one the request was forwarded to",
+            "misaddressed",
+        ),
+    };
+    let mut r = ApiError::new(http::StatusCode::SERVICE_UNAVAILABLE, code, message).into_response();
     r.headers_mut()
-        .insert(DECLINED.clone(), HeaderValue::from_static("draining"));
+        .insert(DECLINED.clone(), HeaderValue::from_static(value));
     r
 }
 
@@ -73,7 +90,7 @@ pub async fn forward(
     let mut req = Request::builder().method(h.method).uri(uri);
     if let Some(out) = req.headers_mut() {
         crate::proxy::copy_end_to_end(h.headers, out);
-        out.insert(FORWARDED_BY.clone(), peers.sender.clone());
+        member.address(peers, out);
         out.insert("x-request-id", h.request_id.clone());
         if !h.body.is_empty() {
             out.insert(header::CONTENT_LENGTH, HeaderValue::from(h.body.len()));
@@ -110,13 +127,24 @@ pub async fn forward(
             if r.status() == http::StatusCode::SERVICE_UNAVAILABLE
                 && r.headers().contains_key(&DECLINED) =>
         {
-            // Declined before the owner did anything with it (it is shutting down): safe to
-            // serve here, and its Programs go to the next owner until it is gone.
+            // Declined before anyone did anything with it (the owner is shutting down, or the
+            // address now belongs to another replica): safe to serve here, and its Programs go
+            // to the next owner for a while.
             peers.mark_down(member);
             return Err(ForwardError::Unreachable(format!(
-                "router replica {} is shutting down",
-                member.name
+                "router replica {} declined: {:?}",
+                member.name,
+                r.headers().get(&DECLINED)
             )));
+        }
+        Ok(Ok(r)) if !member.answered(r.headers()) => {
+            // Something else answers at the member's address; it may have acted on the request,
+            // so it is not sent again.
+            peers.mark_down(member);
+            return Err(ForwardError::Failed(ApiError::upstream(format!(
+                "{} did not answer as router replica {}",
+                member.url, member.name
+            ))));
         }
         Ok(Ok(r)) => r,
     };

@@ -25,11 +25,19 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use crate::config::peers::PeersConfig;
 
 pub use exchange::{USAGE_INTERVAL, member_diagnostics, response_home, usage_document, usage_loop};
-pub use forward::{DECLINED, ForwardError, Handoff, Holding, decline_draining, forward};
+pub use forward::{DECLINED, ForwardError, Handoff, Holding, decline, forward};
 
 /// Marks a request forwarded by a peer (its value names the sender); such a request is served
 /// by the replica it reaches.
 pub static FORWARDED_BY: HeaderName = HeaderName::from_static("x-program-router-peer");
+
+/// Names the member a request between replicas is meant for: a replica with another name (a
+/// pod that now has a departed member's address) declines it.
+pub static ADDRESSED_TO: HeaderName = HeaderName::from_static("x-program-router-peer-to");
+
+/// On every answer to a request from a peer: the name of the replica that answered. The sender
+/// takes an answer only from the member it addressed.
+pub static ANSWERED_BY: HeaderName = HeaderName::from_static("x-program-router-peer-answered-by");
 
 /// The client that carries requests between replicas.
 pub type PeerClient = Client<HttpConnector, Full<Bytes>>;
@@ -57,9 +65,22 @@ pub struct Member {
     authority: http::uri::Authority,
     /// Skipped until then after a refused connection.
     down_until: Mutex<Option<Instant>>,
+    /// The name as a header value ([`ADDRESSED_TO`]).
+    header: HeaderValue,
 }
 
 impl Member {
+    /// Marks `h` as a request to this member: from `peers`, addressed to it by name.
+    fn address(&self, peers: &Peers, h: &mut HeaderMap) {
+        h.insert(FORWARDED_BY.clone(), peers.sender.clone());
+        h.insert(ADDRESSED_TO.clone(), self.header.clone());
+    }
+
+    /// Whether an answer with headers `h` came from this member itself.
+    fn answered(&self, h: &HeaderMap) -> bool {
+        h.get(&ANSWERED_BY) == Some(&self.header)
+    }
+
     fn down(&self, now: Instant) -> bool {
         self.down_until
             .lock()
@@ -101,6 +122,7 @@ impl Peers {
                     url: m.url.trim_end_matches('/').to_string(),
                     authority: uri.authority()?.clone(),
                     down_until: Mutex::new(down),
+                    header: HeaderValue::from_str(&m.name).ok()?,
                 })
             })
             .collect();
@@ -120,6 +142,22 @@ impl Peers {
             backoff: crate::config::duration(cfg.unreachable_backoff_secs),
             sender,
         }
+    }
+
+    /// Whether a request from a peer addressed with `h` is meant for this replica (one without
+    /// an address is taken as meant for it).
+    pub fn addressed_here(&self, h: &HeaderMap) -> bool {
+        match h.get(&ADDRESSED_TO) {
+            None => true,
+            Some(to) => self.self_name.as_deref().map(str::as_bytes) == Some(to.as_bytes()),
+        }
+    }
+
+    /// This replica's name for [`ANSWERED_BY`], when it has one.
+    pub fn answer_header(&self) -> Option<HeaderValue> {
+        self.self_name
+            .as_deref()
+            .and_then(|n| HeaderValue::from_str(n).ok())
     }
 
     /// Whether this replica is one of the members (otherwise it owns no Program).
@@ -168,7 +206,8 @@ fn score<'a>(member: &'a str, key: &str) -> (u64, &'a str) {
     (crate::hash::stable_hash(&bytes), member)
 }
 
-/// `GET path` on `m` with `headers` (and [`FORWARDED_BY`]), its JSON body within `timeout`.
+/// `GET path` on `m` with `headers` (addressed to it), its JSON body within `timeout`; an answer
+/// from anyone but `m` is an error.
 pub(crate) async fn get_json(
     client: &PeerClient,
     peers: &Peers,
@@ -186,13 +225,16 @@ pub(crate) async fn get_json(
     let mut req = Request::get(uri);
     if let Some(h) = req.headers_mut() {
         *h = headers;
-        h.insert(FORWARDED_BY.clone(), peers.sender.clone());
+        m.address(peers, h);
     }
     let req = req
         .body(Full::new(Bytes::new()))
         .map_err(|e| e.to_string())?;
     let work = async {
         let resp = client.request(req).await.map_err(|e| e.to_string())?;
+        if !m.answered(resp.headers()) {
+            return Err(format!("{} did not answer as {}", m.url, m.name));
+        }
         let status = resp.status();
         let body = resp
             .into_body()

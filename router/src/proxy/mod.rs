@@ -144,6 +144,7 @@ fn upstream_request(
         if !HOP_BY_HOP.contains(k)
             && k != DP_RANK
             && k != crate::peers::FORWARDED_BY
+            && k != crate::peers::ADDRESSED_TO
             && !connection_scoped.contains(k)
             && !(checked && (k == header::AUTHORIZATION || k == crate::auth::X_API_KEY))
         {
@@ -436,6 +437,10 @@ mod tests {
             HeaderValue::from_static("router-a"),
         );
         h.insert(
+            crate::peers::ADDRESSED_TO.clone(),
+            HeaderValue::from_static("router-b"),
+        );
+        h.insert(
             header::AUTHORIZATION,
             HeaderValue::from_static("Bearer team"),
         );
@@ -462,6 +467,7 @@ mod tests {
         let req = upstream_request(&applied, &applied.targets.targets[0], &out).expect("request");
         let got = req.headers();
         assert!(got.get(&crate::peers::FORWARDED_BY).is_none(), "{got:?}");
+        assert!(got.get(&crate::peers::ADDRESSED_TO).is_none(), "{got:?}");
         assert_eq!(got[header::AUTHORIZATION], "Bearer worker");
         assert_eq!(got["x-custom"], "kept");
         assert_eq!(got[&DP_RANK], "2");

@@ -278,6 +278,8 @@ async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Bod
     let path = req.uri().path().to_string();
     let span =
         tracing::info_span!("request", id = ?request_id, method = %req.method(), path = %path);
+    // A request from another replica gets this replica's name on its answer (`peers`).
+    let from_peer = req.headers().contains_key(&crate::peers::FORWARDED_BY);
     async move {
         let route = route_label(req.method(), &path);
         state.metrics.route(route).requests.inc();
@@ -300,6 +302,12 @@ async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Bod
             }
         };
         resp.headers_mut().insert("x-request-id", request_id);
+        if from_peer
+            && let Some(name) = state.applied.load().peers.as_ref().and_then(|p| p.answer_header())
+        {
+            resp.headers_mut()
+                .insert(crate::peers::ANSWERED_BY.clone(), name);
+        }
         resp
     }
     .instrument(span)

@@ -88,9 +88,17 @@ pub(super) async fn to_owner(
             .inc()
     };
     if req.headers.contains_key(&crate::peers::FORWARDED_BY) {
-        if state.is_draining() {
-            // The sender serves it instead: nothing was done with it here.
-            return Owner::Answered(Ok(hold(crate::peers::decline_draining(), place)));
+        use crate::peers::forward::Decline;
+        // The sender serves it instead when this replica declines: nothing was done with it.
+        let declined = if state.is_draining() {
+            Some(Decline::Draining)
+        } else if !peers.addressed_here(req.headers) {
+            Some(Decline::Misaddressed)
+        } else {
+            None
+        };
+        if let Some(why) = declined {
+            return Owner::Answered(Ok(hold(crate::peers::decline(why), place)));
         }
         count("received");
         return Owner::Here(place);

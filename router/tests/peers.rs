@@ -426,7 +426,7 @@ async fn a_client_that_leaves_a_forwarded_stream_aborts_it_at_the_engine() {
 #[tokio::test]
 async fn a_tenant_quota_holds_across_the_replicas() {
     // 6 requests a minute for "team": without sharing, each of two replicas would admit 6.
-    let (_s, a, b) = pair(|c| {
+    let (_s, a, mut b) = pair(|c| {
         let mut fair = program_router::config::FairnessConfig::default();
         for (tenant, rpm) in [("team", 6.0), ("big", 10.0)] {
             fair.tenant_rate_limits.insert(
@@ -484,6 +484,29 @@ async fn a_tenant_quota_holds_across_the_replicas() {
         assert_eq!(as_tenant(&b, "big").await, 200);
     }
     assert_eq!(as_tenant(&b, "big").await, 429, "10 of 10 used across both");
+    let reads = |r: &Router, outcome: &'static str| {
+        let (c, base) = (c.clone(), format!("http://{}", r.metrics_addr));
+        async move {
+            metric(
+                &c,
+                &base,
+                "program_router_peer_usage_reads_total",
+                &[("outcome", outcome)],
+            )
+            .await
+        }
+    };
+    assert!(reads(&a, "ok").await >= 2.0);
+    assert_eq!(reads(&a, "error").await, 0.0);
+    // A replica whose use cannot be read is named on /status (and counted).
+    b.server.stopped().await;
+    let named = eventually(5.0, || async {
+        let st = get(&c, &a.url("/status")).await.json();
+        st["peers"]["usage_errors"]["router-b"].is_string()
+    })
+    .await;
+    assert!(named, "{}", get(&c, &a.url("/status")).await.text());
+    assert!(reads(&a, "error").await >= 1.0);
     // Without peers the endpoint does not exist; with the workers' key set, it needs that key.
     let alone = router(workers(&[_s.base()], 1)).await;
     assert_eq!(get(&c, &alone.url("/peers/usage")).await.status, 404);

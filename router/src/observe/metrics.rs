@@ -30,6 +30,8 @@ pub struct Metrics {
     pub concurrency_waiting: IntGauge,
     /// Program requests handed between router replicas (`peers`), by outcome.
     pub peer_forwards: IntCounterVec,
+    /// Reads of the other replicas' quota use (`peers`), by outcome.
+    pub peer_usage_reads: IntCounterVec,
     routes: Vec<(&'static str, RouteMetrics)>,
 }
 
@@ -177,6 +179,14 @@ impl Metrics {
                     "Program requests forwarded to the replica that owns them (forwarded), \
                      served here because the owner was unreachable or shutting down (unreachable), failed on the \
                      way (failed), or received from another replica (received)."
+                ),
+                &["outcome"]
+            )?),
+            peer_usage_reads: reg!(IntCounterVec::new(
+                Opts::new(
+                    "program_router_peer_usage_reads_total",
+                    "Reads of the other router replicas' quota use (once a second per replica \
+                     while quotas are configured), by outcome (ok, error)."
                 ),
                 &["outcome"]
             )?),

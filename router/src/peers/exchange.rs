@@ -116,6 +116,13 @@ pub async fn usage_loop(state: std::sync::Arc<crate::state::RouterState>) {
             }
         });
         for (name, doc) in futures_util::future::join_all(reads).await {
+            let outcome = if doc.is_ok() { "ok" } else { "error" };
+            state
+                .metrics
+                .peer_usage_reads
+                .with_label_values(&[outcome])
+                .inc();
+            peers.usage_read(&name, doc.as_ref().err().cloned());
             let Ok(doc) = doc else { continue };
             let epoch = doc["epoch"].as_str().unwrap_or_default().to_string();
             let first = !seen.contains_key(&name);

@@ -99,6 +99,8 @@ pub struct Peers {
     backoff: Duration,
     /// `FORWARDED_BY`'s value on requests this replica forwards.
     sender: HeaderValue,
+    /// Members whose quota use could not be read the last time, and why.
+    usage_errors: Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 impl Peers {
@@ -141,6 +143,7 @@ impl Peers {
             members,
             backoff: crate::config::duration(cfg.unreachable_backoff_secs),
             sender,
+            usage_errors: Mutex::default(),
         }
     }
 
@@ -183,6 +186,24 @@ impl Peers {
         if let Ok(mut d) = m.down_until.lock() {
             *d = Some(Instant::now() + self.backoff);
         }
+    }
+
+    /// Records the outcome of reading `member`'s quota use.
+    pub(crate) fn usage_read(&self, member: &str, error: Option<String>) {
+        if let Ok(mut e) = self.usage_errors.lock() {
+            match error {
+                Some(why) => e.insert(member.to_string(), why),
+                None => e.remove(member),
+            };
+        }
+    }
+
+    /// Members whose quota use could not be read the last time, and why.
+    pub fn usage_errors(&self) -> std::collections::BTreeMap<String, String> {
+        self.usage_errors
+            .lock()
+            .map(|e| e.clone())
+            .unwrap_or_default()
     }
 
     /// Names of the members skipped now.

@@ -60,6 +60,7 @@ pub fn status(state: &RouterState) -> Value {
         json!({ "self_name": p.self_name, "member": p.is_member(),
                 "members": p.members.iter().map(|m| &m.name).collect::<Vec<_>>(),
                 "unreachable": p.down_members(),
+                "usage_errors": p.usage_errors(),
                 "forwarding": applied.program.is_some() })
     });
     json!({

@@ -74,11 +74,11 @@ pub fn usage_document(applied: &crate::state::Applied) -> serde_json::Value {
 /// A bucket holds one minute's allowance: use older than this has been refilled anyway.
 const QUOTA_MEMORY_SECS: f64 = 60.0;
 
-/// What one member reported last: its quota state's epoch and per-tenant totals.
-#[derive(Default)]
+/// What one member reported last: its quota state's epoch and per-tenant totals, and when.
 struct Seen {
     epoch: String,
     totals: FxHashMap<String, (f64, f64)>,
+    at: Instant,
 }
 
 /// How often the replicas exchange quota use.
@@ -86,10 +86,10 @@ pub const USAGE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Every [`USAGE_INTERVAL`], while this replica has peers and tenants have quotas: reads each
 /// other member's `/peers/usage` and charges this replica's quotas with what the member admitted
-/// since the last read. On the first read of a member, its totals count when its quota state is
-/// younger than a minute (all of it is recent) and are only remembered otherwise (older use has
-/// been refilled; the last minute's is not known apart); after it restarted, all of them count.
-/// Stops with the router.
+/// since the last read. On the first read of a member (or the first after more than a minute
+/// without one), its totals count when its quota state is younger than a minute (all of it is
+/// recent) and are only remembered otherwise (older use has been refilled; the last minute's is
+/// not known apart); after it restarted, all of them count. Stops with the router.
 pub async fn usage_loop(state: std::sync::Arc<crate::state::RouterState>) {
     let mut stop = state.stop_rx();
     let mut seen: FxHashMap<String, Seen> = FxHashMap::default();
@@ -124,36 +124,65 @@ pub async fn usage_loop(state: std::sync::Arc<crate::state::RouterState>) {
                 .inc();
             peers.usage_read(&name, doc.as_ref().err().cloned());
             let Ok(doc) = doc else { continue };
-            let epoch = doc["epoch"].as_str().unwrap_or_default().to_string();
-            let first = !seen.contains_key(&name);
-            let young = doc["age_secs"]
-                .as_f64()
-                .is_some_and(|a| a <= QUOTA_MEMORY_SECS);
-            let entry = seen.entry(name).or_default();
-            let restarted = !first && entry.epoch != epoch;
-            // Whether this read's totals count from zero.
-            let from_zero = restarted || (first && young);
-            let mut totals = FxHashMap::default();
-            for (tenant, v) in doc["tenants"].as_object().into_iter().flatten() {
-                let (Some(r), Some(k)) = (v[0].as_f64(), v[1].as_f64()) else {
-                    continue;
-                };
-                if !first || from_zero {
-                    let (r0, k0) = match entry.totals.get(tenant) {
-                        // Totals only grow in requests; fewer means they started over.
-                        Some(&(r0, k0)) if !from_zero && r >= r0 => (r0, k0),
-                        _ => (0.0, 0.0),
-                    };
-                    if r - r0 != 0.0 || k - k0 != 0.0 {
-                        fair.rate_absorb(tenant, r - r0, k - k0);
-                    }
-                }
-                totals.insert(tenant.clone(), (r, k));
+            let (charges, now_seen) = read_usage(seen.get(&name), &doc, Instant::now());
+            for (tenant, requests, tokens) in charges {
+                fair.rate_absorb(&tenant, requests, tokens);
             }
-            *entry = Seen { epoch, totals };
+            seen.insert(name, now_seen);
         }
         seen.retain(|name, _| peers.members.iter().any(|m| &m.name == name));
     }
+}
+
+/// What to charge here for one read `doc` of a member's quota use, given what was `seen` of it
+/// before (see [`usage_loop`]), as (tenant, requests, tokens); and what is seen now.
+fn read_usage(
+    seen: Option<&Seen>,
+    doc: &serde_json::Value,
+    now: Instant,
+) -> (Vec<(String, f64, f64)>, Seen) {
+    let epoch = doc["epoch"].as_str().unwrap_or_default().to_string();
+    // A member not read for over a minute counts as met anew: what it admitted while it could
+    // not be read has been refilled by now.
+    let before =
+        seen.filter(|e| now.saturating_duration_since(e.at).as_secs_f64() <= QUOTA_MEMORY_SECS);
+    let young = doc["age_secs"]
+        .as_f64()
+        .is_some_and(|a| a <= QUOTA_MEMORY_SECS);
+    // Whether the totals count from zero: a member met anew whose quota state is recent, or one
+    // that started over since the last read.
+    let from_zero = match before {
+        None => young,
+        Some(e) => e.epoch != epoch,
+    };
+    let mut charges = Vec::new();
+    let mut totals = FxHashMap::default();
+    for (tenant, v) in doc["tenants"].as_object().into_iter().flatten() {
+        let (Some(r), Some(k)) = (v[0].as_f64(), v[1].as_f64()) else {
+            continue;
+        };
+        totals.insert(tenant.clone(), (r, k));
+        let last = before.and_then(|e| e.totals.get(tenant)).copied();
+        let (r0, k0) = match last {
+            _ if from_zero => (0.0, 0.0),
+            // Met anew, its quota state older than a minute: only remembered.
+            _ if before.is_none() => continue,
+            // Totals only grow in requests; fewer means they started over.
+            Some((r0, k0)) if r >= r0 => (r0, k0),
+            _ => (0.0, 0.0),
+        };
+        if r != r0 || k != k0 {
+            charges.push((tenant.clone(), r - r0, k - k0));
+        }
+    }
+    (
+        charges,
+        Seen {
+            epoch,
+            totals,
+            at: now,
+        },
+    )
 }
 
 /// The worker URL that stored Responses API response `id`, asked of every other member that is
@@ -196,4 +225,62 @@ pub async fn response_home(
         pending = rest;
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc(epoch: &str, age: f64, tenants: serde_json::Value) -> serde_json::Value {
+        json!({"epoch": epoch, "age_secs": age, "tenants": tenants})
+    }
+
+    fn sorted(mut v: Vec<(String, f64, f64)>) -> Vec<(String, f64, f64)> {
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    #[test]
+    fn a_members_quota_use_is_charged_once_and_only_while_it_is_recent() {
+        let t0 = Instant::now();
+        let secs = |s: u64| t0 + Duration::from_secs(s);
+        // Met for the first time after running an hour: its past is only remembered.
+        let (c, seen) = read_usage(None, &doc("e1", 3600.0, json!({"x": [50, 900]})), t0);
+        assert!(c.is_empty(), "{c:?}");
+        // Then what it admits since is charged, each tenant apart, token give-backs included.
+        let (c, seen) = read_usage(
+            Some(&seen),
+            &doc("e1", 3601.0, json!({"x": [52, 850], "y": [1, 10]})),
+            secs(1),
+        );
+        assert_eq!(
+            sorted(c),
+            vec![("x".into(), 2.0, -50.0), ("y".into(), 1.0, 10.0)]
+        );
+        // Nothing new, nothing charged.
+        let (c, seen) = read_usage(
+            Some(&seen),
+            &doc("e1", 3602.0, json!({"x": [52, 850], "y": [1, 10]})),
+            secs(2),
+        );
+        assert!(c.is_empty(), "{c:?}");
+        // It restarted (a new quota state): everything it reports is since then.
+        let (c, seen) = read_usage(Some(&seen), &doc("e2", 3.0, json!({"x": [4, 40]})), secs(3));
+        assert_eq!(c, vec![("x".into(), 4.0, 40.0)]);
+        // Its totals for a tenant started over within the same state (the tenant table was
+        // full): counted from zero.
+        let (c, seen) = read_usage(Some(&seen), &doc("e2", 4.0, json!({"x": [1, 5]})), secs(4));
+        assert_eq!(c, vec![("x".into(), 1.0, 5.0)]);
+        // Not read for over a minute: met anew, and its state is older than a minute now.
+        let (c, _) = read_usage(
+            Some(&seen),
+            &doc("e2", 70.0, json!({"x": [90, 900]})),
+            secs(70),
+        );
+        assert!(c.is_empty(), "{c:?}");
+        // A member met for the first time with a young state: all of it is recent.
+        let (c, _) = read_usage(None, &doc("e9", 10.0, json!({"x": [3, 30]})), t0);
+        assert_eq!(c, vec![("x".into(), 3.0, 30.0)]);
+    }
 }

@@ -23,6 +23,9 @@ pub enum RouterReport {
     Status {
         pod: String,
         file_hash: Option<String>,
+        /// The hash of every setting but `peers`' member list (routers before 2026-12-01 do
+        /// not report it).
+        settings_hash: Option<String>,
         targets: usize,
         healthy_targets: usize,
         last_reload_error: Option<String>,
@@ -44,6 +47,8 @@ pub struct Observed {
     pub render_error: Option<String>,
     /// Hash of the config the ConfigMap holds now (`None` before the first good render).
     pub desired_hash: Option<String>,
+    /// The settings hash of that file (see `RouterReport::Status::settings_hash`).
+    pub desired_settings: Option<String>,
     /// Router Deployment: (desired replicas, available replicas).
     pub deployment: (i32, i32),
     /// One report per Ready router pod with an IP.
@@ -171,6 +176,13 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
         )
     };
 
+    // A router runs the rendered config when it runs that file, or every setting of it with an
+    // older member list of `peers` (which changes with every router pod and reaches each router
+    // at the kubelet's pace; the replicas tolerate a stale list).
+    let current = |file: &Option<String>, settings: &Option<String>| {
+        (obs.desired_hash.is_some() && *file == obs.desired_hash)
+            || (obs.desired_settings.is_some() && *settings == obs.desired_settings)
+    };
     let statuses: Vec<_> = obs
         .routers
         .iter()
@@ -178,13 +190,14 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
             RouterReport::Status {
                 pod,
                 file_hash,
+                settings_hash,
                 targets,
                 healthy_targets,
                 last_reload_error,
                 ..
             } => Some((
                 pod,
-                file_hash,
+                current(file_hash, settings_hash),
                 *targets,
                 *healthy_targets,
                 last_reload_error,
@@ -223,7 +236,7 @@ pub fn evaluate(obs: &Observed) -> Vec<Condition> {
         Some(want) => {
             let behind: Vec<String> = statuses
                 .iter()
-                .filter(|s| s.1.as_deref() != Some(want.as_str()))
+                .filter(|s| !s.1)
                 .map(|s| match s.4 {
                     Some(e) => format!("{} (reload refused: {e})", s.0),
                     None => s.0.to_string(),
@@ -490,6 +503,7 @@ mod tests {
         RouterReport::Status {
             pod: pod.into(),
             file_hash: Some(hash.into()),
+            settings_hash: Some(format!("s-{hash}")),
             targets: 4,
             healthy_targets: 4,
             last_reload_error: None,
@@ -502,6 +516,7 @@ mod tests {
             workers: Ok((2, 4)),
             render_error: None,
             desired_hash: Some("h1".into()),
+            desired_settings: Some("s-h1".into()),
             deployment: (2, 2),
             routers: vec![healthy("r-a", "h1"), healthy("r-b", "h1")],
             calibration: Calibration::Reference,
@@ -519,6 +534,7 @@ mod tests {
         o.routers[1] = RouterReport::Status {
             pod: "r-b".into(),
             file_hash: Some("h1".into()),
+            settings_hash: None,
             targets: 4,
             healthy_targets: 4,
             last_reload_error: None,
@@ -540,6 +556,37 @@ mod tests {
             "True",
             "the previous keys still serve"
         );
+    }
+
+    #[test]
+    fn a_router_with_every_setting_but_an_older_member_list_runs_the_config() {
+        // The member list of `peers` changes with every router pod and reaches the routers at
+        // the kubelet's pace: it does not hold ConfigApplied (and so Ready) back.
+        let mut o = good();
+        o.desired_hash = Some("h2".into());
+        o.routers[1] = RouterReport::Status {
+            pod: "r-b".into(),
+            file_hash: Some("h1".into()),
+            settings_hash: Some("s-h1".into()),
+            targets: 4,
+            healthy_targets: 4,
+            last_reload_error: None,
+            client_keys_error: None,
+        };
+        assert_eq!(get(&evaluate(&o), CONFIG_APPLIED).status, "True");
+        // A setting that differs does.
+        o.desired_settings = Some("s-h2".into());
+        let cs = evaluate(&o);
+        let c = get(&cs, CONFIG_APPLIED);
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "Pending"));
+        // A router that reports no settings hash (older) is compared by its file.
+        o.routers[1] = healthy("r-b", "h2");
+        if let RouterReport::Status { settings_hash, .. } = &mut o.routers[1] {
+            *settings_hash = None;
+        }
+        assert_eq!(get(&evaluate(&o), CONFIG_APPLIED).status, "False");
+        o.routers[0] = healthy("r-a", "h2");
+        assert_eq!(get(&evaluate(&o), CONFIG_APPLIED).status, "True");
     }
 
     fn get<'a>(cs: &'a [Condition], t: &str) -> &'a Condition {
@@ -698,6 +745,7 @@ mod tests {
                     o.routers[0] = RouterReport::Status {
                         pod: "r-a".into(),
                         file_hash: Some("h1".into()),
+                        settings_hash: None,
                         targets: 4,
                         healthy_targets: 0,
                         last_reload_error: None,
@@ -731,6 +779,7 @@ mod tests {
         o.routers[0] = RouterReport::Status {
             pod: "r-a".into(),
             file_hash: Some("h0".into()),
+            settings_hash: None,
             targets: 4,
             healthy_targets: 4,
             last_reload_error: Some("workers[0].url: bad".into()),

@@ -253,19 +253,21 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
     apply::<PodDisruptionBudget>(ctx, &ns, objects::pod_disruption_budget(ps)).await?;
     let cm_api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let name = objects::router_name(ps);
-    let desired_hash = match &rendered {
+    let (desired_hash, desired_settings) = match &rendered {
         Ok(cfg) => {
             let file = ConfigFile::new(cfg)?;
             apply::<ConfigMap>(ctx, &ns, objects::config_map(ps, &file)).await?;
             apply::<Deployment>(ctx, &ns, objects::deployment(ps, cfg)).await?;
-            Some(file.hash)
+            (Some(file.hash), Some(file.settings))
         }
         Err(e) => {
             tracing::warn!(resource = %key(ps), error = %e, "keeping the last good router config");
-            cm_api
-                .get_opt(&name)
-                .await?
-                .and_then(|cm| cm.annotations().get(objects::CONFIG_HASH).cloned())
+            let cm = cm_api.get_opt(&name).await?;
+            let annotation = |k: &str| cm.as_ref().and_then(|c| c.annotations().get(k).cloned());
+            (
+                annotation(objects::CONFIG_HASH),
+                annotation(objects::SETTINGS_HASH),
+            )
         }
     };
 
@@ -297,6 +299,7 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
             .map_err(Clone::clone),
         render_error,
         desired_hash: desired_hash.clone(),
+        desired_settings,
         deployment: (ps.spec.router.replicas, available),
         routers: reports,
         calibration: conditions::calibration(

@@ -24,6 +24,8 @@ pub const APPLIED_HASH: &str = "scheduling.program-router.dev/applied-hash";
 pub const RESTART_HASH: &str = "scheduling.program-router.dev/restart-hash";
 /// ConfigMap annotation: hash of the config file bytes (what the router reports as `file_hash`).
 pub const CONFIG_HASH: &str = "scheduling.program-router.dev/config-hash";
+/// [`ConfigFile::settings`] on the ConfigMap.
+pub const SETTINGS_HASH: &str = "scheduling.program-router.dev/settings-hash";
 /// ConfigMap key of the router config file.
 pub const CONFIG_KEY: &str = "config.json";
 /// Where the router container mounts the ConfigMap.
@@ -42,13 +44,21 @@ pub const FIELD_MANAGER: &str = "program-operator";
 pub struct ConfigFile {
     pub json: String,
     pub hash: String,
+    /// The hash of every setting but the member list of `peers` (the router's
+    /// `config.settings_hash`).
+    pub settings: String,
 }
 
 impl ConfigFile {
     pub fn new(config: &RouterConfig) -> Result<Self, serde_json::Error> {
         let json = serde_json::to_string_pretty(config)?;
         let hash = program_router::config::file_hash(json.as_bytes());
-        Ok(ConfigFile { json, hash })
+        let settings = program_router::config::settings_hash(json.as_bytes());
+        Ok(ConfigFile {
+            json,
+            hash,
+            settings,
+        })
     }
 }
 
@@ -140,7 +150,7 @@ pub fn service_account(ps: &ProgramScheduling) -> Value {
 
 pub fn config_map(ps: &ProgramScheduling, file: &ConfigFile) -> Value {
     let mut m = meta(ps);
-    m["annotations"] = json!({ CONFIG_HASH: file.hash });
+    m["annotations"] = json!({ CONFIG_HASH: file.hash, SETTINGS_HASH: file.settings });
     stamped(json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -94,6 +94,7 @@ fn parse(pod: String, v: &serde_json::Value) -> RouterReport {
     RouterReport::Status {
         pod,
         file_hash: v["config"]["file_hash"].as_str().map(String::from),
+        settings_hash: v["config"]["settings_hash"].as_str().map(String::from),
         targets: targets.len(),
         healthy_targets: targets
             .iter()
@@ -112,7 +113,7 @@ mod tests {
     #[test]
     fn parses_the_router_status_document() {
         let v = json!({
-            "config": {"hash": "x", "file_hash": "abc"},
+            "config": {"hash": "x", "file_hash": "abc", "settings_hash": "def"},
             "last_reload_error": {"at_unix": 1, "message": "workers[0].url: bad"},
             "client_api_keys_dir": {"keys": 2, "error": "empty"},
             "targets": [{"healthy": true}, {"healthy": false}, {"healthy": true}],
@@ -122,6 +123,7 @@ mod tests {
             RouterReport::Status {
                 pod: "r".into(),
                 file_hash: Some("abc".into()),
+                settings_hash: Some("def".into()),
                 targets: 3,
                 healthy_targets: 2,
                 last_reload_error: Some("workers[0].url: bad".into()),

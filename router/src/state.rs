@@ -141,9 +141,10 @@ pub struct RouterState {
     pub flags: Flags,
     /// Where the config came from, for `/status`.
     pub source: String,
-    /// [`crate::config::file_hash`] of the config file content last applied (or accepted as
-    /// unchanged); the operator compares it with the ConfigMap it rendered.
-    pub file_hash: Mutex<Option<String>>,
+    /// [`crate::config::file_hash`] and [`crate::config::settings_hash`] of the config file
+    /// content last applied (or accepted as unchanged); the operator compares them with the
+    /// ConfigMap it rendered.
+    pub file_hash: Mutex<Option<(String, String)>>,
     /// Which server stored each Responses API response the router relayed.
     pub response_homes: crate::proxy::stored::ResponseHomes,
     /// The keys of `client_api_keys_dir`, when the applied configuration names one.
@@ -417,8 +418,10 @@ impl RouterState {
 
     /// Records the content of the config file now in force.
     pub fn set_file_hash(&self, bytes: &[u8]) {
-        *self.file_hash.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(crate::config::file_hash(bytes));
+        *self.file_hash.lock().unwrap_or_else(|p| p.into_inner()) = Some((
+            crate::config::file_hash(bytes),
+            crate::config::settings_hash(bytes),
+        ));
     }
 
     /// Records that the config file cannot be read.

@@ -949,10 +949,13 @@ async fn hot_reload_adds_removes_and_refuses_bad_files() {
     );
 
     // /status names the exact file content in force, as the operator compares it.
-    let in_force = program_router::config::file_hash(&std::fs::read(&path).expect("read"));
+    let bytes = std::fs::read(&path).expect("read");
+    let in_force = program_router::config::file_hash(&bytes);
+    let st = get(&c, &r.url("/status")).await.json();
+    assert_eq!(st["config"]["file_hash"], json!(in_force));
     assert_eq!(
-        get(&c, &r.url("/status")).await.json()["config"]["file_hash"],
-        json!(in_force)
+        st["config"]["settings_hash"],
+        json!(program_router::config::settings_hash(&bytes))
     );
 
     // An invalid file is refused; the applied config stays and /status says why.

@@ -429,6 +429,21 @@ pub fn file_hash(bytes: &[u8]) -> String {
     format!("{:016x}", crate::hash::fnv1a(bytes))
 }
 
+/// `config.settings_hash`: [`file_hash`] of the file without its `peers` section, so an operator
+/// can tell a router that runs every setting it wrote from one still missing a setting, while
+/// the member list (which changes with every router pod) is still on its way. A file that is not
+/// a JSON object hashes whole.
+pub fn settings_hash(bytes: &[u8]) -> String {
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            m.remove("peers");
+            let canonical = serde_json::to_vec(&m).unwrap_or_default();
+            file_hash(&canonical)
+        }
+        _ => file_hash(bytes),
+    }
+}
+
 impl RouterConfig {
     /// The I/O threads to start: `io_threads`, or one per core the process may use.
     pub fn resolved_io_threads(&self) -> usize {
@@ -660,6 +675,17 @@ impl RouterConfig {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_settings_hash_leaves_out_the_member_list_only() {
+        let a = br#"{"port": 8080, "peers": {"members": [{"name": "a", "url": "http://10.0.0.1:8080"}]}}"#;
+        let b = br#"{"port": 8080, "peers": {"members": []}}"#;
+        let c = br#"{"port": 8081, "peers": {"members": []}}"#;
+        assert_ne!(file_hash(a), file_hash(b));
+        assert_eq!(settings_hash(a), settings_hash(b));
+        assert_ne!(settings_hash(b), settings_hash(c));
+        assert_eq!(settings_hash(b"not json"), file_hash(b"not json"));
+    }
+
     use super::*;
 
     #[test]

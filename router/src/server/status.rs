@@ -55,6 +55,11 @@ pub fn status(state: &RouterState) -> Value {
         json!({ "max_concurrent_requests": l.max(), "in_progress": l.in_progress(),
                 "waiting": l.waiting() })
     });
+    let hashes = state
+        .file_hash
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     // Program forwarding between replicas: who this replica is and whom it skips.
     let peers = applied.peers.as_ref().map(|p| {
         json!({ "self_name": p.self_name, "member": p.is_member(),
@@ -72,7 +77,8 @@ pub fn status(state: &RouterState) -> Value {
         "config": {
             "hash": applied.hash,
             "source": state.source,
-            "file_hash": *state.file_hash.lock().unwrap_or_else(|p| p.into_inner()),
+            "file_hash": hashes.as_ref().map(|h| &h.0),
+            "settings_hash": hashes.as_ref().map(|h| &h.1),
             "generation": applied.generation,
             "loaded_at_unix": unix(applied.loaded_at),
             "policy": applied.policy.name(),

@@ -617,52 +617,6 @@ stringData: {search-team: sk-search-2, docs-team: sk-docs}
             "Ready again"
         );
 
-        // A router pod that goes leaves the peer list, and the ReplicaSet's new pod joins it
-        // (with the team keys back: a router does not start on an empty key Secret).
-        let restored = "apiVersion: v1\nkind: Secret\nmetadata: {name: team-keys, namespace: agents}\n\
-                        stringData: {search-team: sk-search-2}\n";
-        cp.kubectl_stdin(&["replace", "-f", "-"], Some(restored))
-            .expect_ok("restore the named keys");
-        let before = kubelet.routers().await;
-        let gone = before[0].0.clone();
-        cp.kubectl(&[
-            "delete",
-            "pod",
-            &gone,
-            "-n",
-            ns,
-            "--grace-period=0",
-            "--force",
-        ])
-        .expect_ok("delete a router pod");
-        let replaced = wait_for(Duration::from_secs(30), || async {
-            let now = kubelet.routers().await;
-            let cm = cms.get("fleet-router").await.ok()?;
-            let cfg: program_router::config::RouterConfig =
-                serde_json::from_str(cm.data?.get("config.json")?).ok()?;
-            let members: Vec<String> = cfg.peers?.members.into_iter().map(|m| m.name).collect();
-            let names: Vec<String> = now.iter().map(|(n, _)| n.clone()).collect();
-            (now.len() == 2 && !names.contains(&gone) && members == names).then_some(names)
-        })
-        .await;
-        assert!(
-            replaced.is_some(),
-            "peers after replacing {gone}: {:?}\noperator log:\n{}",
-            kubelet.routers().await,
-            op.log_tail()
-        );
-        assert!(
-            wait_for(Duration::from_secs(20), || async {
-                let ps = api.get("fleet").await.ok()?;
-                (condition(&ps, "Ready")?.0 == "True"
-                    && condition(&ps, "ProgramAffinity")?.1 == "PeerForwarding")
-                    .then_some(())
-            })
-            .await
-            .is_some(),
-            "Ready with the new router pod"
-        );
-
         // An operator restart makes no write: resourceVersions stay, the write counter stays 0.
         // First let the status settle (router health after the removal may still be moving).
         let mut versions = owned_versions(&client, ns).await;
@@ -698,6 +652,52 @@ stringData: {search-team: sk-search-2, docs-team: sk-docs}
             owned_versions(&client, ns).await,
             versions,
             "no spurious writes"
+        );
+
+        // A router pod that goes leaves the peer list, and the ReplicaSet's new pod joins it
+        // (with the team keys back: a router does not start on an empty key Secret).
+        let restored = "apiVersion: v1\nkind: Secret\nmetadata: {name: team-keys, namespace: agents}\n\
+                        stringData: {search-team: sk-search-2}\n";
+        cp.kubectl_stdin(&["replace", "-f", "-"], Some(restored))
+            .expect_ok("restore the named keys");
+        let before = kubelet.routers().await;
+        let gone = before[0].0.clone();
+        cp.kubectl(&[
+            "delete",
+            "pod",
+            &gone,
+            "-n",
+            ns,
+            "--grace-period=0",
+            "--force",
+        ])
+        .expect_ok("delete a router pod");
+        let replaced = wait_for(Duration::from_secs(30), || async {
+            let now = kubelet.routers().await;
+            let cm = cms.get("fleet-router").await.ok()?;
+            let cfg: program_router::config::RouterConfig =
+                serde_json::from_str(cm.data?.get("config.json")?).ok()?;
+            let members: Vec<String> = cfg.peers?.members.into_iter().map(|m| m.name).collect();
+            let names: Vec<String> = now.iter().map(|(n, _)| n.clone()).collect();
+            (now.len() == 2 && !names.contains(&gone) && members == names).then_some(names)
+        })
+        .await;
+        assert!(
+            replaced.is_some(),
+            "peers after replacing {gone}: {:?}\noperator log:\n{}",
+            kubelet.routers().await,
+            op2.log_tail()
+        );
+        assert!(
+            wait_for(Duration::from_secs(20), || async {
+                let ps = api.get("fleet").await.ok()?;
+                (condition(&ps, "Ready")?.0 == "True"
+                    && condition(&ps, "ProgramAffinity")?.1 == "PeerForwarding")
+                    .then_some(())
+            })
+            .await
+            .is_some(),
+            "Ready with the new router pod"
         );
 
         // A semantic error the schema cannot catch: Ready=False, last good config kept.

@@ -618,7 +618,29 @@ stringData: {search-team: sk-search-2, docs-team: sk-docs}
         );
 
         // An operator restart makes no write: resourceVersions stay, the write counter stays 0.
-        // First let the status settle (router health after the removal may still be moving).
+        // First let the status settle: every router sees every target healthy (a target turning
+        // healthy raises no Kubernetes event), then one more reconcile records that.
+        let settled = wait_for(Duration::from_secs(20), || async {
+            for (pod, _) in kubelet.routers().await {
+                let st = kubelet.router_state(&pod).await?;
+                let applied = st.applied.load();
+                let all = &applied.targets.targets;
+                (!all.is_empty() && all.iter().all(|t| t.backend.healthy())).then_some(())?;
+            }
+            Some(())
+        })
+        .await;
+        assert!(settled.is_some(), "router health settles");
+        cp.kubectl(&[
+            "annotate",
+            "psched",
+            "fleet",
+            "-n",
+            ns,
+            "poke=2",
+            "--overwrite",
+        ])
+        .expect_ok("annotate");
         let mut versions = owned_versions(&client, ns).await;
         let mut stable_since = Instant::now();
         while stable_since.elapsed() < Duration::from_secs(3) {

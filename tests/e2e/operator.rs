@@ -432,16 +432,7 @@ stringData: {search-team: sk-search-2, docs-team: sk-docs}
             "{refused:?}"
         );
         assert_eq!(ask("sk-search-2").await, 200, "the keys in force stay");
-        cp.kubectl(&[
-            "annotate",
-            "psched",
-            "fleet",
-            "-n",
-            ns,
-            "poke=1",
-            "--overwrite",
-        ])
-        .expect_ok("annotate");
+        poke(&cp, ns, "1");
         let said = wait_for(Duration::from_secs(20), || async {
             let ps = api.get("fleet").await.ok()?;
             let (status, reason) = condition(&ps, "ClientKeys")?;
@@ -631,16 +622,7 @@ stringData: {search-team: sk-search-2, docs-team: sk-docs}
         })
         .await;
         assert!(settled.is_some(), "router health settles");
-        cp.kubectl(&[
-            "annotate",
-            "psched",
-            "fleet",
-            "-n",
-            ns,
-            "poke=2",
-            "--overwrite",
-        ])
-        .expect_ok("annotate");
+        poke(&cp, ns, "2");
         let mut versions = owned_versions(&client, ns).await;
         let mut stable_since = Instant::now();
         while stable_since.elapsed() < Duration::from_secs(3) {
@@ -846,6 +828,20 @@ fn leader_election_runs_one_controller_and_hands_over() {
 }
 
 /// resourceVersion of the resource and each owned object (None when absent).
+/// Annotates the resource (`poke=<n>`): an edit, so the operator reconciles it now.
+fn poke(cp: &ControlPlane, ns: &str, n: &str) {
+    cp.kubectl(&[
+        "annotate",
+        "psched",
+        "fleet",
+        "-n",
+        ns,
+        &format!("poke={n}"),
+        "--overwrite",
+    ])
+    .expect_ok("annotate");
+}
+
 async fn owned_versions(client: &Client, ns: &str) -> Vec<(&'static str, Option<String>)> {
     async fn rv<K>(client: &Client, ns: &str, name: &str) -> Option<String>
     where

@@ -25,7 +25,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use crate::config::peers::PeersConfig;
 
 pub use exchange::{USAGE_INTERVAL, member_diagnostics, response_home, usage_document, usage_loop};
-pub use forward::{DECLINED, ForwardError, Handoff, Holding, decline, forward};
+pub use forward::{ForwardError, Handoff, Holding, decline, forward};
 
 /// Marks a request forwarded by a peer (its value names the sender); such a request is served
 /// by the replica it reaches.
@@ -72,7 +72,11 @@ pub struct Member {
 impl Member {
     /// Marks `h` as a request to this member: from `peers`, addressed to it by name.
     fn address(&self, peers: &Peers, h: &mut HeaderMap) {
-        h.insert(FORWARDED_BY.clone(), peers.sender.clone());
+        let sender = peers.self_header.clone();
+        h.insert(
+            FORWARDED_BY.clone(),
+            sender.unwrap_or(HeaderValue::from_static("unnamed")),
+        );
         h.insert(ADDRESSED_TO.clone(), self.header.clone());
     }
 
@@ -97,8 +101,9 @@ pub struct Peers {
     pub self_name: Option<String>,
     pub members: Vec<Member>,
     backoff: Duration,
-    /// `FORWARDED_BY`'s value on requests this replica forwards.
-    sender: HeaderValue,
+    /// This replica's name as a header value ([`ANSWERED_BY`], and [`FORWARDED_BY`] on what it
+    /// sends, `unnamed` without a name).
+    self_header: Option<HeaderValue>,
     /// Members whose quota use could not be read the last time, and why.
     usage_errors: Mutex<std::collections::BTreeMap<String, String>>,
 }
@@ -132,17 +137,16 @@ impl Peers {
             .self_name
             .as_ref()
             .and_then(|n| members.iter().position(|m| &m.name == n));
-        let sender = cfg
+        let self_header = cfg
             .self_name
             .as_deref()
-            .and_then(|n| HeaderValue::from_str(n).ok())
-            .unwrap_or(HeaderValue::from_static("unnamed"));
+            .and_then(|n| HeaderValue::from_str(n).ok());
         Peers {
             me,
             self_name: cfg.self_name.clone(),
             members,
             backoff: crate::config::duration(cfg.unreachable_backoff_secs),
-            sender,
+            self_header,
             usage_errors: Mutex::default(),
         }
     }
@@ -158,9 +162,7 @@ impl Peers {
 
     /// This replica's name for [`ANSWERED_BY`], when it has one.
     pub fn answer_header(&self) -> Option<HeaderValue> {
-        self.self_name
-            .as_deref()
-            .and_then(|n| HeaderValue::from_str(n).ok())
+        self.self_header.clone()
     }
 
     /// Whether this replica is one of the members (otherwise it owns no Program).

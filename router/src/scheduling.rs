@@ -20,7 +20,7 @@ use crate::policies::prefix_index::PrefixIndex;
 use crate::program::diagnostics::{Diagnostics, RankInfo, snapshot};
 use crate::program::identity::Identity;
 use crate::program::scheduler::{
-    Arrival, Decision, Note, Observation, Rank, RejectReason, Scheduler, Ticket, Usage,
+    Arrival, Decision, HandedOver, Note, Observation, Rank, RejectReason, Scheduler, Ticket, Usage,
 };
 
 /// Program-scheduling series (registered once per process; ranks are labelled by target id).
@@ -577,6 +577,39 @@ impl ProgramRuntime {
         self.retired.store(true, Ordering::Relaxed);
         self.lock().waiters.clear();
         self.wake.notify_one();
+    }
+
+    /// Whether Program `program_id` of `model` is known here (`peers`: else another replica
+    /// may hold it).
+    pub fn knows(&self, model: &str, program_id: &str) -> bool {
+        self.lock()
+            .sched
+            .knows(&(model.to_string(), program_id.to_string()))
+    }
+
+    /// Every Program known here, for the replicas that take over when this one leaves.
+    pub fn held(&self) -> Vec<HandedOver> {
+        let g = self.lock();
+        g.sched.held(self.now())
+    }
+
+    /// Gives up the idle Programs of tree `root` to the replica that now owns it (see
+    /// `Scheduler::hand_over`); requests waiting for the capacity they held are placed.
+    pub fn hand_over(&self, root: &str) -> Vec<HandedOver> {
+        let mut g = self.lock();
+        let now = self.now();
+        let (given, ds) = g.sched.hand_over(now, root);
+        self.deliver(&mut g, ds, None);
+        drop(g);
+        self.wake.notify_one();
+        given
+    }
+
+    /// Takes Programs another replica handed over (see `Scheduler::adopt`); how many.
+    pub fn adopt(&self, programs: &[HandedOver]) -> usize {
+        let mut g = self.lock();
+        let now = self.now();
+        g.sched.adopt(now, programs)
     }
 
     pub fn diagnostics(&self) -> Diagnostics {

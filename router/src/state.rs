@@ -260,10 +260,46 @@ impl RouterState {
             *d = Some(plan);
             true
         });
+        if begun {
+            self.hand_over_on_shutdown().await;
+        }
         if begun && !delay.is_zero() {
             tracing::info!(?delay, "shutting down: readiness off, still accepting");
             tokio::time::sleep(delay).await;
         }
+    }
+
+    /// With `peers` and Program scheduling: gives every Program this replica knows to the member
+    /// that owns it once this replica is gone, so that it keeps its rank (and cached KV).
+    async fn hand_over_on_shutdown(&self) {
+        let applied = self.applied.load_full();
+        let (Some(peers), Some(rt)) = (&applied.peers, &applied.program) else {
+            return;
+        };
+        if peers.members.len() < 2 || !peers.is_member() {
+            return;
+        }
+        let held = rt.held();
+        if held.is_empty() {
+            return;
+        }
+        let n = held.len();
+        let taken = crate::peers::handover::push(
+            &self.peer_client,
+            peers,
+            held,
+            applied.authorization.clone(),
+        )
+        .await;
+        self.metrics
+            .peer_handovers
+            .with_label_values(&["pushed"])
+            .inc_by(taken as u64);
+        tracing::info!(
+            programs = n,
+            taken,
+            "handed Programs to the replicas that own them next"
+        );
     }
 
     pub fn is_draining(&self) -> bool {

@@ -591,3 +591,137 @@ fn the_peer_name_flag_names_this_replica_only_with_peers() {
         .expect("valid");
     assert!(cfg.peers.is_none());
 }
+
+/// Program `p`'s home target on `r` and how it got it, from `r`'s diagnostics.
+async fn home(c: &HttpClient, r: &Router, p: &str) -> Option<(String, String)> {
+    let d = send(c, "GET", &r.url("/scheduling/diagnostics"), "", &[])
+        .await
+        .json();
+    d["ranks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|rank| rank["programs"].as_array().into_iter().flatten())
+        .find(|x| x["program"] == p)
+        .map(|x| {
+            (
+                x["home_target"].as_str().unwrap_or_default().to_string(),
+                x["placement"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+}
+
+async fn handovers(c: &HttpClient, r: &Router, event: &str) -> f64 {
+    metric(
+        c,
+        &format!("http://{}", r.metrics_addr),
+        "program_router_peer_handovers_total",
+        &[("event", event)],
+    )
+    .await
+}
+
+/// Two replicas over one simulator with four DP ranks, not yet peers.
+async fn four_rank_pair(
+    extra: impl Fn(&mut RouterConfig),
+) -> (vllm_sim::server::Spawned, Router, Router) {
+    let s = sim(&["--time-scale", "50", "-d", "4"]).await;
+    let mut base = RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        ..workers(&[s.base()], 4)
+    };
+    extra(&mut base);
+    let a = router(base.clone()).await;
+    let b = router(base).await;
+    (s, a, b)
+}
+
+#[tokio::test]
+async fn a_program_keeps_its_rank_when_a_new_member_takes_it_over() {
+    // Replica a schedules alone; then b joins and owns Program p. Fresh, b would bind p to
+    // the least loaded rank (its first); instead it asks a, which gives p up with its rank.
+    let (_s, a, b) = four_rank_pair(|_| {}).await;
+    let c = client();
+    let view = program_router::peers::Peers::new(
+        &PeersConfig {
+            self_name: Some("router-a".into()),
+            members: ["router-a", "router-b"]
+                .iter()
+                .map(|n| PeerMember {
+                    name: (*n).into(),
+                    url: "http://127.0.0.1:1".into(),
+                })
+                .collect(),
+            ..Default::default()
+        },
+        None,
+    );
+    let now = std::time::Instant::now();
+    let p = (0..1000)
+        .map(|i| format!("moved-{i}"))
+        .find(|k| view.owner(k, now).is_some())
+        .expect("b owns some");
+    // Three Programs first: p lands on a's fourth rank.
+    for f in ["f0", "f1", "f2"] {
+        let resp = post(&c, &a.url(CHAT), &program_body(f, false)).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    let resp = post(&c, &a.url(CHAT), &program_body(&p, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let (target, _) = home(&c, &a, &p).await.expect("p on a");
+    let first = a.state.applied.load().targets.targets[0].id.clone();
+    assert_ne!(target, first, "p is not on the rank a fresh binding picks");
+
+    join(&a, &b);
+    // The client reaches a, which forwards p's next turn to its new owner b.
+    let resp = post(&c, &a.url(CHAT), &program_body(&p, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(forwards(&c, &a, "forwarded").await, 1.0);
+    assert_eq!(
+        home(&c, &b, &p).await,
+        Some((target, "handed_over".to_string()))
+    );
+    assert_eq!(home(&c, &a, &p).await, None, "a gave p up");
+    assert_eq!(handovers(&c, &a, "given").await, 1.0);
+    assert_eq!(handovers(&c, &b, "claimed").await, 1.0);
+    // A Program nobody held before is bound as usual.
+    let q = owned_elsewhere(&a, 2)
+        .into_iter()
+        .find(|x| *x != p)
+        .expect("another");
+    let resp = post(&c, &a.url(CHAT), &program_body(&q, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(home(&c, &b, &q).await.map(|h| h.1), Some("binding".into()));
+    assert_eq!(handovers(&c, &b, "claimed").await, 1.0);
+}
+
+#[tokio::test]
+async fn a_replica_shutting_down_hands_its_programs_to_the_next_owner() {
+    let (_s, a, b) = four_rank_pair(|c| c.limits.shutdown_delay_secs = 30.0).await;
+    join(&a, &b);
+    let c = client();
+    // Four Programs b owns, scheduled there: the last one lands on b's fourth rank.
+    let theirs = owned_elsewhere(&a, 4);
+    for p in &theirs {
+        let resp = post(&c, &b.url(CHAT), &program_body(p, false)).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    let p = &theirs[3];
+    let (target, _) = home(&c, &b, p).await.expect("p on b");
+    let first = b.state.applied.load().targets.targets[0].id.clone();
+    assert_ne!(target, first);
+
+    let bs = b.state.clone();
+    tokio::spawn(async move { bs.begin_shutdown().await });
+    assert!(eventually(3.0, || async { handovers(&c, &a, "adopted").await == 4.0 }).await);
+    assert_eq!(handovers(&c, &b, "pushed").await, 4.0);
+    assert_eq!(
+        home(&c, &a, p).await,
+        Some((target.clone(), "handed_over".to_string()))
+    );
+    // p's next turn reaches a; b declines it (shutting down), and a runs it where its KV is.
+    let resp = post(&c, &a.url(CHAT), &program_body(p, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(forwards(&c, &a, "unreachable").await, 1.0, "declined");
+    assert_eq!(home(&c, &a, p).await.map(|h| h.0), Some(target));
+}

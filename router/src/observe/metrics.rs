@@ -32,6 +32,8 @@ pub struct Metrics {
     pub peer_forwards: IntCounterVec,
     /// Reads of the other replicas' quota use (`peers`), by outcome.
     pub peer_usage_reads: IntCounterVec,
+    /// Programs handed between router replicas when their owner changed (`peers`), by event.
+    pub peer_handovers: IntCounterVec,
     routes: Vec<(&'static str, RouteMetrics)>,
 }
 
@@ -189,6 +191,16 @@ impl Metrics {
                      while quotas are configured), by outcome (ok, error)."
                 ),
                 &["outcome"]
+            )?),
+            peer_handovers: reg!(IntCounterVec::new(
+                Opts::new(
+                    "program_router_peer_handovers_total",
+                    "Programs handed between router replicas so that they keep their rank when \
+                     their owner changes: taken from another replica on first sight (claimed), \
+                     given to a replica that asked (given), given to the next owner while \
+                     shutting down (pushed), or taken from a replica shutting down (adopted)."
+                ),
+                &["event"]
             )?),
             routes: Vec::new(),
             registry,

@@ -35,7 +35,7 @@ pub async fn member_diagnostics(
 }
 
 /// Every member but this replica.
-fn others(peers: &Peers) -> impl Iterator<Item = &Member> {
+pub(super) fn others(peers: &Peers) -> impl Iterator<Item = &Member> {
     peers
         .members
         .iter()
@@ -45,7 +45,7 @@ fn others(peers: &Peers) -> impl Iterator<Item = &Member> {
 }
 
 /// The workers' key, which the replicas present to each other.
-fn platform(authorization: Option<HeaderValue>) -> HeaderMap {
+pub(super) fn platform(authorization: Option<HeaderValue>) -> HeaderMap {
     let mut h = HeaderMap::new();
     if let Some(a) = authorization {
         h.insert(header::AUTHORIZATION, a);

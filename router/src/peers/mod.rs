@@ -11,6 +11,7 @@
 
 pub mod exchange;
 pub mod forward;
+pub mod handover;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -106,6 +107,9 @@ pub struct Peers {
     self_header: Option<HeaderValue>,
     /// Members whose quota use could not be read the last time, and why.
     usage_errors: Mutex<std::collections::BTreeMap<String, String>>,
+    /// When the member names last changed (or this replica started): Programs may have moved
+    /// between replicas since ([`handover`]).
+    changed_at: Instant,
 }
 
 impl Peers {
@@ -141,6 +145,14 @@ impl Peers {
             .self_name
             .as_deref()
             .and_then(|n| HeaderValue::from_str(n).ok());
+        fn names(ms: &[Member]) -> Vec<&str> {
+            let mut v: Vec<&str> = ms.iter().map(|m| m.name.as_str()).collect();
+            v.sort_unstable();
+            v
+        }
+        let changed_at = prev
+            .filter(|p| p.self_name == cfg.self_name && names(&p.members) == names(&members))
+            .map_or_else(Instant::now, |p| p.changed_at);
         Peers {
             me,
             self_name: cfg.self_name.clone(),
@@ -148,7 +160,25 @@ impl Peers {
             backoff: crate::config::duration(cfg.unreachable_backoff_secs),
             self_header,
             usage_errors: Mutex::default(),
+            changed_at,
         }
+    }
+
+    /// Whether Programs may have moved here from other replicas within the last `window`: the
+    /// member names changed, or this replica started, that recently.
+    pub fn recently_changed(&self, window: Duration) -> bool {
+        self.changed_at.elapsed() < window
+    }
+
+    /// The position of the member that owns the tree `root` once this replica is gone (members
+    /// found down passed over); `None` when no other member is left.
+    pub fn successor(&self, root: &str, now: Instant) -> Option<usize> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| Some(*i) != self.me && !m.down(now))
+            .max_by_key(|(_, m)| score(&m.name, root))
+            .map(|(i, _)| i)
     }
 
     /// Whether a request from a peer addressed with `h` is meant for this replica (one without
@@ -239,19 +269,54 @@ pub(crate) async fn get_json(
     headers: HeaderMap,
     timeout: Duration,
 ) -> Result<serde_json::Value, String> {
+    call_json(client, peers, m, path, headers, None, timeout).await
+}
+
+/// `POST path` on `m` with the JSON `body`, otherwise as [`get_json`].
+pub(crate) async fn post_json(
+    client: &PeerClient,
+    peers: &Peers,
+    m: &Member,
+    path: &str,
+    headers: HeaderMap,
+    body: &serde_json::Value,
+    timeout: Duration,
+) -> Result<serde_json::Value, String> {
+    let bytes = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+    call_json(client, peers, m, path, headers, Some(bytes), timeout).await
+}
+
+async fn call_json(
+    client: &PeerClient,
+    peers: &Peers,
+    m: &Member,
+    path: &str,
+    headers: HeaderMap,
+    body: Option<Vec<u8>>,
+    timeout: Duration,
+) -> Result<serde_json::Value, String> {
     let uri = Uri::builder()
         .scheme("http")
         .authority(m.authority.clone())
         .path_and_query(path)
         .build()
         .map_err(|e| e.to_string())?;
-    let mut req = Request::get(uri);
+    let mut req = match body {
+        Some(_) => Request::post(uri),
+        None => Request::get(uri),
+    };
     if let Some(h) = req.headers_mut() {
         *h = headers;
+        if body.is_some() {
+            h.insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
         m.address(peers, h);
     }
     let req = req
-        .body(Full::new(Bytes::new()))
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
         .map_err(|e| e.to_string())?;
     let work = async {
         let resp = client.request(req).await.map_err(|e| e.to_string())?;

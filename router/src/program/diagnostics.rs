@@ -173,7 +173,7 @@ pub struct ProgramDiagnostics {
     pub expected_output_tokens: Option<u64>,
     pub kv_retention_ttl_seconds: Option<f64>,
     /// Times it moved rank, its rank, where its latest request went, and how it got its rank
-    /// (`binding`, `cross_rank`, `target_removed`).
+    /// (`binding`, `cross_rank`, `target_removed`, `handed_over` — from another router replica).
     pub generation: u32,
     pub home_target: String,
     pub last_target: Option<String>,

@@ -95,6 +95,8 @@ pub enum PauseReason {
     Cancelled,
     /// Its rank left the target set; it was re-homed and resumes through admission.
     TargetRemoved,
+    /// Another router replica took it over (`peers`), or handed it here.
+    HandedOver,
 }
 
 impl PauseReason {
@@ -106,6 +108,7 @@ impl PauseReason {
             PauseReason::CapacityRepair => "capacity_repair",
             PauseReason::Cancelled => "cancelled",
             PauseReason::TargetRemoved => "target_removed",
+            PauseReason::HandedOver => "handed_over",
         }
     }
 }
@@ -179,6 +182,27 @@ impl Program {
     pub(crate) fn active(&self) -> bool {
         matches!(self.phase, Phase::Reasoning | Phase::Acting { .. })
     }
+
+    /// The root of its Program tree (router replicas own trees, `peers`).
+    pub(crate) fn root(&self) -> &str {
+        self.identity
+            .root_program_id
+            .as_deref()
+            .unwrap_or(&self.key.1)
+    }
+}
+
+/// A Program as one router replica hands it to another (`peers`): enough to keep it on its
+/// rank. Field names are the wire format of `/peers/hand-over` and `/peers/adopt`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HandedOver {
+    pub model: String,
+    pub program_id: String,
+    pub root: String,
+    /// The target (rank) id it runs on.
+    pub target: String,
+    pub context_tokens: u64,
+    pub idle_seconds: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -808,6 +832,57 @@ impl Scheduler {
         self.timer(release_at, TimerKind::Release, slot as u64, generation);
     }
 
+    /// A new Program `key` bound to `rank`, in phase `New`; its slot.
+    fn insert_program(
+        &mut self,
+        key: (String, String),
+        rank: Rank,
+        identity: Identity,
+        now: f64,
+    ) -> usize {
+        let p = Program {
+            key: key.clone(),
+            rank,
+            phase: Phase::New,
+            in_flight: 0,
+            retained: 0,
+            context_tokens: 0,
+            reserved: 0,
+            last_step: None,
+            last_activity: now,
+            last_complete: None,
+            placed_at: now,
+            rounds: 0,
+            yielded: false,
+            pause_on_complete: false,
+            timer_gen: 0,
+            identity,
+            armed_ttl: 0.0,
+            shared_prefix: 0,
+            shared_at: now,
+            fresh_start: true,
+            generation: 0,
+            placement: "binding",
+            last_rank: None,
+            last_return: None,
+            last_output: None,
+            rounds_since_ttl_pause: 0,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.programs[s] = Some(p);
+                s
+            }
+            None => {
+                self.programs.push(Some(p));
+                self.programs.len() - 1
+            }
+        };
+        self.index.insert(key, slot);
+        self.ranks[rank].members.insert(slot);
+        slot
+    }
+
     /// A request with Program identity arrives.
     pub fn on_arrival(&mut self, now: f64, a: Arrival) -> Vec<Decision> {
         if self.ranks.is_empty() {
@@ -822,47 +897,7 @@ impl Scheduler {
             Some(s) => *s,
             None => {
                 let rank = self.bind(&a.identity.program_id, &a.prefix);
-                let p = Program {
-                    key: key.clone(),
-                    rank,
-                    phase: Phase::New,
-                    in_flight: 0,
-                    retained: 0,
-                    context_tokens: 0,
-                    reserved: 0,
-                    last_step: None,
-                    last_activity: now,
-                    last_complete: None,
-                    placed_at: now,
-                    rounds: 0,
-                    yielded: false,
-                    pause_on_complete: false,
-                    timer_gen: 0,
-                    identity: a.identity.clone(),
-                    armed_ttl: 0.0,
-                    shared_prefix: 0,
-                    shared_at: now,
-                    fresh_start: true,
-                    generation: 0,
-                    placement: "binding",
-                    last_rank: None,
-                    last_return: None,
-                    last_output: None,
-                    rounds_since_ttl_pause: 0,
-                };
-                let slot = match self.free_slots.pop() {
-                    Some(s) => {
-                        self.programs[s] = Some(p);
-                        s
-                    }
-                    None => {
-                        self.programs.push(Some(p));
-                        self.programs.len() - 1
-                    }
-                };
-                self.index.insert(key, slot);
-                self.ranks[rank].members.insert(slot);
-                slot
+                self.insert_program(key, rank, a.identity.clone(), now)
             }
         };
         if !a.prefix.is_empty() {
@@ -1498,6 +1533,108 @@ impl Scheduler {
         p.timer_gen += 1;
         let generation = p.timer_gen;
         self.timer(at, TimerKind::Release, slot as u64, generation);
+    }
+
+    /// Whether a Program `key` (model, Program id) is known here.
+    pub fn knows(&self, key: &(String, String)) -> bool {
+        self.index.contains_key(key)
+    }
+
+    /// Every Program known here, as another router replica would take it over (`peers`).
+    pub fn held(&self, now: f64) -> Vec<HandedOver> {
+        self.index
+            .values()
+            .map(|slot| self.handed_over(*slot, now))
+            .collect()
+    }
+
+    fn handed_over(&self, slot: usize, now: f64) -> HandedOver {
+        let p = self.program(slot);
+        HandedOver {
+            model: p.key.0.clone(),
+            program_id: p.key.1.clone(),
+            root: p.root().to_string(),
+            target: self.ranks[p.rank].id.clone(),
+            context_tokens: p.context_tokens,
+            idle_seconds: (now - p.last_activity).max(0.0),
+        }
+    }
+
+    /// Gives up the Programs of the tree `root` that have no request in flight or waiting, for
+    /// the replica that now owns the tree (`peers`): each leaves this scheduler, its reservation
+    /// freed, and comes back with its rank's id so that it keeps running where its KV is.
+    pub fn hand_over(&mut self, now: f64, root: &str) -> (Vec<HandedOver>, Vec<Decision>) {
+        let slots: Vec<usize> = self
+            .index
+            .values()
+            .copied()
+            .filter(|s| {
+                let p = self.program(*s);
+                p.in_flight == 0 && p.retained == 0 && p.root() == root
+            })
+            .collect();
+        let mut given = Vec::with_capacity(slots.len());
+        let mut pumps = Vec::new();
+        for slot in slots {
+            let active = self.program(slot).active();
+            self.pause(slot, PauseReason::HandedOver, now);
+            given.push(self.handed_over(slot, now));
+            let p = self.program(slot);
+            let (key, rank) = (p.key.clone(), p.rank);
+            self.ranks[rank].members.remove(&slot);
+            self.index.remove(&key);
+            self.programs[slot] = None;
+            self.free_slots.push(slot);
+            if active {
+                pumps.push(rank);
+            }
+        }
+        let mut out = Vec::new();
+        pumps.dedup();
+        for r in pumps {
+            self.pump(r, now, &mut out);
+        }
+        (given, out)
+    }
+
+    /// Takes Programs another replica handed over (`peers`): each one not known here whose
+    /// target is in the set is bound to it and waits paused for its next request — resumed
+    /// through admission like any paused Program, and forgotten after the paused retention if
+    /// none comes. Returns how many were taken.
+    pub fn adopt(&mut self, now: f64, programs: &[HandedOver]) -> usize {
+        let mut taken = 0;
+        for h in programs {
+            let key = (h.model.clone(), h.program_id.clone());
+            let Some(rank) = self.ranks.iter().position(|r| r.id == h.target) else {
+                continue;
+            };
+            if self.index.contains_key(&key) {
+                continue;
+            }
+            let identity = Identity {
+                program_id: h.program_id.clone(),
+                root_program_id: (h.root != h.program_id).then(|| h.root.clone()),
+                ..Identity::default()
+            };
+            let slot = self.insert_program(key, rank, identity, now);
+            let since = now - h.idle_seconds.clamp(0.0, 86_400.0);
+            let p = self.program_mut(slot);
+            p.context_tokens = h.context_tokens;
+            p.last_activity = since;
+            // Its KV is already on the rank: the first completion here measures no sharing.
+            p.fresh_start = false;
+            p.placement = "handed_over";
+            p.phase = Phase::Paused {
+                since,
+                reason: PauseReason::HandedOver,
+            };
+            p.timer_gen += 1;
+            let generation = p.timer_gen;
+            let release_at = now + self.cfg.paused_retention_ttl_seconds;
+            self.timer(release_at, TimerKind::Release, slot as u64, generation);
+            taken += 1;
+        }
+        taken
     }
 
     fn maybe_forget(&mut self, slot: usize) {

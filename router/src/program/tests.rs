@@ -1514,3 +1514,79 @@ fn a_tuning_reconfigure_keeps_state_and_admits_what_now_fits() {
         assert!(s.reconfigure(4.0, &changed).is_none());
     }
 }
+
+fn dispatch_rank(d: &[Decision], t: Ticket) -> Option<Rank> {
+    d.iter().find_map(|x| match x {
+        Decision::Dispatch { ticket, rank } if *ticket == t => Some(*rank),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_program_handed_over_frees_its_place_and_keeps_its_rank_where_it_is_adopted() {
+    // Replica A (round robin from r1): Program "p" (600 tokens) in a tool call on r0 holds its
+    // place; "q", bound to r0 too, waits for it.
+    let mut a = sched(cfg(), 2);
+    a.on_arrival(0.0, arrival(1, "filler", 10));
+    let p = |t| {
+        with(arrival(t, "p", 600), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0);
+            i.root_program_id = Some("tree".into());
+        })
+    };
+    assert_eq!(dispatch_rank(&a.on_arrival(0.0, p(2)), 2), Some(0));
+    a.on_complete(1.0, 2, usage(600, 50));
+    a.on_arrival(1.5, arrival(4, "filler-2", 10));
+    assert!(dispatched(&a.on_arrival(2.0, arrival(3, "q", 600))).is_empty());
+    // Another tree is not given.
+    assert!(a.hand_over(3.0, "other").0.is_empty());
+    let (given, ds) = a.hand_over(3.0, "tree");
+    assert_eq!(given.len(), 1);
+    let h = &given[0];
+    assert_eq!(
+        (h.program_id.as_str(), h.root.as_str(), h.target.as_str()),
+        ("p", "tree", "r0")
+    );
+    assert_eq!(h.context_tokens, 650);
+    assert!((h.idle_seconds - 2.0).abs() < 1e-9, "{h:?}");
+    assert_eq!(dispatched(&ds), [3], "q takes the freed place");
+    assert!(!a.knows(&("m".into(), "p".into())));
+    // A Program with a request in flight stays.
+    assert!(a.hand_over(3.0, "q").0.is_empty());
+    a.check_invariants().expect("ledger");
+
+    // Replica B would bind a new Program to r1 (round robin), but the adopted p stays on r0.
+    let mut b = sched(cfg(), 2);
+    let unknown_target = HandedOver {
+        target: "r9".into(),
+        program_id: "gone".into(),
+        ..h.clone()
+    };
+    assert_eq!(b.adopt(3.0, &[h.clone(), unknown_target]), 1);
+    assert_eq!(b.adopt(3.0, std::slice::from_ref(h)), 0, "known already");
+    assert_eq!(dispatch_rank(&b.on_arrival(4.0, p(10)), 10), Some(0));
+    b.check_invariants().expect("ledger");
+    // What B holds is what it would hand on.
+    let held = b.held(5.0);
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].target, "r0");
+}
+
+#[test]
+fn an_adopted_program_nobody_asks_for_is_forgotten_after_the_paused_retention() {
+    let mut s = sched(cfg(), 2);
+    let h = HandedOver {
+        model: "m".into(),
+        program_id: "p".into(),
+        root: "p".into(),
+        target: "r1".into(),
+        context_tokens: 100,
+        idle_seconds: 1.0,
+    };
+    assert_eq!(s.adopt(0.0, &[h]), 1);
+    let key = ("m".to_string(), "p".to_string());
+    assert!(s.knows(&key));
+    s.on_tick(cfg().paused_retention_ttl_seconds + 1.0);
+    assert!(!s.knows(&key));
+    s.check_invariants().expect("ledger");
+}

@@ -414,6 +414,10 @@ async fn dispatch(
         (&Method::GET, p) if p.starts_with("/peers/") => {
             return peering::endpoint(state, p, req.headers());
         }
+        (&Method::POST, p) if p.starts_with("/peers/") => {
+            let p = p.to_string();
+            return peering::post_endpoint(state, &p, req).await;
+        }
         (
             _,
             "/health"
@@ -533,7 +537,12 @@ async fn dispatch(
             };
             match peering::to_owner(state, &applied, peers, id, here, place).await {
                 peering::Owner::Answered(r) => return r,
-                peering::Owner::Here(place) => place,
+                peering::Owner::Here(place) => {
+                    // Another replica may have held it before the member list changed.
+                    let model = peeked.model.as_deref().unwrap_or("");
+                    peering::take_over(state, &applied, id, model).await;
+                    place
+                }
             }
         }
         _ => place,

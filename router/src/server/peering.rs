@@ -52,6 +52,99 @@ pub(super) fn endpoint(
     Err(not_found())
 }
 
+/// `POST /peers/hand-over` (`{"root"}`: this replica gives up that tree's idle Programs to the
+/// replica asking, which owns the tree now) and `POST /peers/adopt` (`{"programs"}`: a replica
+/// shutting down gives this one the Programs it owns next). Access as for [`endpoint`].
+pub(super) async fn post_endpoint(
+    state: &RouterState,
+    path: &str,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let applied = state.applied.load_full();
+    if applied.peers.is_none() || !matches!(path, "/peers/hand-over" | "/peers/adopt") {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no route for POST {path}"),
+        ));
+    }
+    if !crate::auth::is_platform(&applied, req.headers()) {
+        return Err(ApiError::unauthorized());
+    }
+    let (_, body) = super::read_body(applied.config.limits.max_payload_size, req).await?;
+    let v: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+    let count = |event: &str, n: usize| {
+        state
+            .metrics
+            .peer_handovers
+            .with_label_values(&[event])
+            .inc_by(n as u64)
+    };
+    let rt = applied.program.as_ref();
+    if path == "/peers/hand-over" {
+        let root = v["root"]
+            .as_str()
+            .ok_or_else(|| ApiError::bad_request("root: a string is required"))?;
+        let given = rt.map(|rt| rt.hand_over(root)).unwrap_or_default();
+        count("given", given.len());
+        return Ok(json(
+            StatusCode::OK,
+            &serde_json::json!({ "programs": given }),
+        ));
+    }
+    let programs: Vec<crate::program::scheduler::HandedOver> =
+        serde_json::from_value(v["programs"].clone())
+            .map_err(|e| ApiError::bad_request(format!("programs: {e}")))?;
+    let adopted = rt.map_or(0, |rt| rt.adopt(&programs));
+    count("adopted", adopted);
+    Ok(json(
+        StatusCode::OK,
+        &serde_json::json!({ "adopted": adopted }),
+    ))
+}
+
+/// Before this replica schedules Program `id` for the first time: when the member list changed
+/// or this replica started within the paused retention (so another replica may have held the
+/// Program), the other members are asked for its tree, and what they held keeps its rank here.
+pub(super) async fn take_over(state: &RouterState, applied: &Applied, id: &Identity, model: &str) {
+    let (Some(peers), Some(rt)) = (&applied.peers, &applied.program) else {
+        return;
+    };
+    let window = applied
+        .config
+        .program_scheduling
+        .as_ref()
+        .map_or(0.0, |p| p.paused_retention_ttl_seconds);
+    if peers.members.len() < 2
+        || !peers.recently_changed(crate::config::duration(window))
+        || rt.knows(model, &id.program_id)
+    {
+        return;
+    }
+    let root = id.root_program_id.as_deref().unwrap_or(&id.program_id);
+    let got = crate::peers::handover::claim(
+        &state.peer_client,
+        peers,
+        root,
+        applied.authorization.clone(),
+    )
+    .await;
+    if !got.is_empty() {
+        let n = rt.adopt(&got);
+        state
+            .metrics
+            .peer_handovers
+            .with_label_values(&["claimed"])
+            .inc_by(n as u64);
+        tracing::info!(
+            root,
+            programs = n,
+            "took over a Program tree from another replica"
+        );
+    }
+}
+
 /// The parts of a client request a hand-off sends on unchanged.
 pub(super) struct Request<'a> {
     pub method: &'a Method,

@@ -1590,6 +1590,7 @@ impl Scheduler {
             }
         }
         let mut out = Vec::new();
+        pumps.sort_unstable();
         pumps.dedup();
         for r in pumps {
             self.pump(r, now, &mut out);

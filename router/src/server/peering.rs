@@ -52,6 +52,9 @@ pub(super) fn endpoint(
     Err(not_found())
 }
 
+/// The largest body `/peers/*` takes (a replica holding 100,000 Programs sends about 15 MB).
+const PEER_BODY_LIMIT: u64 = 64 * 1024 * 1024;
+
 /// `POST /peers/hand-over` (`{"root"}`: this replica gives up that tree's idle Programs to the
 /// replica asking, which owns the tree now) and `POST /peers/adopt` (`{"programs"}`: a replica
 /// shutting down gives this one the Programs it owns next). Access as for [`endpoint`].
@@ -71,7 +74,9 @@ pub(super) async fn post_endpoint(
     if !crate::auth::is_platform(&applied, req.headers()) {
         return Err(ApiError::unauthorized());
     }
-    let (_, body) = super::read_body(applied.config.limits.max_payload_size, req).await?;
+    // A list of Programs, not a prompt: far below the payload limit for generations.
+    let limit = applied.config.limits.max_payload_size.min(PEER_BODY_LIMIT);
+    let (_, body) = super::read_body(limit, req).await?;
     let v: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
     let count = |event: &str, n: usize| {

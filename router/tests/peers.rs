@@ -83,7 +83,12 @@ fn owned_elsewhere(r: &Router, n: usize) -> Vec<String> {
     ids
 }
 
-async fn programs(c: &HttpClient, r: &Router, headers: &[(&str, &str)]) -> BTreeSet<String> {
+/// Every Program entry of `r`'s diagnostics, as seen with `headers`.
+async fn program_entries(
+    c: &HttpClient,
+    r: &Router,
+    headers: &[(&str, &str)],
+) -> Vec<serde_json::Value> {
     let d = send(c, "GET", &r.url("/scheduling/diagnostics"), "", headers)
         .await
         .json();
@@ -92,16 +97,29 @@ async fn programs(c: &HttpClient, r: &Router, headers: &[(&str, &str)]) -> BTree
         .into_iter()
         .flatten()
         .flat_map(|rank| rank["programs"].as_array().into_iter().flatten())
+        .cloned()
+        .collect()
+}
+
+async fn programs(c: &HttpClient, r: &Router, headers: &[(&str, &str)]) -> BTreeSet<String> {
+    program_entries(c, r, headers)
+        .await
+        .iter()
         .filter_map(|p| p["program"].as_str().map(String::from))
         .collect()
 }
 
+/// `r`'s counter `name` with its one label set to `value`.
+async fn peer_metric(c: &HttpClient, r: &Router, name: &str, label: (&str, &str)) -> f64 {
+    metric(c, &format!("http://{}", r.metrics_addr), name, &[label]).await
+}
+
 async fn forwards(c: &HttpClient, r: &Router, outcome: &str) -> f64 {
-    metric(
+    peer_metric(
         c,
-        &format!("http://{}", r.metrics_addr),
+        r,
         "program_router_peer_forwards_total",
-        &[("outcome", outcome)],
+        ("outcome", outcome),
     )
     .await
 }
@@ -594,29 +612,20 @@ fn the_peer_name_flag_names_this_replica_only_with_peers() {
 
 /// Program `p`'s home target on `r` and how it got it, from `r`'s diagnostics.
 async fn home(c: &HttpClient, r: &Router, p: &str) -> Option<(String, String)> {
-    let d = send(c, "GET", &r.url("/scheduling/diagnostics"), "", &[])
+    let text = |x: &serde_json::Value, k: &str| x[k].as_str().unwrap_or_default().to_string();
+    program_entries(c, r, &[])
         .await
-        .json();
-    d["ranks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|rank| rank["programs"].as_array().into_iter().flatten())
+        .iter()
         .find(|x| x["program"] == p)
-        .map(|x| {
-            (
-                x["home_target"].as_str().unwrap_or_default().to_string(),
-                x["placement"].as_str().unwrap_or_default().to_string(),
-            )
-        })
+        .map(|x| (text(x, "home_target"), text(x, "placement")))
 }
 
 async fn handovers(c: &HttpClient, r: &Router, event: &str) -> f64 {
-    metric(
+    peer_metric(
         c,
-        &format!("http://{}", r.metrics_addr),
+        r,
         "program_router_peer_handovers_total",
-        &[("event", event)],
+        ("event", event),
     )
     .await
 }

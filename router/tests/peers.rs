@@ -734,3 +734,69 @@ async fn a_replica_shutting_down_hands_its_programs_to_the_next_owner() {
     assert_eq!(forwards(&c, &a, "unreachable").await, 1.0, "declined");
     assert_eq!(home(&c, &a, p).await.map(|h| h.0), Some(target));
 }
+
+#[tokio::test]
+async fn the_hand_over_endpoints_refuse_bad_input_with_clear_errors() {
+    let s = sim(&["--time-scale", "50", "--api-key", "worker"]).await;
+    let cfg = RouterConfig {
+        api_key: Some("worker".into()),
+        peers: Some(PeersConfig::default()),
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        ..workers(&[s.base()], 1)
+    };
+    let r = router(cfg).await;
+    let c = client();
+    let key = [("authorization", "Bearer worker")];
+    let call = |path: &'static str, body: &'static str, auth: bool| {
+        let c = &c;
+        let url = r.url(path);
+        async move { send(c, "POST", &url, body, if auth { &key[..] } else { &[] }).await }
+    };
+    assert_eq!(
+        call("/peers/hand-over", r#"{"root":"p"}"#, false)
+            .await
+            .status,
+        401
+    );
+    let cases = [
+        ("/peers/hand-over", "not json", "invalid JSON"),
+        ("/peers/hand-over", r#"{"root": 3}"#, "root"),
+        (
+            "/peers/adopt",
+            r#"{"programs": [{"model": "m"}]}"#,
+            "programs",
+        ),
+    ];
+    for (path, body, names) in cases {
+        let resp = call(path, body, true).await;
+        assert_eq!(resp.status, 400, "{path} {body}: {}", resp.text());
+        let msg = resp.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(msg.contains(names), "{path} {body}: {msg}");
+    }
+    let unknown = call("/peers/nothing", "{}", true).await;
+    assert_eq!(unknown.status, 404);
+    // Well-formed: nothing held here, and an adopted Program on a target not in the set is
+    // skipped.
+    let given = call("/peers/hand-over", r#"{"root":"p"}"#, true).await;
+    assert_eq!(given.status, 200);
+    assert_eq!(given.json()["programs"], json!([]));
+    let adopted = call(
+        "/peers/adopt",
+        r#"{"programs":[{"model":"m","program_id":"p","root":"p","target":"elsewhere","context_tokens":1,"idle_seconds":0}]}"#,
+        true,
+    )
+    .await;
+    assert_eq!(adopted.status, 200);
+    assert_eq!(adopted.json()["adopted"], 0);
+    // Without peers the routes do not exist.
+    let plain = router(RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        ..workers(&[s.base()], 1)
+    })
+    .await;
+    let resp = send(&c, "POST", &plain.url("/peers/adopt"), "{}", &[]).await;
+    assert_eq!(resp.status, 404);
+}

@@ -1579,12 +1579,7 @@ impl Scheduler {
             let active = self.program(slot).active();
             self.pause(slot, PauseReason::HandedOver, now);
             given.push(self.handed_over(slot, now));
-            let p = self.program(slot);
-            let (key, rank) = (p.key.clone(), p.rank);
-            self.ranks[rank].members.remove(&slot);
-            self.index.remove(&key);
-            self.programs[slot] = None;
-            self.free_slots.push(slot);
+            let rank = self.remove_program(slot);
             if active {
                 pumps.push(rank);
             }
@@ -1641,12 +1636,17 @@ impl Scheduler {
     fn maybe_forget(&mut self, slot: usize) {
         let p = self.program(slot);
         if p.phase == Phase::New && p.retained == 0 && p.in_flight == 0 {
-            let (key, rank) = (p.key.clone(), p.rank);
-            self.ranks[rank].members.remove(&slot);
-            self.index.remove(&key);
-            self.programs[slot] = None;
-            self.free_slots.push(slot);
+            self.remove_program(slot);
         }
+    }
+
+    /// Forgets the Program in `slot` (its ledger entries are the caller's); its rank.
+    fn remove_program(&mut self, slot: usize) -> Rank {
+        let p = self.programs[slot].take().expect("live program slot");
+        self.ranks[p.rank].members.remove(&slot);
+        self.index.remove(&p.key);
+        self.free_slots.push(slot);
+        p.rank
     }
 
     /// A backend observation of `rank`.
@@ -1742,11 +1742,7 @@ impl Scheduler {
                         && p.retained == 0
                         && p.in_flight == 0
                     {
-                        let key = p.key.clone();
-                        self.ranks[p.rank].members.remove(&slot);
-                        self.index.remove(&key);
-                        self.programs[slot] = None;
-                        self.free_slots.push(slot);
+                        self.remove_program(slot);
                     }
                 }
             }

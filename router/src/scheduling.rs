@@ -593,12 +593,13 @@ impl ProgramRuntime {
         g.sched.held(self.now())
     }
 
-    /// Gives up the idle Programs of tree `root` to the replica that now owns it (see
-    /// `Scheduler::hand_over`); requests waiting for the capacity they held are placed.
-    pub fn hand_over(&self, root: &str) -> Vec<HandedOver> {
+    /// Gives up Program `program_id` of `model`, when idle, to the replica that now owns it (see
+    /// `Scheduler::hand_over`); requests waiting for the capacity it held are placed.
+    pub fn hand_over(&self, model: &str, program_id: &str) -> Option<HandedOver> {
         let mut g = self.lock();
         let now = self.now();
-        let (given, ds) = g.sched.hand_over(now, root);
+        let key = (model.to_string(), program_id.to_string());
+        let (given, ds) = g.sched.hand_over(now, &key);
         self.deliver(&mut g, ds, None);
         drop(g);
         self.wake.notify_one();

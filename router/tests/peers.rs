@@ -666,16 +666,21 @@ async fn a_program_keeps_its_rank_when_a_new_member_takes_it_over() {
         None,
     );
     let now = std::time::Instant::now();
-    let p = (0..1000)
+    let mut moving = (0..1000)
         .map(|i| format!("moved-{i}"))
-        .find(|k| view.owner(k, now).is_some())
-        .expect("b owns some");
+        .filter(|k| view.owner(k, now).is_some());
+    let (p, s) = (
+        moving.next().expect("b owns some"),
+        moving.next().expect("two"),
+    );
     // Three Programs first: p lands on a's fourth rank.
     for f in ["f0", "f1", "f2"] {
         let resp = post(&c, &a.url(CHAT), &program_body(f, false)).await;
         assert_eq!(resp.status, 200, "{}", resp.text());
     }
     let resp = post(&c, &a.url(CHAT), &program_body(&p, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let resp = post(&c, &a.url(CHAT), &program_body(&s, false)).await;
     assert_eq!(resp.status, 200, "{}", resp.text());
     let (target, _) = home(&c, &a, &p).await.expect("p on a");
     let first = a.state.applied.load().targets.targets[0].id.clone();
@@ -702,6 +707,18 @@ async fn a_program_keeps_its_rank_when_a_new_member_takes_it_over() {
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(home(&c, &b, &q).await.map(|h| h.1), Some("binding".into()));
     assert_eq!(handovers(&c, &b, "claimed").await, 1.0);
+    // A request that says it is its Program's first step is not asked about (s stays on a).
+    let first_step = json!({
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "again"}],
+        "max_tokens": 3,
+        "vllm_xargs": {"agentic_context": {"program_id": s, "step_id": 0}},
+    });
+    let resp = post(&c, &a.url(CHAT), &first_step.to_string()).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(home(&c, &b, &s).await.map(|h| h.1), Some("binding".into()));
+    assert!(home(&c, &a, &s).await.is_some());
+    assert_eq!(handovers(&c, &a, "given").await, 1.0);
 }
 
 #[tokio::test]
@@ -752,15 +769,16 @@ async fn the_hand_over_endpoints_refuse_bad_input_with_clear_errors() {
         let url = r.url(path);
         async move { send(c, "POST", &url, body, if auth { &key[..] } else { &[] }).await }
     };
-    assert_eq!(
-        call("/peers/hand-over", r#"{"root":"p"}"#, false)
-            .await
-            .status,
-        401
-    );
+    let ask = r#"{"model":"sim-model","program_id":"p"}"#;
+    assert_eq!(call("/peers/hand-over", ask, false).await.status, 401);
     let cases = [
         ("/peers/hand-over", "not json", "invalid JSON"),
-        ("/peers/hand-over", r#"{"root": 3}"#, "root"),
+        ("/peers/hand-over", r#"{"model": "m"}"#, "program_id"),
+        (
+            "/peers/hand-over",
+            r#"{"model": 3, "program_id": "p"}"#,
+            "model",
+        ),
         (
             "/peers/adopt",
             r#"{"programs": [{"model": "m"}]}"#,
@@ -780,9 +798,9 @@ async fn the_hand_over_endpoints_refuse_bad_input_with_clear_errors() {
     assert_eq!(unknown.status, 404);
     // Well-formed: nothing held here, and an adopted Program on a target not in the set is
     // skipped.
-    let given = call("/peers/hand-over", r#"{"root":"p"}"#, true).await;
+    let given = call("/peers/hand-over", ask, true).await;
     assert_eq!(given.status, 200);
-    assert_eq!(given.json()["programs"], json!([]));
+    assert_eq!(given.json()["program"], json!(null));
     let adopted = call(
         "/peers/adopt",
         r#"{"programs":[{"model":"m","program_id":"p","root":"p","target":"elsewhere","context_tokens":1,"idle_seconds":0}]}"#,

@@ -2,8 +2,9 @@
 //!
 //! Owns the two moves that keep a Program on the rank that holds its KV while the member list
 //! changes. A replica about to schedule a Program it does not know — in the window after its
-//! member list changed or it started — asks the other members for that Program's tree
-//! (`POST /peers/hand-over`); whoever held it gives up its idle Programs and names their ranks.
+//! member list changed or it started — asks the other members for it (`POST /peers/hand-over`);
+//! whoever held it idle gives it up and names its rank. Each Program of a tree is asked for when
+//! its own first request arrives, so a lookup is one hash probe on the holder.
 //! A replica that shuts down gives every Program it held to the member that owns it next
 //! (`POST /peers/adopt`) before it stops accepting. Without either, the new owner binds the
 //! Program afresh — on another rank, most likely — and its next turn re-prefills its context.
@@ -25,17 +26,18 @@ pub const CLAIM_TIMEOUT: Duration = Duration::from_millis(250);
 /// How long a shutting-down replica waits for each member to take its Programs.
 pub const PUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Asks every other member (not skipped as down) for the idle Programs of the tree `root`; they
-/// leave those replicas. One Program reported twice (two replicas served it while their lists
-/// disagreed) comes back once, as the replica that saw it last has it.
+/// Asks every other member (not skipped as down) for Program `program_id` of `model`; a member
+/// that held it idle gives it up. Reported twice (two replicas served it while their member
+/// lists disagreed), it comes back as the replica that saw it last has it.
 pub async fn claim(
     client: &PeerClient,
     peers: &Peers,
-    root: &str,
+    model: &str,
+    program_id: &str,
     authorization: Option<HeaderValue>,
-) -> Vec<HandedOver> {
+) -> Option<HandedOver> {
     let now = Instant::now();
-    let body = serde_json::json!({ "root": root });
+    let body = serde_json::json!({ "model": model, "program_id": program_id });
     let asks = others(peers).filter(|m| !m.down(now)).map(|m| {
         let headers = platform(authorization.clone());
         let body = &body;
@@ -53,30 +55,27 @@ pub async fn claim(
             (m.name.as_str(), got)
         }
     });
-    let mut best: FxHashMap<(String, String), HandedOver> = FxHashMap::default();
+    let mut best: Option<HandedOver> = None;
     for (member, got) in futures_util::future::join_all(asks).await {
-        let programs = got.and_then(|v| {
-            serde_json::from_value::<Vec<HandedOver>>(v["programs"].clone())
+        let program = got.and_then(|v| {
+            serde_json::from_value::<Option<HandedOver>>(v["program"].clone())
                 .map_err(|e| format!("unexpected answer: {e}"))
         });
-        match programs {
-            Ok(list) => {
-                for h in list {
-                    let key = (h.model.clone(), h.program_id.clone());
-                    match best.get(&key) {
-                        Some(b) if b.idle_seconds <= h.idle_seconds => {}
-                        _ => {
-                            best.insert(key, h);
-                        }
-                    }
-                }
+        match program {
+            Ok(Some(h))
+                if best
+                    .as_ref()
+                    .is_none_or(|b| h.idle_seconds < b.idle_seconds) =>
+            {
+                best = Some(h)
             }
+            Ok(_) => {}
             Err(why) => {
-                tracing::debug!(member, error = %why, "could not ask a peer for a Program tree")
+                tracing::debug!(member, error = %why, "could not ask a peer for a Program")
             }
         }
     }
-    best.into_values().collect()
+    best
 }
 
 /// Gives `programs` (every Program this replica held) to the members that own their trees once

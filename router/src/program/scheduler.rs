@@ -1560,37 +1560,30 @@ impl Scheduler {
         }
     }
 
-    /// Gives up the Programs of the tree `root` that have no request in flight or waiting, for
-    /// the replica that now owns the tree (`peers`): each leaves this scheduler, its reservation
+    /// Gives up Program `key` (model, Program id) when it has no request in flight or waiting,
+    /// for the replica that now owns it (`peers`): it leaves this scheduler, its reservation
     /// freed, and comes back with its rank's id so that it keeps running where its KV is.
-    pub fn hand_over(&mut self, now: f64, root: &str) -> (Vec<HandedOver>, Vec<Decision>) {
-        let slots: Vec<usize> = self
-            .index
-            .values()
-            .copied()
-            .filter(|s| {
-                let p = self.program(*s);
-                p.in_flight == 0 && p.retained == 0 && p.root() == root
-            })
-            .collect();
-        let mut given = Vec::with_capacity(slots.len());
-        let mut pumps = Vec::new();
-        for slot in slots {
-            let active = self.program(slot).active();
-            self.pause(slot, PauseReason::HandedOver, now);
-            given.push(self.handed_over(slot, now));
-            let rank = self.remove_program(slot);
-            if active {
-                pumps.push(rank);
-            }
-        }
+    pub fn hand_over(
+        &mut self,
+        now: f64,
+        key: &(String, String),
+    ) -> (Option<HandedOver>, Vec<Decision>) {
         let mut out = Vec::new();
-        pumps.sort_unstable();
-        pumps.dedup();
-        for r in pumps {
-            self.pump(r, now, &mut out);
+        let Some(&slot) = self.index.get(key) else {
+            return (None, out);
+        };
+        let p = self.program(slot);
+        if p.in_flight > 0 || p.retained > 0 {
+            return (None, out);
         }
-        (given, out)
+        let active = p.active();
+        self.pause(slot, PauseReason::HandedOver, now);
+        let given = self.handed_over(slot, now);
+        let rank = self.remove_program(slot);
+        if active {
+            self.pump(rank, now, &mut out);
+        }
+        (Some(given), out)
     }
 
     /// Takes Programs another replica handed over (`peers`): each one not known here whose

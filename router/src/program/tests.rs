@@ -1538,11 +1538,10 @@ fn a_program_handed_over_frees_its_place_and_keeps_its_rank_where_it_is_adopted(
     a.on_complete(1.0, 2, usage(600, 50));
     a.on_arrival(1.5, arrival(4, "filler-2", 10));
     assert!(dispatched(&a.on_arrival(2.0, arrival(3, "q", 600))).is_empty());
-    // Another tree is not given.
-    assert!(a.hand_over(3.0, "other").0.is_empty());
-    let (given, ds) = a.hand_over(3.0, "tree");
-    assert_eq!(given.len(), 1);
-    let h = &given[0];
+    let key = |p: &str| ("m".to_string(), p.to_string());
+    assert!(a.hand_over(3.0, &key("unknown")).0.is_none());
+    let (given, ds) = a.hand_over(3.0, &key("p"));
+    let h = &given.expect("p is idle");
     assert_eq!(
         (h.program_id.as_str(), h.root.as_str(), h.target.as_str()),
         ("p", "tree", "r0")
@@ -1550,9 +1549,10 @@ fn a_program_handed_over_frees_its_place_and_keeps_its_rank_where_it_is_adopted(
     assert_eq!(h.context_tokens, 650);
     assert!((h.idle_seconds - 2.0).abs() < 1e-9, "{h:?}");
     assert_eq!(dispatched(&ds), [3], "q takes the freed place");
-    assert!(!a.knows(&("m".into(), "p".into())));
+    assert!(!a.knows(&key("p")));
     // A Program with a request in flight stays.
-    assert!(a.hand_over(3.0, "q").0.is_empty());
+    assert!(a.hand_over(3.0, &key("q")).0.is_none());
+    assert!(a.knows(&key("q")));
     a.check_invariants().expect("ledger");
 
     // Replica B would bind a new Program to r1 (round robin), but the adopted p stays on r0.

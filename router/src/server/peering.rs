@@ -55,8 +55,8 @@ pub(super) fn endpoint(
 /// The largest body `/peers/*` takes (a replica holding 100,000 Programs sends about 15 MB).
 const PEER_BODY_LIMIT: u64 = 64 * 1024 * 1024;
 
-/// `POST /peers/hand-over` (`{"root"}`: this replica gives up that tree's idle Programs to the
-/// replica asking, which owns the tree now) and `POST /peers/adopt` (`{"programs"}`: a replica
+/// `POST /peers/hand-over` (`{"model", "program_id"}`: this replica gives up that Program, when
+/// idle, to the replica asking, which owns it now) and `POST /peers/adopt` (`{"programs"}`: a replica
 /// shutting down gives this one the Programs it owns next). Access as for [`endpoint`].
 pub(super) async fn post_endpoint(
     state: &RouterState,
@@ -88,14 +88,16 @@ pub(super) async fn post_endpoint(
     };
     let rt = applied.program.as_ref();
     if path == "/peers/hand-over" {
-        let root = v["root"]
-            .as_str()
-            .ok_or_else(|| ApiError::bad_request("root: a string is required"))?;
-        let given = rt.map(|rt| rt.hand_over(root)).unwrap_or_default();
-        count("given", given.len());
+        let field = |k: &str| {
+            v[k].as_str()
+                .ok_or_else(|| ApiError::bad_request(format!("{k}: a string is required")))
+        };
+        let (model, program_id) = (field("model")?, field("program_id")?);
+        let given = rt.and_then(|rt| rt.hand_over(model, program_id));
+        count("given", usize::from(given.is_some()));
         return Ok(json(
             StatusCode::OK,
-            &serde_json::json!({ "programs": given }),
+            &serde_json::json!({ "program": given }),
         ));
     }
     let programs: Vec<crate::program::scheduler::HandedOver> =
@@ -111,7 +113,8 @@ pub(super) async fn post_endpoint(
 
 /// Before this replica schedules Program `id` for the first time: when the member list changed
 /// or this replica started within the paused retention (so another replica may have held the
-/// Program), the other members are asked for its tree, and what they held keeps its rank here.
+/// Program), the other members are asked for it, and what one held keeps its rank here. A
+/// request that says it is the Program's first step (`step_id` 0) is not asked about.
 pub(super) async fn take_over(state: &RouterState, applied: &Applied, id: &Identity, model: &str) {
     let (Some(peers), Some(rt)) = (&applied.peers, &applied.program) else {
         return;
@@ -121,32 +124,25 @@ pub(super) async fn take_over(state: &RouterState, applied: &Applied, id: &Ident
         .program_scheduling
         .as_ref()
         .map_or(0.0, |p| p.paused_retention_ttl_seconds);
-    if peers.members.len() < 2
+    if id.step_id == Some(0)
+        || peers.members.len() < 2
         || !peers.recently_changed(crate::config::duration(window))
         || rt.knows(model, &id.program_id)
     {
         return;
     }
-    let root = id.root_program_id.as_deref().unwrap_or(&id.program_id);
-    let got = crate::peers::handover::claim(
-        &state.peer_client,
-        peers,
-        root,
-        applied.authorization.clone(),
-    )
-    .await;
-    if !got.is_empty() {
-        let n = rt.adopt(&got);
+    let auth = applied.authorization.clone();
+    let claimed =
+        crate::peers::handover::claim(&state.peer_client, peers, model, &id.program_id, auth);
+    if let Some(h) = claimed.await {
+        let n = rt.adopt(std::slice::from_ref(&h));
         state
             .metrics
             .peer_handovers
             .with_label_values(&["claimed"])
             .inc_by(n as u64);
-        tracing::info!(
-            root,
-            programs = n,
-            "took over a Program tree from another replica"
-        );
+        tracing::info!(program = %id.program_id, target = %h.target,
+            "took over a Program from another replica");
     }
 }
 

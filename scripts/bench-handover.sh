@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# What asking the other replicas for an unknown Program costs (`peers`, hand-over): two
+# program-router replicas A and B with Program scheduling over one instant vllm-sim, wrk sending
+# to A requests that each start a NEW Program (1-token answers) — the worst case, since only a
+# Program a replica does not know is asked about. Runs, interleaved, on fresh replicas:
+#   asking:   paused_retention_ttl_seconds 1800, so the window after start is open and every
+#             request first asks the other replica (POST /peers/hand-over);
+#   silent:   paused_retention_ttl_seconds 0.05, so the window closed before the run.
+# Both pairs forward about half the Programs to B alike. Prints requests/s and latency per run.
+#   DURATION=5s ROUNDS=2 scripts/bench-handover.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-5s}
+CONNS=${CONNS:-64}
+ROUNDS=${ROUNDS:-2}
+target="${CARGO_TARGET_DIR:-target}"
+command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)" >&2; exit 1; }
+cargo build --release --locked -q -p vllm-sim -p program-router
+
+. scripts/bench-lib.sh
+tmp=$(mktemp -d)
+lua="$tmp/program.lua"
+cat > "$lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local n = 0
+local run = tostring(os.time()) .. "-" .. tostring(math.random(1000000))
+request = function()
+  n = n + 1
+  local body = '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":1,' ..
+    '"vllm_xargs":{"agentic_context":{"program_id":"new-' .. run .. '-' .. n .. '"}}}'
+  return wrk.format(nil, nil, nil, body)
+end
+LUA
+
+sim_port=$(free_port)
+"$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
+wait_up "http://127.0.0.1:$sim_port/health"
+
+# Starts a fresh pair with this retention (A listens on $a_port); `stop_pair` stops it.
+pair_pids=()
+a_port=
+start_pair() { # retention-seconds
+  local b_port members
+  a_port=$(free_port); b_port=$(free_port)
+  members='[{"name":"a","url":"http://127.0.0.1:'$a_port'"},{"name":"b","url":"http://127.0.0.1:'$b_port'"}]'
+  cat > "$tmp/cfg.json" <<JSON
+{"workers":[{"url":"http://127.0.0.1:$sim_port"}],"log_level":"warn",
+ "program_scheduling":{"paused_retention_ttl_seconds":$1},"peers":{"members":$members}}
+JSON
+  local name port
+  for name in a b; do
+    port=$a_port; [ "$name" = b ] && port=$b_port
+    "$target/release/program-router" --config "$tmp/cfg.json" --port "$port" \
+      --prometheus-port "$(free_port)" --peer-name "$name" >/dev/null 2>&1 & pair_pids+=($!)
+    wait_up "http://127.0.0.1:$port/readiness"
+  done
+  sleep 0.5
+}
+stop_pair() {
+  [ ${#pair_pids[@]} -gt 0 ] || return 0
+  kill "${pair_pids[@]}" 2>/dev/null || true; wait "${pair_pids[@]}" 2>/dev/null || true; pair_pids=()
+}
+trap 'stop_pair; cleanup' EXIT
+
+run() { # label conns retention
+  local out
+  start_pair "$3"
+  out=$(wrk -t1 -c"$2" -d"$DURATION" --latency -s "$lua" "http://127.0.0.1:$a_port/v1/chat/completions")
+  stop_pair
+  echo "$out" | grep -qE "Non-2xx|Socket errors" && { echo "$1: errors during the run:" >&2; echo "$out" >&2; exit 1; }
+  printf '%s\tc=%s\t%s req/s\tp50 %s\tp99 %s\n' "$1" "$2" \
+    "$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
+    "$(echo "$out" | awk '$1=="50%" {print $2}')" "$(echo "$out" | awk '$1=="99%" {print $2}')"
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  for conns in "$CONNS" 1; do
+    run "silent (round $round)" "$conns" 0.05
+    run "asking (round $round)" "$conns" 1800
+  done
+done
+rm -rf "$tmp"

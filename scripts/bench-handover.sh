@@ -19,19 +19,7 @@ cargo build --release --locked -q -p vllm-sim -p program-router
 
 . scripts/bench-lib.sh
 tmp=$(mktemp -d)
-lua="$tmp/program.lua"
-cat > "$lua" <<'LUA'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local n = 0
-local run = tostring(os.time()) .. "-" .. tostring(math.random(1000000))
-request = function()
-  n = n + 1
-  local body = '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":1,' ..
-    '"vllm_xargs":{"agentic_context":{"program_id":"new-' .. run .. '-' .. n .. '"}}}'
-  return wrk.format(nil, nil, nil, body)
-end
-LUA
+lua=$(program_lua '"new-" .. run .. "-" .. n')
 
 sim_port=$(free_port)
 "$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
@@ -80,4 +68,4 @@ for round in $(seq 1 "$ROUNDS"); do
     run "asking (round $round)" "$conns" 1800
   done
 done
-rm -rf "$tmp"
+rm -rf "$tmp" "$lua"

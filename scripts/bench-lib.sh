@@ -18,3 +18,24 @@ wrk.headers["Content-Type"] = "application/json"
 LUA
   echo "$lua"
 }
+
+# The wrk script for Program requests: a 1-token chat completion whose agentic_context names the
+# Program id given as a Lua expression over the request count `n` and a per-run tag `run`
+# (removed by the caller's end of run).
+program_lua() { # lua-id-expression
+  local lua
+  lua=$(mktemp)
+  cat > "$lua" <<LUA
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local n = 0
+local run = tostring(os.time()) .. "-" .. tostring(math.random(1000000))
+request = function()
+  n = n + 1
+  local body = '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":1,' ..
+    '"vllm_xargs":{"agentic_context":{"program_id":"' .. ($1) .. '"}}}'
+  return wrk.format(nil, nil, nil, body)
+end
+LUA
+  echo "$lua"
+}

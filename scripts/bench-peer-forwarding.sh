@@ -16,18 +16,7 @@ cargo build --release --locked -q -p vllm-sim -p program-router
 
 . scripts/bench-lib.sh
 tmp=$(mktemp -d)
-lua="$tmp/program.lua"
-cat > "$lua" <<'LUA'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local n = 0
-request = function()
-  n = n + 1
-  local body = '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":1,' ..
-    '"vllm_xargs":{"agentic_context":{"program_id":"bench-' .. (n % 1000) .. '"}}}'
-  return wrk.format(nil, nil, nil, body)
-end
-LUA
+lua=$(program_lua '"bench-" .. (n % 1000)')
 
 sim_port=$(free_port)
 "$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
@@ -82,4 +71,4 @@ done
 count() { curl -fs "http://127.0.0.1:$1/metrics" | awk -v o="$2" '$1 == "program_router_peer_forwards_total{outcome=\""o"\"}" {print $2}'; }
 f=$(count "$a_prom" forwarded); r=$(count "$b_prom" received); u=$(count "$a_prom" unreachable)
 echo "A forwarded ${f:-0} requests (B received ${r:-0}: those wrk cut at the end of a run count only there); unreachable ${u:-0}"
-rm -rf "$tmp"
+rm -rf "$tmp" "$lua"

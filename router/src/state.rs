@@ -276,7 +276,7 @@ impl RouterState {
         let (Some(peers), Some(rt)) = (&applied.peers, &applied.program) else {
             return;
         };
-        if peers.members.len() < 2 || !peers.is_member() {
+        if !peers.hand_over || peers.members.len() < 2 || !peers.is_member() {
             return;
         }
         let held = rt.held();

@@ -48,22 +48,26 @@ async fn pair_on(
 
 /// Makes `a` and `b` each other's peers, as `router-a` and `router-b` (a hot reload).
 fn join(a: &Router, b: &Router) {
-    let members = vec![
-        PeerMember {
-            name: "router-a".into(),
-            url: a.server.base(),
-        },
-        PeerMember {
-            name: "router-b".into(),
-            url: b.server.base(),
-        },
-    ];
-    for (r, me) in [(a, "router-a"), (b, "router-b")] {
+    join_all(&[(a, "router-a"), (b, "router-b")], true);
+}
+
+/// Makes the routers each other's peers under the names given (a hot reload), handing
+/// Programs over or not.
+fn join_all(rs: &[(&Router, &str)], hand_over: bool) {
+    let members: Vec<PeerMember> = rs
+        .iter()
+        .map(|(r, name)| PeerMember {
+            name: (*name).into(),
+            url: r.server.base(),
+        })
+        .collect();
+    for (r, me) in rs {
         let mut cfg = r.state.applied.load().config.clone();
         cfg.peers = Some(PeersConfig {
-            self_name: Some(me.into()),
+            self_name: Some((*me).into()),
             members: members.clone(),
             unreachable_backoff_secs: 30.0,
+            hand_over,
         });
         cfg.validate().expect("valid");
         assert!(r.state.apply(cfg).expect("applied"));
@@ -750,6 +754,94 @@ async fn a_replica_shutting_down_hands_its_programs_to_the_next_owner() {
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(forwards(&c, &a, "unreachable").await, 1.0, "declined");
     assert_eq!(home(&c, &a, p).await.map(|h| h.0), Some(target));
+}
+
+/// Three replicas over one simulator with four DP ranks, peers as router-a, -b and -c.
+async fn four_rank_trio(hand_over: bool) -> (vllm_sim::server::Spawned, Router, Router, Router) {
+    let (s, a, b) = four_rank_pair(|c| c.limits.shutdown_delay_secs = 30.0).await;
+    let base = a.state.applied.load().config.clone();
+    let c = router(base).await;
+    join_all(
+        &[(&a, "router-a"), (&b, "router-b"), (&c, "router-c")],
+        hand_over,
+    );
+    (s, a, b, c)
+}
+
+/// Programs `b` owns as `a` sees the members, and that `c` owns once `b` is passed over.
+fn owned_by_then(a: &Router, b: &str, c: &str, n: usize) -> Vec<String> {
+    let peers = a.state.applied.load().peers.clone().expect("peers");
+    let now = std::time::Instant::now();
+    let name = |m: Option<&program_router::peers::Member>| m.map(|m| m.name.clone());
+    let ids: Vec<String> = (0..2000)
+        .map(|i| format!("p{i}"))
+        .filter(|p| {
+            name(peers.owner(p, now)).as_deref() == Some(b)
+                && name(peers.next_owner(p, now, &[b])).as_deref() == Some(c)
+        })
+        .take(n)
+        .collect();
+    assert_eq!(ids.len(), n);
+    ids
+}
+
+#[tokio::test]
+async fn a_request_the_owner_declines_goes_to_the_next_owner_which_holds_the_program() {
+    // b shuts down and hands its Programs to their next owners. The client reaches a, which
+    // still lists b: b declines, and the request goes on to c, which took the Program with its
+    // rank (a would have bound it afresh).
+    let (_s, a, mut b, c3) = four_rank_trio(true).await;
+    let c = client();
+    let moving = owned_by_then(&a, "router-b", "router-c", 4);
+    for p in &moving {
+        let resp = post(&c, &b.url(CHAT), &program_body(p, false)).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    let p = &moving[3];
+    let (target, _) = home(&c, &b, p).await.expect("p on b");
+    let bs = b.state.clone();
+    tokio::spawn(async move { bs.begin_shutdown().await });
+    assert!(eventually(3.0, || async { handovers(&c, &c3, "adopted").await == 4.0 }).await);
+    let resp = post(&c, &a.url(CHAT), &program_body(p, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(forwards(&c, &a, "unreachable").await, 1.0, "b declined");
+    assert_eq!(forwards(&c, &a, "forwarded").await, 1.0, "then c served it");
+    assert_eq!(forwards(&c, &c3, "received").await, 1.0);
+    assert_eq!(home(&c, &c3, p).await.map(|h| h.0), Some(target));
+    assert_eq!(home(&c, &a, p).await, None, "a did not bind it");
+    // An owner that refuses connections is passed over the same way.
+    b.server.stopped().await;
+    let q = &moving[2];
+    let resp = post(&c, &c3.url(CHAT), &program_body(q, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(forwards(&c, &c3, "forwarded").await, 0.0, "c owns q next");
+    assert_eq!(
+        home(&c, &c3, q).await.map(|h| h.1),
+        Some("handed_over".into())
+    );
+}
+
+#[tokio::test]
+async fn without_hand_over_a_moved_program_is_bound_afresh() {
+    let (_s, a, b, c3) = four_rank_trio(false).await;
+    let c = client();
+    let moving = owned_by_then(&a, "router-b", "router-c", 2);
+    for p in &moving {
+        let resp = post(&c, &b.url(CHAT), &program_body(p, false)).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    let bs = b.state.clone();
+    tokio::spawn(async move { bs.begin_shutdown().await });
+    assert!(eventually(2.0, || async { b.state.is_draining() }).await);
+    let p = &moving[1];
+    let resp = post(&c, &a.url(CHAT), &program_body(p, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(forwards(&c, &a, "forwarded").await, 1.0);
+    assert_eq!(home(&c, &c3, p).await.map(|h| h.1), Some("binding".into()));
+    assert!(home(&c, &b, p).await.is_some(), "b kept it");
+    for (r, event) in [(&b, "pushed"), (&c3, "adopted"), (&c3, "claimed")] {
+        assert_eq!(handovers(&c, r, event).await, 0.0, "{event}");
+    }
 }
 
 #[tokio::test]

@@ -29,6 +29,12 @@ pub struct PeersConfig {
     /// owner in every replica's order); the request that found it down is served by the next
     /// owner too.
     pub unreachable_backoff_secs: f64,
+    /// Hand Programs over when their owner changes: in the paused retention after the member
+    /// list changed (or this replica started), ask the other members for a Program this
+    /// replica does not know before binding it afresh, and give every Program held to its next
+    /// owner when shutting down, so that it keeps the rank that holds its KV. Off: a moved
+    /// Program is bound afresh by its new owner.
+    pub hand_over: bool,
 }
 
 /// One router replica.
@@ -47,6 +53,7 @@ impl Default for PeersConfig {
             self_name: None,
             members: Vec::new(),
             unreachable_backoff_secs: 5.0,
+            hand_over: true,
         }
     }
 }

@@ -110,6 +110,9 @@ pub struct Peers {
     /// When the member names last changed (or this replica started): Programs may have moved
     /// between replicas since ([`handover`]).
     changed_at: Instant,
+    /// Whether this replica asks for moved Programs and gives its own away when it stops
+    /// ([`PeersConfig::hand_over`]).
+    pub hand_over: bool,
 }
 
 impl Peers {
@@ -161,6 +164,7 @@ impl Peers {
             self_header,
             usage_errors: Mutex::default(),
             changed_at,
+            hand_over: cfg.hand_over,
         }
     }
 
@@ -204,11 +208,19 @@ impl Peers {
     /// this replica owns it (or no member is reachable, so it serves the request itself).
     /// Members found down are passed over, and never this replica.
     pub fn owner(&self, root: &str, now: Instant) -> Option<&Member> {
+        self.next_owner(root, now, &[])
+    }
+
+    /// [`Peers::owner`] with the members named in `passed` passed over as well (they declined
+    /// or could not be reached for this request).
+    pub fn next_owner(&self, root: &str, now: Instant, passed: &[&str]) -> Option<&Member> {
         let best = self
             .members
             .iter()
             .enumerate()
-            .filter(|(i, m)| Some(*i) == self.me || !m.down(now))
+            .filter(|(i, m)| {
+                Some(*i) == self.me || (!m.down(now) && !passed.contains(&m.name.as_str()))
+            })
             .max_by_key(|(_, m)| score(&m.name, root))?;
         (Some(best.0) != self.me).then_some(best.1)
     }
@@ -402,6 +414,29 @@ mod tests {
                 assert_eq!(was, now, "{key} moved though its owner stayed");
             }
         }
+    }
+
+    #[test]
+    fn a_member_passed_over_for_one_request_gives_way_to_the_one_every_replica_picks_next() {
+        let with_b = peers(Some("r-a"), &["r-a", "r-b", "r-c"]);
+        let without_b = peers(Some("r-a"), &["r-a", "r-c"]);
+        let now = Instant::now();
+        let mut checked = 0;
+        for k in 0..500 {
+            let key = format!("p{k}");
+            if with_b.owner(&key, now).map(|m| m.name.as_str()) != Some("r-b") {
+                continue;
+            }
+            checked += 1;
+            let next = with_b.next_owner(&key, now, &["r-b"]).map(|m| &m.name);
+            assert_eq!(next, without_b.owner(&key, now).map(|m| &m.name), "{key}");
+            // Passed over for this request only: not marked down.
+            assert_eq!(
+                with_b.owner(&key, now).map(|m| m.name.as_str()),
+                Some("r-b")
+            );
+        }
+        assert!(checked > 100, "{checked}");
     }
 
     #[test]

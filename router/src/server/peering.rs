@@ -124,7 +124,8 @@ pub(super) async fn take_over(state: &RouterState, applied: &Applied, id: &Ident
         .program_scheduling
         .as_ref()
         .map_or(0.0, |p| p.paused_retention_ttl_seconds);
-    if id.step_id == Some(0)
+    if !peers.hand_over
+        || id.step_id == Some(0)
         || peers.members.len() < 2
         || !peers.recently_changed(crate::config::duration(window))
         || rt.knows(model, &id.program_id)
@@ -198,34 +199,38 @@ pub(super) async fn to_owner(
         return Owner::Here(place);
     }
     let root = id.root_program_id.as_deref().unwrap_or(&id.program_id);
-    let Some(owner) = peers.owner(root, Instant::now()) else {
-        return Owner::Here(place);
-    };
-    let handoff = crate::peers::Handoff {
-        method: req.method.clone(),
-        path_and_query: req.path_and_query,
-        headers: req.headers,
-        body: req.body.clone(),
-        request_id: req.request_id,
-        timeout: crate::config::duration(applied.config.limits.request_timeout_secs),
-    };
-    match crate::peers::forward(&state.peer_client, peers, owner, handoff).await {
-        Ok(resp) => {
-            count("forwarded");
-            Owner::Answered(Ok(hold(resp, place)))
-        }
-        Err(crate::peers::ForwardError::Failed(e)) => {
-            count("failed");
-            Owner::Answered(Err(e))
-        }
-        Err(crate::peers::ForwardError::Unreachable(why)) => {
-            // Nothing was sent: this replica schedules the Program instead (every replica skips
-            // the owner for a while, so they agree on the next one).
-            count("unreachable");
-            tracing::warn!(error = %why, "Program owner unreachable; serving here");
-            Owner::Here(place)
+    // Members that could not be reached or declined this request: the next owner in every
+    // replica's order serves it (the one a departing member handed its Programs to), this
+    // replica when that is itself.
+    let mut passed: Vec<&str> = Vec::new();
+    while let Some(owner) = peers.next_owner(root, Instant::now(), &passed) {
+        let handoff = crate::peers::Handoff {
+            method: req.method.clone(),
+            path_and_query: req.path_and_query,
+            headers: req.headers,
+            body: req.body.clone(),
+            request_id: req.request_id,
+            timeout: crate::config::duration(applied.config.limits.request_timeout_secs),
+        };
+        match crate::peers::forward(&state.peer_client, peers, owner, handoff).await {
+            Ok(resp) => {
+                count("forwarded");
+                return Owner::Answered(Ok(hold(resp, place)));
+            }
+            Err(crate::peers::ForwardError::Failed(e)) => {
+                count("failed");
+                return Owner::Answered(Err(e));
+            }
+            Err(crate::peers::ForwardError::Unreachable(why)) => {
+                // Nothing was sent; every replica skips this owner for a while, so they agree
+                // on the next one.
+                count("unreachable");
+                tracing::warn!(error = %why, "Program owner unreachable; trying the next owner");
+                passed.push(owner.name.as_str());
+            }
         }
     }
+    Owner::Here(place)
 }
 
 /// The target for a request about stored response `id`: on the server that stored it, as this

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::des::{Series, percentile};
 use crate::oracle::unloaded_service_seconds;
-use crate::replay::{ContextMode, ReplayConfig, replay};
+use crate::replay::{ContextMode, Endpoints, ReplayConfig, replay};
 use crate::workload::Turn;
 use vllm_sim::engine::EngineParams;
 
@@ -48,6 +48,14 @@ pub enum Variant {
     /// The same two replicas as each other's `peers`: each Program is scheduled by its owner
     /// replica, which the other forwards its turns to. Not in the default set.
     PrPeers2,
+    /// `pr-peers2` through a rolling update: during the second half of the arrivals each
+    /// replica in turn is replaced (a new one joins the members and the load balancer, then the
+    /// old one leaves the load balancer, is stopped with SIGTERM and leaves the members), with
+    /// Programs handed over to their new owners. Not in the default set.
+    PrRoll,
+    /// The same rolling update with `peers.hand_over: false`: a moved Program is bound afresh by
+    /// its new owner. Not in the default set.
+    PrRollCold,
     /// vllm-router 0.1.17, consistent_hash.
     VrHash,
     /// vllm-router 0.1.17 with --enable-program-scheduling.
@@ -203,6 +211,12 @@ pub struct RunResult {
     pub p90_queue_wait: f64,
     pub p99_queue_wait: f64,
     pub wall_seconds: f64,
+    /// Router processes started for the run (a rolling update starts more than it ends with).
+    pub router_replicas: usize,
+    /// With `peers`: Program hand-overs (`handover:claimed|given|pushed|adopted`) and forwards
+    /// (`forward:forwarded|received|unreachable|failed`) counted by every replica.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub peer_counts: BTreeMap<String, f64>,
     /// Turns served per Program (status 200): every run of one comparison must serve the same,
     /// and the oracle is computed over exactly these.
     #[serde(skip)]
@@ -238,6 +252,8 @@ impl RunResult {
             p90_queue_wait: 0.0,
             p99_queue_wait: 0.0,
             wall_seconds: 0.0,
+            router_replicas: 0,
+            peer_counts: BTreeMap::new(),
             served: Default::default(),
             series: Series::default(),
         }
@@ -366,25 +382,11 @@ fn counter(text: &str, name: &str) -> f64 {
 /// Program scheduling transitions in a router's exposition, by kind: program-router labels them
 /// `transition`, vllm-router `reason` (per target).
 fn transitions(text: &str) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for l in text
-        .lines()
-        .filter(|l| l.starts_with("vllm_router_agent_aware_transitions_total{"))
-    {
-        let kind = ["transition=\"", "reason=\""].iter().find_map(|k| {
-            let at = l.find(k)? + k.len();
-            Some(&l[at..at + l[at..].find('"')?])
-        });
-        if let (Some(kind), Some(v)) = (
-            kind,
-            l.rsplit(' ')
-                .next()
-                .and_then(|v| v.trim().parse::<f64>().ok()),
-        ) {
-            *out.entry(kind.to_string()).or_insert(0.0) += v;
-        }
-    }
-    out
+    crate::fleet::by_label(
+        text,
+        "vllm_router_agent_aware_transitions_total",
+        &["transition", "reason"],
+    )
 }
 
 fn sum_of(t: &BTreeMap<String, f64>, kinds: &[&str]) -> f64 {
@@ -534,7 +536,6 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         )?;
         sims.push(url);
     }
-    let (port, prom) = (free_port()?, free_port()?);
     let capacity = (num_gpu_blocks * block_size) as u64;
     let mut ps = s.program_config.clone();
     if ps.get("token_capacity_per_dp_rank").is_none() {
@@ -557,12 +558,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     binding["binding_only"] = serde_json::json!(true);
     let mut auto = ps.clone();
     auto["program_scheduling_enable_key"] = serde_json::json!("auto");
-    let mut args: Vec<String> = vec![
-        "--host".into(),
-        "127.0.0.1".into(),
-        "--port".into(),
-        port.to_string(),
-    ];
+    let mut args: Vec<String> = vec!["--host".into(), "127.0.0.1".into()];
     args.push("--worker-urls".into());
     args.extend(sims.iter().cloned());
     args.extend([
@@ -570,50 +566,10 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         s.dp.to_string(),
         "--policy".into(),
         "consistent_hash".into(),
-    ]);
-    args.extend([
         "--prometheus-host".into(),
         "127.0.0.1".into(),
-        "--prometheus-port".into(),
-        prom.to_string(),
     ]);
     let (bin, context, health) = match v {
-        Variant::PrHash
-        | Variant::PrBinding
-        | Variant::PrProgram
-        | Variant::PrUnboundedKv
-        | Variant::PrAuto
-        | Variant::PrSplit2
-        | Variant::PrPeers2 => {
-            args.extend(["--log-level".into(), "warn".into()]);
-            match v {
-                Variant::PrBinding => args.extend([
-                    "--enable-program-scheduling".into(),
-                    "--program-scheduling-config-json".into(),
-                    binding.to_string(),
-                ]),
-                Variant::PrProgram
-                | Variant::PrUnboundedKv
-                | Variant::PrSplit2
-                | Variant::PrPeers2 => args.extend([
-                    "--enable-program-scheduling".into(),
-                    "--program-scheduling-config-json".into(),
-                    ps.to_string(),
-                ]),
-                Variant::PrAuto => args.extend([
-                    "--enable-program-scheduling".into(),
-                    "--program-scheduling-config-json".into(),
-                    auto.to_string(),
-                ]),
-                _ => {}
-            }
-            let context = if v == Variant::PrAuto {
-                ContextMode::Headers
-            } else {
-                ContextMode::Object
-            };
-            (s.bin_dir.join("program-router"), context, "/readiness")
-        }
         Variant::VrHash | Variant::VrProgram => {
             let bin = s
                 .vllm_router
@@ -637,67 +593,42 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
             // JSON-string form it can carry.
             (bin, ContextMode::String, "/health")
         }
-    };
-    let mut router = spawn(&bin, &args)?;
-    let url = format!("http://127.0.0.1:{port}");
-    if !wait_ok(&format!("{url}{health}"), 60.0) {
-        let _ = router.kill();
-        return Err(format!("{v:?}: router did not become ready"));
-    }
-    // The two-replica variants: a second router with the same flags on its own ports, and for
-    // `pr-peers2` both started again with a config file that makes them each other's peers.
-    let mut second = None;
-    let mut peers_file = None;
-    if matches!(v, Variant::PrSplit2 | Variant::PrPeers2) {
-        let (port2, prom2) = (free_port()?, free_port()?);
-        let mut args2 = args.clone();
-        let swap = |a: &mut Vec<String>, flag: &str, value: u16| {
-            if let Some(i) = a.iter().position(|x| x == flag) {
-                a[i + 1] = value.to_string();
-            }
-        };
-        swap(&mut args2, "--port", port2);
-        swap(&mut args2, "--prometheus-port", prom2);
-        if v == Variant::PrPeers2 {
-            let _ = router.kill();
-            let _ = router.wait();
-            let file = std::env::temp_dir().join(format!(
-                "progbench-peers-{}-{port}.json",
-                std::process::id()
-            ));
-            let members = serde_json::json!({"peers": {"members": [
-                {"name": "r1", "url": url},
-                {"name": "r2", "url": format!("http://127.0.0.1:{port2}")},
-            ]}});
-            std::fs::write(&file, members.to_string()).map_err(|e| e.to_string())?;
-            let path = file.display().to_string();
-            for (a, name) in [(&mut args, "r1"), (&mut args2, "r2")] {
-                a.extend([
-                    "--config".into(),
-                    path.clone(),
-                    "--peer-name".into(),
-                    name.into(),
+        _ => {
+            args.extend(["--log-level".into(), "warn".into()]);
+            let json = match v {
+                Variant::PrHash => None,
+                Variant::PrBinding => Some(binding.to_string()),
+                Variant::PrAuto => Some(auto.to_string()),
+                _ => Some(ps.to_string()),
+            };
+            if let Some(json) = json {
+                args.extend([
+                    "--enable-program-scheduling".into(),
+                    "--program-scheduling-config-json".into(),
+                    json,
                 ]);
             }
-            peers_file = Some(file);
-            router = spawn(&bin, &args)?;
-            if !wait_ok(&format!("{url}{health}"), 60.0) {
-                let _ = router.kill();
-                return Err(format!("{v:?}: router did not become ready"));
-            }
+            let context = if v == Variant::PrAuto {
+                ContextMode::Headers
+            } else {
+                ContextMode::Object
+            };
+            (s.bin_dir.join("program-router"), context, "/readiness")
         }
-        let mut r2 = spawn(&bin, &args2)?;
-        let url2 = format!("http://127.0.0.1:{port2}");
-        if !wait_ok(&format!("{url2}{health}"), 60.0) {
-            let _ = r2.kill();
-            let _ = router.kill();
-            return Err(format!("{v:?}: second router did not become ready"));
-        }
-        second = Some((r2, url2, prom2));
-    }
-    let pid_alive = |c: &mut Child| matches!(c.try_wait(), Ok(None));
+    };
+    // The replicas: two behind a load balancer without affinity for the multi-replica variants
+    // (each other's peers except in `pr-split2`), one otherwise.
+    let (replicas, peers) = match v {
+        Variant::PrSplit2 => (2, None),
+        Variant::PrPeers2 | Variant::PrRoll => (2, Some(true)),
+        Variant::PrRollCold => (2, Some(false)),
+        _ => (1, None),
+    };
+    let mut fleet = crate::fleet::Fleet::start(&bin, args, health, replicas, peers)
+        .map_err(|e| format!("{v:?}: {e}"))?;
+    let endpoints = Endpoints::new(fleet.urls());
     let cfg = ReplayConfig {
-        url: url.clone(),
+        endpoints: endpoints.clone(),
         model: "sim-model".into(),
         context,
         time_scale: s.time_scale,
@@ -706,7 +637,6 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         stream: false,
         max_requests: None,
         api_key: None,
-        alternate_urls: second.iter().map(|(_, u, _)| u.clone()).collect(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -717,28 +647,48 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         std::thread::spawn(move || sample(sims, every, scale, stop))
     };
     let replay_started = Instant::now();
+    // The rolling variants replace every replica while the Programs arrive.
+    let roll_at = if matches!(v, Variant::PrRoll | Variant::PrRollCold) {
+        roll_times(turns, s.time_scale, replicas)
+    } else {
+        Vec::new()
+    };
+    let roll = {
+        let endpoints = endpoints.clone();
+        std::thread::spawn(move || {
+            for t in roll_at {
+                std::thread::sleep(t.saturating_sub(replay_started.elapsed()));
+                fleet.replace(0, &endpoints)?;
+            }
+            Ok::<_, String>(fleet)
+        })
+    };
     let rep = replay(turns, cfg).await;
     let replay_seconds = replay_started.elapsed().as_secs_f64() * s.time_scale;
     stop.store(true, Ordering::Relaxed);
     let (hit_series, kv_series) = sampler.join().map_err(|_| "the sampler panicked")?;
-    let mut alive =
-        pid_alive(&mut router) && matches!(get(&format!("{url}/health")), Some((200, _)));
-    let mut t = get(&format!("http://127.0.0.1:{prom}/metrics"))
-        .map(|(_, text)| transitions(&text))
-        .unwrap_or_default();
-    if let Some((r2, url2, prom2)) = &mut second {
-        alive &= pid_alive(r2) && matches!(get(&format!("{url2}/health")), Some((200, _)));
-        if let Some((_, text)) = get(&format!("http://127.0.0.1:{prom2}/metrics")) {
-            for (k, n) in transitions(&text) {
-                *t.entry(k).or_default() += n;
+    let mut fleet = roll
+        .join()
+        .map_err(|_| "the rolling update panicked")?
+        .map_err(|e| format!("rolling update: {e}"))?;
+    let alive = fleet.healthy();
+    let mut t = BTreeMap::new();
+    for text in fleet.expositions() {
+        for (k, n) in transitions(&text) {
+            *t.entry(k).or_default() += n;
+        }
+        if peers.is_some() {
+            for (metric, label, prefix) in [
+                ("program_router_peer_handovers_total", "event", "handover"),
+                ("program_router_peer_forwards_total", "outcome", "forward"),
+            ] {
+                for (k, n) in crate::fleet::by_label(&text, metric, &[label]) {
+                    *r.peer_counts.entry(format!("{prefix}:{k}")).or_default() += n;
+                }
             }
         }
-        let _ = r2.kill();
-        let _ = r2.wait();
     }
-    if let Some(f) = &peers_file {
-        let _ = std::fs::remove_file(f);
-    }
+    r.router_replicas = fleet.started();
     r.program_admissions = admissions(&t);
     r.force_resumes = sum_of(&t, &["force_resume"]);
     r.segment_yields = sum_of(&t, &["max_segment_yield", "segment_yield"]);
@@ -749,8 +699,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         prompt += counter(&text, "vllm:prompt_tokens_total");
         cached += counter(&text, "vllm:prompt_tokens_cached_total");
     }
-    let _ = router.kill();
-    let _ = router.wait();
+    drop(fleet);
     drop(procs);
     r.requests = rep.requests.len();
     r.errors = rep.errors;
@@ -802,7 +751,9 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         kv_names: kv_series.into_iter().map(|(name, _)| name).collect(),
     };
     if !alive {
-        return Err("the router under test was not alive and healthy after the replay".into());
+        return Err(
+            "a router replica under test was not alive and healthy after the replay".into(),
+        );
     }
     if rep.timed_out {
         return Err(format!("the replay hit its {:?} limit", s.limit));
@@ -811,6 +762,16 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         return Err(format!("{} requests failed", rep.errors));
     }
     Ok(())
+}
+
+/// When a rolling update replaces each of `replicas` router replicas, as wall-clock offsets from
+/// the replay's start: evenly over the second half of the Programs' arrivals, when the most
+/// Programs are in flight and KV is fullest.
+fn roll_times(turns: &[Turn], time_scale: f64, replicas: usize) -> Vec<Duration> {
+    let span = turns.iter().map(|t| t.program_arrival).fold(0.0, f64::max) / time_scale;
+    (0..replicas)
+        .map(|i| Duration::from_secs_f64(span * (1.0 + i as f64 / replicas as f64) / 2.0))
+        .collect()
 }
 
 /// Marks runs whose token totals differ from the first successful one (not comparable).

@@ -7,6 +7,7 @@
 pub mod compare;
 pub mod des;
 pub mod fairness;
+pub mod fleet;
 pub mod kv_bound;
 pub mod oracle;
 pub mod replay;

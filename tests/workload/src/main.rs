@@ -519,6 +519,18 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
             if r.ok { "ok" } else { "FAILED" },
             r.wall_seconds
         );
+        if !r.peer_counts.is_empty() {
+            let counts: Vec<String> = r
+                .peer_counts
+                .iter()
+                .map(|(k, n)| format!("{k} {n:.0}"))
+                .collect();
+            eprintln!(
+                "  {} router replicas; {}",
+                r.router_replicas,
+                counts.join(", ")
+            );
+        }
         results.push(r);
     }
     progbench::compare::check_comparable(&mut results);
@@ -674,7 +686,7 @@ async fn replay(cmd: Cmd) -> Result<bool, String> {
     let report = progbench::replay::replay(
         &turns,
         progbench::replay::ReplayConfig {
-            url,
+            endpoints: progbench::replay::Endpoints::one(url),
             model,
             context,
             time_scale,
@@ -683,7 +695,6 @@ async fn replay(cmd: Cmd) -> Result<bool, String> {
             stream,
             max_requests,
             api_key,
-            alternate_urls: Vec::new(),
         },
     )
     .await;

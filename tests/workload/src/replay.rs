@@ -36,9 +36,43 @@ pub enum ContextMode {
     Headers,
 }
 
+/// Where a replay sends its requests: one endpoint, or several as behind a load balancer
+/// without affinity — a Program's consecutive turns go to consecutive endpoints (turn k of
+/// Program i to endpoint `(i + k) mod n`), so every Program meets every endpoint. The list can
+/// change while the replay runs (endpoints joining and leaving, as in a rolling update).
+#[derive(Debug, Clone)]
+pub struct Endpoints(Arc<std::sync::RwLock<Vec<String>>>);
+
+impl Endpoints {
+    pub fn new(urls: Vec<String>) -> Endpoints {
+        Endpoints(Arc::new(std::sync::RwLock::new(urls)))
+    }
+
+    pub fn one(url: String) -> Endpoints {
+        Endpoints::new(vec![url])
+    }
+
+    /// Replaces the list: requests sent from now on go to `urls`.
+    pub fn set(&self, urls: Vec<String>) {
+        if let Ok(mut l) = self.0.write() {
+            *l = urls;
+        }
+    }
+
+    /// The endpoint for turn `step` of Program `index`, without a trailing slash.
+    pub fn pick(&self, index: u64, step: u32) -> String {
+        let l = self.0.read().map(|l| l.clone()).unwrap_or_default();
+        if l.is_empty() {
+            return String::new();
+        }
+        let k = (index + u64::from(step)) % l.len() as u64;
+        l[k as usize].trim_end_matches('/').to_string()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ReplayConfig {
-    pub url: String,
+    pub endpoints: Endpoints,
     pub model: String,
     pub context: ContextMode,
     /// Simulated seconds per wall second of the backend: gaps and arrivals are divided by it and
@@ -53,21 +87,6 @@ pub struct ReplayConfig {
     pub max_requests: Option<u64>,
     /// Sent as `Authorization: Bearer <key>` (a router or vLLM that requires a key).
     pub api_key: Option<String>,
-    /// More endpoints beside `url`, as behind a load balancer without affinity: a Program's
-    /// consecutive turns go to consecutive endpoints (turn k of Program i to endpoint
-    /// `(i + k) mod n`), so every Program meets every endpoint.
-    pub alternate_urls: Vec<String>,
-}
-
-impl ReplayConfig {
-    /// The endpoint of turn `step` of Program `index`.
-    fn endpoint(&self, index: u64, step: u32) -> &str {
-        let n = 1 + self.alternate_urls.len() as u64;
-        match (index + u64::from(step)) % n {
-            0 => &self.url,
-            k => &self.alternate_urls[(k - 1) as usize],
-        }
-    }
 }
 
 /// One request's record.
@@ -329,7 +348,7 @@ async fn program_task(
         }
         let mut req = hyper::Request::post(format!(
             "{}/v1/chat/completions",
-            cfg.endpoint(index, turn.step).trim_end_matches('/')
+            cfg.endpoints.pick(index, turn.step)
         ))
         .header("content-type", "application/json")
         .header("x-session-id", turn.program_id.as_str());
@@ -455,7 +474,7 @@ async fn read_stream(
     ))
 }
 
-/// Replays `turns` against `cfg.url`; stops by itself at `cfg.limit`.
+/// Replays `turns` against `cfg.endpoints`; stops by itself at `cfg.limit`.
 pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
@@ -548,5 +567,24 @@ mod tests {
         assert_eq!(vllm_sim::tokenizer::count_tokens(&t), 50);
         assert_eq!(t, text(3, 4, 50));
         assert_ne!(t, text(3, 5, 50));
+    }
+
+    #[test]
+    fn endpoints_take_turns_and_follow_a_changed_list() {
+        let e = Endpoints::new(vec!["http://a/".into(), "http://b".into()]);
+        let seen: Vec<String> = (0..4).map(|k| e.pick(1, k)).collect();
+        assert_eq!(seen, ["http://b", "http://a", "http://b", "http://a"]);
+        // One endpoint leaves and two join, as in a rolling update: later turns spread over the
+        // new list only.
+        e.set(vec![
+            "http://b".into(),
+            "http://c".into(),
+            "http://d".into(),
+        ]);
+        let later: std::collections::BTreeSet<String> = (0..6).map(|k| e.pick(0, k)).collect();
+        assert_eq!(later.len(), 3);
+        assert!(!later.contains("http://a"));
+        e.set(Vec::new());
+        assert_eq!(e.pick(0, 0), "");
     }
 }

@@ -44,7 +44,8 @@ async fn program_router_variants_serve_identical_work() {
     // pr-auto: the same scheduling, identity from session headers only (`enable_key: auto`).
     // pr-unbounded-kv: the no-KV-pressure reference (simulators sized for the whole workload).
     // pr-split2 / pr-peers2: two replicas, turns alternating between them, without and with
-    // `peers`.
+    // `peers`. pr-roll / pr-roll-cold: the peers replaced one by one while the Programs run,
+    // with and without hand-over.
     let mut variants = vec![
         Variant::PrHash,
         Variant::PrProgram,
@@ -52,6 +53,8 @@ async fn program_router_variants_serve_identical_work() {
         Variant::PrUnboundedKv,
         Variant::PrSplit2,
         Variant::PrPeers2,
+        Variant::PrRoll,
+        Variant::PrRollCold,
     ];
     if vllm_router.is_some() {
         variants.push(Variant::VrHash);
@@ -72,10 +75,31 @@ async fn program_router_variants_serve_identical_work() {
             | Variant::PrAuto
             | Variant::PrUnboundedKv
             | Variant::PrSplit2
-            | Variant::PrPeers2 => {
+            | Variant::PrPeers2
+            | Variant::PrRoll
+            | Variant::PrRollCold => {
                 assert!(r.program_admissions >= 3.0, "{r:?}")
             }
             _ => assert_eq!(r.program_admissions, 0.0, "{r:?}"),
+        }
+        // A rolling update starts a new replica for each one it stops, and every one that
+        // stopped exited cleanly (or the run failed); without hand-over nothing is handed.
+        let started = match r.variant {
+            Variant::PrRoll | Variant::PrRollCold => 4,
+            Variant::PrSplit2 | Variant::PrPeers2 => 2,
+            _ => 1,
+        };
+        assert_eq!(r.router_replicas, started, "{r:?}");
+        if r.variant == Variant::PrRollCold {
+            assert!(
+                r.peer_counts
+                    .iter()
+                    .all(|(k, n)| !k.starts_with("handover:") || *n == 0.0),
+                "{r:?}"
+            );
+        }
+        if matches!(r.variant, Variant::PrPeers2 | Variant::PrRoll) {
+            assert!(r.peer_counts.get("forward:forwarded") > Some(&0.0), "{r:?}");
         }
         // What the report plots: every Program's JCT, every request's wait, the simulators
         // sampled during the replay (hit so far within 0..1, one KV line per DP rank).

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use progbench::des::{Mode, run};
-use progbench::replay::{ContextMode, ReplayConfig, replay};
+use progbench::replay::{ContextMode, Endpoints, ReplayConfig, replay};
 use progbench::workload::{Preset, Turn, from_jsonl, generate, programs, to_jsonl};
 use vllm_sim::engine::EngineParams;
 
@@ -100,7 +100,7 @@ fn virtual_time_waits_for_blocking_subagents_only() {
 /// Replay settings for the HTTP tests: 10 simulated seconds per wall second, 30 s at most.
 fn config(url: String, max_model_len: usize) -> ReplayConfig {
     ReplayConfig {
-        url,
+        endpoints: Endpoints::one(url),
         model: "sim-model".into(),
         context: ContextMode::String,
         time_scale: 10.0,
@@ -109,7 +109,6 @@ fn config(url: String, max_model_len: usize) -> ReplayConfig {
         stream: false,
         max_requests: None,
         api_key: None,
-        alternate_urls: Vec::new(),
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use progbench::replay::{ContextMode, ReplayConfig, replay};
+use progbench::replay::{ContextMode, Endpoints, ReplayConfig, replay};
 use progbench::workload::{Preset, generate};
 
 async fn simulator() -> vllm_sim::server::Spawned {
@@ -16,7 +16,7 @@ async fn simulator() -> vllm_sim::server::Spawned {
 
 fn config(url: String, stream: bool, max_requests: Option<u64>) -> ReplayConfig {
     ReplayConfig {
-        url,
+        endpoints: Endpoints::one(url),
         model: "sim-model".into(),
         context: ContextMode::String,
         time_scale: 50.0,
@@ -25,7 +25,6 @@ fn config(url: String, stream: bool, max_requests: Option<u64>) -> ReplayConfig 
         stream,
         max_requests,
         api_key: None,
-        alternate_urls: Vec::new(),
     }
 }
 
@@ -36,7 +35,7 @@ async fn alternate_endpoints_take_turns_within_each_program() {
     let (a, b) = (simulator().await, simulator().await);
     let turns = generate(Preset::Chat, 2, 1.0, 3);
     let mut cfg = config(a.base(), false, None);
-    cfg.alternate_urls = vec![b.base()];
+    cfg.endpoints = Endpoints::new(vec![a.base(), b.base()]);
     let report = replay(&turns, cfg).await;
     assert_eq!(report.errors, 0);
     let c = testkit::client();

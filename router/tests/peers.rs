@@ -822,6 +822,67 @@ async fn a_request_the_owner_declines_goes_to_the_next_owner_which_holds_the_pro
 }
 
 #[tokio::test]
+async fn an_owner_that_closes_the_connection_unanswered_gets_the_request_once_more_then_the_next_owner()
+ {
+    // "router-b" reads every request and closes the connection without a byte of answer (a
+    // replica closing its idle connections as it stops, or dying mid-request).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let fake = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = seen.clone();
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            // The Program's request, not the hand-over ask a makes before binding it itself.
+            if got.starts_with(format!("POST {CHAT} ").as_bytes()) {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            drop(conn);
+        }
+    });
+    let s = sim(&["--time-scale", "50"]).await;
+    let a = router(RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        ..workers(&[s.base()], 1)
+    })
+    .await;
+    let mut cfg = a.state.applied.load().config.clone();
+    cfg.peers = Some(PeersConfig {
+        self_name: Some("router-a".into()),
+        members: vec![
+            PeerMember {
+                name: "router-a".into(),
+                url: a.server.base(),
+            },
+            PeerMember {
+                name: "router-b".into(),
+                url: fake,
+            },
+        ],
+        ..Default::default()
+    });
+    assert!(a.state.apply(cfg).expect("applied"));
+    let c = client();
+    let p = &owned_elsewhere(&a, 1)[0];
+    let resp = post(&c, &a.url(CHAT), &program_body(p, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(forwards(&c, &a, "closed").await, 2.0, "sent twice to b");
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(forwards(&c, &a, "failed").await, 0.0);
+    assert!(programs(&c, &a, &[]).await.contains(p), "a, the next owner");
+}
+
+#[tokio::test]
 async fn without_hand_over_a_moved_program_is_bound_afresh() {
     let (_s, a, b, c3) = four_rank_trio(false).await;
     let c = client();

@@ -179,8 +179,10 @@ impl Metrics {
                 Opts::new(
                     "program_router_peer_forwards_total",
                     "Program requests forwarded to the replica that owns them (forwarded), \
-                     served here because the owner was unreachable or shutting down (unreachable), failed on the \
-                     way (failed), or received from another replica (received)."
+                     passed to the next owner because the owner was unreachable or shutting down \
+                     (unreachable), sent again because the owner closed the connection without \
+                     answering (closed), failed on the way (failed), or received from another \
+                     replica (received)."
                 ),
                 &["outcome"]
             )?),

@@ -60,6 +60,37 @@ pub enum ForwardError {
     Unreachable(String),
     /// It failed after the request may have reached the owner (never sent again): the answer.
     Failed(ApiError),
+    /// The owner closed the connection without answering anything: it closed an idle
+    /// keep-alive connection as the request arrived (it began to shut down; it would have
+    /// declined the request anyway), or it died while serving the request (its own upstream
+    /// request then closed, so the engine aborted it). Either way nothing reached the client and
+    /// the owner's answer will never come: the request may be sent again.
+    Closed(String),
+}
+
+/// Whether `e` says the connection closed before any part of the response arrived (the
+/// request written, or being written, into a connection the other end closed).
+fn closed_unanswered(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && h.is_incomplete_message()
+        {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionAborted
+            )
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// One request to hand to its owner.
@@ -115,6 +146,12 @@ pub async fn forward(
             return Err(ForwardError::Unreachable(format!(
                 "router replica {} ({}): {e}",
                 member.name, member.url
+            )));
+        }
+        Ok(Err(e)) if closed_unanswered(&e) => {
+            return Err(ForwardError::Closed(format!(
+                "router replica {} closed the connection without an answer: {e}",
+                member.name
             )));
         }
         Ok(Err(e)) => {

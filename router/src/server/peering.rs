@@ -203,6 +203,8 @@ pub(super) async fn to_owner(
     // replica's order serves it (the one a departing member handed its Programs to), this
     // replica when that is itself.
     let mut passed: Vec<&str> = Vec::new();
+    // The member whose connection closed without an answer, sent the request once more.
+    let mut resent: Option<&str> = None;
     while let Some(owner) = peers.next_owner(root, Instant::now(), &passed) {
         let handoff = crate::peers::Handoff {
             method: req.method.clone(),
@@ -227,6 +229,18 @@ pub(super) async fn to_owner(
                 count("unreachable");
                 tracing::warn!(error = %why, "Program owner unreachable; trying the next owner");
                 passed.push(owner.name.as_str());
+            }
+            Err(crate::peers::ForwardError::Closed(why)) => {
+                // Once more to the same member (on another connection: a replica that is stopping
+                // declines it or refuses the connection, and then the next owner serves it);
+                // a second time, the next owner serves it.
+                count("closed");
+                tracing::warn!(error = %why, "Program owner closed the connection unanswered");
+                if resent == Some(owner.name.as_str()) {
+                    passed.push(owner.name.as_str());
+                } else {
+                    resent = Some(owner.name.as_str());
+                }
             }
         }
     }

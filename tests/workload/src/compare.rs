@@ -214,7 +214,7 @@ pub struct RunResult {
     /// Router processes started for the run (a rolling update starts more than it ends with).
     pub router_replicas: usize,
     /// With `peers`: Program hand-overs (`handover:claimed|given|pushed|adopted`) and forwards
-    /// (`forward:forwarded|received|unreachable|failed`) counted by every replica.
+    /// (`forward:forwarded|received|unreachable|closed|failed`) counted by every replica.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub peer_counts: BTreeMap<String, f64>,
     /// Turns served per Program (status 200): every run of one comparison must serve the same,
@@ -624,8 +624,9 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         Variant::PrRollCold => (2, Some(false)),
         _ => (1, None),
     };
-    let mut fleet = crate::fleet::Fleet::start(&bin, args, health, replicas, peers)
-        .map_err(|e| format!("{v:?}: {e}"))?;
+    let mut fleet =
+        crate::fleet::Fleet::start(&format!("{v:?}"), &bin, args, health, replicas, peers)
+            .map_err(|e| format!("{v:?}: {e}"))?;
     let endpoints = Endpoints::new(fleet.urls());
     let cfg = ReplayConfig {
         endpoints: endpoints.clone(),

@@ -40,6 +40,8 @@ struct PeersFile {
 
 /// The router replicas of one run.
 pub(crate) struct Fleet {
+    /// Names the run in log file names.
+    label: String,
     bin: PathBuf,
     /// Flags every replica gets; each also gets its own ports (and with peers, `--config` and
     /// `--peer-name`).
@@ -52,6 +54,27 @@ pub(crate) struct Fleet {
     started: usize,
 }
 
+/// A directory: when set, each replica's output goes to `<dir>/<variant>-<replica>.log`
+/// (otherwise it is discarded).
+pub const LOG_DIR_ENV: &str = "PROGBENCH_ROUTER_LOGS";
+
+/// Starts `bin` with its output appended to `log`.
+fn spawn_logged(bin: &Path, args: &[String], log: &Path) -> Result<Child, String> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+    let err = file.try_clone().map_err(|e| e.to_string())?;
+    Command::new(bin)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))
+}
+
 /// How long a replica may take to become ready, and one told to stop to exit.
 const READY_SECS: f64 = 60.0;
 const EXIT_SECS: f64 = 60.0;
@@ -60,6 +83,7 @@ impl Fleet {
     /// Starts `n` replicas of `bin` with `args`; with `peers` (`Some(hand_over)`), they are
     /// each other's peers as `r1`, `r2`, …
     pub fn start(
+        label: &str,
         bin: &Path,
         args: Vec<String>,
         health: &'static str,
@@ -67,6 +91,7 @@ impl Fleet {
         peers: Option<bool>,
     ) -> Result<Fleet, String> {
         let mut f = Fleet {
+            label: label.to_string(),
             bin: bin.to_path_buf(),
             args,
             health,
@@ -116,7 +141,14 @@ impl Fleet {
                 name.clone(),
             ]);
         }
-        let child = spawn(&self.bin, &args)?;
+        let child = match std::env::var_os(LOG_DIR_ENV) {
+            Some(dir) => spawn_logged(
+                &self.bin,
+                &args,
+                &Path::new(&dir).join(format!("{}-{name}.log", self.label)),
+            )?,
+            None => spawn(&self.bin, &args)?,
+        };
         self.started += 1;
         let mut r = Replica {
             name,

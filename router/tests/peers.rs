@@ -882,6 +882,61 @@ async fn an_owner_that_closes_the_connection_unanswered_gets_the_request_once_mo
     assert!(programs(&c, &a, &[]).await.contains(p), "a, the next owner");
 }
 
+/// A request on its own client connection to `addr`: (status, body).
+async fn on_own_connection(addr: std::net::SocketAddr, body: String) -> (u16, String) {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let req = hyper::Request::post(CHAT)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("request");
+    let resp = send.send_request(req).await.expect("response head");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_in_flight_outlives_the_drain_of_the_io_thread_that_opened_its_connection() {
+    // A connection to a peer is driven by the I/O thread whose request opened it, and any
+    // thread's request may reuse it. When the router stops, a thread with nothing in flight
+    // drains at once; its connections must keep running until every thread has drained.
+    // Which thread serves a client connection is up to the kernel: several rounds.
+    for round in 0..4 {
+        let (_s, mut a, b) = pair_on(&["--time-scale", "5"], |c| c.io_threads = Some(2)).await;
+        let theirs = owned_elsewhere(&a, 2);
+        let quick = program_body(&theirs[0], false);
+        // Idle client connections whose requests left one connection to b in a's pool.
+        for _ in 0..3 {
+            let (status, text) = on_own_connection(a.server.addr, quick.clone()).await;
+            assert_eq!(status, 200, "{text}");
+        }
+        let slow = json!({
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "a long answer"}],
+            "max_tokens": 400,
+            "ignore_eos": true,
+            "vllm_xargs": {"agentic_context": {"program_id": theirs[1]}},
+        })
+        .to_string();
+        let in_flight = tokio::spawn(on_own_connection(a.server.addr, slow));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        a.server.stop();
+        let (status, text) = in_flight.await.expect("task");
+        assert_eq!(status, 200, "round {round}: {text}");
+        assert!(
+            text.contains("\"completion_tokens\":400"),
+            "round {round}: {text}"
+        );
+        drop(b);
+    }
+}
+
 #[tokio::test]
 async fn without_hand_over_a_moved_program_is_bound_afresh() {
     let (_s, a, b, c3) = four_rank_trio(false).await;

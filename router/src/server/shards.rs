@@ -158,9 +158,20 @@ pub(super) async fn serve(
         }
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Every shard's runtime runs until all have drained: connections of the shared peer client
+    // are driven by the runtime that opened them, and a request still in flight on another
+    // shard may be using one.
+    let (finished_tx, finished_rx) = tokio::sync::watch::channel(false);
     let mut shards = Vec::new();
     for (i, handoff) in handoffs(n).into_iter().enumerate() {
-        match spawn_shard(i, &state, &shared, handoff, stop_rx.clone()) {
+        match spawn_shard(
+            i,
+            &state,
+            &shared,
+            handoff,
+            stop_rx.clone(),
+            finished_rx.clone(),
+        ) {
             Ok(done) => shards.push(done),
             Err(e) => tracing::error!(shard = i, error = %e, "cannot start an I/O thread"),
         }
@@ -181,15 +192,18 @@ pub(super) async fn serve(
     for done in shards {
         let _ = done.await;
     }
+    let _ = finished_tx.send(true);
 }
 
-/// Starts I/O shard `i` on its own thread; the receiver resolves when it has drained.
+/// Starts I/O shard `i` on its own thread; the receiver resolves when it has drained. Its
+/// runtime (and every connection task on it) then runs on until `finished`.
 fn spawn_shard(
     i: usize,
     state: &Arc<RouterState>,
     shared: &std::net::TcpListener,
     handoff: Handoff,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    mut finished: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
     let listener = shared.try_clone()?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -213,8 +227,9 @@ fn spawn_shard(
                         tracing::error!(shard = i, error = %e, "cannot serve the API listener")
                     }
                 }
+                let _ = done_tx.send(());
+                let _ = finished.wait_for(|f| *f).await;
             });
-            let _ = done_tx.send(());
         })?;
     Ok(done_rx)
 }

@@ -821,17 +821,14 @@ async fn a_request_the_owner_declines_goes_to_the_next_owner_which_holds_the_pro
     );
 }
 
-#[tokio::test]
-async fn an_owner_that_closes_the_connection_unanswered_gets_the_request_once_more_then_the_next_owner()
- {
-    // "router-b" reads every request and closes the connection without a byte of answer (a
-    // replica closing its idle connections as it stops, or dying mid-request).
+/// A member that reads every request and closes the connection without a byte of answer (a
+/// replica closing its idle connections as it stops, or dying mid-request); counts the Program
+/// requests it got (not the hand-over asks).
+async fn closing_member(seen: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let fake = format!("http://{}", listener.local_addr().expect("addr"));
-    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = seen.clone();
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
     tokio::spawn(async move {
         use tokio::io::AsyncReadExt;
         while let Ok((mut conn, _)) = listener.accept().await {
@@ -843,43 +840,96 @@ async fn an_owner_that_closes_the_connection_unanswered_gets_the_request_once_mo
                     Ok(n) => got.extend_from_slice(&buf[..n]),
                 }
             }
-            // The Program's request, not the hand-over ask a makes before binding it itself.
             if got.starts_with(format!("POST {CHAT} ").as_bytes()) {
-                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             drop(conn);
         }
     });
+    url
+}
+
+#[tokio::test]
+async fn an_owner_that_closes_the_connection_unanswered_gets_the_request_once_more_then_the_next_owner()
+ {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let s = sim(&["--time-scale", "50"]).await;
     let a = router(RouterConfig {
         program_scheduling: Some(ProgramSchedulingConfig::default()),
         ..workers(&[s.base()], 1)
     })
     .await;
+    // Three members that close every connection unanswered, beside a.
+    let seen: Vec<std::sync::Arc<AtomicUsize>> = (0..3).map(|_| Default::default()).collect();
+    let mut members = vec![PeerMember {
+        name: "router-a".into(),
+        url: a.server.base(),
+    }];
+    for (i, n) in seen.iter().enumerate() {
+        members.push(PeerMember {
+            name: format!("closing-{i}"),
+            url: closing_member(n.clone()).await,
+        });
+    }
     let mut cfg = a.state.applied.load().config.clone();
     cfg.peers = Some(PeersConfig {
         self_name: Some("router-a".into()),
-        members: vec![
-            PeerMember {
-                name: "router-a".into(),
-                url: a.server.base(),
-            },
-            PeerMember {
-                name: "router-b".into(),
-                url: fake,
-            },
-        ],
+        members,
         ..Default::default()
     });
     assert!(a.state.apply(cfg).expect("applied"));
+    let peers = a.state.applied.load().peers.clone().expect("peers");
+    let now = std::time::Instant::now();
+    // In p's order a comes after two closing members (one try each plus one more), and in q's
+    // after all three: q is forwarded four times, the most, and then served by a.
+    let order = |p: &str| {
+        let mut passed: Vec<String> = Vec::new();
+        while let Some(m) = peers.next_owner(
+            p,
+            now,
+            &passed.iter().map(String::as_str).collect::<Vec<_>>(),
+        ) {
+            passed.push(m.name.clone());
+        }
+        passed
+    };
+    let pick = |n: usize| {
+        (0..5000)
+            .map(|i| format!("p{i}"))
+            .find(|p| order(p).len() == n)
+            .expect("such a Program")
+    };
     let c = client();
-    let p = &owned_elsewhere(&a, 1)[0];
-    let resp = post(&c, &a.url(CHAT), &program_body(p, false)).await;
+    let total = |seen: &[std::sync::Arc<AtomicUsize>]| -> usize {
+        seen.iter().map(|n| n.load(Ordering::SeqCst)).sum()
+    };
+    let p = pick(2);
+    let resp = post(&c, &a.url(CHAT), &program_body(&p, false)).await;
     assert_eq!(resp.status, 200, "{}", resp.text());
-    assert_eq!(forwards(&c, &a, "closed").await, 2.0, "sent twice to b");
-    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(
+        forwards(&c, &a, "closed").await,
+        4.0,
+        "twice to each of two"
+    );
+    assert_eq!(total(&seen), 4);
+    assert!(
+        programs(&c, &a, &[]).await.contains(&p),
+        "a, the next owner"
+    );
+    let q = pick(3);
+    let resp = post(&c, &a.url(CHAT), &program_body(&q, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(
+        forwards(&c, &a, "closed").await,
+        8.0,
+        "four more, then no more"
+    );
+    assert_eq!(total(&seen), 8);
+    assert!(
+        programs(&c, &a, &[]).await.contains(&q),
+        "served where it landed"
+    );
     assert_eq!(forwards(&c, &a, "failed").await, 0.0);
-    assert!(programs(&c, &a, &[]).await.contains(p), "a, the next owner");
 }
 
 /// A request on its own client connection to `addr`: (status, body).

@@ -166,6 +166,10 @@ pub(super) enum Owner {
     Here(Option<crate::limit::Place>),
 }
 
+/// Forwards of one request tried at most (to its owner, then the next owners) before this
+/// replica serves it itself.
+const MAX_FORWARD_ATTEMPTS: usize = 4;
+
 /// Hands a request of Program `id` to the replica that owns its tree, unless that is this one.
 pub(super) async fn to_owner(
     state: &RouterState,
@@ -205,7 +209,13 @@ pub(super) async fn to_owner(
     let mut passed: Vec<&str> = Vec::new();
     // The member whose connection closed without an answer, sent the request once more.
     let mut resent: Option<&str> = None;
+    let mut attempts = 0;
     while let Some(owner) = peers.next_owner(root, Instant::now(), &passed) {
+        // Members that all fail in turn (a partition): serve it here rather than wait on each.
+        attempts += 1;
+        if attempts > MAX_FORWARD_ATTEMPTS {
+            break;
+        }
         let handoff = crate::peers::Handoff {
             method: req.method.clone(),
             path_and_query: req.path_and_query,

@@ -214,7 +214,9 @@ pub struct RunResult {
     /// Router processes started for the run (a rolling update starts more than it ends with).
     pub router_replicas: usize,
     /// With `peers`: Program hand-overs (`handover:claimed|given|pushed|adopted`) and forwards
-    /// (`forward:forwarded|received|unreachable|closed|failed`) counted by every replica.
+    /// (`forward:forwarded|received|unreachable|closed|failed`) counted by every replica; a
+    /// replica that left during the run as last read, every 50 ms until it exited (what it
+    /// counted in its last moments may be missing: compare `pushed` with `adopted`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub peer_counts: BTreeMap<String, f64>,
     /// Turns served per Program (status 200): every run of one comparison must serve the same,
@@ -460,11 +462,32 @@ fn sample(
 }
 
 pub(crate) fn spawn(bin: &Path, args: &[String]) -> Result<Child, String> {
+    spawn_logged(bin, args, None)
+}
+
+/// Starts `bin` with its output appended to `log`, or discarded without one.
+pub(crate) fn spawn_logged(
+    bin: &Path,
+    args: &[String],
+    log: Option<&Path>,
+) -> Result<Child, String> {
+    let (out, err) = match log {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            let copy = file.try_clone().map_err(|e| e.to_string())?;
+            (Stdio::from(file), Stdio::from(copy))
+        }
+        None => (Stdio::null(), Stdio::null()),
+    };
     Command::new(bin)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(out)
+        .stderr(err)
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", bin.display()))
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use crate::compare::{free_port, get, spawn, wait_ok};
+use crate::compare::{free_port, get, spawn_logged, wait_ok};
 use crate::replay::Endpoints;
 
 /// One router process.
@@ -57,23 +57,6 @@ pub(crate) struct Fleet {
 /// A directory: when set, each replica's output goes to `<dir>/<variant>-<replica>.log`
 /// (otherwise it is discarded).
 pub const LOG_DIR_ENV: &str = "PROGBENCH_ROUTER_LOGS";
-
-/// Starts `bin` with its output appended to `log`.
-fn spawn_logged(bin: &Path, args: &[String], log: &Path) -> Result<Child, String> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
-    let err = file.try_clone().map_err(|e| e.to_string())?;
-    Command::new(bin)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(file)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", bin.display()))
-}
 
 /// How long a replica may take to become ready, and one told to stop to exit.
 const READY_SECS: f64 = 60.0;
@@ -141,14 +124,9 @@ impl Fleet {
                 name.clone(),
             ]);
         }
-        let child = match std::env::var_os(LOG_DIR_ENV) {
-            Some(dir) => spawn_logged(
-                &self.bin,
-                &args,
-                &Path::new(&dir).join(format!("{}-{name}.log", self.label)),
-            )?,
-            None => spawn(&self.bin, &args)?,
-        };
+        let log = std::env::var_os(LOG_DIR_ENV)
+            .map(|dir| Path::new(&dir).join(format!("{}-{name}.log", self.label)));
+        let child = spawn_logged(&self.bin, &args, log.as_deref())?;
         self.started += 1;
         let mut r = Replica {
             name,

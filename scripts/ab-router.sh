@@ -18,9 +18,7 @@ cargo build --release --locked -q -p vllm-sim
 declare -A bin=([A]=$old_bin [B]=$new_bin) port pid
 . scripts/bench-lib.sh
 lua=$(chat_lua)
-sim_port=$(free_port)
-"$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
-wait_up "http://127.0.0.1:$sim_port/health"
+start_instant_sim
 for n in A B; do
   p=$(free_port); q=$(free_port)
   "${bin[$n]}" --port "$p" --prometheus-port "$q" --worker-urls "http://127.0.0.1:$sim_port" \

@@ -21,9 +21,7 @@ cargo build --release --locked -q -p vllm-sim -p program-router
 tmp=$(mktemp -d)
 lua=$(program_lua '"new-" .. run .. "-" .. n')
 
-sim_port=$(free_port)
-"$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
-wait_up "http://127.0.0.1:$sim_port/health"
+start_instant_sim
 
 # Starts a fresh pair with this retention (A listens on $a_port); `stop_pair` stops it.
 pair_pids=()
@@ -52,14 +50,9 @@ stop_pair() {
 trap 'stop_pair; cleanup' EXIT
 
 run() { # label conns retention
-  local out
   start_pair "$3"
-  out=$(wrk -t1 -c"$2" -d"$DURATION" --latency -s "$lua" "http://127.0.0.1:$a_port/v1/chat/completions")
+  wrk_line "$1" "$2" "http://127.0.0.1:$a_port/v1/chat/completions"
   stop_pair
-  echo "$out" | grep -qE "Non-2xx|Socket errors" && { echo "$1: errors during the run:" >&2; echo "$out" >&2; exit 1; }
-  printf '%s\tc=%s\t%s req/s\tp50 %s\tp99 %s\n' "$1" "$2" \
-    "$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
-    "$(echo "$out" | awk '$1=="50%" {print $2}')" "$(echo "$out" | awk '$1=="99%" {print $2}')"
 }
 
 for round in $(seq 1 "$ROUNDS"); do

@@ -1,11 +1,31 @@
-# Shared by the router benchmarks (sourced): free loopback ports, waiting for a URL, the wrk body
-# (a 1-token chat completion) and stopping every process a script started.
+# Shared by the router benchmarks (sourced): free loopback ports, waiting for a URL, an instant
+# simulator, the wrk bodies (1-token chat completions), one wrk run as one line, and stopping
+# every process a script started.
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_up() { for _ in $(seq 1 100); do curl -fs "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not up: $1" >&2; exit 1; }
+
+# Starts vllm-sim from "$target/release" with --instant (steps take no time) on a free port,
+# sets $sim_port and waits for its /health; it stops with the script.
+start_instant_sim() {
+  sim_port=$(free_port)
+  "$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
+  wait_up "http://127.0.0.1:$sim_port/health"
+}
+
+# One wrk run (one thread, $DURATION, the script $lua) printed as one line: label, connections,
+# requests/s, p50, p99. A run with errors stops the script with wrk's output.
+wrk_line() { # label conns url
+  local out
+  out=$(wrk -t1 -c"$2" -d"$DURATION" --latency -s "$lua" "$3")
+  echo "$out" | grep -qE "Non-2xx|Socket errors" && { echo "$1: errors during the run:" >&2; echo "$out" >&2; exit 1; }
+  printf '%s\tc=%s\t%s req/s\tp50 %s\tp99 %s\n' "$1" "$2" \
+    "$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
+    "$(echo "$out" | awk '$1=="50%" {print $2}')" "$(echo "$out" | awk '$1=="99%" {print $2}')"
+}
 
 # The wrk script: POST a 1-token chat completion (removed by the caller's end of run).
 chat_lua() {

@@ -18,9 +18,7 @@ cargo build --release --locked -q -p vllm-sim -p program-router
 tmp=$(mktemp -d)
 lua=$(program_lua '"bench-" .. (n % 1000)')
 
-sim_port=$(free_port)
-"$target/release/vllm-sim" --port "$sim_port" --instant --log-level warn >/dev/null 2>&1 & pids+=($!)
-wait_up "http://127.0.0.1:$sim_port/health"
+start_instant_sim
 
 a_port=$(free_port); b_port=$(free_port); a_prom=$(free_port); b_prom=$(free_port)
 config() { # peers-json
@@ -54,12 +52,7 @@ set_peers() { # on|off
 }
 
 run() { # label conns
-  local out
-  out=$(wrk -t1 -c"$2" -d"$DURATION" --latency -s "$lua" "http://127.0.0.1:$a_port/v1/chat/completions")
-  echo "$out" | grep -qE "Non-2xx|Socket errors" && { echo "$1: errors during the run:" >&2; echo "$out" >&2; exit 1; }
-  printf '%s\tc=%s\t%s req/s\tp50 %s\tp99 %s\n' "$1" "$2" \
-    "$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
-    "$(echo "$out" | awk '$1=="50%" {print $2}')" "$(echo "$out" | awk '$1=="99%" {print $2}')"
+  wrk_line "$1" "$2" "http://127.0.0.1:$a_port/v1/chat/completions"
 }
 
 for round in $(seq 1 "$ROUNDS"); do

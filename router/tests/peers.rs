@@ -903,32 +903,18 @@ async fn an_owner_that_closes_the_connection_unanswered_gets_the_request_once_mo
     let total = |seen: &[std::sync::Arc<AtomicUsize>]| -> usize {
         seen.iter().map(|n| n.load(Ordering::SeqCst)).sum()
     };
-    let p = pick(2);
-    let resp = post(&c, &a.url(CHAT), &program_body(&p, false)).await;
-    assert_eq!(resp.status, 200, "{}", resp.text());
-    assert_eq!(
-        forwards(&c, &a, "closed").await,
-        4.0,
-        "twice to each of two"
-    );
-    assert_eq!(total(&seen), 4);
-    assert!(
-        programs(&c, &a, &[]).await.contains(&p),
-        "a, the next owner"
-    );
-    let q = pick(3);
-    let resp = post(&c, &a.url(CHAT), &program_body(&q, false)).await;
-    assert_eq!(resp.status, 200, "{}", resp.text());
-    assert_eq!(
-        forwards(&c, &a, "closed").await,
-        8.0,
-        "four more, then no more"
-    );
-    assert_eq!(total(&seen), 8);
-    assert!(
-        programs(&c, &a, &[]).await.contains(&q),
-        "served where it landed"
-    );
+    // p: twice to each of two closing members, then a. q: twice to each of two, then no
+    // more (four forwards in all), so a serves it where it landed.
+    for (program, closed) in [(pick(2), 4), (pick(3), 8)] {
+        let resp = post(&c, &a.url(CHAT), &program_body(&program, false)).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(forwards(&c, &a, "closed").await, closed as f64, "{program}");
+        assert_eq!(total(&seen), closed, "{program}");
+        assert!(
+            programs(&c, &a, &[]).await.contains(&program),
+            "{program} on a"
+        );
+    }
     assert_eq!(forwards(&c, &a, "failed").await, 0.0);
 }
 

@@ -155,6 +155,14 @@ pub async fn run(
         .await;
 }
 
+/// Milliseconds since the Unix epoch (the member list's revision, see
+/// [`crate::render::number_members`]).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 fn key(ps: &ProgramScheduling) -> String {
     format!("{}/{}", ps.namespace().unwrap_or_default(), ps.name_any())
 }
@@ -238,9 +246,21 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
         .filter_map(|p| Some((p.metadata.name.clone()?, crate::routers::ready_ip(p)?)))
         .collect();
 
-    // Render; on failure the last good config stays.
+    // Render; on failure the last good config stays. The member list is numbered against the
+    // one the ConfigMap holds now, so that the routers can tell which of two lists is newer.
+    let cm_api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let name = objects::router_name(ps);
+    let current = cm_api.get_opt(&name).await?;
     let rendered = match &workers {
-        Ok((_, targets)) => render(&ps.spec, targets.clone(), &peers).map_err(|e| e.to_string()),
+        Ok((_, targets)) => render(&ps.spec, targets.clone(), &peers)
+            .map(|mut cfg| {
+                let previous = current
+                    .as_ref()
+                    .and_then(|c| c.data.as_ref()?.get(objects::CONFIG_KEY));
+                crate::render::number_members(&mut cfg, previous.map(String::as_str), now_ms());
+                cfg
+            })
+            .map_err(|e| e.to_string()),
         Err(e) => Err(format!("workers: {e}")),
     };
     let render_error = match (&rendered, &workers) {
@@ -251,19 +271,21 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
     apply::<ServiceAccount>(ctx, &ns, objects::service_account(ps)).await?;
     apply::<Service>(ctx, &ns, objects::service(ps)).await?;
     apply::<PodDisruptionBudget>(ctx, &ns, objects::pod_disruption_budget(ps)).await?;
-    let cm_api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let name = objects::router_name(ps);
     let (desired_hash, desired_settings) = match &rendered {
         Ok(cfg) => {
             let file = ConfigFile::new(cfg)?;
-            apply::<ConfigMap>(ctx, &ns, objects::config_map(ps, &file)).await?;
+            apply_over::<ConfigMap>(ctx, &ns, objects::config_map(ps, &file), current.as_ref())
+                .await?;
             apply::<Deployment>(ctx, &ns, objects::deployment(ps, cfg)).await?;
             (Some(file.hash), Some(file.settings))
         }
         Err(e) => {
             tracing::warn!(resource = %key(ps), error = %e, "keeping the last good router config");
-            let cm = cm_api.get_opt(&name).await?;
-            let annotation = |k: &str| cm.as_ref().and_then(|c| c.annotations().get(k).cloned());
+            let annotation = |k: &str| {
+                current
+                    .as_ref()
+                    .and_then(|c| c.annotations().get(k).cloned())
+            };
             (
                 annotation(objects::CONFIG_HASH),
                 annotation(objects::SETTINGS_HASH),
@@ -402,9 +424,25 @@ where
 {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
     let name = desired["metadata"]["name"].as_str().unwrap_or_default();
+    let live = api.get_opt(name).await?;
+    apply_over(ctx, ns, desired, live.as_ref()).await
+}
+
+/// [`apply`] when the live object (`None`: absent) was just read.
+async fn apply_over<K>(
+    ctx: &Context,
+    ns: &str,
+    desired: serde_json::Value,
+    live: Option<&K>,
+) -> Result<bool, Error>
+where
+    K: Owned + Resource<Scope = NamespaceResourceScope> + serde::Serialize + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    let name = desired["metadata"]["name"].as_str().unwrap_or_default();
     let want = desired["metadata"]["annotations"][objects::APPLIED_HASH].as_str();
-    if let Some(live) = api.get_opt(name).await?
-        && objects::applied_hash(&live) == want
+    if let Some(live) = live
+        && objects::applied_hash(live) == want
     {
         return Ok(false);
     }

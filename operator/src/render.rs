@@ -105,6 +105,28 @@ fn peers(routers: &[(String, String)], port: u16) -> PeersConfig {
     }
 }
 
+/// Numbers the member list of `cfg` (`peers.revision`), so that the router replicas can tell a
+/// newer list from an older one while the ConfigMap reaches their pods one at a time:
+/// `previous` is the config file the ConfigMap holds now. The same members keep its revision (an
+/// unchanged list writes nothing); another list gets a higher one — the time in milliseconds,
+/// or one more than the previous revision when that is higher, so a re-created ConfigMap or
+/// another operator replica still numbers upwards while clocks agree.
+pub fn number_members(cfg: &mut RouterConfig, previous: Option<&str>, now_ms: u64) {
+    let Some(peers) = cfg.peers.as_mut() else {
+        return;
+    };
+    let prev: Option<serde_json::Value> = previous.and_then(|p| serde_json::from_str(p).ok());
+    let prev = prev.as_ref().map(|v| &v["peers"]);
+    let prev_revision = prev.and_then(|p| p["revision"].as_u64());
+    let same =
+        prev.is_some_and(|p| serde_json::to_value(&peers.members).is_ok_and(|m| p["members"] == m));
+    peers.revision = match prev_revision {
+        Some(r) if same => Some(r),
+        Some(r) => Some(now_ms.max(r.saturating_add(1))),
+        None => Some(now_ms),
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,5 +316,66 @@ mod tests {
             with(2, true, false).is_some(),
             "without Program scheduling the replicas still share quota use and response homes"
         );
+    }
+
+    #[test]
+    fn a_changed_member_list_gets_a_higher_revision_and_an_unchanged_one_keeps_it() {
+        let s = spec(
+            RouterSpec {
+                replicas: 2,
+                ..Default::default()
+            },
+            None,
+        );
+        let pods = |names: &[&str]| -> Vec<(String, String)> {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.to_string(), format!("10.0.0.{i}")))
+                .collect()
+        };
+        let numbered = |names: &[&str], previous: Option<&str>, now: u64| {
+            let mut cfg = render(&s, vec![w(0)], &pods(names)).expect("valid");
+            number_members(&mut cfg, previous, now);
+            cfg
+        };
+        let revision = |c: &RouterConfig| c.peers.as_ref().and_then(|p| p.revision);
+        let file = |c: &RouterConfig| serde_json::to_string_pretty(c).expect("json");
+
+        let first = numbered(&["a", "b"], None, 1_000);
+        assert_eq!(revision(&first), Some(1_000), "a first list: the time");
+        let same = numbered(&["a", "b"], Some(&file(&first)), 5_000);
+        assert_eq!(revision(&same), Some(1_000), "same members, same revision");
+        assert_eq!(
+            file(&same),
+            file(&first),
+            "so the ConfigMap does not change"
+        );
+        let joined = numbered(&["a", "b", "c"], Some(&file(&first)), 5_000);
+        assert_eq!(revision(&joined), Some(5_000));
+        // A clock behind the previous revision still numbers upwards.
+        let left = numbered(&["a", "c"], Some(&file(&joined)), 4_000);
+        assert_eq!(revision(&left), Some(5_001));
+        // A ConfigMap written before revisions existed, or unreadable: the time.
+        let mut old = first.clone();
+        if let Some(p) = old.peers.as_mut() {
+            p.revision = None;
+        }
+        assert_eq!(
+            revision(&numbered(&["a", "b"], Some(&file(&old)), 7)),
+            Some(7)
+        );
+        assert_eq!(
+            revision(&numbered(&["a", "b"], Some("{not json"), 8)),
+            Some(8)
+        );
+        // No peers, nothing to number.
+        let one = RouterSpec {
+            replicas: 1,
+            ..Default::default()
+        };
+        let mut single = render(&spec(one, None), vec![w(0)], &pods(&["a"])).expect("valid");
+        number_members(&mut single, Some(&file(&first)), 9);
+        assert_eq!(single.peers, None);
     }
 }

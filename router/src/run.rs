@@ -78,6 +78,7 @@ impl Bound {
         tokio::spawn(observation_loop(state.clone()));
         tokio::spawn(crate::auth::dir_loop(state.clone()));
         tokio::spawn(crate::peers::usage_loop(state.clone()));
+        tokio::spawn(crate::peers::gossip::member_list_loop(state.clone()));
         if let Some(path) = state.flags.config.clone() {
             let st = state.clone();
             let mut stop = state.stop_rx();

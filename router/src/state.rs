@@ -145,6 +145,12 @@ pub struct RouterState {
     /// content last applied (or accepted as unchanged); the operator compares them with the
     /// ConfigMap it rendered.
     pub file_hash: Mutex<Option<(String, String)>>,
+    /// The member that the `peers` member list in force was read from, when it was not the
+    /// config file's ([`crate::peers::gossip`]).
+    peer_list_source: Mutex<Option<String>>,
+    /// Held by whoever reads the applied configuration to apply a changed one (the file reload,
+    /// a member list read from a peer), so that neither undoes the other.
+    config_writer: Mutex<()>,
     /// Which server stored each Responses API response the router relayed.
     pub response_homes: crate::proxy::stored::ResponseHomes,
     /// The keys of `client_api_keys_dir`, when the applied configuration names one.
@@ -220,6 +226,8 @@ impl RouterState {
             flags,
             source,
             file_hash: Mutex::new(None),
+            peer_list_source: Mutex::new(None),
+            config_writer: Mutex::new(()),
             client_dir: ArcSwapOption::new(client_dir),
             response_homes: Default::default(),
             stop,
@@ -355,9 +363,19 @@ impl RouterState {
     /// Reloads from new file content: parse, merge the start-up flags, validate, apply. On error
     /// the applied configuration stays and the error is kept for `/status`.
     pub fn reload(&self, bytes: &[u8]) -> Result<bool, ConfigError> {
+        let _one_writer = self.config_writer();
         let result = crate::config::cli::parse_config(bytes)
             .and_then(|file| self.flags.effective(Some(file)))
-            .and_then(|c| self.apply(c));
+            .and_then(|mut c| {
+                // A member list read from a peer stays until the file's revision reaches it.
+                let kept =
+                    crate::peers::gossip::keep_newer_members(&mut c, &self.applied.load().config);
+                let applied = self.apply(c)?;
+                if !kept {
+                    self.set_peer_list_source(None);
+                }
+                Ok(applied)
+            });
         let mut err = self
             .last_reload_error
             .lock()
@@ -450,6 +468,29 @@ impl RouterState {
             }
         };
         self.client_dir.store(Some(Arc::new(next)));
+    }
+
+    /// Serializes the read-modify-apply of the configuration (file reloads, member lists read
+    /// from peers).
+    pub fn config_writer(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.config_writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records where the `peers` member list in force came from: `Some(member)` when it was
+    /// read from that member, `None` when it is the config file's.
+    pub fn set_peer_list_source(&self, member: Option<String>) {
+        *self
+            .peer_list_source
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = member;
+    }
+
+    /// The member the `peers` member list in force was read from (`None`: the config file).
+    pub fn peer_list_source(&self) -> Option<String> {
+        self.peer_list_source
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Records the content of the config file now in force.

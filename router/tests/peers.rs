@@ -68,6 +68,7 @@ fn join_all(rs: &[(&Router, &str)], hand_over: bool) {
             members: members.clone(),
             unreachable_backoff_secs: 30.0,
             hand_over,
+            revision: None,
         });
         cfg.validate().expect("valid");
         assert!(r.state.apply(cfg).expect("applied"));
@@ -534,6 +535,173 @@ async fn a_tenant_quota_holds_across_the_replicas() {
     assert_eq!(get(&c, &alone.url("/peers/usage")).await.status, 404);
 }
 
+/// Gives `r` (named `me`) the member list `members` with `revision` (a hot reload).
+fn set_list(r: &Router, me: &str, members: &[(&Router, &str)], revision: u64) {
+    let mut cfg = r.state.applied.load().config.clone();
+    cfg.peers = Some(PeersConfig {
+        self_name: Some(me.into()),
+        members: members
+            .iter()
+            .map(|(m, name)| PeerMember {
+                name: (*name).into(),
+                url: m.server.base(),
+            })
+            .collect(),
+        unreachable_backoff_secs: 30.0,
+        revision: Some(revision),
+        ..Default::default()
+    });
+    cfg.validate().expect("valid");
+    assert!(r.state.apply(cfg).expect("applied"));
+}
+
+/// The revision and member names `r` has in force, as its `/status` says.
+async fn list_of(c: &HttpClient, r: &Router) -> (serde_json::Value, serde_json::Value) {
+    let st = get(c, &r.url("/status")).await.json();
+    (
+        st["peers"]["revision"].clone(),
+        st["peers"]["members"].clone(),
+    )
+}
+
+async fn member_lists(c: &HttpClient, r: &Router, outcome: &str) -> f64 {
+    peer_metric(
+        c,
+        r,
+        "program_router_peer_member_lists_total",
+        ("outcome", outcome),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_replica_with_an_older_member_list_takes_the_newer_one_from_a_peer_that_has_it() {
+    // A third replica c joined: a's copy of the file has the new list (revision 2), b's and c's
+    // copies have not arrived yet.
+    let s = sim(&["--time-scale", "50"]).await;
+    let base = RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        ..workers(&[s.base()], 1)
+    };
+    let (a, b, r3) = (
+        router(base.clone()).await,
+        router(base.clone()).await,
+        router(base).await,
+    );
+    let all = [(&a, "router-a"), (&b, "router-b"), (&r3, "router-c")];
+    set_list(&a, "router-a", &all, 2);
+    set_list(&b, "router-b", &all[..2], 1);
+    set_list(&r3, "router-c", &[all[0], all[2]], 1);
+    let c = client();
+    let names = json!(["router-a", "router-b", "router-c"]);
+
+    // A request a forwards to b tells b of revision 2: b reads a's list.
+    let view = a.state.applied.load().peers.clone().expect("peers");
+    let now = std::time::Instant::now();
+    let to_b = (0..1000)
+        .map(|i| format!("p{i}"))
+        .find(|p| view.owner(p, now).is_some_and(|m| m.name == "router-b"))
+        .expect("b owns some");
+    let resp = post(&c, &a.url(CHAT), &program_body(&to_b, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert!(
+        eventually(5.0, || async {
+            list_of(&c, &b).await == (json!(2), names.clone())
+        })
+        .await,
+        "{:?}",
+        list_of(&c, &b).await
+    );
+    let st = get(&c, &b.url("/status")).await.json();
+    assert_eq!(st["peers"]["members_from"], "router-a", "{st}");
+    assert_eq!(member_lists(&c, &b, "adopted").await, 1.0);
+
+    // c's list has only a and c: a's answer to what c forwards tells c of revision 2.
+    let view = r3.state.applied.load().peers.clone().expect("peers");
+    let to_a = (0..1000)
+        .map(|i| format!("q{i}"))
+        .find(|p| view.owner(p, now).is_some())
+        .expect("a owns some");
+    let resp = post(&c, &r3.url(CHAT), &program_body(&to_a, false)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert!(
+        eventually(5.0, || async {
+            list_of(&c, &r3).await == (json!(2), names.clone())
+        })
+        .await,
+        "{:?}",
+        list_of(&c, &r3).await
+    );
+    assert_eq!(member_lists(&c, &r3, "adopted").await, 1.0);
+    assert_eq!(member_lists(&c, &a, "adopted").await, 0.0, "a's was newest");
+
+    // c's own copy of the file arrives late, still at revision 1 with another setting changed:
+    // the setting is taken, the newer member list stays.
+    let mut file = r3.state.applied.load().config.clone();
+    if let Some(p) = file.peers.as_mut() {
+        p.members.retain(|m| m.name != "router-b");
+        p.revision = Some(1);
+    }
+    file.limits.request_timeout_secs = 123.0;
+    let bytes = serde_json::to_vec(&file).expect("json");
+    assert!(r3.state.reload(&bytes).expect("reloaded"));
+    assert_eq!(list_of(&c, &r3).await, (json!(2), names.clone()));
+    let applied = r3.state.applied.load();
+    assert_eq!(applied.config.limits.request_timeout_secs, 123.0);
+    let st = get(&c, &r3.url("/status")).await.json();
+    assert_eq!(st["peers"]["members_from"], "router-a", "{st}");
+    // Revision 2 arrives: the file's list is in force again.
+    if let Some(p) = file.peers.as_mut() {
+        p.members = applied
+            .config
+            .peers
+            .as_ref()
+            .expect("peers")
+            .members
+            .clone();
+        p.revision = Some(2);
+    }
+    let bytes = serde_json::to_vec(&file).expect("json");
+    r3.state.reload(&bytes).expect("reloaded");
+    let st = get(&c, &r3.url("/status")).await.json();
+    assert_eq!(st["peers"]["members_from"], json!(null), "{st}");
+    assert_eq!(st["peers"]["revision"], 2, "{st}");
+
+    // A claim of a higher revision is checked with the member named: a has 2, so nothing
+    // changes; one from a name that is not a member is not followed at all.
+    let claim = |sender: &'static str| {
+        let (c, url) = (c.clone(), r3.url("/v1/models"));
+        async move {
+            let headers = [
+                ("x-program-router-peer", sender),
+                ("x-program-router-peer-to", "router-c"),
+                ("x-program-router-peer-revision", "99"),
+            ];
+            let resp = send(&c, "GET", &url, "", &headers).await;
+            assert_eq!(resp.status, 200, "{}", resp.text());
+            assert_eq!(
+                resp.headers
+                    .get("x-program-router-peer-revision")
+                    .and_then(|v| v.to_str().ok()),
+                Some("2"),
+                "an answer to a peer says which list answered"
+            );
+        }
+    };
+    claim("router-a").await;
+    assert!(
+        eventually(2.0, || async {
+            member_lists(&c, &r3, "stale").await == 1.0
+        })
+        .await
+    );
+    claim("stranger").await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(member_lists(&c, &r3, "stale").await, 1.0, "not read");
+    assert_eq!(member_lists(&c, &r3, "error").await, 0.0);
+    assert_eq!(list_of(&c, &r3).await, (json!(2), names));
+}
+
 #[tokio::test]
 async fn the_usage_endpoint_needs_the_workers_key_when_one_is_set() {
     let s = sim(&["--time-scale", "50", "--api-key", "worker"]).await;
@@ -555,6 +723,18 @@ async fn the_usage_endpoint_needs_the_workers_key_when_one_is_set() {
     .await;
     assert_eq!(ok.status, 200);
     assert!(ok.json()["tenants"].is_object());
+    // The member list likewise.
+    assert_eq!(get(&c, &r.url("/peers/members")).await.status, 401);
+    let ok = send(
+        &c,
+        "GET",
+        &r.url("/peers/members"),
+        "",
+        &[("authorization", "Bearer worker")],
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.json(), json!({"revision": null, "members": []}));
 }
 
 #[tokio::test]

@@ -273,16 +273,14 @@ stringData: {search-team: sk-search-1}
             let cm = cms.get("fleet-router").await.ok()?;
             let cfg: program_router::config::RouterConfig =
                 serde_json::from_str(cm.data?.get("config.json")?).ok()?;
-            let m: Vec<(String, String)> = cfg
-                .peers?
-                .members
-                .into_iter()
-                .map(|m| (m.name, m.url))
-                .collect();
-            (m.len() == 2).then_some(m)
+            let peers = cfg.peers?;
+            let m: Vec<(String, String)> =
+                peers.members.into_iter().map(|m| (m.name, m.url)).collect();
+            (m.len() == 2).then_some((m, peers.revision?))
         })
         .await
-        .expect("both router pods become peers");
+        .expect("both router pods become peers, the list numbered");
+        let (members, first_revision) = members;
         let want: Vec<(String, String)> = routers
             .iter()
             .map(|(name, ip)| (name.clone(), format!("http://{ip}:{router_port}")))
@@ -681,9 +679,15 @@ stringData: {search-team: sk-search-2, docs-team: sk-docs}
             let cm = cms.get("fleet-router").await.ok()?;
             let cfg: program_router::config::RouterConfig =
                 serde_json::from_str(cm.data?.get("config.json")?).ok()?;
-            let members: Vec<String> = cfg.peers?.members.into_iter().map(|m| m.name).collect();
+            let peers = cfg.peers?;
+            let members: Vec<String> = peers.members.into_iter().map(|m| m.name).collect();
             let names: Vec<String> = now.iter().map(|(n, _)| n.clone()).collect();
-            (now.len() == 2 && !names.contains(&gone) && members == names).then_some(names)
+            // Each change of the list numbers it higher, so routers tell a newer list apart.
+            (now.len() == 2
+                && !names.contains(&gone)
+                && members == names
+                && peers.revision > Some(first_revision))
+            .then_some(names)
         })
         .await;
         assert!(

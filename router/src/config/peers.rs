@@ -35,6 +35,13 @@ pub struct PeersConfig {
     /// owner when shutting down, so that it keeps the rank that holds its KV. Off: a moved
     /// Program is bound afresh by its new owner.
     pub hand_over: bool,
+    /// Which member list this is: a later list has a higher revision (the operator sets one
+    /// whenever the list changes). Replicas tell each other their revision on every request
+    /// between them, and one that hears of a higher revision reads that member's list at once
+    /// instead of waiting for its own copy of this file (a ConfigMap volume reaches each pod up
+    /// to a minute apart); a file with a lower revision than the list in force does not replace
+    /// its members. Absent: lists are not shared.
+    pub revision: Option<u64>,
 }
 
 /// One router replica.
@@ -54,6 +61,7 @@ impl Default for PeersConfig {
             members: Vec::new(),
             unreachable_backoff_secs: 5.0,
             hand_over: true,
+            revision: None,
         }
     }
 }

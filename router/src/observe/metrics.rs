@@ -34,6 +34,9 @@ pub struct Metrics {
     pub peer_usage_reads: IntCounterVec,
     /// Programs handed between router replicas when their owner changed (`peers`), by event.
     pub peer_handovers: IntCounterVec,
+    /// Member lists read from another replica that told of a newer revision (`peers`), by
+    /// outcome.
+    pub peer_member_lists: IntCounterVec,
     routes: Vec<(&'static str, RouteMetrics)>,
 }
 
@@ -203,6 +206,15 @@ impl Metrics {
                      shutting down (pushed), or taken from a replica shutting down (adopted)."
                 ),
                 &["event"]
+            )?),
+            peer_member_lists: reg!(IntCounterVec::new(
+                Opts::new(
+                    "program_router_peer_member_lists_total",
+                    "Member lists read from another router replica that told of a newer revision \
+                     than the one in force: applied (adopted), no longer newer when read (stale), \
+                     or unreadable or invalid (error)."
+                ),
+                &["outcome"]
             )?),
             routes: Vec::new(),
             registry,

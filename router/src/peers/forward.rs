@@ -160,31 +160,34 @@ pub async fn forward(
                 member.name
             ))));
         }
-        Ok(Ok(r))
-            if r.status() == http::StatusCode::SERVICE_UNAVAILABLE
-                && r.headers().contains_key(&DECLINED) =>
-        {
-            // Declined before anyone did anything with it (the owner is shutting down, or the
-            // address now belongs to another replica): safe to serve here, and its Programs go
-            // to the next owner for a while.
-            peers.mark_down(member);
-            return Err(ForwardError::Unreachable(format!(
-                "router replica {} declined: {:?}",
-                member.name,
-                r.headers().get(&DECLINED)
-            )));
-        }
-        Ok(Ok(r)) if !member.answered(r.headers()) => {
-            // Something else answers at the member's address; it may have acted on the request,
-            // so it is not sent again.
-            peers.mark_down(member);
-            return Err(ForwardError::Failed(ApiError::upstream(format!(
-                "{} did not answer as router replica {}",
-                member.url, member.name
-            ))));
-        }
         Ok(Ok(r)) => r,
     };
+    if member.answered(resp.headers()) {
+        // The member's answer says which member list it has.
+        peers.hear(&member.name, resp.headers());
+    }
+    if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE
+        && resp.headers().contains_key(&DECLINED)
+    {
+        // Declined before anyone did anything with it (the owner is shutting down, or the
+        // address now belongs to another replica): safe to serve here, and its Programs go to
+        // the next owner for a while.
+        peers.mark_down(member);
+        return Err(ForwardError::Unreachable(format!(
+            "router replica {} declined: {:?}",
+            member.name,
+            resp.headers().get(&DECLINED)
+        )));
+    }
+    if !member.answered(resp.headers()) {
+        // Something else answers at the member's address; it may have acted on the request, so
+        // it is not sent again.
+        peers.mark_down(member);
+        return Err(ForwardError::Failed(ApiError::upstream(format!(
+            "{} did not answer as router replica {}",
+            member.url, member.name
+        ))));
+    }
     let (mut parts, body) = resp.into_parts();
     let mut headers = HeaderMap::with_capacity(parts.headers.len());
     crate::proxy::copy_end_to_end(&parts.headers, &mut headers);

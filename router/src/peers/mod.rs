@@ -11,6 +11,7 @@
 
 pub mod exchange;
 pub mod forward;
+pub mod gossip;
 pub mod handover;
 
 use std::sync::Mutex;
@@ -79,6 +80,9 @@ impl Member {
             sender.unwrap_or(HeaderValue::from_static("unnamed")),
         );
         h.insert(ADDRESSED_TO.clone(), self.header.clone());
+        if let Some(r) = &peers.revision_header {
+            h.insert(gossip::REVISION.clone(), r.clone());
+        }
     }
 
     /// Whether an answer with headers `h` came from this member itself.
@@ -113,6 +117,12 @@ pub struct Peers {
     /// Whether this replica asks for moved Programs and gives its own away when it stops
     /// ([`PeersConfig::hand_over`]).
     pub hand_over: bool,
+    /// Which member list this is ([`PeersConfig::revision`]), and as a header value.
+    pub revision: Option<u64>,
+    revision_header: Option<HeaderValue>,
+    /// Higher revisions heard from members, for [`gossip::member_list_loop`]; carried over
+    /// from the previous list.
+    pub(crate) heard: std::sync::Arc<gossip::Heard>,
 }
 
 impl Peers {
@@ -165,7 +175,31 @@ impl Peers {
             usage_errors: Mutex::default(),
             changed_at,
             hand_over: cfg.hand_over,
+            revision: cfg.revision,
+            revision_header: cfg.revision.map(HeaderValue::from),
+            heard: prev.map(|p| p.heard.clone()).unwrap_or_default(),
         }
+    }
+
+    /// A request from, or an answer of, member `from` with headers `h`: when it tells of a
+    /// higher member-list revision than this one, that member's list is read
+    /// ([`gossip::member_list_loop`]). Only members of this list are read from, and only when
+    /// this list has a revision.
+    pub fn hear(&self, from: &str, h: &HeaderMap) {
+        let (Some(mine), Some(theirs)) = (self.revision, gossip::revision_in(h)) else {
+            return;
+        };
+        if theirs > mine
+            && self.self_name.as_deref() != Some(from)
+            && self.members.iter().any(|m| m.name == from)
+        {
+            self.heard.offer(theirs, from);
+        }
+    }
+
+    /// This list's revision as a header value, for answers to peers.
+    pub fn revision_header(&self) -> Option<HeaderValue> {
+        self.revision_header.clone()
     }
 
     /// Whether Programs may have moved here from other replicas within the last `window`: the
@@ -335,6 +369,7 @@ async fn call_json(
         if !m.answered(resp.headers()) {
             return Err(format!("{} did not answer as {}", m.url, m.name));
         }
+        peers.hear(&m.name, resp.headers());
         let status = resp.status();
         let body = resp
             .into_body()

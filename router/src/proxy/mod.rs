@@ -145,6 +145,7 @@ fn upstream_request(
             && k != DP_RANK
             && k != crate::peers::FORWARDED_BY
             && k != crate::peers::ADDRESSED_TO
+            && k != crate::peers::gossip::REVISION
             && !connection_scoped.contains(k)
             && !(checked && (k == header::AUTHORIZATION || k == crate::auth::X_API_KEY))
         {
@@ -441,6 +442,10 @@ mod tests {
             HeaderValue::from_static("router-b"),
         );
         h.insert(
+            crate::peers::gossip::REVISION.clone(),
+            HeaderValue::from_static("7"),
+        );
+        h.insert(
             header::AUTHORIZATION,
             HeaderValue::from_static("Bearer team"),
         );
@@ -468,6 +473,10 @@ mod tests {
         let got = req.headers();
         assert!(got.get(&crate::peers::FORWARDED_BY).is_none(), "{got:?}");
         assert!(got.get(&crate::peers::ADDRESSED_TO).is_none(), "{got:?}");
+        assert!(
+            got.get(&crate::peers::gossip::REVISION).is_none(),
+            "{got:?}"
+        );
         assert_eq!(got[header::AUTHORIZATION], "Bearer worker");
         assert_eq!(got["x-custom"], "kept");
         assert_eq!(got[&DP_RANK], "2");

@@ -280,6 +280,13 @@ async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Bod
         tracing::info_span!("request", id = ?request_id, method = %req.method(), path = %path);
     // A request from another replica gets this replica's name on its answer (`peers`).
     let from_peer = req.headers().contains_key(&crate::peers::FORWARDED_BY);
+    if let Some(sender) = req.headers().get(&crate::peers::FORWARDED_BY)
+        && let Ok(sender) = sender.to_str()
+        && let Some(peers) = state.applied.load().peers.as_ref()
+    {
+        // A sender with a newer member list: this replica reads it.
+        peers.hear(sender, req.headers());
+    }
     async move {
         let route = route_label(req.method(), &path);
         state.metrics.route(route).requests.inc();
@@ -302,11 +309,16 @@ async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Bod
             }
         };
         resp.headers_mut().insert("x-request-id", request_id);
-        if from_peer
-            && let Some(name) = state.applied.load().peers.as_ref().and_then(|p| p.answer_header())
-        {
-            resp.headers_mut()
-                .insert(crate::peers::ANSWERED_BY.clone(), name);
+        if from_peer && let Some(peers) = state.applied.load().peers.as_ref() {
+            if let Some(name) = peers.answer_header() {
+                resp.headers_mut()
+                    .insert(crate::peers::ANSWERED_BY.clone(), name);
+            }
+            // Which member list answered, so that a sender with an older one reads this one.
+            if let Some(r) = peers.revision_header() {
+                resp.headers_mut()
+                    .insert(crate::peers::gossip::REVISION.clone(), r);
+            }
         }
         resp
     }

@@ -41,6 +41,13 @@ pub(super) fn endpoint(
             &crate::peers::usage_document(&applied),
         ));
     }
+    if path == "/peers/members" {
+        // The member list in force and its revision, for a replica whose list is older.
+        return Ok(json(
+            StatusCode::OK,
+            &crate::peers::gossip::members_document(&applied),
+        ));
+    }
     if let Some(id) = path.strip_prefix("/peers/response-home/") {
         // Which worker stored a Responses API response this replica relayed.
         let url = state.response_homes.get(id);

@@ -64,6 +64,10 @@ pub fn status(state: &RouterState) -> Value {
     let peers = applied.peers.as_ref().map(|p| {
         json!({ "self_name": p.self_name, "member": p.is_member(),
                 "members": p.members.iter().map(|m| &m.name).collect::<Vec<_>>(),
+                "revision": p.revision,
+                // `null`: the config file's list; a name: read from that member, whose list
+                // was newer than this replica's copy of the file.
+                "members_from": state.peer_list_source(),
                 "unreachable": p.down_members(),
                 "usage_errors": p.usage_errors(),
                 "forwarding": applied.program.is_some() })

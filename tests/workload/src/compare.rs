@@ -56,6 +56,16 @@ pub enum Variant {
     /// The same rolling update with `peers.hand_over: false`: a moved Program is bound afresh by
     /// its new owner. Not in the default set.
     PrRollCold,
+    /// `pr-roll` with each member list reaching each replica after its own delay, uniform up to
+    /// a minute of workload time (a ConfigMap volume's kubelet sync; a new replica starts with
+    /// the list that does not name it yet), the lists numbered as the operator renders them
+    /// (`peers.revision`), so replicas take a newer list from each other. Not in the default
+    /// set.
+    PrRollSkew,
+    /// The same skewed delivery with unnumbered lists: each replica waits for its own copy, and
+    /// replicas that disagree about the members split Programs between them meanwhile. Not in
+    /// the default set.
+    PrRollSkewNorev,
     /// vllm-router 0.1.17, consistent_hash.
     VrHash,
     /// vllm-router 0.1.17 with --enable-program-scheduling.
@@ -219,6 +229,11 @@ pub struct RunResult {
     /// counted in its last moments may be missing: compare `pushed` with `adopted`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub peer_counts: BTreeMap<String, f64>,
+    /// The skewed rolling variants: for each member-list change, the workload seconds between
+    /// the first and the last staying replica taking it (`None`: one did not within twice the
+    /// delivery's longest delay).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub member_spreads: Vec<Option<f64>>,
     /// Turns served per Program (status 200): every run of one comparison must serve the same,
     /// and the oracle is computed over exactly these.
     #[serde(skip)]
@@ -256,6 +271,7 @@ impl RunResult {
             wall_seconds: 0.0,
             router_replicas: 0,
             peer_counts: BTreeMap::new(),
+            member_spreads: Vec::new(),
             served: Default::default(),
             series: Series::default(),
         }
@@ -641,15 +657,35 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     };
     // The replicas: two behind a load balancer without affinity for the multi-replica variants
     // (each other's peers except in `pr-split2`), one otherwise.
+    let together = |hand_over| crate::fleet::PeerSetup {
+        hand_over,
+        numbered: true,
+        skew: None,
+    };
+    let skewed = |numbered| crate::fleet::PeerSetup {
+        hand_over: true,
+        numbered,
+        skew: Some(Duration::from_secs_f64(KUBELET_SYNC_SECS / s.time_scale)),
+    };
     let (replicas, peers) = match v {
         Variant::PrSplit2 => (2, None),
-        Variant::PrPeers2 | Variant::PrRoll => (2, Some(true)),
-        Variant::PrRollCold => (2, Some(false)),
+        Variant::PrPeers2 | Variant::PrRoll => (2, Some(together(true))),
+        Variant::PrRollCold => (2, Some(together(false))),
+        Variant::PrRollSkew => (2, Some(skewed(true))),
+        Variant::PrRollSkewNorev => (2, Some(skewed(false))),
         _ => (1, None),
     };
-    let mut fleet =
-        crate::fleet::Fleet::start(&format!("{v:?}"), &bin, args, health, replicas, peers)
-            .map_err(|e| format!("{v:?}: {e}"))?;
+    // The same delivery delays for every variant (a paired comparison).
+    let mut fleet = crate::fleet::Fleet::start(
+        &format!("{v:?}"),
+        &bin,
+        args,
+        health,
+        replicas,
+        peers,
+        SKEW_SEED,
+    )
+    .map_err(|e| format!("{v:?}: {e}"))?;
     let endpoints = Endpoints::new(fleet.urls());
     let cfg = ReplayConfig {
         endpoints: endpoints.clone(),
@@ -672,7 +708,10 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     };
     let replay_started = Instant::now();
     // The rolling variants replace every replica while the Programs arrive.
-    let roll_at = if matches!(v, Variant::PrRoll | Variant::PrRollCold) {
+    let roll_at = if matches!(
+        v,
+        Variant::PrRoll | Variant::PrRollCold | Variant::PrRollSkew | Variant::PrRollSkewNorev
+    ) {
         roll_times(turns, s.time_scale, replicas)
     } else {
         Vec::new()
@@ -705,6 +744,11 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
             for (metric, label, prefix) in [
                 ("program_router_peer_handovers_total", "event", "handover"),
                 ("program_router_peer_forwards_total", "outcome", "forward"),
+                (
+                    "program_router_peer_member_lists_total",
+                    "outcome",
+                    "members",
+                ),
             ] {
                 for (k, n) in crate::fleet::by_label(&text, metric, &[label]) {
                     *r.peer_counts.entry(format!("{prefix}:{k}")).or_default() += n;
@@ -713,6 +757,11 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         }
     }
     r.router_replicas = fleet.started();
+    r.member_spreads = fleet
+        .member_spreads()
+        .into_iter()
+        .map(|w| w.map(|secs| secs * s.time_scale))
+        .collect();
     r.program_admissions = admissions(&t);
     r.force_resumes = sum_of(&t, &["force_resume"]);
     r.segment_yields = sum_of(&t, &["max_segment_yield", "segment_yield"]);
@@ -787,6 +836,14 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     }
     Ok(())
 }
+
+/// The longest a changed member list takes to reach a router replica in the skewed rolling
+/// variants, in workload seconds: the kubelet's default sync period, after which a ConfigMap
+/// volume has the new content.
+const KUBELET_SYNC_SECS: f64 = 60.0;
+
+/// Seeds the delivery delays of the skewed rolling variants.
+const SKEW_SEED: u64 = 1;
 
 /// When a rolling update replaces each of `replicas` router replicas, as wall-clock offsets from
 /// the replay's start: evenly over the second half of the Programs' arrivals, when the most

@@ -8,7 +8,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
 
 use crate::compare::{free_port, get, spawn_logged, wait_ok};
 use crate::replay::Endpoints;
@@ -31,11 +35,92 @@ impl Replica {
     }
 }
 
-/// The `peers` file every replica of a fleet reads (`--config`), rewritten as members come and
-/// go; the replicas pick a change up by their config hot reload.
-struct PeersFile {
-    path: PathBuf,
-    hand_over: bool,
+/// How the replicas of a fleet are made each other's `peers`.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerSetup {
+    /// `peers.hand_over`.
+    pub hand_over: bool,
+    /// Whether each member list carries a `peers.revision` (as the operator renders it), so
+    /// that replicas take a newer list from each other.
+    pub numbered: bool,
+    /// `None`: a changed member list reaches every replica at once, and the fleet waits until
+    /// each has taken it. `Some(d)`: as a ConfigMap volume does, each replica's copy arrives
+    /// after its own delay, uniform in 0..d (the kubelet's sync period), and nobody waits.
+    pub skew: Option<Duration>,
+}
+
+/// The member list "ConfigMap" and each replica's copy of it: one `--config` file per replica,
+/// rewritten atomically (as a ConfigMap volume swaps its files) with the latest list when that
+/// replica's delivery falls due; the replicas pick a change up by their config hot reload.
+struct PeersFiles {
+    dir: PathBuf,
+    setup: PeerSetup,
+    /// The latest list's document and revision, and the revision each replica's file has.
+    state: Arc<Mutex<Published>>,
+    rng: rand::rngs::StdRng,
+    /// Set when the fleet is dropped: deliveries still due are not made.
+    stop: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct Published {
+    doc: String,
+    revision: u64,
+    written: BTreeMap<String, u64>,
+}
+
+impl PeersFiles {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.json"))
+    }
+
+    /// A new list: revision one higher; each live replica's copy arrives now or after its delay.
+    fn publish(&mut self, members: &[(String, String)], live: &[String]) -> Result<(), String> {
+        let list: Vec<serde_json::Value> = members
+            .iter()
+            .map(|(name, url)| serde_json::json!({"name": name, "url": url}))
+            .collect();
+        {
+            let mut st = self.state.lock().map_err(|_| "peers files poisoned")?;
+            st.revision += 1;
+            let mut peers = serde_json::json!({"members": list, "hand_over": self.setup.hand_over});
+            if self.setup.numbered {
+                peers["revision"] = serde_json::json!(st.revision);
+            }
+            st.doc = serde_json::json!({ "peers": peers }).to_string();
+        }
+        for name in live {
+            match self.setup.skew {
+                None => deliver(&self.state, &self.path(name), name)?,
+                Some(max) => {
+                    let delay = max.mul_f64(self.rng.random::<f64>());
+                    let (state, path, name) = (self.state.clone(), self.path(name), name.clone());
+                    let stop = self.stop.clone();
+                    std::thread::spawn(move || {
+                        std::thread::sleep(delay);
+                        if !stop.load(Ordering::Relaxed) {
+                            let _ = deliver(&state, &path, &name);
+                        }
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes the latest list to `name`'s file at `path` unless that file already has it.
+fn deliver(state: &Mutex<Published>, path: &Path, name: &str) -> Result<(), String> {
+    let mut st = state.lock().map_err(|_| "peers files poisoned")?;
+    if st.written.get(name).is_some_and(|r| *r >= st.revision) {
+        return Ok(());
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, &st.doc).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, path).map_err(|e| e.to_string())?;
+    let revision = st.revision;
+    st.written.insert(name.to_string(), revision);
+    Ok(())
 }
 
 /// The router replicas of one run.
@@ -47,11 +132,17 @@ pub(crate) struct Fleet {
     /// `--peer-name`).
     args: Vec<String>,
     health: &'static str,
-    peers: Option<PeersFile>,
+    peers: Option<PeersFiles>,
     live: Vec<Replica>,
     /// Exposition text of each replica that left, as last read before it exited.
     retired: Vec<String>,
     started: usize,
+    /// With a skewed delivery: one watcher per member-list change, measuring how far apart
+    /// the replicas took it.
+    watchers: Vec<std::thread::JoinHandle<Option<f64>>>,
+    /// Every member list published, in order, names sorted (a replica may skip a list that a
+    /// later one replaced before its copy arrived).
+    lists: Arc<Mutex<Vec<Vec<String>>>>,
 }
 
 /// A directory: when set, each replica's output goes to `<dir>/<variant>-<replica>.log`
@@ -63,45 +154,65 @@ const READY_SECS: f64 = 60.0;
 const EXIT_SECS: f64 = 60.0;
 
 impl Fleet {
-    /// Starts `n` replicas of `bin` with `args`; with `peers` (`Some(hand_over)`), they are
-    /// each other's peers as `r1`, `r2`, …
+    /// Starts `n` replicas of `bin` with `args`; with `peers`, they are each other's peers as
+    /// `r1`, `r2`, … (`seed` draws the delays of a skewed delivery).
     pub fn start(
         label: &str,
         bin: &Path,
         args: Vec<String>,
         health: &'static str,
         n: usize,
-        peers: Option<bool>,
+        peers: Option<PeerSetup>,
+        seed: u64,
     ) -> Result<Fleet, String> {
+        let peers = match peers {
+            None => None,
+            Some(setup) => {
+                let dir = std::env::temp_dir().join(format!(
+                    "progbench-peers-{}-{}",
+                    std::process::id(),
+                    free_port()?
+                ));
+                std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                Some(PeersFiles {
+                    dir,
+                    setup,
+                    state: Arc::default(),
+                    rng: rand::rngs::StdRng::seed_from_u64(seed),
+                    stop: Arc::default(),
+                })
+            }
+        };
         let mut f = Fleet {
             label: label.to_string(),
             bin: bin.to_path_buf(),
             args,
             health,
-            peers: peers.map(|hand_over| PeersFile {
-                path: std::env::temp_dir().join(format!(
-                    "progbench-peers-{}-{}.json",
-                    std::process::id(),
-                    free_port().unwrap_or(0)
-                )),
-                hand_over,
-            }),
+            peers,
             live: Vec::new(),
             retired: Vec::new(),
             started: 0,
+            watchers: Vec::new(),
+            lists: Arc::default(),
         };
         let names: Vec<String> = (1..=n).map(|i| format!("r{i}")).collect();
         let ports = names
             .iter()
             .map(|_| Ok((free_port()?, free_port()?)))
             .collect::<Result<Vec<_>, String>>()?;
-        f.write_members(
-            &names
+        // The first list reaches every replica before it starts (the pods of a new Deployment
+        // mount the ConfigMap as it is).
+        if let Some(p) = &mut f.peers {
+            let members: Vec<(String, String)> = names
                 .iter()
                 .zip(&ports)
                 .map(|(name, (port, _))| (name.clone(), url_of(*port)))
-                .collect::<Vec<_>>(),
-        )?;
+                .collect();
+            let skew = p.setup.skew.take();
+            let published = p.publish(&members, &names);
+            p.setup.skew = skew;
+            published?;
+        }
         for (name, (port, prom)) in names.into_iter().zip(ports) {
             f.spawn_replica(name, port, prom)?;
         }
@@ -117,9 +228,12 @@ impl Fleet {
             prom.to_string(),
         ]);
         if let Some(p) = &self.peers {
+            // A new pod mounts the ConfigMap as it is now (which does not list it yet).
+            let path = p.path(&name);
+            deliver(&p.state, &path, &name)?;
             args.extend([
                 "--config".into(),
-                p.path.display().to_string(),
+                path.display().to_string(),
                 "--peer-name".into(),
                 name.clone(),
             ]);
@@ -143,19 +257,46 @@ impl Fleet {
         Ok(())
     }
 
-    /// Writes the member list (atomically, as a ConfigMap volume swaps its files).
-    fn write_members(&self, members: &[(String, String)]) -> Result<(), String> {
-        let Some(p) = &self.peers else {
+    /// Publishes the live replicas as the member list (as the operator does from its Ready
+    /// router pods); without skew, waits until every live replica has taken it, with skew,
+    /// watches how far apart the replicas in `staying` take it.
+    fn publish_members(&mut self, staying: &[usize]) -> Result<(), String> {
+        let members = self.members();
+        let names: Vec<String> = members.iter().map(|m| m.0.clone()).collect();
+        let Some(p) = &mut self.peers else {
             return Ok(());
         };
-        let list: Vec<serde_json::Value> = members
-            .iter()
-            .map(|(name, url)| serde_json::json!({"name": name, "url": url}))
-            .collect();
-        let doc = serde_json::json!({"peers": {"members": list, "hand_over": p.hand_over}});
-        let tmp = p.path.with_extension("tmp");
-        std::fs::write(&tmp, doc.to_string()).map_err(|e| e.to_string())?;
-        std::fs::rename(&tmp, &p.path).map_err(|e| e.to_string())
+        p.publish(&members, &names)?;
+        let index = {
+            let mut lists = self.lists.lock().map_err(|_| "member lists poisoned")?;
+            let mut sorted = names.clone();
+            sorted.sort();
+            lists.push(sorted);
+            lists.len() - 1
+        };
+        match p.setup.skew {
+            None => self.wait_members(&names)?,
+            Some(max) => {
+                let urls: Vec<String> = staying.iter().map(|i| self.live[*i].url.clone()).collect();
+                // Long enough for the last copy to arrive by itself.
+                let limit = max.mul_f64(2.0) + Duration::from_secs(5);
+                let lists = self.lists.clone();
+                self.watchers.push(std::thread::spawn(move || {
+                    spread(&urls, &lists, index, limit)
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// For each member-list change of a skewed delivery, in order: the wall seconds between the
+    /// first and the last of the replicas that stayed taking it (`None`: one had not taken it
+    /// within twice the delivery's longest delay).
+    pub fn member_spreads(&mut self) -> Vec<Option<f64>> {
+        self.watchers
+            .drain(..)
+            .map(|w| w.join().ok().flatten())
+            .collect()
     }
 
     /// Waits until every live replica's `/status` lists exactly `names` as its members.
@@ -165,16 +306,7 @@ impl Fleet {
         let deadline = Instant::now() + Duration::from_secs(10);
         for r in &self.live {
             loop {
-                let got = get(&format!("{}/status", r.url)).and_then(|(_, body)| {
-                    let v: serde_json::Value = serde_json::from_str(json_part(&body)).ok()?;
-                    let mut m: Vec<String> = v["peers"]["members"]
-                        .as_array()?
-                        .iter()
-                        .filter_map(|x| x.as_str().map(String::from))
-                        .collect();
-                    m.sort();
-                    Some(m)
-                });
+                let got = members_at(&r.url);
                 if got.as_ref() == Some(&want) {
                     break;
                 }
@@ -203,25 +335,22 @@ impl Fleet {
     }
 
     /// Replaces live replica `old` as a Deployment's rolling update does (one extra pod, none
-    /// unavailable): a new replica joins the members and the load balancer, then `old` leaves
-    /// the load balancer, is told to stop (SIGTERM: it hands its Programs over and drains), and
-    /// leaves the members once it has exited.
+    /// unavailable): a new replica starts (with the member list as it is), joins the members
+    /// once ready and then the load balancer; then `old` leaves the load balancer, is told to
+    /// stop (SIGTERM: it hands its Programs over and drains), and leaves the members once it has
+    /// exited. With a skewed delivery the replicas take each new list at their own time.
     pub fn replace(&mut self, old: usize, endpoints: &Endpoints) -> Result<(), String> {
         let name = format!("r{}", self.started + 1);
         let (port, prom) = (free_port()?, free_port()?);
-        let mut members = self.members();
-        members.push((name.clone(), url_of(port)));
-        self.write_members(&members)?;
         self.spawn_replica(name, port, prom)?;
-        let names: Vec<String> = members.iter().map(|m| m.0.clone()).collect();
-        self.wait_members(&names)?;
+        let staying: Vec<usize> = (0..self.live.len()).filter(|i| *i != old).collect();
+        self.publish_members(&staying)?;
         let gone = self.live.remove(old);
         endpoints.set(self.urls());
         let retired = self.stop_gracefully(gone)?;
         self.retired.push(retired);
-        self.write_members(&self.members())?;
-        let names: Vec<String> = self.live.iter().map(|r| r.name.clone()).collect();
-        self.wait_members(&names)
+        let all: Vec<usize> = (0..self.live.len()).collect();
+        self.publish_members(&all)
     }
 
     /// SIGTERM, then the replica's counters read until it exits; it must exit with status 0.
@@ -289,9 +418,60 @@ impl Drop for Fleet {
             let _ = r.child.wait();
         }
         if let Some(p) = &self.peers {
-            let _ = std::fs::remove_file(&p.path);
+            p.stop.store(true, Ordering::Relaxed);
+            let _ = std::fs::remove_dir_all(&p.dir);
         }
     }
+}
+
+/// The names a replica's `/status` lists as its members, sorted.
+fn members_at(url: &str) -> Option<Vec<String>> {
+    let (_, body) = get(&format!("{url}/status"))?;
+    let v: serde_json::Value = serde_json::from_str(json_part(&body)).ok()?;
+    let mut m: Vec<String> = v["peers"]["members"]
+        .as_array()?
+        .iter()
+        .filter_map(|x| x.as_str().map(String::from))
+        .collect();
+    m.sort();
+    Some(m)
+}
+
+/// Polls the replicas at `urls` every 10 ms until each lists the members of `lists[index]` or
+/// of a later list: the wall seconds between the first and the last doing so, `None` when one
+/// had not within `limit`. A replica that stops answering has left (a later replacement) and
+/// is not waited for.
+fn spread(
+    urls: &[String],
+    lists: &Mutex<Vec<Vec<String>>>,
+    index: usize,
+    limit: Duration,
+) -> Option<f64> {
+    let start = Instant::now();
+    // Per replica: not yet, took it at, or left.
+    let mut took: Vec<Option<Option<Instant>>> = vec![None; urls.len()];
+    while start.elapsed() < limit {
+        for (url, t) in urls.iter().zip(took.iter_mut()) {
+            if t.is_some() {
+                continue;
+            }
+            match members_at(url) {
+                None => *t = Some(None),
+                Some(has) if lists.lock().ok()?.get(index..)?.contains(&has) => {
+                    *t = Some(Some(Instant::now()))
+                }
+                Some(_) => {}
+            }
+        }
+        if took.iter().all(Option::is_some) {
+            let times: Vec<Instant> = took.into_iter().flatten().flatten().collect();
+            let first = times.iter().min()?;
+            let last = times.iter().max()?;
+            return Some(last.duration_since(*first).as_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
 }
 
 fn url_of(port: u16) -> String {

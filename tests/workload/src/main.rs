@@ -531,6 +531,17 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
                 counts.join(", ")
             );
         }
+        if !r.member_spreads.is_empty() {
+            let spreads: Vec<String> = r
+                .member_spreads
+                .iter()
+                .map(|w| w.map_or("not taken".into(), |s| format!("{s:.1} s")))
+                .collect();
+            eprintln!(
+                "  each member-list change, first to last replica taking it (workload time): {}",
+                spreads.join(", ")
+            );
+        }
         results.push(r);
     }
     progbench::compare::check_comparable(&mut results);

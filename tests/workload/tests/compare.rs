@@ -45,7 +45,8 @@ async fn program_router_variants_serve_identical_work() {
     // pr-unbounded-kv: the no-KV-pressure reference (simulators sized for the whole workload).
     // pr-split2 / pr-peers2: two replicas, turns alternating between them, without and with
     // `peers`. pr-roll / pr-roll-cold: the peers replaced one by one while the Programs run,
-    // with and without hand-over.
+    // with and without hand-over; pr-roll-skew(-norev): each member list reaching each replica
+    // at its own time, numbered or not.
     let mut variants = vec![
         Variant::PrHash,
         Variant::PrProgram,
@@ -55,6 +56,8 @@ async fn program_router_variants_serve_identical_work() {
         Variant::PrPeers2,
         Variant::PrRoll,
         Variant::PrRollCold,
+        Variant::PrRollSkew,
+        Variant::PrRollSkewNorev,
     ];
     if vllm_router.is_some() {
         variants.push(Variant::VrHash);
@@ -77,7 +80,9 @@ async fn program_router_variants_serve_identical_work() {
             | Variant::PrSplit2
             | Variant::PrPeers2
             | Variant::PrRoll
-            | Variant::PrRollCold => {
+            | Variant::PrRollCold
+            | Variant::PrRollSkew
+            | Variant::PrRollSkewNorev => {
                 assert!(r.program_admissions >= 3.0, "{r:?}")
             }
             _ => assert_eq!(r.program_admissions, 0.0, "{r:?}"),
@@ -85,7 +90,10 @@ async fn program_router_variants_serve_identical_work() {
         // A rolling update starts a new replica for each one it stops, and every one that
         // stopped exited cleanly (or the run failed); without hand-over nothing is handed.
         let started = match r.variant {
-            Variant::PrRoll | Variant::PrRollCold => 4,
+            Variant::PrRoll
+            | Variant::PrRollCold
+            | Variant::PrRollSkew
+            | Variant::PrRollSkewNorev => 4,
             Variant::PrSplit2 | Variant::PrPeers2 => 2,
             _ => 1,
         };
@@ -97,6 +105,14 @@ async fn program_router_variants_serve_identical_work() {
                     .all(|(k, n)| !k.starts_with("handover:") || *n == 0.0),
                 "{r:?}"
             );
+        }
+        // With a skewed delivery every member-list change (two per replacement) reached
+        // every replica that stayed, by itself or from another replica.
+        if matches!(r.variant, Variant::PrRollSkew | Variant::PrRollSkewNorev) {
+            assert_eq!(r.member_spreads.len(), 4, "{r:?}");
+            assert!(r.member_spreads.iter().all(Option::is_some), "{r:?}");
+        } else {
+            assert!(r.member_spreads.is_empty(), "{r:?}");
         }
         if matches!(r.variant, Variant::PrPeers2 | Variant::PrRoll) {
             assert!(r.peer_counts.get("forward:forwarded") > Some(&0.0), "{r:?}");

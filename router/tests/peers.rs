@@ -695,7 +695,21 @@ async fn a_replica_with_an_older_member_list_takes_the_newer_one_from_a_peer_tha
         })
         .await
     );
-    claim("stranger").await;
+    // Without the workers' key, a replica not in the list is not read from even when it says
+    // where it is.
+    let resp = send(
+        &c,
+        "GET",
+        &r3.url("/v1/models"),
+        "",
+        &[
+            ("x-program-router-peer", "stranger"),
+            ("x-program-router-peer-revision", "99"),
+            ("x-program-router-peer-url", &a.server.base()),
+        ],
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(member_lists(&c, &r3, "stale").await, 1.0, "not read");
     assert_eq!(member_lists(&c, &r3, "error").await, 0.0);
@@ -723,18 +737,90 @@ async fn the_usage_endpoint_needs_the_workers_key_when_one_is_set() {
     .await;
     assert_eq!(ok.status, 200);
     assert!(ok.json()["tenants"].is_object());
-    // The member list likewise.
-    assert_eq!(get(&c, &r.url("/peers/members")).await.status, 401);
-    let ok = send(
+    // The member list is answered to anyone (a replica not known yet cannot be sent the key):
+    // signed with the key when it has a revision.
+    let ok = get(&c, &r.url("/peers/members")).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(
+        ok.json(),
+        json!({"revision": null, "members": [], "signature": null})
+    );
+}
+
+#[tokio::test]
+async fn with_the_workers_key_a_new_replica_not_yet_listed_is_believed_for_a_signed_list() {
+    // A rolling update: a is the new pod, whose list (revision 2) already has a and b; b's copy
+    // still lists the departing pod instead (revision 1), so b does not know a.
+    let s = sim(&["--time-scale", "50", "--api-key", "worker"]).await;
+    let base = RouterConfig {
+        api_key: Some("worker".into()),
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        ..workers(&[s.base()], 1)
+    };
+    let (a, b) = (router(base.clone()).await, router(base).await);
+    let departing = router(workers(&[s.base()], 1)).await;
+    set_list(&a, "router-a", &[(&a, "router-a"), (&b, "router-b")], 2);
+    set_list(
+        &b,
+        "router-b",
+        &[(&departing, "router-old"), (&b, "router-b")],
+        1,
+    );
+    let c = client();
+    let key = [("authorization", "Bearer worker")];
+
+    // a forwards a Program b owns (in a's list) to b: b reads a's list at the URL a gives,
+    // without presenting the key, and takes it because it is signed with the key.
+    let view = a.state.applied.load().peers.clone().expect("peers");
+    let now = std::time::Instant::now();
+    let to_b = (0..1000)
+        .map(|i| format!("p{i}"))
+        .find(|p| view.owner(p, now).is_some())
+        .expect("b owns some");
+    let resp = send(&c, "POST", &a.url(CHAT), &program_body(&to_b, false), &key).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let names = json!(["router-a", "router-b"]);
+    assert!(
+        eventually(5.0, || async {
+            list_of(&c, &b).await == (json!(2), names.clone())
+        })
+        .await,
+        "{:?}",
+        list_of(&c, &b).await
+    );
+    let st = get(&c, &b.url("/status")).await.json();
+    assert_eq!(st["peers"]["members_from"], "router-a", "{st}");
+
+    // A replica with another key (another team's router, or anyone) claims a newer list: its
+    // list is read but not signed with b's key, so b keeps its own.
+    let intruder = router(RouterConfig {
+        api_key: Some("intruder".into()),
+        ..workers(&[s.base()], 1)
+    })
+    .await;
+    set_list(
+        &intruder,
+        "intruder",
+        &[(&intruder, "intruder"), (&b, "router-b")],
+        9,
+    );
+    let resp = send(
         &c,
         "GET",
-        &r.url("/peers/members"),
+        &b.url("/v1/models"),
         "",
-        &[("authorization", "Bearer worker")],
+        &[
+            ("authorization", "Bearer worker"),
+            ("x-program-router-peer", "intruder"),
+            ("x-program-router-peer-revision", "9"),
+            ("x-program-router-peer-url", &intruder.server.base()),
+        ],
     )
     .await;
-    assert_eq!(ok.status, 200);
-    assert_eq!(ok.json(), json!({"revision": null, "members": []}));
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert!(eventually(2.0, || async { member_lists(&c, &b, "error").await == 1.0 }).await);
+    assert_eq!(list_of(&c, &b).await, (json!(2), names));
+    assert_eq!(member_lists(&c, &b, "adopted").await, 1.0);
 }
 
 #[tokio::test]

@@ -6,15 +6,21 @@
 //! Program, and a Program moved by the change is scheduled by two replicas at once. So every
 //! request between replicas, and every answer to one, carries the sender's list revision
 //! ([`REVISION`]); a replica that hears of a higher revision from a member reads that member's
-//! list (`GET /peers/members`) and applies it at once. Owns the header, what was heard, the
-//! read, and the adoption; the file reload keeps a list adopted this way until the file catches
-//! up ([`keep_newer_members`]).
+//! list (`GET /peers/members`) and applies it at once. A replica that is not in this one's list
+//! yet (a new pod, whose list is ahead) is read from too, at the URL it gives
+//! ([`SENDER_URL`]), but only when the workers' `api_key` is set: such a list must carry an
+//! HMAC-SHA256 of its content under that key, which only the platform's replicas hold, so a
+//! stranger cannot hand this replica a list that sends Programs to itself. Owns the headers,
+//! what was heard, the signature, the read, and the adoption; the file reload keeps a list
+//! adopted this way until the file catches up ([`keep_newer_members`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hmac::{Hmac, Mac};
 use http::HeaderMap;
 use http::header::HeaderName;
+use sha2::Sha256;
 use tokio::sync::Notify;
 
 use crate::config::RouterConfig;
@@ -24,32 +30,83 @@ use crate::state::RouterState;
 /// The member-list revision of the replica that sent a request to a peer, or answered one.
 pub static REVISION: HeaderName = HeaderName::from_static("x-program-router-peer-revision");
 
+/// The base URL of the replica that sent a request to a peer, as its own list gives it.
+pub static SENDER_URL: HeaderName = HeaderName::from_static("x-program-router-peer-url");
+
 /// How long reading a member's list may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The highest revision heard from a member and not yet read, shared by the successive applied
-/// member lists of one router.
+/// A replica that told of a newer member list: its revision, its name, and, when it is not in
+/// this replica's list, the URL it gave.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Rumour {
+    pub revision: u64,
+    pub name: String,
+    pub url: Option<String>,
+}
+
+/// The highest revision heard from another replica and not yet read, shared by the successive
+/// applied member lists of one router.
 #[derive(Debug, Default)]
 pub struct Heard {
-    best: Mutex<Option<(u64, String)>>,
+    best: Mutex<Option<Rumour>>,
     wake: Notify,
 }
 
 impl Heard {
-    /// Notes that `member` has list `revision`, if that is higher than anything pending.
-    pub(super) fn offer(&self, revision: u64, member: &str) {
+    /// Notes `rumour`, if its revision is higher than anything pending.
+    pub(super) fn offer(&self, rumour: Rumour) {
         let Ok(mut best) = self.best.lock() else {
             return;
         };
-        if best.as_ref().is_none_or(|(r, _)| revision > *r) {
-            *best = Some((revision, member.to_string()));
+        if best.as_ref().is_none_or(|b| rumour.revision > b.revision) {
+            *best = Some(rumour);
             self.wake.notify_one();
         }
     }
 
-    fn take(&self) -> Option<(u64, String)> {
+    fn take(&self) -> Option<Rumour> {
         self.best.lock().ok().and_then(|mut b| b.take())
     }
+}
+
+/// What a member list's signature covers: its revision and members, in this form.
+fn signed_bytes(revision: u64, members: &[PeerMember]) -> Vec<u8> {
+    let mut b = format!("program-router peers v1\n{revision}\n").into_bytes();
+    // Serializing a list of plain structs cannot fail; an empty body would fail verification.
+    b.extend(serde_json::to_vec(members).unwrap_or_default());
+    b
+}
+
+fn mac(key: &str, revision: u64, members: &[PeerMember]) -> Option<Hmac<Sha256>> {
+    let mut m = Hmac::<Sha256>::new_from_slice(key.as_bytes()).ok()?;
+    m.update(&signed_bytes(revision, members));
+    Some(m)
+}
+
+/// The HMAC-SHA256 of a member list under `key`, lowercase hex.
+pub fn sign(key: &str, revision: u64, members: &[PeerMember]) -> Option<String> {
+    let tag = mac(key, revision, members)?.finalize().into_bytes();
+    Some(tag.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Whether `signature` (hex) is the HMAC-SHA256 of the list under `key` (compared in constant
+/// time).
+pub fn verify(key: &str, revision: u64, members: &[PeerMember], signature: &str) -> bool {
+    let Some(tag) = unhex(signature) else {
+        return false;
+    };
+    mac(key, revision, members).is_some_and(|m| m.verify_slice(&tag).is_ok())
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 /// The revision a request or answer from a peer carries.
@@ -57,13 +114,19 @@ pub(super) fn revision_in(h: &HeaderMap) -> Option<u64> {
     h.get(&REVISION)?.to_str().ok()?.parse().ok()
 }
 
-/// `GET /peers/members`: this replica's member list and its revision.
+/// `GET /peers/members`: this replica's member list and its revision, signed with the workers'
+/// `api_key` when one is set.
 pub fn members_document(applied: &crate::state::Applied) -> serde_json::Value {
     let p = applied.config.peers.as_ref();
-    serde_json::json!({
-        "revision": p.and_then(|p| p.revision),
-        "members": p.map(|p| p.members.as_slice()).unwrap_or_default(),
-    })
+    let (revision, members) = (
+        p.and_then(|p| p.revision),
+        p.map(|p| p.members.as_slice()).unwrap_or_default(),
+    );
+    let signature = match (&applied.config.api_key, revision) {
+        (Some(key), Some(r)) => sign(key, r, members),
+        _ => None,
+    };
+    serde_json::json!({ "revision": revision, "members": members, "signature": signature })
 }
 
 /// A file reload: when the member list in force has a higher revision than the file's (it was
@@ -92,9 +155,10 @@ pub enum Adoption {
     Stale,
 }
 
-/// Applies the member list in `doc` (a member's `/peers/members`) when its revision is higher
-/// than the one in force; this replica's own settings (`self_name`, `hand_over`, the backoff)
-/// stay.
+/// Applies the member list in `doc` (another replica's `/peers/members`) when its revision is
+/// higher than the one in force; this replica's own settings (`self_name`, `hand_over`, the
+/// backoff) stay. With the workers' `api_key` set, the list must carry its signature under
+/// that key.
 pub fn adopt(state: &RouterState, from: &str, doc: &serde_json::Value) -> Result<Adoption, String> {
     let revision = doc["revision"]
         .as_u64()
@@ -103,6 +167,12 @@ pub fn adopt(state: &RouterState, from: &str, doc: &serde_json::Value) -> Result
         serde_json::from_value(doc["members"].clone()).map_err(|e| format!("members: {e}"))?;
     let _one_writer = state.config_writer();
     let applied = state.applied.load_full();
+    if let Some(key) = &applied.config.api_key {
+        let signature = doc["signature"].as_str().unwrap_or_default();
+        if !verify(key, revision, &members, signature) {
+            return Err("the list is not signed with this replica's api_key".into());
+        }
+    }
     let Some(cur) = applied.config.peers.as_ref() else {
         return Ok(Adoption::Stale);
     };
@@ -142,21 +212,41 @@ pub async fn member_list_loop(state: Arc<RouterState>) {
         let (Some(heard), Some(peers)) = (heard, &applied.peers) else {
             continue;
         };
-        let Some((revision, from)) = heard.take() else {
+        let Some(Rumour {
+            revision,
+            name: from,
+            url,
+        }) = heard.take()
+        else {
             continue;
         };
         if peers.revision.is_none_or(|r| revision <= r) {
             continue;
         }
-        let Some(member) = peers.members.iter().find(|m| m.name == from) else {
-            continue;
+        // A member is read with the workers' key; a replica not in the list yet only when its
+        // list can be checked against that key, and without presenting it.
+        let stranger;
+        let (member, credentials) = match (
+            peers.members.iter().find(|m| m.name == from),
+            &url,
+            &applied.config.api_key,
+        ) {
+            (Some(m), _, _) => (m, super::exchange::platform(applied.authorization.clone())),
+            (None, Some(url), Some(_)) => match super::Member::stranger(&from, url) {
+                Some(m) => {
+                    stranger = m;
+                    (&stranger, HeaderMap::new())
+                }
+                None => continue,
+            },
+            _ => continue,
         };
         let outcome = match super::get_json(
             &state.peer_client,
             peers,
             member,
             "/peers/members",
-            super::exchange::platform(applied.authorization.clone()),
+            credentials,
             READ_TIMEOUT,
         )
         .await
@@ -249,16 +339,46 @@ mod tests {
         assert_eq!(names(&file), ["a", "d"]);
     }
 
+    fn rumour(revision: u64, name: &str) -> Rumour {
+        Rumour {
+            revision,
+            name: name.into(),
+            url: None,
+        }
+    }
+
     #[test]
     fn only_a_higher_revision_is_kept_as_pending() {
         let h = Heard::default();
-        h.offer(5, "b");
-        h.offer(4, "c");
-        assert_eq!(h.take(), Some((5, "b".to_string())));
+        h.offer(rumour(5, "b"));
+        h.offer(rumour(4, "c"));
+        assert_eq!(h.take(), Some(rumour(5, "b")));
         assert_eq!(h.take(), None);
-        h.offer(3, "c");
-        h.offer(9, "d");
-        assert_eq!(h.take(), Some((9, "d".to_string())));
+        h.offer(rumour(3, "c"));
+        h.offer(rumour(9, "d"));
+        assert_eq!(h.take(), Some(rumour(9, "d")));
+    }
+
+    #[test]
+    fn a_signature_holds_for_its_list_and_key_only() {
+        let members = with(&["a", "b"], None).peers.expect("peers").members;
+        let sig = sign("key", 7, &members).expect("signed");
+        assert_eq!(sig.len(), 64);
+        assert!(verify("key", 7, &members, &sig));
+        assert!(!verify("other", 7, &members, &sig), "another key");
+        assert!(!verify("key", 8, &members, &sig), "another revision");
+        let mut more = members.clone();
+        more.push(PeerMember {
+            name: "x".into(),
+            url: "http://x:1".into(),
+        });
+        assert!(!verify("key", 7, &more, &sig), "another member");
+        let mut moved = members.clone();
+        moved[1].url = "http://evil:8080".into();
+        assert!(!verify("key", 7, &moved, &sig), "another URL");
+        for bad in ["", "zz", &sig[..62], "0"] {
+            assert!(!verify("key", 7, &members, bad), "{bad:?}");
+        }
     }
 
     #[test]

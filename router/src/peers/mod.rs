@@ -83,6 +83,24 @@ impl Member {
         if let Some(r) = &peers.revision_header {
             h.insert(gossip::REVISION.clone(), r.clone());
         }
+        if let Some(u) = &peers.self_url {
+            h.insert(gossip::SENDER_URL.clone(), u.clone());
+        }
+    }
+
+    /// A replica not in this replica's list, at `url` (to read its member list from).
+    pub(crate) fn stranger(name: &str, url: &str) -> Option<Member> {
+        let uri: Uri = url.parse().ok()?;
+        if uri.scheme_str() != Some("http") {
+            return None;
+        }
+        Some(Member {
+            name: name.to_string(),
+            url: url.trim_end_matches('/').to_string(),
+            authority: uri.authority()?.clone(),
+            down_until: Mutex::new(None),
+            header: HeaderValue::from_str(name).ok()?,
+        })
     }
 
     /// Whether an answer with headers `h` came from this member itself.
@@ -120,6 +138,8 @@ pub struct Peers {
     /// Which member list this is ([`PeersConfig::revision`]), and as a header value.
     pub revision: Option<u64>,
     revision_header: Option<HeaderValue>,
+    /// This replica's URL in the list, as a header value ([`gossip::SENDER_URL`]).
+    self_url: Option<HeaderValue>,
     /// Higher revisions heard from members, for [`gossip::member_list_loop`]; carried over
     /// from the previous list.
     pub(crate) heard: std::sync::Arc<gossip::Heard>,
@@ -154,6 +174,9 @@ impl Peers {
             .self_name
             .as_ref()
             .and_then(|n| members.iter().position(|m| &m.name == n));
+        let self_url = me
+            .and_then(|i| members.get(i))
+            .and_then(|m| HeaderValue::from_str(&m.url).ok());
         let self_header = cfg
             .self_name
             .as_deref()
@@ -177,24 +200,34 @@ impl Peers {
             hand_over: cfg.hand_over,
             revision: cfg.revision,
             revision_header: cfg.revision.map(HeaderValue::from),
+            self_url,
             heard: prev.map(|p| p.heard.clone()).unwrap_or_default(),
         }
     }
 
     /// A request from, or an answer of, member `from` with headers `h`: when it tells of a
-    /// higher member-list revision than this one, that member's list is read
-    /// ([`gossip::member_list_loop`]). Only members of this list are read from, and only when
-    /// this list has a revision.
+    /// higher member-list revision than this one, that replica's list is read
+    /// ([`gossip::member_list_loop`]): a member of this list at its URL here, another replica at
+    /// the URL it gave (only with the workers' key, which its list must be signed with).
+    /// Nothing is read when this list has no revision.
     pub fn hear(&self, from: &str, h: &HeaderMap) {
         let (Some(mine), Some(theirs)) = (self.revision, gossip::revision_in(h)) else {
             return;
         };
-        if theirs > mine
-            && self.self_name.as_deref() != Some(from)
-            && self.members.iter().any(|m| m.name == from)
-        {
-            self.heard.offer(theirs, from);
+        if theirs <= mine || self.self_name.as_deref() == Some(from) {
+            return;
         }
+        let known = self.members.iter().any(|m| m.name == from);
+        let url = match h.get(&gossip::SENDER_URL).and_then(|v| v.to_str().ok()) {
+            _ if known => None,
+            Some(u) => Some(u.to_string()),
+            None => return,
+        };
+        self.heard.offer(gossip::Rumour {
+            revision: theirs,
+            name: from.to_string(),
+            url,
+        });
     }
 
     /// This list's revision as a header value, for answers to peers.

@@ -146,6 +146,7 @@ fn upstream_request(
             && k != crate::peers::FORWARDED_BY
             && k != crate::peers::ADDRESSED_TO
             && k != crate::peers::gossip::REVISION
+            && k != crate::peers::gossip::SENDER_URL
             && !connection_scoped.contains(k)
             && !(checked && (k == header::AUTHORIZATION || k == crate::auth::X_API_KEY))
         {

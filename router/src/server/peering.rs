@@ -31,6 +31,15 @@ pub(super) fn endpoint(
     if applied.peers.is_none() {
         return Err(not_found());
     }
+    if path == "/peers/members" {
+        // The member list in force and its revision, for a replica whose list is older: also
+        // for one this replica does not know yet, which cannot be sent the key — the list is
+        // signed with it instead.
+        return Ok(json(
+            StatusCode::OK,
+            &crate::peers::gossip::members_document(&applied),
+        ));
+    }
     if !crate::auth::is_platform(&applied, headers) {
         return Err(ApiError::unauthorized());
     }
@@ -39,13 +48,6 @@ pub(super) fn endpoint(
         return Ok(json(
             StatusCode::OK,
             &crate::peers::usage_document(&applied),
-        ));
-    }
-    if path == "/peers/members" {
-        // The member list in force and its revision, for a replica whose list is older.
-        return Ok(json(
-            StatusCode::OK,
-            &crate::peers::gossip::members_document(&applied),
         ));
     }
     if let Some(id) = path.strip_prefix("/peers/response-home/") {

@@ -57,7 +57,8 @@ pub enum Variant {
     /// its new owner. Not in the default set.
     PrRollCold,
     /// `pr-roll` with each member list reaching each replica after its own delay, uniform up to
-    /// a minute of workload time (a ConfigMap volume's kubelet sync; a new replica starts with
+    /// `--member-skew-secs` of workload time (a ConfigMap volume's kubelet sync, a minute by
+    /// default; a new replica starts with
     /// the list that does not name it yet), the lists numbered as the operator renders them
     /// (`peers.revision`), so replicas take a newer list from each other. Not in the default
     /// set.
@@ -94,6 +95,11 @@ pub struct Setup {
     /// which are in the workload's seconds and so `time_scale` times too slow for the
     /// simulators.
     pub calibration: Option<Calibrated>,
+    /// `pr-roll-skew(-norev)`: the longest a changed member list takes to reach a router
+    /// replica, workload seconds.
+    pub member_skew_secs: f64,
+    /// Seeds those delays; every variant of one comparison gets the same.
+    pub member_skew_seed: u64,
 }
 
 /// How fast the simulator that `program-router calibrate` measures runs. Its clock is linear
@@ -665,7 +671,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     let skewed = |numbered| crate::fleet::PeerSetup {
         hand_over: true,
         numbered,
-        skew: Some(Duration::from_secs_f64(KUBELET_SYNC_SECS / s.time_scale)),
+        skew: Some(Duration::from_secs_f64(s.member_skew_secs / s.time_scale)),
     };
     let (replicas, peers) = match v {
         Variant::PrSplit2 => (2, None),
@@ -675,7 +681,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         Variant::PrRollSkewNorev => (2, Some(skewed(false))),
         _ => (1, None),
     };
-    // The same delivery delays for every variant (a paired comparison).
+    // The same delivery delays for every variant of a comparison (paired).
     let mut fleet = crate::fleet::Fleet::start(
         &format!("{v:?}"),
         &bin,
@@ -683,7 +689,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         health,
         replicas,
         peers,
-        SKEW_SEED,
+        s.member_skew_seed,
     )
     .map_err(|e| format!("{v:?}: {e}"))?;
     let endpoints = Endpoints::new(fleet.urls());
@@ -836,14 +842,6 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     }
     Ok(())
 }
-
-/// The longest a changed member list takes to reach a router replica in the skewed rolling
-/// variants, in workload seconds: the kubelet's default sync period, after which a ConfigMap
-/// volume has the new content.
-const KUBELET_SYNC_SECS: f64 = 60.0;
-
-/// Seeds the delivery delays of the skewed rolling variants.
-const SKEW_SEED: u64 = 1;
 
 /// When a rolling update replaces each of `replicas` router replicas, as wall-clock offsets from
 /// the replay's start: evenly over the second half of the Programs' arrivals, when the most

@@ -98,6 +98,14 @@ enum Cmd {
         /// here (then in wall seconds of the time-scaled simulators).
         #[arg(long, default_value = "{}")]
         program_config: String,
+        /// pr-roll-skew(-norev): the longest a changed member list takes to reach a router
+        /// replica, workload seconds (each replica's delay is uniform up to it; the default is
+        /// the kubelet's ConfigMap sync period).
+        #[arg(long, default_value_t = 60.0)]
+        member_skew_secs: f64,
+        /// pr-roll-skew(-norev): seeds the delays (both variants of one run get the same).
+        #[arg(long, default_value_t = 1)]
+        member_skew_seed: u64,
         /// vllm-router binary (default: $PROGSCHED_VENV/bin/vllm-router, then PATH).
         #[arg(long)]
         vllm_router: Option<PathBuf>,
@@ -282,6 +290,8 @@ async fn demo() -> Result<bool, String> {
         time_scale: 40.0,
         limit_secs: 100.0,
         program_config: "{}".into(),
+        member_skew_secs: 60.0,
+        member_skew_seed: 1,
         vllm_router,
         json: None,
         html: None,
@@ -465,6 +475,8 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         time_scale,
         limit_secs,
         program_config,
+        member_skew_secs,
+        member_skew_seed,
         vllm_router,
         json,
         html,
@@ -472,6 +484,11 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     else {
         return Ok(false);
     };
+    if !(member_skew_secs.is_finite() && member_skew_secs >= 0.0) {
+        return Err(format!(
+            "--member-skew-secs must be a number >= 0 (got {member_skew_secs})"
+        ));
+    }
     // The simulators would refuse these; say so before starting anything.
     vllm_sim::engine::EngineParams {
         num_gpu_blocks,
@@ -507,6 +524,8 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         vllm_router,
         program_config,
         calibration,
+        member_skew_secs,
+        member_skew_seed,
     };
     let turns = w.turns();
     let mut results = Vec::new();

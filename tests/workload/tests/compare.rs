@@ -39,6 +39,8 @@ async fn program_router_variants_serve_identical_work() {
         vllm_router: vllm_router.clone(),
         program_config: serde_json::json!({}),
         calibration: Some(calibration.clone()),
+        member_skew_secs: 60.0,
+        member_skew_seed: 1,
     };
     let turns = generate(Preset::Chat, 3, 2.0, 5);
     // pr-auto: the same scheduling, identity from session headers only (`enable_key: auto`).

@@ -64,8 +64,9 @@ pub enum Variant {
     /// set.
     PrRollSkew,
     /// The same skewed delivery with unnumbered lists: each replica waits for its own copy, and
-    /// replicas that disagree about the members split Programs between them meanwhile. Not in
-    /// the default set.
+    /// replicas that disagree about the members split Programs between them meanwhile. Both
+    /// skewed variants run with the workers' `api_key` set (so a list can be taken from a
+    /// replica not listed yet, signed). Not in the default set.
     PrRollSkewNorev,
     /// vllm-router 0.1.17, consistent_hash.
     VrHash,
@@ -79,6 +80,9 @@ impl Variant {
         !matches!(self, Variant::PrHash | Variant::VrHash)
     }
 }
+
+/// The workers' `api_key` of the variants that set one (the simulators accept any key).
+const BENCH_KEY: &str = "bench";
 
 #[derive(Debug, Clone)]
 pub struct Setup {
@@ -614,6 +618,9 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         "--prometheus-host".into(),
         "127.0.0.1".into(),
     ]);
+    // The skewed rolling variants run with the workers' key, as a platform that keeps its
+    // router replicas' lists signed does (both variants alike: the comparison stays paired).
+    let keyed = matches!(v, Variant::PrRollSkew | Variant::PrRollSkewNorev);
     let (bin, context, health) = match v {
         Variant::VrHash | Variant::VrProgram => {
             let bin = s
@@ -640,6 +647,9 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         }
         _ => {
             args.extend(["--log-level".into(), "warn".into()]);
+            if keyed {
+                args.extend(["--api-key".into(), BENCH_KEY.into()]);
+            }
             let json = match v {
                 Variant::PrHash => None,
                 Variant::PrBinding => Some(binding.to_string()),
@@ -702,7 +712,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         limit: s.limit,
         stream: false,
         max_requests: None,
-        api_key: None,
+        api_key: keyed.then(|| BENCH_KEY.to_string()),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {

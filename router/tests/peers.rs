@@ -791,6 +791,26 @@ async fn with_the_workers_key_a_new_replica_not_yet_listed_is_believed_for_a_sig
     let st = get(&c, &b.url("/status")).await.json();
     assert_eq!(st["peers"]["members_from"], "router-a", "{st}");
 
+    // A URL other than the address the request came from is never called.
+    let resp = send(
+        &c,
+        "GET",
+        &b.url("/v1/models"),
+        "",
+        &[
+            ("authorization", "Bearer worker"),
+            ("x-program-router-peer", "elsewhere"),
+            ("x-program-router-peer-revision", "9"),
+            ("x-program-router-peer-url", "http://10.255.255.1:9"),
+        ],
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for outcome in ["error", "stale"] {
+        assert_eq!(member_lists(&c, &b, outcome).await, 0.0, "not read");
+    }
+
     // A replica with another key (another team's router, or anyone) claims a newer list: its
     // list is read but not signed with b's key, so b keeps its own.
     let intruder = router(RouterConfig {

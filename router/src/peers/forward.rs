@@ -164,7 +164,7 @@ pub async fn forward(
     };
     if member.answered(resp.headers()) {
         // The member's answer says which member list it has.
-        peers.hear(&member.name, resp.headers());
+        peers.hear(&member.name, resp.headers(), None);
     }
     if resp.status() == http::StatusCode::SERVICE_UNAVAILABLE
         && resp.headers().contains_key(&DECLINED)

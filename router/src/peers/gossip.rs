@@ -7,8 +7,8 @@
 //! request between replicas, and every answer to one, carries the sender's list revision
 //! ([`REVISION`]); a replica that hears of a higher revision from a member reads that member's
 //! list (`GET /peers/members`) and applies it at once. A replica that is not in this one's list
-//! yet (a new pod, whose list is ahead) is read from too, at the URL it gives
-//! ([`SENDER_URL`]), but only when the workers' `api_key` is set: such a list must carry an
+//! yet (a new pod, whose list is ahead) is read from too, at the URL it gives ([`SENDER_URL`])
+//! when that is the address its request came from, and only when the workers' `api_key` is set: such a list must carry an
 //! HMAC-SHA256 of its content under that key, which only the platform's replicas hold, so a
 //! stranger cannot hand this replica a list that sends Programs to itself. Owns the headers,
 //! what was heard, the signature, the read, and the adoption; the file reload keeps a list
@@ -107,6 +107,16 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+/// The IP address in the host of `url` (`None` for a name or an invalid URL).
+pub(super) fn host_ip(url: &str) -> Option<std::net::IpAddr> {
+    let uri: http::Uri = url.parse().ok()?;
+    let host = uri.host()?;
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()
 }
 
 /// The revision a request or answer from a peer carries.
@@ -379,6 +389,20 @@ mod tests {
         for bad in ["", "zz", &sig[..62], "0"] {
             assert!(!verify("key", 7, &members, bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_url_names_an_ip_only_when_its_host_is_one() {
+        assert_eq!(
+            host_ip("http://10.0.0.7:8080"),
+            Some("10.0.0.7".parse().expect("ip"))
+        );
+        assert_eq!(
+            host_ip("http://[fd00::7]:8080"),
+            Some("fd00::7".parse().expect("ip"))
+        );
+        assert_eq!(host_ip("http://router-0.svc:8080"), None);
+        assert_eq!(host_ip("not a url"), None);
     }
 
     #[test]

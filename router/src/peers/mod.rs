@@ -208,9 +208,10 @@ impl Peers {
     /// A request from, or an answer of, member `from` with headers `h`: when it tells of a
     /// higher member-list revision than this one, that replica's list is read
     /// ([`gossip::member_list_loop`]): a member of this list at its URL here, another replica at
-    /// the URL it gave (only with the workers' key, which its list must be signed with).
-    /// Nothing is read when this list has no revision.
-    pub fn hear(&self, from: &str, h: &HeaderMap) {
+    /// the URL it gave when that is the address its request came from (`source`; read only with
+    /// the workers' key, which its list must be signed with). Nothing is read when this list
+    /// has no revision.
+    pub fn hear(&self, from: &str, h: &HeaderMap, source: Option<std::net::IpAddr>) {
         let (Some(mine), Some(theirs)) = (self.revision, gossip::revision_in(h)) else {
             return;
         };
@@ -220,8 +221,10 @@ impl Peers {
         let known = self.members.iter().any(|m| m.name == from);
         let url = match h.get(&gossip::SENDER_URL).and_then(|v| v.to_str().ok()) {
             _ if known => None,
-            Some(u) => Some(u.to_string()),
-            None => return,
+            // Only the address the request came from is read, so a request cannot make this
+            // replica call anywhere else.
+            Some(u) if source.is_some() && gossip::host_ip(u) == source => Some(u.to_string()),
+            _ => return,
         };
         self.heard.offer(gossip::Rumour {
             revision: theirs,
@@ -402,7 +405,7 @@ async fn call_json(
         if !m.answered(resp.headers()) {
             return Err(format!("{} did not answer as {}", m.url, m.name));
         }
-        peers.hear(&m.name, resp.headers());
+        peers.hear(&m.name, resp.headers(), None);
         let status = resp.status();
         let body = resp
             .into_body()

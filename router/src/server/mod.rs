@@ -88,6 +88,7 @@ async fn accept_loop(
     let serve = |stream: tokio::net::TcpStream, live: Option<shards::Live>| {
         crate::net::tune(&stream);
         let st = state.clone();
+        let remote = stream.peer_addr().ok().map(|a| RemoteIp(a.ip()));
         // Read per connection, so a reload applies to the connections accepted after it.
         let header_timeout = st
             .applied
@@ -124,8 +125,11 @@ async fn accept_loop(
                     builder.http1().header_read_timeout(None);
                 }
             }
-            let svc = service_fn(move |req| {
+            let svc = service_fn(move |mut req: Request<Incoming>| {
                 let st = st.clone();
+                if let Some(r) = remote {
+                    req.extensions_mut().insert(r);
+                }
                 async move { Ok::<_, Infallible>(handle(st, req).await) }
             });
             let conn = watcher.watch(
@@ -266,6 +270,10 @@ const VLLM_ROUTES: [&str; 9] = [
     "/invocations",
 ];
 
+/// The address a request's connection came from (a request extension).
+#[derive(Debug, Clone, Copy)]
+struct RemoteIp(std::net::IpAddr);
+
 async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Body> {
     let received = Instant::now();
     let request_id = req
@@ -285,7 +293,8 @@ async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Bod
         && let Some(peers) = state.applied.load().peers.as_ref()
     {
         // A sender with a newer member list: this replica reads it.
-        peers.hear(sender, req.headers());
+        let remote = req.extensions().get::<RemoteIp>().map(|r| r.0);
+        peers.hear(sender, req.headers(), remote);
     }
     async move {
         let route = route_label(req.method(), &path);

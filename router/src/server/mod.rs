@@ -88,7 +88,7 @@ async fn accept_loop(
     let serve = |stream: tokio::net::TcpStream, live: Option<shards::Live>| {
         crate::net::tune(&stream);
         let st = state.clone();
-        let remote = stream.peer_addr().ok().map(|a| RemoteIp(a.ip()));
+        let remote = stream.peer_addr().ok().map(|a| a.ip());
         // Read per connection, so a reload applies to the connections accepted after it.
         let header_timeout = st
             .applied
@@ -125,12 +125,9 @@ async fn accept_loop(
                     builder.http1().header_read_timeout(None);
                 }
             }
-            let svc = service_fn(move |mut req: Request<Incoming>| {
+            let svc = service_fn(move |req| {
                 let st = st.clone();
-                if let Some(r) = remote {
-                    req.extensions_mut().insert(r);
-                }
-                async move { Ok::<_, Infallible>(handle(st, req).await) }
+                async move { Ok::<_, Infallible>(handle(st, req, remote).await) }
             });
             let conn = watcher.watch(
                 builder
@@ -270,11 +267,12 @@ const VLLM_ROUTES: [&str; 9] = [
     "/invocations",
 ];
 
-/// The address a request's connection came from (a request extension).
-#[derive(Debug, Clone, Copy)]
-struct RemoteIp(std::net::IpAddr);
-
-async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Body> {
+/// Serves one request; `remote` is the address its connection came from.
+async fn handle(
+    state: Arc<RouterState>,
+    req: Request<Incoming>,
+    remote: Option<std::net::IpAddr>,
+) -> Response<Body> {
     let received = Instant::now();
     let request_id = req
         .headers()
@@ -293,7 +291,6 @@ async fn handle(state: Arc<RouterState>, req: Request<Incoming>) -> Response<Bod
         && let Some(peers) = state.applied.load().peers.as_ref()
     {
         // A sender with a newer member list: this replica reads it.
-        let remote = req.extensions().get::<RemoteIp>().map(|r| r.0);
         peers.hear(sender, req.headers(), remote);
     }
     async move {

@@ -74,8 +74,14 @@ impl PeersFiles {
         self.dir.join(format!("{name}.json"))
     }
 
-    /// A new list: revision one higher; each live replica's copy arrives now or after its delay.
-    fn publish(&mut self, members: &[(String, String)], live: &[String]) -> Result<(), String> {
+    /// A new list: revision one higher; each live replica's copy arrives now (without skew, or
+    /// `at_once`) or after its delay.
+    fn publish(
+        &mut self,
+        members: &[(String, String)],
+        live: &[String],
+        at_once: bool,
+    ) -> Result<(), String> {
         let list: Vec<serde_json::Value> = members
             .iter()
             .map(|(name, url)| serde_json::json!({"name": name, "url": url}))
@@ -90,7 +96,7 @@ impl PeersFiles {
             st.doc = serde_json::json!({ "peers": peers }).to_string();
         }
         for name in live {
-            match self.setup.skew {
+            match self.setup.skew.filter(|_| !at_once) {
                 None => deliver(&self.state, &self.path(name), name)?,
                 Some(max) => {
                     let delay = max.mul_f64(self.rng.random::<f64>());
@@ -208,10 +214,7 @@ impl Fleet {
                 .zip(&ports)
                 .map(|(name, (port, _))| (name.clone(), url_of(*port)))
                 .collect();
-            let skew = p.setup.skew.take();
-            let published = p.publish(&members, &names);
-            p.setup.skew = skew;
-            published?;
+            p.publish(&members, &names, true)?;
         }
         for (name, (port, prom)) in names.into_iter().zip(ports) {
             f.spawn_replica(name, port, prom)?;
@@ -266,7 +269,7 @@ impl Fleet {
         let Some(p) = &mut self.peers else {
             return Ok(());
         };
-        p.publish(&members, &names)?;
+        p.publish(&members, &names, false)?;
         let index = {
             let mut lists = self.lists.lock().map_err(|_| "member lists poisoned")?;
             let mut sorted = names.clone();

@@ -162,7 +162,8 @@ pub async fn forward(
         }
         Ok(Ok(r)) => r,
     };
-    if member.answered(resp.headers()) {
+    let answered = member.answered(resp.headers());
+    if answered {
         // The member's answer says which member list it has.
         peers.hear(&member.name, resp.headers(), None);
     }
@@ -179,7 +180,7 @@ pub async fn forward(
             resp.headers().get(&DECLINED)
         )));
     }
-    if !member.answered(resp.headers()) {
+    if !answered {
         // Something else answers at the member's address; it may have acted on the request, so
         // it is not sent again.
         peers.mark_down(member);

@@ -88,8 +88,8 @@ impl Member {
         }
     }
 
-    /// A replica not in this replica's list, at `url` (to read its member list from).
-    pub(crate) fn stranger(name: &str, url: &str) -> Option<Member> {
+    /// The replica `name` at `url` (an `http://` base URL), skipped until `down_until`.
+    fn new(name: &str, url: &str, down_until: Option<Instant>) -> Option<Member> {
         let uri: Uri = url.parse().ok()?;
         if uri.scheme_str() != Some("http") {
             return None;
@@ -98,9 +98,14 @@ impl Member {
             name: name.to_string(),
             url: url.trim_end_matches('/').to_string(),
             authority: uri.authority()?.clone(),
-            down_until: Mutex::new(None),
+            down_until: Mutex::new(down_until),
             header: HeaderValue::from_str(name).ok()?,
         })
+    }
+
+    /// A replica not in this replica's list, at `url` (to read its member list from).
+    pub(crate) fn stranger(name: &str, url: &str) -> Option<Member> {
+        Member::new(name, url, None)
     }
 
     /// Whether an answer with headers `h` came from this member itself.
@@ -153,7 +158,6 @@ impl Peers {
             .members
             .iter()
             .filter_map(|m| {
-                let uri: Uri = m.url.parse().ok()?;
                 let down = prev
                     .and_then(|p| {
                         p.members
@@ -161,13 +165,7 @@ impl Peers {
                             .find(|o| o.name == m.name && o.url == m.url)
                     })
                     .and_then(|o| o.down_until.lock().ok().and_then(|d| *d));
-                Some(Member {
-                    name: m.name.clone(),
-                    url: m.url.trim_end_matches('/').to_string(),
-                    authority: uri.authority()?.clone(),
-                    down_until: Mutex::new(down),
-                    header: HeaderValue::from_str(&m.name).ok()?,
-                })
+                Member::new(&m.name, &m.url, down)
             })
             .collect();
         let me = cfg

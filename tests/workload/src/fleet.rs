@@ -67,6 +67,9 @@ struct Published {
     doc: String,
     revision: u64,
     written: BTreeMap<String, u64>,
+    /// Every list published, in order, names sorted (a replica may skip a list that a later
+    /// one replaced before its copy arrived).
+    lists: Vec<Vec<String>>,
 }
 
 impl PeersFiles {
@@ -75,18 +78,18 @@ impl PeersFiles {
     }
 
     /// A new list: revision one higher; each live replica's copy arrives now (without skew, or
-    /// `at_once`) or after its delay.
+    /// `at_once`) or after its delay. Returns the list's position in [`Published::lists`].
     fn publish(
         &mut self,
         members: &[(String, String)],
         live: &[String],
         at_once: bool,
-    ) -> Result<(), String> {
+    ) -> Result<usize, String> {
         let list: Vec<serde_json::Value> = members
             .iter()
             .map(|(name, url)| serde_json::json!({"name": name, "url": url}))
             .collect();
-        {
+        let index = {
             let mut st = self.state.lock().map_err(|_| "peers files poisoned")?;
             st.revision += 1;
             let mut peers = serde_json::json!({"members": list, "hand_over": self.setup.hand_over});
@@ -94,7 +97,11 @@ impl PeersFiles {
                 peers["revision"] = serde_json::json!(st.revision);
             }
             st.doc = serde_json::json!({ "peers": peers }).to_string();
-        }
+            let mut names: Vec<String> = members.iter().map(|m| m.0.clone()).collect();
+            names.sort();
+            st.lists.push(names);
+            st.lists.len() - 1
+        };
         for name in live {
             match self.setup.skew.filter(|_| !at_once) {
                 None => deliver(&self.state, &self.path(name), name)?,
@@ -111,7 +118,7 @@ impl PeersFiles {
                 }
             }
         }
-        Ok(())
+        Ok(index)
     }
 }
 
@@ -146,9 +153,6 @@ pub(crate) struct Fleet {
     /// With a skewed delivery: one watcher per member-list change, measuring how far apart
     /// the replicas took it.
     watchers: Vec<std::thread::JoinHandle<Option<f64>>>,
-    /// Every member list published, in order, names sorted (a replica may skip a list that a
-    /// later one replaced before its copy arrived).
-    lists: Arc<Mutex<Vec<Vec<String>>>>,
 }
 
 /// A directory: when set, each replica's output goes to `<dir>/<variant>-<replica>.log`
@@ -199,7 +203,6 @@ impl Fleet {
             retired: Vec::new(),
             started: 0,
             watchers: Vec::new(),
-            lists: Arc::default(),
         };
         let names: Vec<String> = (1..=n).map(|i| format!("r{i}")).collect();
         let ports = names
@@ -269,23 +272,16 @@ impl Fleet {
         let Some(p) = &mut self.peers else {
             return Ok(());
         };
-        p.publish(&members, &names, false)?;
-        let index = {
-            let mut lists = self.lists.lock().map_err(|_| "member lists poisoned")?;
-            let mut sorted = names.clone();
-            sorted.sort();
-            lists.push(sorted);
-            lists.len() - 1
-        };
+        let index = p.publish(&members, &names, false)?;
         match p.setup.skew {
             None => self.wait_members(&names)?,
             Some(max) => {
                 let urls: Vec<String> = staying.iter().map(|i| self.live[*i].url.clone()).collect();
                 // Long enough for the last copy to arrive by itself.
                 let limit = max.mul_f64(2.0) + Duration::from_secs(5);
-                let lists = self.lists.clone();
+                let published = p.state.clone();
                 self.watchers.push(std::thread::spawn(move || {
-                    spread(&urls, &lists, index, limit)
+                    spread(&urls, &published, index, limit)
                 }));
             }
         }
@@ -440,13 +436,13 @@ fn members_at(url: &str) -> Option<Vec<String>> {
     Some(m)
 }
 
-/// Polls the replicas at `urls` every 10 ms until each lists the members of `lists[index]` or
-/// of a later list: the wall seconds between the first and the last doing so, `None` when one
+/// Polls the replicas at `urls` every 10 ms until each lists the members of the `index`th list
+/// published or of a later one: the wall seconds between the first and the last doing so, `None` when one
 /// had not within `limit`. A replica that stops answering has left (a later replacement) and
 /// is not waited for.
 fn spread(
     urls: &[String],
-    lists: &Mutex<Vec<Vec<String>>>,
+    published: &Mutex<Published>,
     index: usize,
     limit: Duration,
 ) -> Option<f64> {
@@ -460,7 +456,7 @@ fn spread(
             }
             match members_at(url) {
                 None => *t = Some(None),
-                Some(has) if lists.lock().ok()?.get(index..)?.contains(&has) => {
+                Some(has) if published.lock().ok()?.lists.get(index..)?.contains(&has) => {
                     *t = Some(Some(Instant::now()))
                 }
                 Some(_) => {}

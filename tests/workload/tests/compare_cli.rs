@@ -74,3 +74,21 @@ fn compare_calibrates_then_reports_runs_against_the_reference() {
     assert!(page.contains("cost models from program-router calibrate"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_negative_member_skew_is_refused_by_name_before_anything_starts() {
+    for bad in ["-1", "NaN"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
+            .args(["compare", "--programs", "1", "--variants", "pr-roll-skew"])
+            .arg(format!("--member-skew-secs={bad}"))
+            .output()
+            .expect("run progbench");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad}: {stderr}");
+        assert!(stderr.contains("--member-skew-secs"), "{bad}: {stderr}");
+        assert!(
+            !stderr.contains("calibrating"),
+            "{bad}: nothing started: {stderr}"
+        );
+    }
+}

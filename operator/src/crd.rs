@@ -255,6 +255,12 @@ pub struct RouterSpec {
     /// stored its response through any replica.
     #[serde(default = "d::peer_forwarding")]
     pub peer_forwarding: bool,
+    /// With `peerForwarding`, hand Programs over when their owner changes (a router pod joins
+    /// or leaves): the new owner asks the others for a Program it does not know and a stopping
+    /// pod gives its Programs to their next owners, so a moved Program keeps the DP rank that
+    /// holds its KV. `false`: a moved Program is bound afresh by its new owner.
+    #[serde(default = "d::peer_hand_over")]
+    pub peer_hand_over: bool,
 }
 
 /// Defaults of [`RouterSpec`], per field so that a partial `router:` is complete.
@@ -283,6 +289,9 @@ mod d {
     pub fn peer_forwarding() -> bool {
         true
     }
+    pub fn peer_hand_over() -> bool {
+        true
+    }
 }
 
 impl Default for RouterSpec {
@@ -301,6 +310,7 @@ impl Default for RouterSpec {
             queue_size: None,
             queue_timeout_seconds: None,
             peer_forwarding: d::peer_forwarding(),
+            peer_hand_over: d::peer_hand_over(),
         }
     }
 }

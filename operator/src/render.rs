@@ -78,7 +78,10 @@ pub fn render(
     // Replicas that know each other forward Programs to their owner, share quota use and find
     // which server stored a Responses API response.
     if r.peer_forwarding && r.replicas > 1 {
-        cfg.peers = Some(peers(routers, cfg.port));
+        cfg.peers = Some(PeersConfig {
+            hand_over: r.peer_hand_over,
+            ..peers(routers, cfg.port)
+        });
     }
     cfg.validate().map_err(|e| RenderError(e.to_string()))?;
     Ok(cfg)
@@ -315,6 +318,17 @@ mod tests {
         assert!(
             with(2, true, false).is_some(),
             "without Program scheduling the replicas still share quota use and response homes"
+        );
+        assert!(peers.hand_over, "Programs are handed over by default");
+        let cold = RouterSpec {
+            replicas: 2,
+            peer_hand_over: false,
+            ..Default::default()
+        };
+        let cold = render(&spec(cold, None), vec![w(0)], &routers).expect("valid");
+        assert!(
+            !cold.peers.expect("peers").hand_over,
+            "router.peerHandOver: false"
         );
     }
 

@@ -87,7 +87,7 @@ async fn main() -> ExitCode {
         LogFormat::Text => sub.init(),
     }
     if let Some(ps) = &config.program_scheduling {
-        warn_reference_calibration(ps);
+        warn_reference_calibration(ps, &cli.flags);
     }
     if config.api_key.is_some()
         && config.client_api_keys.as_ref().is_some_and(Vec::is_empty)
@@ -143,61 +143,26 @@ async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
-/// The spec's startup warning: which calibration coefficients are at their reference values.
-fn warn_reference_calibration(ps: &program_router::config::ProgramSchedulingConfig) {
-    use program_router::config::program::{DecodeThroughputModel, PrefillCostModel};
+/// The spec's startup warning: which calibration coefficients the configuration leaves at their
+/// reference values.
+fn warn_reference_calibration(
+    ps: &program_router::config::ProgramSchedulingConfig,
+    flags: &program_router::config::cli::Flags,
+) {
     use program_router::program::cost::{decode_throughput, prefill_seconds};
     if ps.binding_only {
         return;
     }
-    let (p, d) = (&ps.prefill_cost_model, &ps.decode_throughput_model);
-    let (rp, rd) = (
-        PrefillCostModel::default(),
-        DecodeThroughputModel::default(),
-    );
-    let fields = [
-        (
-            "prefill_cost_model.intercept_seconds",
-            p.intercept_seconds == rp.intercept_seconds,
-        ),
-        (
-            "prefill_cost_model.linear_seconds_per_1k_tokens",
-            p.linear_seconds_per_1k_tokens == rp.linear_seconds_per_1k_tokens,
-        ),
-        (
-            "prefill_cost_model.quadratic_seconds_per_1k_tokens_squared",
-            p.quadratic_seconds_per_1k_tokens_squared == rp.quadratic_seconds_per_1k_tokens_squared,
-        ),
-        (
-            "prefill_cost_model.decode_throughput_alpha",
-            p.decode_throughput_alpha == rp.decode_throughput_alpha,
-        ),
-        (
-            "decode_throughput_model.fixed_step_seconds",
-            d.fixed_step_seconds == rd.fixed_step_seconds,
-        ),
-        (
-            "decode_throughput_model.batch_step_seconds_per_request",
-            d.batch_step_seconds_per_request == rd.batch_step_seconds_per_request,
-        ),
-        (
-            "decode_throughput_model.context_step_seconds_per_token",
-            d.context_step_seconds_per_token == rd.context_step_seconds_per_token,
-        ),
-    ];
-    let defaulted: Vec<&str> = fields
-        .iter()
-        .filter(|(_, same)| *same)
-        .map(|(n, _)| *n)
-        .collect();
+    let defaulted = flags.omitted_coefficients();
     if defaulted.is_empty() {
         return;
     }
+    let (p, d) = (&ps.prefill_cost_model, &ps.decode_throughput_model);
     tracing::warn!(
         event = "program_scheduling_reference_calibration",
         defaulted_fields = %defaulted.join(","),
-        reference_prefill_seconds_50k_tokens = prefill_seconds(p, 50_000),
-        reference_decode_tokens_per_second_batch4_ctx200k = decode_throughput(d, 4, 200_000),
+        effective_prefill_seconds_50k_tokens = prefill_seconds(p, 50_000),
+        effective_decode_tokens_per_second_batch4_ctx200k = decode_throughput(d, 4, 200_000),
         "Program scheduling uses reference calibration coefficients; calibrate them for this deployment (docs/program-scheduling.md)"
     );
 }

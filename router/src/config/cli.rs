@@ -452,6 +452,24 @@ impl Flags {
         let file = self.config.as_deref().map(load_file).transpose()?;
         self.effective(file)
     }
+
+    /// The calibration coefficients the configuration as written leaves at their reference
+    /// values ([`super::program::omitted_coefficients`]): from
+    /// `--program-scheduling-config-json` when given (it replaces the file's object), else
+    /// from `program_scheduling` in `--config`. For the startup warning only; call after
+    /// [`Flags::load`] succeeded.
+    pub fn omitted_coefficients(&self) -> Vec<String> {
+        let written: Option<serde_json::Value> = match &self.program_scheduling_config_json {
+            Some(json) => serde_json::from_str(json).ok(),
+            None => self
+                .config
+                .as_deref()
+                .and_then(|p| std::fs::read(p).ok())
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|mut v| v.get_mut("program_scheduling").map(serde_json::Value::take)),
+        };
+        super::program::omitted_coefficients(written.as_ref())
+    }
 }
 
 #[cfg(test)]
@@ -462,6 +480,51 @@ mod tests {
         let mut v = vec!["program-router"];
         v.extend_from_slice(args);
         Cli::try_parse_from(v).expect("parse").flags
+    }
+
+    #[test]
+    fn the_calibration_warning_reads_the_coefficients_as_written() {
+        // Enabled with no JSON: all seven at reference values.
+        assert_eq!(
+            flags(&["--enable-program-scheduling"])
+                .omitted_coefficients()
+                .len(),
+            7
+        );
+        // The flag's JSON, even with values equal to the reference ones.
+        let json = r#"{"prefill_cost_model":{"decode_throughput_alpha":0.15},
+            "decode_throughput_model":{"fixed_step_seconds":0.02}}"#;
+        let f = flags(&[
+            "--enable-program-scheduling",
+            "--program-scheduling-config-json",
+            json,
+        ]);
+        let omitted = f.omitted_coefficients();
+        assert_eq!(omitted.len(), 5, "{omitted:?}");
+        assert!(!omitted.iter().any(|o| o.ends_with("alpha")), "{omitted:?}");
+        // The file's object; the flag's JSON replaces it.
+        let file = tempfile::NamedTempFile::new().expect("temp file");
+        let all: serde_json::Map<String, serde_json::Value> = super::super::program::COEFFICIENTS
+            .iter()
+            .fold(serde_json::Map::new(), |mut m, (model, field)| {
+                let entry = m.entry(*model).or_insert_with(|| serde_json::json!({}));
+                entry[*field] = serde_json::json!(0.01);
+                m
+            });
+        let cfg = serde_json::json!({"program_scheduling": all});
+        std::fs::write(file.path(), cfg.to_string()).expect("write");
+        let path = file.path().to_str().expect("utf-8 path");
+        let f = flags(&["--config", path]);
+        f.load().expect("valid file");
+        assert!(f.omitted_coefficients().is_empty());
+        let f = flags(&[
+            "--config",
+            path,
+            "--enable-program-scheduling",
+            "--program-scheduling-config-json",
+            json,
+        ]);
+        assert_eq!(f.omitted_coefficients().len(), 5);
     }
 
     #[test]

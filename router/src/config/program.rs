@@ -97,6 +97,37 @@ impl Default for DecodeThroughputModel {
     }
 }
 
+/// The seven performance coefficients as (model, field) below `program_scheduling`.
+pub const COEFFICIENTS: [(&str, &str); 7] = [
+    ("prefill_cost_model", "intercept_seconds"),
+    ("prefill_cost_model", "linear_seconds_per_1k_tokens"),
+    (
+        "prefill_cost_model",
+        "quadratic_seconds_per_1k_tokens_squared",
+    ),
+    ("prefill_cost_model", "decode_throughput_alpha"),
+    ("decode_throughput_model", "fixed_step_seconds"),
+    ("decode_throughput_model", "batch_step_seconds_per_request"),
+    ("decode_throughput_model", "context_step_seconds_per_token"),
+];
+
+/// The coefficients the `program_scheduling` object as written (`None`: Program scheduling
+/// enabled with no JSON) leaves out, as `model.field`: they take the reference values. A field
+/// given explicitly counts as configured even when its value is the reference one (the spec's
+/// rule for the startup calibration warning).
+pub fn omitted_coefficients(written: Option<&serde_json::Value>) -> Vec<String> {
+    COEFFICIENTS
+        .iter()
+        .filter(|(model, field)| {
+            written
+                .and_then(|ps| ps.get(model))
+                .and_then(|m| m.get(field))
+                .is_none()
+        })
+        .map(|(model, field)| format!("{model}.{field}"))
+        .collect()
+}
+
 /// Ranks from which `cross_rank_min_wait_ratio: null` means 1 (the break-even wait) instead of 0
 /// (move at once). Measured (docs/benchmarks.md, "Scale"): moving at once sent swe-agent runs on
 /// 32 and 64 ranks into move storms (6–12 % more mean JCT), was neutral at 16 and paid at 4 and
@@ -379,6 +410,28 @@ impl ProgramSchedulingConfig {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_coefficient_is_omitted_only_when_it_is_not_written() {
+        use super::omitted_coefficients;
+        assert_eq!(omitted_coefficients(None).len(), 7, "enabled without JSON");
+        assert_eq!(omitted_coefficients(Some(&serde_json::json!({}))).len(), 7);
+        // The six fitted ones, as `program-router calibrate` prints them; alpha is not fitted.
+        let fitted = serde_json::json!({
+            "prefill_cost_model": {"intercept_seconds": 0.05, "linear_seconds_per_1k_tokens": 0.06,
+                "quadratic_seconds_per_1k_tokens_squared": 0.004},
+            "decode_throughput_model": {"fixed_step_seconds": 0.01,
+                "batch_step_seconds_per_request": 0.0004, "context_step_seconds_per_token": 1e-7}
+        });
+        assert_eq!(
+            omitted_coefficients(Some(&fitted)),
+            ["prefill_cost_model.decode_throughput_alpha"]
+        );
+        // Written at its reference value: configured on purpose, no longer omitted.
+        let mut all = fitted;
+        all["prefill_cost_model"]["decode_throughput_alpha"] = serde_json::json!(0.15);
+        assert!(omitted_coefficients(Some(&all)).is_empty());
+    }
+
     use super::*;
 
     fn parse(json: &str) -> Result<ProgramSchedulingConfig, String> {

@@ -192,8 +192,15 @@ pub async fn calibrate(bin_dir: &Path, time_scale: f64) -> Result<Calibrated, St
     }
     // Every coefficient is seconds at the calibration's speed: convert to the comparison's.
     let f = CALIBRATION_TIME_SCALE / time_scale;
+    let mut prefill_cost_model = scaled_fields(&c.prefill_cost_model, f)?;
+    // Not fitted by calibrate, and a ratio (no time scale): the simulators' own value, which
+    // they use when a step mixes prefill with decode (they all run the default timing model).
+    prefill_cost_model.insert(
+        "decode_throughput_alpha".into(),
+        vllm_sim::timing::TimingModel::default().decode_throughput_alpha,
+    );
     Ok(Calibrated {
-        prefill_cost_model: scaled_fields(&c.prefill_cost_model, f)?,
+        prefill_cost_model,
         decode_throughput_model: scaled_fields(&c.decode_throughput_model, f)?,
         prefill_r2: c.fit.prefill_r2,
         decode_r2: c.fit.decode_r2,

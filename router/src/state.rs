@@ -151,6 +151,8 @@ pub struct RouterState {
     /// Held by whoever reads the applied configuration to apply a changed one (the file reload,
     /// a member list read from a peer), so that neither undoes the other.
     config_writer: Mutex<()>,
+    /// Hand-over claims in progress ([`crate::peers::handover::Claims`]).
+    pub claims: crate::peers::handover::Claims,
     /// Which server stored each Responses API response the router relayed.
     pub response_homes: crate::proxy::stored::ResponseHomes,
     /// The keys of `client_api_keys_dir`, when the applied configuration names one.
@@ -230,6 +232,7 @@ impl RouterState {
             config_writer: Mutex::new(()),
             client_dir: ArcSwapOption::new(client_dir),
             response_homes: Default::default(),
+            claims: Default::default(),
             stop,
             generation: AtomicU64::new(1),
             next_request: AtomicU64::new(1),

@@ -935,12 +935,8 @@ async fn four_rank_pair(
     (s, a, b)
 }
 
-#[tokio::test]
-async fn a_program_keeps_its_rank_when_a_new_member_takes_it_over() {
-    // Replica a schedules alone; then b joins and owns Program p. Fresh, b would bind p to
-    // the least loaded rank (its first); instead it asks a, which gives p up with its rank.
-    let (_s, a, b) = four_rank_pair(|_| {}).await;
-    let c = client();
+/// Program ids that `router-b` owns once it joins `router-a` ([`join`]).
+fn owned_by_b_once_joined_iter() -> impl Iterator<Item = String> {
     let view = program_router::peers::Peers::new(
         &PeersConfig {
             self_name: Some("router-a".into()),
@@ -956,9 +952,22 @@ async fn a_program_keeps_its_rank_when_a_new_member_takes_it_over() {
         None,
     );
     let now = std::time::Instant::now();
-    let mut moving = (0..1000)
+    (0..1000)
         .map(|i| format!("moved-{i}"))
-        .filter(|k| view.owner(k, now).is_some());
+        .filter(move |k| view.owner(k, now).is_some())
+}
+
+fn owned_by_b_once_joined() -> String {
+    owned_by_b_once_joined_iter().next().expect("b owns some")
+}
+
+#[tokio::test]
+async fn a_program_keeps_its_rank_when_a_new_member_takes_it_over() {
+    // Replica a schedules alone; then b joins and owns Program p. Fresh, b would bind p to
+    // the least loaded rank (its first); instead it asks a, which gives p up with its rank.
+    let (_s, a, b) = four_rank_pair(|_| {}).await;
+    let c = client();
+    let mut moving = owned_by_b_once_joined_iter();
     let (p, s) = (
         moving.next().expect("b owns some"),
         moving.next().expect("two"),
@@ -1009,6 +1018,112 @@ async fn a_program_keeps_its_rank_when_a_new_member_takes_it_over() {
     assert_eq!(home(&c, &b, &s).await.map(|h| h.1), Some("binding".into()));
     assert!(home(&c, &a, &s).await.is_some());
     assert_eq!(handovers(&c, &a, "given").await, 1.0);
+}
+
+/// A member named `router-a` that held Program `held` idle: the first ask for it is answered
+/// with the Program after `delay`, every later one at once with nothing (it gave the Program
+/// away), as a replica answers asks that cross. Counts the asks.
+async fn holding_member(
+    held: serde_json::Value,
+    delay: std::time::Duration,
+    asks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let n = asks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let held = held.clone();
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut got = Vec::new();
+                // The ask's head and its small JSON body.
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"}") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => got.extend_from_slice(&buf[..k]),
+                    }
+                }
+                assert!(got.starts_with(b"POST /peers/hand-over "), "only asks");
+                let program = if n == 0 {
+                    tokio::time::sleep(delay).await;
+                    held
+                } else {
+                    serde_json::Value::Null
+                };
+                let body = json!({ "program": program }).to_string();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                     x-program-router-peer-answered-by: router-a\r\nconnection: close\r\n\
+                     content-length: {}\r\n\r\n",
+                    body.len()
+                );
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test]
+async fn concurrent_first_requests_of_a_moved_program_all_keep_its_rank() {
+    // Router b has just joined and owns Program p, which router-a held on b's last rank. Four
+    // turns of p reach b at once. router-a gives p to the first ask only, and answers it last:
+    // asked four times, the three empty answers would come back first and their requests bind
+    // p afresh, and the adoption of a Program already bound is refused. b asks once; the other
+    // requests wait for that ask and find p adopted.
+    let s = sim(&["--time-scale", "50", "-d", "4"]).await;
+    let b = router(RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        ..workers(&[s.base()], 4)
+    })
+    .await;
+    let c = client();
+    let p = owned_by_b_once_joined();
+    let target = b.state.applied.load().targets.targets[3].id.clone();
+    let held = json!({"model": "sim-model", "program_id": p, "root": p, "target": target,
+        "context_tokens": 40, "idle_seconds": 1.0});
+    let asks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let a_url = holding_member(held, std::time::Duration::from_millis(100), asks.clone()).await;
+    let mut cfg = b.state.applied.load().config.clone();
+    cfg.peers = Some(PeersConfig {
+        self_name: Some("router-b".into()),
+        members: vec![
+            PeerMember {
+                name: "router-a".into(),
+                url: a_url,
+            },
+            PeerMember {
+                name: "router-b".into(),
+                url: b.url(""),
+            },
+        ],
+        ..Default::default()
+    });
+    assert!(b.state.apply(cfg).expect("applied"));
+    let turns = (0..4).map(|_| {
+        let (c, url) = (c.clone(), b.url(CHAT));
+        let body = program_body(&p, false);
+        async move { post(&c, &url, &body).await }
+    });
+    for resp in futures_util::future::join_all(turns).await {
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    assert_eq!(
+        home(&c, &b, &p).await,
+        Some((target, "handed_over".to_string()))
+    );
+    assert_eq!(handovers(&c, &b, "claimed").await, 1.0);
+    assert_eq!(
+        asks.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "asked once"
+    );
+    assert!(b.state.claims.is_empty(), "no claim left behind");
 }
 
 #[tokio::test]

@@ -141,6 +141,11 @@ pub(super) async fn take_over(state: &RouterState, applied: &Applied, id: &Ident
     {
         return;
     }
+    // Concurrent first requests of this Program: one asks, the others find it adopted.
+    let _turn = state.claims.turn(model, &id.program_id).await;
+    if rt.knows(model, &id.program_id) {
+        return;
+    }
     let auth = applied.authorization.clone();
     let claimed =
         crate::peers::handover::claim(&state.peer_client, peers, model, &id.program_id, auth);

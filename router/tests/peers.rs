@@ -1020,6 +1020,36 @@ async fn a_program_keeps_its_rank_when_a_new_member_takes_it_over() {
     assert_eq!(handovers(&c, &a, "given").await, 1.0);
 }
 
+/// A listener on a free loopback port and its base URL, for a hand-written member.
+async fn member_listener() -> (tokio::net::TcpListener, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    (listener, url)
+}
+
+/// Reads from `conn` until `done` says the bytes so far are enough; `None` if it closed first.
+async fn read_until(
+    conn: &mut tokio::net::TcpStream,
+    done: impl Fn(&[u8]) -> bool,
+) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = Vec::new();
+    while !done(&got) {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some(got)
+}
+
+fn has_head(got: &[u8]) -> bool {
+    got.windows(4).any(|w| w == b"\r\n\r\n")
+}
+
 /// A member named `router-a` that held Program `held` idle: the first ask for it is answered
 /// with the Program after `delay`, every later one at once with nothing (it gave the Program
 /// away), as a replica answers asks that cross. Counts the asks.
@@ -1028,25 +1058,18 @@ async fn holding_member(
     delay: std::time::Duration,
     asks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (listener, url) = member_listener().await;
     tokio::spawn(async move {
         while let Ok((mut conn, _)) = listener.accept().await {
             let n = asks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let held = held.clone();
             tokio::spawn(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut got = Vec::new();
+                use tokio::io::AsyncWriteExt;
                 // The ask's head and its small JSON body.
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"}") {
-                    match conn.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(k) => got.extend_from_slice(&buf[..k]),
-                    }
-                }
+                let Some(got) = read_until(&mut conn, |g| has_head(g) && g.ends_with(b"}")).await
+                else {
+                    return;
+                };
                 assert!(got.starts_with(b"POST /peers/hand-over "), "only asks");
                 let program = if n == 0 {
                     tokio::time::sleep(delay).await;
@@ -1226,21 +1249,10 @@ async fn a_request_the_owner_declines_goes_to_the_next_owner_which_holds_the_pro
 /// replica closing its idle connections as it stops, or dying mid-request); counts the Program
 /// requests it got (not the hand-over asks).
 async fn closing_member(seen: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (listener, url) = member_listener().await;
     tokio::spawn(async move {
-        use tokio::io::AsyncReadExt;
         while let Ok((mut conn, _)) = listener.accept().await {
-            let mut buf = vec![0u8; 64 * 1024];
-            let mut got = Vec::new();
-            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => got.extend_from_slice(&buf[..n]),
-                }
-            }
+            let got = read_until(&mut conn, has_head).await.unwrap_or_default();
             if got.starts_with(format!("POST {CHAT} ").as_bytes()) {
                 seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }

@@ -9,11 +9,14 @@
 #
 # Env: DURATION (default 10s), CONNS (64), PROGSCHED_VENV (venv with vllm-router), CARGO_TARGET_DIR,
 # PIN=1 (wrk and the simulator on CPU 0, every router on CPU 1: the router under test gets a core
-# of its own instead of sharing two with the load generator and the backend; needs taskset).
+# of its own instead of sharing two with the load generator and the backend; needs taskset),
+# POLICY (round_robin; the same request-level policy for both routers, e.g. cache_aware, the
+# default of both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 CONNS=${CONNS:-64}
+POLICY=${POLICY:-round_robin}
 venv="${PROGSCHED_VENV:-$HOME/.cache/progsched/venv}"
 target="${CARGO_TARGET_DIR:-target}"
 command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)" >&2; exit 1; }
@@ -34,25 +37,25 @@ wait_up "http://127.0.0.1:$sim_port/health"
 
 pr_port=$(free_port); pr_prom=$(free_port)
 "${router[@]}" "$target/release/program-router" --port "$pr_port" --prometheus-port "$pr_prom" \
-  --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & pr_pid=$!; pids+=($pr_pid)
+  --worker-urls "http://127.0.0.1:$sim_port" --policy "$POLICY" --log-level warn >/dev/null 2>&1 & pr_pid=$!; pids+=($pr_pid)
 wait_up "http://127.0.0.1:$pr_port/readiness"
 
 # The same router with one I/O thread (`--io-threads 1`): on a machine this small the default
 # (one per core) competes with wrk and the simulator for the same two cores.
 p1_port=$(free_port); p1_prom=$(free_port)
 "${router[@]}" "$target/release/program-router" --port "$p1_port" --prometheus-port "$p1_prom" --io-threads 1 \
-  --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & p1_pid=$!; pids+=($p1_pid)
+  --worker-urls "http://127.0.0.1:$sim_port" --policy "$POLICY" --log-level warn >/dev/null 2>&1 & p1_pid=$!; pids+=($p1_pid)
 wait_up "http://127.0.0.1:$p1_port/readiness"
 
 # And on the shared work-stealing runtime (`--io-threads 0`, the default before I/O threads).
 p0_port=$(free_port); p0_prom=$(free_port)
 "${router[@]}" "$target/release/program-router" --port "$p0_port" --prometheus-port "$p0_prom" --io-threads 0 \
-  --worker-urls "http://127.0.0.1:$sim_port" --policy round_robin --log-level warn >/dev/null 2>&1 & p0_pid=$!; pids+=($p0_pid)
+  --worker-urls "http://127.0.0.1:$sim_port" --policy "$POLICY" --log-level warn >/dev/null 2>&1 & p0_pid=$!; pids+=($p0_pid)
 wait_up "http://127.0.0.1:$p0_port/readiness"
 
 vr_port=$(free_port); vr_prom=$(free_port)
 "${router[@]}" "$venv/bin/vllm-router" --host 127.0.0.1 --port "$vr_port" --worker-urls "http://127.0.0.1:$sim_port" \
-  --policy round_robin --prometheus-host 127.0.0.1 --prometheus-port "$vr_prom" --log-level warning >/dev/null 2>&1 & vr_pid=$!; pids+=($vr_pid)
+  --policy "$POLICY" --prometheus-host 127.0.0.1 --prometheus-port "$vr_prom" --log-level warning >/dev/null 2>&1 & vr_pid=$!; pids+=($vr_pid)
 wait_up "http://127.0.0.1:$vr_port/health"
 
 cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }

@@ -85,6 +85,7 @@ for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.
   "${load[@]}" wrk -t1 -c"$CONNS" -d2s -s "$lua" "$u/v1/chat/completions" >/dev/null
 done
 results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run program-router-shared-rt "http://127.0.0.1:$p0_port" "$p0_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; } )
+echo "both routers --policy $POLICY; PIN=${PIN:-0}; wrk -c$CONNS for $DURATION per path"
 printf 'path\treq/s\tp50\tp99\trouter CPU us/req\tpeak RSS\n%s\n' "$results" | column -t -s $'\t'
 d=$(echo "$results" | awk -F'\t' '$1=="direct" {print $2}')
 p=$(echo "$results" | awk -F'\t' '$1=="program-router" {print $2}')

@@ -58,6 +58,34 @@ async fn chat_as(c: &HttpClient, url: &str, tenant: &str, tokens: u32) -> Reply 
     .await
 }
 
+/// A power tenant's 16 requests of 24 tokens to `url`, each reporting its status and when it
+/// finished after `started`.
+fn power_backlog(url: &str, started: Instant) -> Vec<tokio::task::JoinHandle<(u16, Duration)>> {
+    (0..16)
+        .map(|_| {
+            let (c, url) = (client(), url.to_string());
+            tokio::spawn(async move {
+                let reply = chat_as(&c, &url, "power", 24).await;
+                (reply.status, started.elapsed())
+            })
+        })
+        .collect()
+}
+
+/// How many of the power requests finished (all with 200) before `light_done`.
+async fn finished_before(
+    power: Vec<tokio::task::JoinHandle<(u16, Duration)>>,
+    light_done: Duration,
+) -> usize {
+    let mut n = 0;
+    for p in power {
+        let (status, done) = p.await.expect("join");
+        assert_eq!(status, 200);
+        n += usize::from(done < light_done);
+    }
+    n
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backpressure_holds_the_backlog_in_the_router_and_a_light_tenant_overtakes_it() {
     // One rank that runs two sequences at a time: everything beyond waits somewhere.
@@ -68,14 +96,7 @@ async fn backpressure_holds_the_backlog_in_the_router_and_a_light_tenant_overtak
     let url = r.url("/v1/chat/completions");
     let started = Instant::now();
 
-    let mut power = Vec::new();
-    for i in 0..16 {
-        let (c, url) = (client(), url.clone());
-        power.push(tokio::spawn(async move {
-            let reply = chat_as(&c, &url, "power", 24).await;
-            (i, reply.status, started.elapsed())
-        }));
-    }
+    let power = power_backlog(&url, started);
     // Let the backlog form, then the light tenant asks once.
     let c = client();
     assert!(
@@ -89,15 +110,7 @@ async fn backpressure_holds_the_backlog_in_the_router_and_a_light_tenant_overtak
     );
     let light = chat_as(&c, &url, "light", 24).await;
     assert_eq!(light.status, 200, "{}", light.text());
-    let light_done = started.elapsed();
-    let mut power_before_light = 0;
-    for p in power {
-        let (_, status, done) = p.await.expect("join");
-        assert_eq!(status, 200);
-        if done < light_done {
-            power_before_light += 1;
-        }
-    }
+    let power_before_light = finished_before(power, started.elapsed()).await;
     // FIFO would serve all 16 first; the fair queue lets light in after the few already sent.
     assert!(
         power_before_light <= 8,
@@ -133,14 +146,7 @@ async fn a_light_tenant_on_another_replica_overtakes_the_backlog_held_by_the_fir
     cfg.fairness = Some(fairness(1));
     let (a, b) = (router(cfg.clone()).await, router(cfg).await);
     let started = Instant::now();
-    let mut power = Vec::new();
-    for _ in 0..16 {
-        let (c, url) = (client(), a.url("/v1/chat/completions"));
-        power.push(tokio::spawn(async move {
-            let reply = chat_as(&c, &url, "power", 24).await;
-            (reply.status, started.elapsed())
-        }));
-    }
+    let power = power_backlog(&a.url("/v1/chat/completions"), started);
     let c = client();
     assert!(
         eventually(5.0, || async { depth(&c, &a).await >= 8.0 }).await,
@@ -148,15 +154,7 @@ async fn a_light_tenant_on_another_replica_overtakes_the_backlog_held_by_the_fir
     );
     let light = chat_as(&c, &b.url("/v1/chat/completions"), "light", 24).await;
     assert_eq!(light.status, 200, "{}", light.text());
-    let light_done = started.elapsed();
-    let mut power_before_light = 0;
-    for p in power {
-        let (status, done) = p.await.expect("join");
-        assert_eq!(status, 200);
-        if done < light_done {
-            power_before_light += 1;
-        }
-    }
+    let power_before_light = finished_before(power, started.elapsed()).await;
     // Without fairness on replica a all 16 would sit in the engine's queue ahead of it. Each
     // replica counts only what it sent since the engine's last report, so together they may put
     // one request each into that queue between two polls: a few ahead of the light one, at most.

@@ -564,6 +564,16 @@ async fn list_of(c: &HttpClient, r: &Router) -> (serde_json::Value, serde_json::
     )
 }
 
+/// Waits until `r` has revision `revision` with member names `names` in force.
+async fn takes_list(c: &HttpClient, r: &Router, revision: u64, names: &serde_json::Value) {
+    let want = (json!(revision), names.clone());
+    assert!(
+        eventually(5.0, || async { list_of(c, r).await == want }).await,
+        "{:?}",
+        list_of(c, r).await
+    );
+}
+
 async fn member_lists(c: &HttpClient, r: &Router, outcome: &str) -> f64 {
     peer_metric(
         c,
@@ -604,14 +614,7 @@ async fn a_replica_with_an_older_member_list_takes_the_newer_one_from_a_peer_tha
         .expect("b owns some");
     let resp = post(&c, &a.url(CHAT), &program_body(&to_b, false)).await;
     assert_eq!(resp.status, 200, "{}", resp.text());
-    assert!(
-        eventually(5.0, || async {
-            list_of(&c, &b).await == (json!(2), names.clone())
-        })
-        .await,
-        "{:?}",
-        list_of(&c, &b).await
-    );
+    takes_list(&c, &b, 2, &names).await;
     let st = get(&c, &b.url("/status")).await.json();
     assert_eq!(st["peers"]["members_from"], "router-a", "{st}");
     assert_eq!(member_lists(&c, &b, "adopted").await, 1.0);
@@ -624,14 +627,7 @@ async fn a_replica_with_an_older_member_list_takes_the_newer_one_from_a_peer_tha
         .expect("a owns some");
     let resp = post(&c, &r3.url(CHAT), &program_body(&to_a, false)).await;
     assert_eq!(resp.status, 200, "{}", resp.text());
-    assert!(
-        eventually(5.0, || async {
-            list_of(&c, &r3).await == (json!(2), names.clone())
-        })
-        .await,
-        "{:?}",
-        list_of(&c, &r3).await
-    );
+    takes_list(&c, &r3, 2, &names).await;
     assert_eq!(member_lists(&c, &r3, "adopted").await, 1.0);
     assert_eq!(member_lists(&c, &a, "adopted").await, 0.0, "a's was newest");
 
@@ -697,32 +693,53 @@ async fn a_replica_with_an_older_member_list_takes_the_newer_one_from_a_peer_tha
     );
     // Without the workers' key, a replica not in the list is not read from even when it says
     // where it is.
-    let resp = send(
-        &c,
-        "GET",
-        &r3.url("/v1/models"),
-        "",
-        &[
-            ("x-program-router-peer", "stranger"),
-            ("x-program-router-peer-revision", "99"),
-            ("x-program-router-peer-url", &a.server.base()),
-        ],
-    )
-    .await;
-    assert_eq!(resp.status, 200, "{}", resp.text());
+    unlisted_claim(&c, &r3, None, "stranger", 99, &a.server.base()).await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(member_lists(&c, &r3, "stale").await, 1.0, "not read");
     assert_eq!(member_lists(&c, &r3, "error").await, 0.0);
     assert_eq!(list_of(&c, &r3).await, (json!(2), names));
 }
 
-#[tokio::test]
-async fn the_usage_endpoint_needs_the_workers_key_when_one_is_set() {
+/// A request to `r` from a replica `name` that is not in its list, with the workers' `key`
+/// when given, claiming member-list `revision` and to be reachable at `url`; it is served.
+async fn unlisted_claim(
+    c: &HttpClient,
+    r: &Router,
+    key: Option<&str>,
+    name: &str,
+    revision: u64,
+    url: &str,
+) {
+    let bearer = key.map(|k| format!("Bearer {k}"));
+    let revision = revision.to_string();
+    let mut headers = vec![
+        ("x-program-router-peer", name),
+        ("x-program-router-peer-revision", revision.as_str()),
+        ("x-program-router-peer-url", url),
+    ];
+    if let Some(b) = &bearer {
+        headers.push(("authorization", b.as_str()));
+    }
+    let resp = send(c, "GET", &r.url("/v1/models"), "", &headers).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+}
+
+/// A simulator that wants the workers' key `worker`, and a router config for it with that key.
+async fn keyed_sim() -> (vllm_sim::server::Spawned, RouterConfig) {
     let s = sim(&["--time-scale", "50", "--api-key", "worker"]).await;
     let cfg = RouterConfig {
         api_key: Some("worker".into()),
-        peers: Some(PeersConfig::default()),
         ..workers(&[s.base()], 1)
+    };
+    (s, cfg)
+}
+
+#[tokio::test]
+async fn the_usage_endpoint_needs_the_workers_key_when_one_is_set() {
+    let (_s, keyed) = keyed_sim().await;
+    let cfg = RouterConfig {
+        peers: Some(PeersConfig::default()),
+        ..keyed
     };
     let r = router(cfg).await;
     let c = client();
@@ -751,11 +768,10 @@ async fn the_usage_endpoint_needs_the_workers_key_when_one_is_set() {
 async fn with_the_workers_key_a_new_replica_not_yet_listed_is_believed_for_a_signed_list() {
     // A rolling update: a is the new pod, whose list (revision 2) already has a and b; b's copy
     // still lists the departing pod instead (revision 1), so b does not know a.
-    let s = sim(&["--time-scale", "50", "--api-key", "worker"]).await;
+    let (s, keyed) = keyed_sim().await;
     let base = RouterConfig {
-        api_key: Some("worker".into()),
         program_scheduling: Some(ProgramSchedulingConfig::default()),
-        ..workers(&[s.base()], 1)
+        ..keyed
     };
     let (a, b) = (router(base.clone()).await, router(base).await);
     let departing = router(workers(&[s.base()], 1)).await;
@@ -780,32 +796,13 @@ async fn with_the_workers_key_a_new_replica_not_yet_listed_is_believed_for_a_sig
     let resp = send(&c, "POST", &a.url(CHAT), &program_body(&to_b, false), &key).await;
     assert_eq!(resp.status, 200, "{}", resp.text());
     let names = json!(["router-a", "router-b"]);
-    assert!(
-        eventually(5.0, || async {
-            list_of(&c, &b).await == (json!(2), names.clone())
-        })
-        .await,
-        "{:?}",
-        list_of(&c, &b).await
-    );
+    takes_list(&c, &b, 2, &names).await;
     let st = get(&c, &b.url("/status")).await.json();
     assert_eq!(st["peers"]["members_from"], "router-a", "{st}");
 
     // A URL other than the address the request came from is never called.
-    let resp = send(
-        &c,
-        "GET",
-        &b.url("/v1/models"),
-        "",
-        &[
-            ("authorization", "Bearer worker"),
-            ("x-program-router-peer", "elsewhere"),
-            ("x-program-router-peer-revision", "9"),
-            ("x-program-router-peer-url", "http://10.255.255.1:9"),
-        ],
-    )
-    .await;
-    assert_eq!(resp.status, 200, "{}", resp.text());
+    let elsewhere = "http://10.255.255.1:9";
+    unlisted_claim(&c, &b, Some("worker"), "elsewhere", 9, elsewhere).await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     for outcome in ["error", "stale"] {
         assert_eq!(member_lists(&c, &b, outcome).await, 0.0, "not read");
@@ -824,20 +821,8 @@ async fn with_the_workers_key_a_new_replica_not_yet_listed_is_believed_for_a_sig
         &[(&intruder, "intruder"), (&b, "router-b")],
         9,
     );
-    let resp = send(
-        &c,
-        "GET",
-        &b.url("/v1/models"),
-        "",
-        &[
-            ("authorization", "Bearer worker"),
-            ("x-program-router-peer", "intruder"),
-            ("x-program-router-peer-revision", "9"),
-            ("x-program-router-peer-url", &intruder.server.base()),
-        ],
-    )
-    .await;
-    assert_eq!(resp.status, 200, "{}", resp.text());
+    let intruder_url = intruder.server.base();
+    unlisted_claim(&c, &b, Some("worker"), "intruder", 9, &intruder_url).await;
     assert!(eventually(2.0, || async { member_lists(&c, &b, "error").await == 1.0 }).await);
     assert_eq!(list_of(&c, &b).await, (json!(2), names));
     assert_eq!(member_lists(&c, &b, "adopted").await, 1.0);
@@ -1411,12 +1396,11 @@ async fn without_hand_over_a_moved_program_is_bound_afresh() {
 
 #[tokio::test]
 async fn the_hand_over_endpoints_refuse_bad_input_with_clear_errors() {
-    let s = sim(&["--time-scale", "50", "--api-key", "worker"]).await;
+    let (s, keyed) = keyed_sim().await;
     let cfg = RouterConfig {
-        api_key: Some("worker".into()),
         peers: Some(PeersConfig::default()),
         program_scheduling: Some(ProgramSchedulingConfig::default()),
-        ..workers(&[s.base()], 1)
+        ..keyed
     };
     let r = router(cfg).await;
     let c = client();

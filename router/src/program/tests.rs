@@ -836,6 +836,41 @@ fn least_program_count_spreads_a_burst_of_new_programs() {
     assert_eq!(s.ranks[1].queue.len(), 2);
 }
 
+#[test]
+fn least_program_count_does_not_count_finished_programs() {
+    for binding_only in [false, true] {
+        let c = ProgramSchedulingConfig {
+            binding_only,
+            binding_strategy: BindingStrategy::LeastProgramCount,
+            ..cfg()
+        };
+        let mut s = sched(c, 2);
+        let last = |t, p: &str| with(arrival(t, p, 10), |i| i.expected_resume = false);
+        assert_eq!(rank_of(&s.on_arrival(0.0, last(1, "done1")), 1), Some(0));
+        assert_eq!(
+            rank_of(&s.on_arrival(0.1, arrival(2, "live", 10)), 2),
+            Some(1)
+        );
+        assert_eq!(rank_of(&s.on_arrival(0.2, last(3, "done2")), 3), Some(0));
+        for t in 1..=3 {
+            s.on_complete(1.0, t, usage(10, 1));
+        }
+        // Rank 0 holds two finished Programs, rank 1 one that will be back after its tool
+        // call: the new Program goes where nothing live is bound.
+        assert_eq!(
+            rank_of(&s.on_arrival(2.0, arrival(4, "new", 10)), 4),
+            Some(0),
+            "binding_only: {binding_only}"
+        );
+        // A finished Program that comes back anyway still finds its rank.
+        assert_eq!(
+            rank_of(&s.on_arrival(3.0, arrival(5, "done1", 10)), 5),
+            Some(0)
+        );
+        s.check_invariants().expect("ledger");
+    }
+}
+
 fn find<'a>(s: &'a Scheduler, program: &str) -> &'a Program {
     s.programs
         .iter()

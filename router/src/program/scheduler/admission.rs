@@ -1,0 +1,382 @@
+//! Admission and the RequestPool's pump: a Program's demand, the rank's capacity gates
+//! (ledger and watermarks, Program-count guard, vLLM waiting gate), shared-prefix discount,
+//! batch-gain admission, force-resume deadlines, and cross-rank resume.
+
+use super::*;
+
+impl Scheduler {
+    /// Tokens a Program needs on its rank — (context or prompt estimate, less a fresh shared
+    /// prefix) + output allowance + growth reserve — and the growth-reserve part of it.
+    pub(super) fn demand(
+        &self,
+        p: &Program,
+        prompt_tokens: u64,
+        expected_output: Option<u64>,
+        now: f64,
+    ) -> (u64, u64) {
+        let growth = if self.ranks[p.rank].growth.complete() {
+            self.ranks[p.rank].growth.mean().unwrap_or(0.0).max(0.0) as u64
+        } else {
+            0
+        };
+        let logical = p.context_tokens.max(prompt_tokens);
+        let private = logical - self.fresh_shared(p, now).min(logical);
+        (
+            private + expected_output.unwrap_or(self.cfg.decode_buffer_tokens) + growth,
+            growth,
+        )
+    }
+
+    /// How long a shared-prefix observation on `rank` stays valid: the warm-up lifetime until
+    /// the rank's interval window is mature (or when no estimate exists), then the time for
+    /// `shared_prefix_freshness_kv_turnovers` whole-KV-pool turnovers at the rank's measured
+    /// token throughput.
+    pub fn shared_prefix_freshness(&self, rank: Rank) -> f64 {
+        let warmup = self.cfg.shared_prefix_freshness_warmup_seconds;
+        let r = &self.ranks[rank];
+        if !r.intervals.complete() {
+            return warmup;
+        }
+        match (self.capacity(rank).0, r.throughput.tokens_per_second()) {
+            (Some(cap), Some(rate)) if rate > 0.0 => {
+                self.cfg.shared_prefix_freshness_kv_turnovers * cap as f64 / rate
+            }
+            _ => warmup,
+        }
+    }
+
+    /// Tokens of the rank's shared prefix, counted once in admission while fresh.
+    pub(super) fn shared_floor(&self, rank: Rank, now: f64) -> u64 {
+        match self.ranks[rank].shared_prefix {
+            Some((tokens, at))
+                if self.ranks[rank].growth.complete()
+                    && now - at <= self.shared_prefix_freshness(rank) =>
+            {
+                tokens
+            }
+            _ => 0,
+        }
+    }
+
+    /// The Program's shared prefix if its observation is still fresh, else 0. Until the rank's
+    /// growth window is complete there is no growth reserve, and the double-counted prefix is
+    /// the ledger's only margin for decode growth: nothing is discounted then.
+    pub(crate) fn fresh_shared(&self, p: &Program, now: f64) -> u64 {
+        if p.shared_prefix > 0
+            && self.ranks[p.rank].growth.complete()
+            && now - p.shared_at <= self.shared_prefix_freshness(p.rank)
+        {
+            p.shared_prefix
+        } else {
+            0
+        }
+    }
+
+    /// Seconds `rank` needs to serve the work already there — retained requests, one more, and
+    /// the rounds its active Programs are expected to run (mean rounds per activation) — at its
+    /// measured request throughput; `None` until enough completions are measured.
+    pub fn drain_seconds(&self, rank: Rank) -> Option<f64> {
+        let r = &self.ranks[rank];
+        let min_samples = (self.cfg.stats_window_size as usize).clamp(2, 16);
+        let rate = r
+            .throughput
+            .requests_per_second()
+            .filter(|x| *x > 0.0 && r.throughput.len() >= min_samples)?;
+        let rounds = r.segment_rounds.mean().unwrap_or(1.0).max(1.0);
+        let work = r.queue.len() as f64 + 1.0 + f64::from(r.active_programs) * rounds;
+        Some(work / rate)
+    }
+
+    /// Seconds after which a request queued now on `rank` is forced. With
+    /// `force_resume_workload_factor` > 0, that factor × [`Self::drain_seconds`] within
+    /// [`metrics_interval_seconds`, `force_resume_timeout_seconds`] (the spec's workload-derived
+    /// deadline); otherwise, or before throughput is measured, `force_resume_timeout_seconds`.
+    pub fn force_resume_after(&self, rank: Rank) -> f64 {
+        let limit = self.cfg.force_resume_timeout_seconds;
+        let k = self.cfg.force_resume_workload_factor;
+        match self.drain_seconds(rank) {
+            Some(d) if k > 0.0 => {
+                (k * d).clamp(self.cfg.metrics_interval_seconds.min(limit), limit)
+            }
+            _ => limit,
+        }
+    }
+
+    /// Batch-gain admission: when only the growth reserve keeps a candidate out, admit it if the
+    /// decode throughput it adds over its expected wait covers the risk of running out of
+    /// growth room. Benefit = η · W, with η the marginal efficiency of one more request in the
+    /// modelled decode batch (`decode_throughput_model`) and W the candidate's expected wait
+    /// ([`Self::drain_seconds`]). Cost = P(overflow) · (cache-miss impact of the candidate +
+    /// of an average active Program on the rank), P(overflow) the share of the growth reserve
+    /// that would be missing. Returns (benefit, cost) when the bypass is taken.
+    pub(super) fn batch_gain(
+        &self,
+        rank: Rank,
+        base: u64,
+        growth: u64,
+        now: f64,
+        cap: u64,
+    ) -> Option<(f64, f64)> {
+        if !self.cfg.enable_batch_gain_admission || growth == 0 {
+            return None;
+        }
+        let r = &self.ranks[rank];
+        let room = cap as f64 * self.cfg.low_watermark_ratio;
+        let used = (r.used_tokens + self.shared_floor(rank, now)) as f64;
+        if used + base as f64 > room {
+            return None; // immediate capacity is never bypassed
+        }
+        // No throughput measured yet: nothing to model the gain with.
+        let wait = self.drain_seconds(rank)?;
+        let batch = match self.observation_fresh(rank, now) {
+            Some(o) => o.running.max(0.0) as u64,
+            None => u64::from(r.active_programs),
+        };
+        let m = &self.cfg.decode_throughput_model;
+        let efficiency = if batch == 0 {
+            1.0
+        } else {
+            let t0 = decode_throughput(m, batch, r.used_tokens);
+            let t1 = decode_throughput(m, batch + 1, r.used_tokens + base);
+            if t1 <= 0.0 {
+                0.0
+            } else {
+                ((t1 - t0) / (t1 / (batch + 1) as f64)).clamp(0.0, 1.0)
+            }
+        };
+        let benefit = efficiency * wait;
+        let shortfall = used + (base + growth) as f64 - room;
+        let p_overflow = (shortfall / growth as f64).clamp(0.0, 1.0);
+        let mean_context = if r.active_programs > 0 {
+            r.used_tokens / u64::from(r.active_programs)
+        } else {
+            0
+        };
+        let pc = &self.cfg.prefill_cost_model;
+        let cost = p_overflow
+            * (cache_miss_impact_seconds(pc, base) + cache_miss_impact_seconds(pc, mean_context));
+        (benefit >= cost).then_some((benefit, cost))
+    }
+
+    pub(super) fn observation_fresh(&self, rank: Rank, now: f64) -> Option<Observation> {
+        let (at, o) = self.ranks[rank].observation?;
+        (now - at <= 3.0 * self.cfg.metrics_interval_seconds).then_some(o)
+    }
+
+    /// How many tokens `rank` would reserve for a retained request, if it can take it now: its
+    /// whole demand, or its demand less the growth reserve when batch gain pays for the bypass.
+    pub(super) fn admission(
+        &self,
+        rank: Rank,
+        r: &Retained,
+        now: f64,
+    ) -> Option<(u64, Option<(f64, f64)>)> {
+        if self.can_admit(rank, r.demand, now, r.forced()) {
+            return Some((r.demand, None));
+        }
+        let base = r.demand - r.growth;
+        if r.forced() || !self.can_admit(rank, base, now, false) {
+            return None;
+        }
+        let cap = self.capacity(rank).0?;
+        self.batch_gain(rank, base, r.growth, now, cap)
+            .map(|g| (base, Some(g)))
+    }
+
+    /// Whether `rank` can take a Program needing `demand` more tokens. A forced resume skips the
+    /// Program-count guard and the waiting gate, but not token capacity (physical KV), unless the
+    /// rank holds no active Program at all (a demand larger than the rank would never run).
+    pub(super) fn can_admit(&self, rank: Rank, demand: u64, now: f64, forced: bool) -> bool {
+        let r = &self.ranks[rank];
+        if forced {
+            return self.fits(rank, demand, now);
+        }
+        if self.cfg.admission_waiting_request_threshold > 0
+            && let Some(o) = self.observation_fresh(rank, now)
+            && o.waiting >= f64::from(self.cfg.admission_waiting_request_threshold)
+        {
+            return false;
+        }
+        if r.active_programs >= self.cfg.max_active_programs_per_target {
+            return false;
+        }
+        self.fits(rank, demand, now)
+    }
+
+    /// Token capacity: the rank's ledger, its shared prefix (counted once) and `demand` within
+    /// capacity × `low_watermark_ratio`. A rank that holds no active Program takes any demand:
+    /// one larger than the rank would otherwise wait for nothing until its force-resume deadline
+    /// (vLLM chunks and preempts). Without a known capacity, always.
+    pub(super) fn fits(&self, rank: Rank, demand: u64, now: f64) -> bool {
+        let r = &self.ranks[rank];
+        r.active_programs == 0
+            || self.capacity(rank).0.is_none_or(|cap| {
+                (r.used_tokens + self.shared_floor(rank, now) + demand) as f64
+                    <= cap as f64 * self.cfg.low_watermark_ratio
+            })
+    }
+
+    /// Admits retained requests on `rank` in order while capacity allows; with `global_queue`,
+    /// then takes movable requests from other ranks.
+    pub(super) fn pump(&mut self, rank: Rank, now: f64, out: &mut Vec<Decision>) {
+        while let Some(&head) = self.ranks[rank].queue.first() {
+            let ticket = head.ticket;
+            let Some(r) = self.retained.get(&ticket).cloned() else {
+                self.ranks[rank].queue.remove(&head);
+                continue;
+            };
+            let holds = self.program(r.program).active();
+            let reserve = if holds {
+                Some((r.demand, None))
+            } else {
+                self.admission(rank, &r, now)
+            };
+            let Some((reserve, gain)) = reserve else {
+                break;
+            };
+            if let Some((benefit, cost)) = gain {
+                self.counters.batch_gain_admissions += 1;
+                self.notes.push(Note::BatchGain {
+                    rank,
+                    benefit,
+                    cost,
+                });
+            }
+            self.admit(ticket, rank, reserve, now, out);
+        }
+        if !self.cfg.global_queue {
+            return;
+        }
+        // Cross-rank resume: FCFS over the other ranks' heads, gated by headroom and residence.
+        let Some(cap) = self.capacity(rank).0 else {
+            return;
+        };
+        let k = self.min_wait_ratio();
+        loop {
+            let mut best: Option<(f64, Ticket)> = None;
+            for (src, rs) in self.ranks.iter().enumerate() {
+                if src == rank {
+                    continue;
+                }
+                let Some(head) = rs.queue.first() else {
+                    continue;
+                };
+                let ticket = head.ticket;
+                let Some(r) = self.retained.get(&ticket) else {
+                    continue;
+                };
+                let p = self.program(r.program);
+                if p.active()
+                    || now - p.placed_at < self.cfg.metrics_interval_seconds && p.context_tokens > 0
+                {
+                    continue;
+                }
+                let src_cap = self.capacity(src).0.unwrap_or(cap);
+                let src_free = src_cap.saturating_sub(rs.used_tokens) as f64;
+                let dst_free = cap.saturating_sub(self.ranks[rank].used_tokens) as f64;
+                let needed = src_free + self.cfg.cross_rank_headroom_ratio * r.demand as f64;
+                if dst_free < needed || !self.can_admit(rank, r.demand, now, r.forced()) {
+                    continue;
+                }
+                let at = self.retained_at.get(&ticket).copied().unwrap_or(now);
+                // Break-even gate: wait at home until the wait so far is worth the move.
+                if k > 0.0
+                    && !r.forced()
+                    && now - at
+                        < k * cache_miss_impact_seconds(
+                            &self.cfg.prefill_cost_model,
+                            p.context_tokens,
+                        )
+                {
+                    continue;
+                }
+                if best.is_none_or(|(t, _)| at < t) {
+                    best = Some((at, ticket));
+                }
+            }
+            let Some((_, ticket)) = best else { break };
+            self.counters.cross_rank_migrations += 1;
+            let demand = self.retained.get(&ticket).map_or(0, |r| r.demand);
+            self.admit(ticket, rank, demand, now, out);
+        }
+    }
+
+    /// `cross_rank_min_wait_ratio`, with null resolved by the current number of ranks.
+    pub fn min_wait_ratio(&self) -> f64 {
+        self.cfg.cross_rank_min_wait_ratio.unwrap_or(
+            if self.ranks.len() >= crate::config::program::AUTO_MIN_WAIT_RANKS {
+                1.0
+            } else {
+                0.0
+            },
+        )
+    }
+
+    /// Dispatches retained `ticket` on `rank`, reserving `reserve` tokens for its Program.
+    pub(super) fn admit(
+        &mut self,
+        ticket: Ticket,
+        rank: Rank,
+        reserve: u64,
+        now: f64,
+        out: &mut Vec<Decision>,
+    ) {
+        let Some(r) = self.retained.remove(&ticket) else {
+            return;
+        };
+        self.ranks[r.rank].queue.remove(&r.key);
+        // Virtual time follows the start tag of what enters service.
+        self.virtual_time = self.virtual_time.max(r.key.fair_tag);
+        let since = self.retained_at.remove(&ticket).unwrap_or(now);
+        let p = self.program(r.program);
+        // An active Program (another of its requests was admitted meanwhile, maybe on another
+        // rank) keeps its place: this request joins it there and never moves it.
+        let active = p.active();
+        let rank = if active { p.rank } else { rank };
+        self.notes.push(Note::QueueWait {
+            rank,
+            seconds: now - since,
+        });
+        if active {
+            let p = self.program_mut(r.program);
+            p.phase = Phase::Reasoning;
+            p.timer_gen += 1;
+        } else {
+            self.activate(r.program, rank, reserve, now);
+        }
+        let p = self.program_mut(r.program);
+        p.retained -= 1;
+        p.in_flight += 1;
+        // A successful resume clears the one-shot yield marker.
+        p.yielded = false;
+        p.last_rank = Some(rank);
+        let name = p.key.1.clone();
+        let kv_ttl = p.identity.kv_retention_ttl_seconds;
+        self.in_flight.insert(
+            ticket,
+            InFlight {
+                program: r.program,
+                rank,
+                kv_retention_ttl: kv_ttl,
+                dispatched_at: now,
+                queued: now - since,
+            },
+        );
+        if r.forced() {
+            self.counters.force_resumes += 1;
+        }
+        let used_ratio = self
+            .capacity(rank)
+            .0
+            .filter(|c| *c > 0)
+            .map(|c| self.ranks[rank].used_tokens as f64 / c as f64);
+        self.notes.push(Note::Admit {
+            program: name,
+            rank,
+            forced: r.forced(),
+            demand: reserve,
+            used_ratio,
+        });
+        out.push(Decision::Dispatch { ticket, rank });
+    }
+}

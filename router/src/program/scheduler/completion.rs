@@ -1,0 +1,149 @@
+//! Completion of a request: usage into the Program's context and the rank's windows, then
+//! the Progress-TTL (acting) or a pause, with the automatic TTL's choice.
+
+use super::*;
+
+impl Scheduler {
+    /// A dispatched request finished with `usage` (`None` if the backend reported none).
+    pub fn on_complete(&mut self, now: f64, ticket: Ticket, usage: Option<Usage>) -> Vec<Decision> {
+        let mut out = Vec::new();
+        let Some(f) = self.in_flight.remove(&ticket) else {
+            return out;
+        };
+        let rank = f.rank;
+        let binding_only = self.cfg.binding_only;
+        let queue_pressure = !self.ranks[rank].queue.is_empty();
+        let p = self.program_mut(f.program);
+        p.in_flight = p.in_flight.saturating_sub(1);
+        p.last_complete = Some(now);
+        p.last_activity = now;
+        let prev_context = p.context_tokens;
+        let mut shared = None;
+        p.rounds_since_ttl_pause += 1;
+        if let Some(u) = usage {
+            p.last_output = Some(u.completion_tokens);
+            p.context_tokens = u.prompt_tokens + u.completion_tokens;
+            if std::mem::take(&mut p.fresh_start) {
+                // First run on this placement: whatever was cached came from other Programs.
+                p.shared_prefix = u.cached_tokens.min(u.prompt_tokens);
+                p.shared_at = now;
+                shared = Some(p.shared_prefix);
+            }
+        }
+        let context = p.context_tokens;
+        if let Some(u) = usage {
+            let r = &mut self.ranks[rank];
+            r.throughput
+                .push(now, u.prompt_tokens + u.completion_tokens);
+            r.requests.push(
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.cached_tokens,
+                (now - f.dispatched_at).max(0.0),
+                f.queued.max(0.0),
+            );
+        }
+        if let Some(tokens) = shared {
+            self.notes.push(Note::SharedPrefix { rank, tokens });
+            if tokens > 0 && tokens >= self.shared_floor(rank, now) {
+                self.ranks[rank].shared_prefix = Some((tokens, now));
+            }
+        }
+        if usage.is_some() && prev_context > 0 {
+            let growth = context as f64 - prev_context as f64;
+            self.ranks[rank].growth.push(growth);
+            self.notes.push(Note::ContextGrowth {
+                rank,
+                tokens: growth,
+            });
+        }
+        if binding_only {
+            // Nothing to schedule, but the binding is forgotten after the paused retention like
+            // any idle Program's (or a long-running router would keep every Program forever).
+            if self.program(f.program).in_flight == 0 {
+                self.release_later(f.program, now);
+            }
+            return out;
+        }
+        if self.program(f.program).in_flight > 0 {
+            return out;
+        }
+        // Hold exactly the context just computed, less a prefix other Programs keep cached.
+        let shared = self.fresh_shared(self.program(f.program), now).min(context);
+        let held = context - shared + self.cfg.decode_buffer_tokens;
+        let p = self.program_mut(f.program);
+        if p.active() {
+            let before = p.reserved;
+            p.reserved = held;
+            let r = &mut self.ranks[rank];
+            r.used_tokens = (r.used_tokens + held).saturating_sub(before);
+        }
+        let p = self.program(f.program);
+        let reason = if !p.identity.expected_resume {
+            Some(PauseReason::NoResumeExpected)
+        } else if p.pause_on_complete {
+            Some(PauseReason::CapacityRepair)
+        } else if p.rounds + 1 >= self.cfg.max_segment_rounds && queue_pressure {
+            Some(PauseReason::SegmentYield)
+        } else {
+            None
+        };
+        let ttl = match (reason, f.kv_retention_ttl) {
+            (Some(_), _) => 0.0,
+            (None, Some(t)) => t,
+            (None, None) => self.auto_ttl(rank, context),
+        };
+        let p = self.program_mut(f.program);
+        p.rounds += 1;
+        if ttl > 0.0 {
+            p.phase = Phase::Acting { until: now + ttl };
+            p.armed_ttl = ttl;
+            p.timer_gen += 1;
+            let generation = p.timer_gen;
+            let name = p.key.1.clone();
+            self.timer(
+                now + ttl,
+                TimerKind::TtlExpiry,
+                f.program as u64,
+                generation,
+            );
+            self.notes.push(Note::TtlArmed {
+                program: name,
+                rank,
+                seconds: ttl,
+            });
+        } else {
+            p.armed_ttl = 0.0;
+            self.pause(f.program, reason.unwrap_or(PauseReason::TtlExpired), now);
+        }
+        self.pump(rank, now, &mut out);
+        out
+    }
+
+    /// The automatic acting TTL for a Program with `context` tokens on `rank`.
+    pub(super) fn auto_ttl(&mut self, rank: Rank, context: u64) -> f64 {
+        let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context);
+        self.notes.push(Note::CacheMissImpact {
+            rank,
+            seconds: impact,
+        });
+        self.fitted_ttl(rank, context)
+    }
+
+    /// The automatic acting TTL `rank`'s evidence gives a Program with `context` tokens now.
+    pub(crate) fn fitted_ttl(&self, rank: Rank, context: u64) -> f64 {
+        let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context);
+        let w = match self.cfg.ttl_evidence {
+            crate::config::program::TtlEvidence::Rank => &self.ranks[rank].intervals,
+            crate::config::program::TtlEvidence::Pooled => &self.pooled_intervals,
+        };
+        let needed = self
+            .cfg
+            .ttl_min_samples
+            .unwrap_or(self.cfg.stats_window_size) as usize;
+        if w.len() < needed {
+            return 0.0;
+        }
+        best_ttl(&w.sorted(), impact, self.cfg.max_acting_ttl_seconds)
+    }
+}

@@ -1,0 +1,73 @@
+//! Invariant checks over the scheduler's ledgers, queues and indexes (tests and the
+//! virtual-time harness call them after every event).
+
+use super::*;
+
+impl Scheduler {
+    /// Checks the ledger against the Programs (tests and debug builds).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (i, r) in self.ranks.iter().enumerate() {
+            let (used, active) = self
+                .programs
+                .iter()
+                .flatten()
+                .filter(|p| p.rank == i && p.active())
+                .fold((0u64, 0u32), |(u, a), p| (u + p.reserved, a + 1));
+            if used != r.used_tokens || active != r.active_programs {
+                return Err(format!(
+                    "rank {i}: ledger {}/{} but Programs hold {used}/{active}",
+                    r.used_tokens, r.active_programs
+                ));
+            }
+            let bound = self
+                .programs
+                .iter()
+                .flatten()
+                .filter(|p| p.rank == i)
+                .count();
+            if bound != r.members.len() {
+                return Err(format!(
+                    "rank {i}: {} members but {bound} Programs bound",
+                    r.members.len()
+                ));
+            }
+            let queued = self.retained.values().filter(|x| x.rank == i).count();
+            if queued != r.queue.len() {
+                return Err(format!(
+                    "rank {i}: queue {} vs retained {queued}",
+                    r.queue.len()
+                ));
+            }
+        }
+        for (slot, p) in self.programs.iter().enumerate() {
+            if let Some(p) = p
+                && !self
+                    .ranks
+                    .get(p.rank)
+                    .is_some_and(|r| r.members.contains(&slot))
+            {
+                return Err(format!(
+                    "Program {:?} bound to rank {} that does not list it",
+                    p.key, p.rank
+                ));
+            }
+        }
+        for (t, f) in &self.in_flight {
+            if f.rank >= self.ranks.len() || self.programs[f.program].is_none() {
+                return Err(format!(
+                    "ticket {t} in flight on rank {} or for a released Program",
+                    f.rank
+                ));
+            }
+        }
+        for (t, r) in &self.retained {
+            if self.in_flight.contains_key(t) {
+                return Err(format!("ticket {t} both retained and in flight"));
+            }
+            if self.programs[r.program].is_none() {
+                return Err(format!("ticket {t} retained for a released Program"));
+            }
+        }
+        Ok(())
+    }
+}

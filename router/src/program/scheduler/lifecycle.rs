@@ -1,0 +1,156 @@
+//! Program lifecycle transitions: activation on a rank, pause and parking, insertion,
+//! release after the paused retention, and removal.
+
+use super::*;
+
+impl Scheduler {
+    pub(super) fn activate(&mut self, slot: usize, rank: Rank, demand: u64, now: f64) {
+        let p = self.program_mut(slot);
+        let was_active = p.active();
+        let old_rank = p.rank;
+        let old_reserved = p.reserved;
+        if old_rank != rank {
+            self.ranks[old_rank].members.remove(&slot);
+            self.ranks[rank].members.insert(slot);
+        }
+        let p = self.program_mut(slot);
+        p.rank = rank;
+        p.phase = Phase::Reasoning;
+        p.reserved = demand;
+        p.last_activity = now;
+        if !was_active || old_rank != rank {
+            p.placed_at = now;
+        }
+        if old_rank != rank {
+            // A shared prefix observed on the old rank says nothing about this one.
+            p.fresh_start = true;
+            p.shared_prefix = 0;
+            p.generation += 1;
+            p.placement = "cross_rank";
+        }
+        if was_active {
+            self.ranks[old_rank].used_tokens = self.ranks[old_rank]
+                .used_tokens
+                .saturating_sub(old_reserved);
+            self.ranks[old_rank].active_programs =
+                self.ranks[old_rank].active_programs.saturating_sub(1);
+        }
+        self.ranks[rank].used_tokens += demand;
+        self.ranks[rank].active_programs += 1;
+    }
+
+    pub(super) fn pause(&mut self, slot: usize, reason: PauseReason, now: f64) {
+        let p = self.program(slot);
+        if !p.active() {
+            return;
+        }
+        let (rank, reserved, rounds) = (p.rank, p.reserved, p.rounds);
+        let r = &mut self.ranks[rank];
+        r.used_tokens = r.used_tokens.saturating_sub(reserved);
+        r.active_programs = r.active_programs.saturating_sub(1);
+        if rounds > 0 {
+            r.segment_rounds.push(f64::from(rounds));
+        }
+        self.park(slot, reason, now);
+    }
+
+    /// The Program side of a pause (its rank's ledger is the caller's): paused, nothing
+    /// reserved, counted, noted, and forgotten after `paused_retention_ttl_seconds`.
+    pub(super) fn park(&mut self, slot: usize, reason: PauseReason, now: f64) {
+        let p = self.program_mut(slot);
+        p.phase = Phase::Paused { since: now, reason };
+        p.reserved = 0;
+        p.rounds = 0;
+        if reason == PauseReason::TtlExpired {
+            p.rounds_since_ttl_pause = 0;
+        }
+        p.yielded = reason == PauseReason::SegmentYield;
+        p.pause_on_complete = false;
+        p.timer_gen += 1;
+        let (generation, rank, name) = (p.timer_gen, p.rank, p.key.1.clone());
+        *self.counters.pauses.entry(reason.as_str()).or_default() += 1;
+        self.notes.push(Note::Pause {
+            program: name,
+            rank,
+            reason,
+        });
+        let release_at = now + self.cfg.paused_retention_ttl_seconds;
+        self.timer(release_at, TimerKind::Release, slot as u64, generation);
+    }
+
+    /// A new Program `key` bound to `rank`, in phase `New`; its slot.
+    pub(super) fn insert_program(
+        &mut self,
+        key: (String, String),
+        rank: Rank,
+        identity: Identity,
+        now: f64,
+    ) -> usize {
+        let p = Program {
+            key: key.clone(),
+            rank,
+            phase: Phase::New,
+            in_flight: 0,
+            retained: 0,
+            context_tokens: 0,
+            reserved: 0,
+            last_step: None,
+            last_activity: now,
+            last_complete: None,
+            placed_at: now,
+            rounds: 0,
+            yielded: false,
+            pause_on_complete: false,
+            timer_gen: 0,
+            identity,
+            armed_ttl: 0.0,
+            shared_prefix: 0,
+            shared_at: now,
+            fresh_start: true,
+            generation: 0,
+            placement: "binding",
+            last_rank: None,
+            last_return: None,
+            last_output: None,
+            rounds_since_ttl_pause: 0,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.programs[s] = Some(p);
+                s
+            }
+            None => {
+                self.programs.push(Some(p));
+                self.programs.len() - 1
+            }
+        };
+        self.index.insert(key, slot);
+        self.ranks[rank].members.insert(slot);
+        slot
+    }
+
+    /// `binding_only`: forget an idle Program's binding after the paused retention.
+    pub(super) fn release_later(&mut self, slot: usize, now: f64) {
+        let at = now + self.cfg.paused_retention_ttl_seconds;
+        let p = self.program_mut(slot);
+        p.timer_gen += 1;
+        let generation = p.timer_gen;
+        self.timer(at, TimerKind::Release, slot as u64, generation);
+    }
+
+    pub(super) fn maybe_forget(&mut self, slot: usize) {
+        let p = self.program(slot);
+        if p.phase == Phase::New && p.retained == 0 && p.in_flight == 0 {
+            self.remove_program(slot);
+        }
+    }
+
+    /// Forgets the Program in `slot` (its ledger entries are the caller's); its rank.
+    pub(super) fn remove_program(&mut self, slot: usize) -> Rank {
+        let p = self.programs[slot].take().expect("live program slot");
+        self.ranks[p.rank].members.remove(&slot);
+        self.index.remove(&p.key);
+        self.free_slots.push(slot);
+        p.rank
+    }
+}

@@ -1,0 +1,740 @@
+//! The Program scheduler: a pure state machine — events with an explicit `now` in, decisions out.
+//!
+//! Owns Program lifecycle (reasoning → acting with a Progress-TTL → paused → released), the
+//! RequestPool (per-rank retained requests, queue timeouts, force resume), admission (token
+//! capacity with watermarks, Program-count guard, vLLM waiting gate), resume ordering, cross-rank
+//! resume, segment yield and capacity repair. No I/O, no clock reads, no async: the data plane
+//! calls it under a lock and acts on the returned [`Decision`]s.
+//!
+//! This file holds the types, construction and the arrival, cancellation and observation
+//! events; the submodules hold the rest of `impl Scheduler` by concern (binding, admission,
+//! lifecycle, completion, timers, target changes, hand-over between replicas, invariants).
+
+mod admission;
+mod binding;
+mod completion;
+mod handover;
+mod invariants;
+mod lifecycle;
+mod targets;
+mod timers;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+
+use rustc_hash::FxHashMap;
+
+use super::cost::{cache_miss_impact_seconds, decode_throughput};
+use super::identity::Identity;
+use super::window::{RequestWindows, Throughput, Window, best_ttl};
+use crate::config::ProgramSchedulingConfig;
+use crate::config::program::ResumeOrder;
+use crate::policies::prefix_index::PrefixIndex;
+
+/// The data plane's id for one request.
+pub type Ticket = u64;
+/// Index of a rank (target) in the scheduler.
+pub type Rank = usize;
+
+/// A request entering Program scheduling.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub ticket: Ticket,
+    pub model: String,
+    pub identity: Identity,
+    /// Estimated prompt tokens of this request.
+    pub prompt_tokens: u64,
+    /// Tenant and share weight, when fair queueing is configured: among retained requests of
+    /// equal force/priority/yield tier, tenants are served in start-time fair queueing order.
+    pub tenant: Option<(String, f64)>,
+    /// The prompt's block chain ([`PrefixIndex::chain`]) for `cache_aware` binding; empty
+    /// otherwise.
+    pub prefix: Vec<u64>,
+}
+
+/// Prompt blocks remembered per rank for `cache_aware` binding (64 bytes each: 4 MiB of prompt).
+const PREFIX_BUDGET_BLOCKS: usize = 1 << 16;
+
+/// What the data plane must do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Dispatch {
+        ticket: Ticket,
+        rank: Rank,
+    },
+    Reject {
+        ticket: Ticket,
+        reason: RejectReason,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// Retained longer than `queue_timeout_seconds` (or the request's deadline).
+    QueueTimeout,
+    /// The scheduler has no rank at all (an empty target set).
+    NoTarget,
+}
+
+/// Usage of a finished request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+/// A backend observation of one rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Observation {
+    pub waiting: f64,
+    pub running: f64,
+    pub kv_usage: f64,
+    /// KV token capacity from `vllm:cache_config_info`.
+    pub token_capacity: Option<u64>,
+}
+
+/// Why a Program left the active set (a bounded label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseReason {
+    TtlExpired,
+    NoResumeExpected,
+    SegmentYield,
+    CapacityRepair,
+    Cancelled,
+    /// Its rank left the target set; it was re-homed and resumes through admission.
+    TargetRemoved,
+    /// Another router replica took it over (`peers`), or handed it here.
+    HandedOver,
+}
+
+impl PauseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseReason::TtlExpired => "ttl_expired",
+            PauseReason::NoResumeExpected => "no_resume_expected",
+            PauseReason::SegmentYield => "max_segment_yield",
+            PauseReason::CapacityRepair => "capacity_repair",
+            PauseReason::Cancelled => "cancelled",
+            PauseReason::TargetRemoved => "target_removed",
+            PauseReason::HandedOver => "handed_over",
+        }
+    }
+}
+
+/// Where a rank's capacity comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapacitySource {
+    Configured,
+    Observed,
+    /// No token capacity: the Program-count guard alone.
+    ProgramCount,
+}
+
+impl CapacitySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CapacitySource::Configured => "configured",
+            CapacitySource::Observed => "backend_cache_config",
+            CapacitySource::ProgramCount => "program_count",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Phase {
+    New,
+    Reasoning,
+    Acting { until: f64 },
+    Paused { since: f64, reason: PauseReason },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Program {
+    pub key: (String, String),
+    pub rank: Rank,
+    pub phase: Phase,
+    pub in_flight: u32,
+    pub retained: u32,
+    pub context_tokens: u64,
+    /// Tokens this Program holds in its rank's ledger while active.
+    pub reserved: u64,
+    pub last_step: Option<u64>,
+    pub last_activity: f64,
+    pub last_complete: Option<f64>,
+    pub placed_at: f64,
+    pub rounds: u32,
+    pub yielded: bool,
+    pub pause_on_complete: bool,
+    pub timer_gen: u64,
+    pub identity: Identity,
+    pub armed_ttl: f64,
+    /// Prompt tokens that were already cached when this Program first ran on its rank (a prefix
+    /// shared with other Programs, e.g. a system prompt), and when that was observed.
+    pub shared_prefix: u64,
+    pub shared_at: f64,
+    /// The next completion is the first on this placement: its cached tokens measure sharing.
+    pub fresh_start: bool,
+    /// Times it moved to another rank (cross-rank resume, re-home), and how it got its rank.
+    pub generation: u32,
+    pub placement: &'static str,
+    /// The rank its latest request was dispatched to.
+    pub last_rank: Option<Rank>,
+    /// Its latest measured return (tool gap) and output length.
+    pub last_return: Option<f64>,
+    pub last_output: Option<u64>,
+    /// Completions since its last TTL-expiry pause.
+    pub rounds_since_ttl_pause: u32,
+}
+
+impl Program {
+    pub(crate) fn active(&self) -> bool {
+        matches!(self.phase, Phase::Reasoning | Phase::Acting { .. })
+    }
+
+    /// Its last request said no further request follows (`expected_resume: false`) and nothing
+    /// of it is queued or in flight: a finished Program. Its binding is kept for the paused
+    /// retention (a late request still finds its KV rank) but it no longer counts as load.
+    pub(crate) fn finished(&self) -> bool {
+        !self.identity.expected_resume
+            && !self.active()
+            && self.in_flight == 0
+            && self.retained == 0
+    }
+
+    /// The root of its Program tree (router replicas own trees, `peers`).
+    pub(crate) fn root(&self) -> &str {
+        self.identity
+            .root_program_id
+            .as_deref()
+            .unwrap_or(&self.key.1)
+    }
+}
+
+/// A Program as one router replica hands it to another (`peers`): enough to keep it on its
+/// rank. Field names are the wire format of `/peers/hand-over` and `/peers/adopt`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HandedOver {
+    pub model: String,
+    pub program_id: String,
+    pub root: String,
+    /// The target (rank) id it runs on.
+    pub target: String,
+    pub context_tokens: u64,
+    pub idle_seconds: f64,
+}
+
+#[derive(Debug, Clone)]
+struct Retained {
+    program: usize,
+    rank: Rank,
+    key: QueueKey,
+    demand: u64,
+    /// The growth-reserve part of `demand` (what batch-gain admission may bypass).
+    growth: u64,
+    /// When the request becomes forced.
+    force_at: f64,
+    /// Which arrival this is (the scheduler's arrival count), so that a timer armed for an
+    /// earlier request that reused the ticket cannot act on this one.
+    arrival: u64,
+}
+
+impl Retained {
+    /// Past its force-resume deadline.
+    fn forced(&self) -> bool {
+        !self.key.not_forced
+    }
+}
+
+/// Order within a rank's queue: forced first, then higher priority, then not-yielded, then the
+/// tenant's fair-queueing start tag (0 without fair queueing), then MRU/FCFS; the ticket breaks
+/// ties.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct QueueKey {
+    not_forced: bool,
+    neg_priority: i64,
+    yielded: bool,
+    fair_tag: u64,
+    order: i64,
+    ticket: Ticket,
+}
+
+#[derive(Debug, Clone)]
+struct InFlight {
+    program: usize,
+    rank: Rank,
+    kv_retention_ttl: Option<f64>,
+    /// When it was dispatched and how long it waited in the pool first.
+    dispatched_at: f64,
+    queued: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum TimerKind {
+    // Order matters for equal times: force resume before queue timeout.
+    ForceResume,
+    QueueTimeout,
+    TtlExpiry,
+    Release,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Timer {
+    at_us: i64,
+    kind: TimerKind,
+    id: u64,
+    generation: u64,
+}
+
+/// Per-rank state.
+#[derive(Debug, Clone)]
+pub(crate) struct RankState {
+    pub id: String,
+    pub used_tokens: u64,
+    pub active_programs: u32,
+    pub queue: BTreeSet<QueueKey>,
+    pub observation: Option<(f64, Observation)>,
+    pub intervals: Window,
+    pub growth: Window,
+    /// Program slots bound to this rank (so per-rank work never scans every Program).
+    pub members: rustc_hash::FxHashSet<usize>,
+    /// Capacity repair flagged Programs at the last observation.
+    pub repairing: bool,
+    /// Completions (request and token throughput), for shared-prefix freshness, the
+    /// force-resume deadline and batch gain.
+    pub throughput: Throughput,
+    /// Rounds Programs ran per activation before pausing.
+    pub segment_rounds: Window,
+    /// The largest shared prefix observed on this rank and when: Programs reserve only their
+    /// private tokens, so admission counts this prefix once for the whole rank while fresh.
+    pub shared_prefix: Option<(u64, f64)>,
+    /// The router's ledger when the last observation arrived (diagnostics).
+    pub used_at_observation: u64,
+    /// Per-request measurements of the latest completions (diagnostics).
+    pub requests: RequestWindows,
+}
+
+impl RankState {
+    fn new(id: String, window: usize) -> Self {
+        RankState {
+            id,
+            used_tokens: 0,
+            active_programs: 0,
+            queue: BTreeSet::new(),
+            observation: None,
+            intervals: Window::new(window),
+            growth: Window::new(window),
+            members: Default::default(),
+            repairing: false,
+            throughput: Throughput::new(window),
+            segment_rounds: Window::new(window),
+            shared_prefix: None,
+            used_at_observation: 0,
+            requests: RequestWindows::new(window),
+        }
+    }
+}
+
+/// Counters exposed as metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Counters {
+    pub queue_timeouts: u64,
+    pub force_resumes: u64,
+    pub cross_rank_migrations: u64,
+    /// Admissions that bypassed the growth reserve on modelled batch gain.
+    pub batch_gain_admissions: u64,
+    pub pauses: FxHashMap<&'static str, u64>,
+}
+
+/// Something worth logging or counting that happened during an event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Note {
+    Admit {
+        program: String,
+        rank: Rank,
+        forced: bool,
+        /// Tokens the admission reserved for the Program.
+        demand: u64,
+        /// The rank's ledger after admission over its token capacity (when one is known).
+        used_ratio: Option<f64>,
+    },
+    /// Context growth of a Program between two of its completions (tokens).
+    ContextGrowth {
+        rank: Rank,
+        tokens: f64,
+    },
+    Pause {
+        program: String,
+        rank: Rank,
+        reason: PauseReason,
+    },
+    TtlArmed {
+        program: String,
+        rank: Rank,
+        seconds: f64,
+    },
+    QueueWait {
+        rank: Rank,
+        seconds: f64,
+    },
+    Interval {
+        rank: Rank,
+        seconds: f64,
+    },
+    CacheMissImpact {
+        rank: Rank,
+        seconds: f64,
+    },
+    /// Prompt tokens found cached on a Program's first run on a rank: shared with others.
+    SharedPrefix {
+        rank: Rank,
+        tokens: u64,
+    },
+    /// An admission bypassed the growth reserve because the modelled batch gain covered the
+    /// risk (`benefit` and `cost` in seconds).
+    BatchGain {
+        rank: Rank,
+        benefit: f64,
+        cost: f64,
+    },
+}
+
+/// The scheduler.
+pub struct Scheduler {
+    pub(crate) cfg: ProgramSchedulingConfig,
+    pub(crate) ranks: Vec<RankState>,
+    pub(crate) programs: Vec<Option<Program>>,
+    free_slots: Vec<usize>,
+    index: FxHashMap<(String, String), usize>,
+    retained: FxHashMap<Ticket, Retained>,
+    retained_at: FxHashMap<Ticket, f64>,
+    in_flight: FxHashMap<Ticket, InFlight>,
+    timers: BinaryHeap<Reverse<Timer>>,
+    arrivals: i64,
+    rr: usize,
+    pub counters: Counters,
+    pub notes: Vec<Note>,
+    /// All ranks' intervals, for `ttl_evidence: pooled`.
+    pub(crate) pooled_intervals: Window,
+    /// Start-time fair queueing: each tenant's last finish tag, and the virtual time (start tag
+    /// of the latest request to enter service), in weighted tokens.
+    tenant_finish: FxHashMap<String, u64>,
+    virtual_time: u64,
+    /// Which prompt blocks each rank has seen (`cache_aware` binding only).
+    prefix: PrefixIndex,
+}
+
+/// Microseconds, rounded so that `us(x as f64 / 1e6) == x`: a timer read back through
+/// `next_deadline` must fire at exactly that time.
+fn us(t: f64) -> i64 {
+    (t * 1e6).round() as i64
+}
+
+impl Scheduler {
+    /// A scheduler for ranks named `rank_ids` (indices are the data plane's).
+    pub fn new(cfg: ProgramSchedulingConfig, rank_ids: Vec<String>) -> Self {
+        let w = cfg.stats_window_size as usize;
+        let ranks = rank_ids
+            .into_iter()
+            .map(|id| RankState::new(id, w))
+            .collect();
+        Scheduler {
+            cfg,
+            ranks,
+            programs: Vec::new(),
+            free_slots: Vec::new(),
+            index: FxHashMap::default(),
+            retained: FxHashMap::default(),
+            retained_at: FxHashMap::default(),
+            in_flight: FxHashMap::default(),
+            timers: BinaryHeap::new(),
+            arrivals: 0,
+            rr: 0,
+            counters: Counters::default(),
+            notes: Vec::new(),
+            pooled_intervals: Window::new(w),
+            tenant_finish: FxHashMap::default(),
+            virtual_time: 0,
+            prefix: PrefixIndex::default(),
+        }
+    }
+
+    pub fn num_ranks(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Requests waiting in the RequestPool.
+    pub fn retained_requests(&self) -> usize {
+        self.retained.len()
+    }
+
+    /// Token capacity of `rank` and where it comes from.
+    pub fn capacity(&self, rank: Rank) -> (Option<u64>, CapacitySource) {
+        if let Some(c) = self.cfg.token_capacity_per_dp_rank {
+            return (Some(c), CapacitySource::Configured);
+        }
+        match self.ranks[rank]
+            .observation
+            .and_then(|(_, o)| o.token_capacity)
+        {
+            Some(c) => (Some(c), CapacitySource::Observed),
+            None => (None, CapacitySource::ProgramCount),
+        }
+    }
+
+    fn program(&self, slot: usize) -> &Program {
+        self.programs[slot].as_ref().expect("live program slot")
+    }
+
+    fn program_mut(&mut self, slot: usize) -> &mut Program {
+        self.programs[slot].as_mut().expect("live program slot")
+    }
+
+    /// A request with Program identity arrives.
+    pub fn on_arrival(&mut self, now: f64, a: Arrival) -> Vec<Decision> {
+        if self.ranks.is_empty() {
+            return vec![Decision::Reject {
+                ticket: a.ticket,
+                reason: RejectReason::NoTarget,
+            }];
+        }
+        self.arrivals += 1;
+        let key = (a.model.clone(), a.identity.program_id.clone());
+        let slot = match self.index.get(&key) {
+            Some(s) => *s,
+            None => {
+                let rank = self.bind(&a.identity.program_id, &a.prefix);
+                self.insert_program(key, rank, a.identity.clone(), now)
+            }
+        };
+        if !a.prefix.is_empty() {
+            let home = self.program(slot).rank;
+            self.prefix
+                .record(&self.ranks[home].id, &a.prefix, PREFIX_BUDGET_BLOCKS);
+        }
+        let mut out = Vec::new();
+        let binding_only = self.cfg.binding_only;
+        let p = self.program_mut(slot);
+        let step = a
+            .identity
+            .step_id
+            .unwrap_or_else(|| p.last_step.map_or(0, |s| s + 1));
+        p.last_step = Some(step);
+        p.identity = Identity {
+            step_id: Some(step),
+            ..a.identity.clone()
+        };
+        let interval = p.last_complete.map(|t| now - t);
+        if interval.is_some() {
+            p.last_return = interval;
+        }
+        let (rank, phase) = (p.rank, p.phase);
+        if let Some(iv) = interval {
+            self.ranks[rank].intervals.push(iv);
+            self.pooled_intervals.push(iv);
+            self.notes.push(Note::Interval { rank, seconds: iv });
+        }
+        let inflight = InFlight {
+            program: slot,
+            rank,
+            kv_retention_ttl: a.identity.kv_retention_ttl_seconds,
+            dispatched_at: now,
+            queued: 0.0,
+        };
+        if binding_only {
+            let p = self.program_mut(slot);
+            p.in_flight += 1;
+            p.last_activity = now;
+            p.last_rank = Some(rank);
+            self.in_flight.insert(a.ticket, inflight);
+            out.push(Decision::Dispatch {
+                ticket: a.ticket,
+                rank,
+            });
+            return out;
+        }
+        let holds_capacity = match phase {
+            Phase::Reasoning => true,
+            Phase::Acting { until } if until >= now => true,
+            _ => false,
+        };
+        if holds_capacity && self.program(slot).retained == 0 {
+            // Acting and reasoning Programs keep their place: never reclaimed by admission.
+            let (demand, _) = self.demand(
+                self.program(slot),
+                a.prompt_tokens,
+                a.identity.expected_output_length,
+                now,
+            );
+            let p = self.program_mut(slot);
+            p.phase = Phase::Reasoning;
+            p.in_flight += 1;
+            p.timer_gen += 1;
+            p.last_activity = now;
+            p.last_rank = Some(rank);
+            let grow = demand.saturating_sub(p.reserved);
+            p.reserved += grow;
+            self.ranks[rank].used_tokens += grow;
+            self.in_flight.insert(a.ticket, inflight);
+            out.push(Decision::Dispatch {
+                ticket: a.ticket,
+                rank,
+            });
+            return out;
+        }
+        if let Phase::Acting { .. } = phase {
+            // The TTL passed but its timer has not fired yet.
+            self.pause(slot, PauseReason::TtlExpired, now);
+        }
+        // New or paused: through the RequestPool, in resume order.
+        let (demand, growth) = self.demand(
+            self.program(slot),
+            a.prompt_tokens,
+            a.identity.expected_output_length,
+            now,
+        );
+        let order = match self.cfg.resume_order {
+            ResumeOrder::Fcfs => self.arrivals,
+            ResumeOrder::Mru => -self.arrivals,
+        };
+        // Start-time fair queueing over tenants: a request's tag is where its tenant's previous
+        // request ends in virtual service (or the current virtual time, for a tenant that was
+        // idle), so a heavy tenant's backlog cannot keep a light tenant's request behind it.
+        if self.tenant_finish.len() > 4096 {
+            // A tenant whose finish tag is behind virtual time starts there anyway.
+            let v = self.virtual_time;
+            self.tenant_finish.retain(|_, f| *f > v);
+        }
+        let fair_tag = match &a.tenant {
+            Some((tenant, weight)) => {
+                let start = self
+                    .tenant_finish
+                    .get(tenant)
+                    .copied()
+                    .unwrap_or(0)
+                    .max(self.virtual_time);
+                let cost = (demand as f64 / weight.max(1e-9)).ceil() as u64;
+                self.tenant_finish
+                    .insert(tenant.clone(), start.saturating_add(cost.max(1)));
+                start
+            }
+            None => 0,
+        };
+        let p = self.program_mut(slot);
+        p.retained += 1;
+        let yielded = p.yielded;
+        let key = QueueKey {
+            not_forced: true,
+            neg_priority: -a.identity.priority,
+            yielded,
+            fair_tag,
+            order,
+            ticket: a.ticket,
+        };
+        let deadline = a.identity.deadline_seconds;
+        let queue_limit = deadline.map_or(self.cfg.queue_timeout_seconds, |d| {
+            d.min(self.cfg.queue_timeout_seconds)
+        });
+        // Workload-derived, bounded by `force_resume_timeout_seconds`; a request deadline can
+        // only shorten it.
+        let workload = self.force_resume_after(rank);
+        let force_limit = deadline.map_or(workload, |d| d.min(workload));
+        self.ranks[rank].queue.insert(key);
+        self.retained.insert(
+            a.ticket,
+            Retained {
+                program: slot,
+                rank,
+                key,
+                demand,
+                growth,
+                force_at: now + force_limit,
+                arrival: self.arrivals as u64,
+            },
+        );
+        self.retained_at.insert(a.ticket, now);
+        let arrival = self.arrivals as u64;
+        self.timer(now + force_limit, TimerKind::ForceResume, a.ticket, arrival);
+        self.timer(
+            now + queue_limit,
+            TimerKind::QueueTimeout,
+            a.ticket,
+            arrival,
+        );
+        self.pump(rank, now, &mut out);
+        if self.cfg.global_queue && self.retained.contains_key(&a.ticket) {
+            for r in 0..self.ranks.len() {
+                if r != rank {
+                    self.pump(r, now, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    /// The client went away: a retained request leaves the pool; an in-flight one releases its
+    /// Program's capacity (no TTL: nobody is coming back for it on this request).
+    pub fn on_cancel(&mut self, now: f64, ticket: Ticket) -> Vec<Decision> {
+        let mut out = Vec::new();
+        if let Some(r) = self.retained.remove(&ticket) {
+            self.retained_at.remove(&ticket);
+            self.ranks[r.rank].queue.remove(&r.key);
+            self.program_mut(r.program).retained -= 1;
+            self.maybe_forget(r.program);
+            return out;
+        }
+        let Some(f) = self.in_flight.remove(&ticket) else {
+            return out;
+        };
+        let p = self.program_mut(f.program);
+        p.in_flight = p.in_flight.saturating_sub(1);
+        if p.in_flight > 0 {
+            return out;
+        }
+        if self.cfg.binding_only {
+            self.release_later(f.program, now);
+        } else {
+            self.pause(f.program, PauseReason::Cancelled, now);
+            self.pump(f.rank, now, &mut out);
+        }
+        out
+    }
+
+    /// A backend observation of `rank`.
+    pub fn on_observation(&mut self, now: f64, rank: Rank, obs: Observation) -> Vec<Decision> {
+        let mut out = Vec::new();
+        if rank >= self.ranks.len() {
+            return out;
+        }
+        self.ranks[rank].observation = Some((now, obs));
+        self.ranks[rank].used_at_observation = self.ranks[rank].used_tokens;
+        // Capacity repair: above the high watermark, reasoning Programs pause when they finish.
+        if let (Some(cap), false) = (self.capacity(rank).0, self.cfg.binding_only) {
+            let observed = (obs.kv_usage * cap as f64).max(self.ranks[rank].used_tokens as f64);
+            let repair = observed > cap as f64 * self.cfg.high_watermark_ratio;
+            let low = cap as f64 * self.cfg.low_watermark_ratio;
+            let mut excess = observed - low;
+            let r = &self.ranks[rank];
+            if repair || r.repairing {
+                for slot in r.members.iter() {
+                    if let Some(p) = self.programs[*slot].as_mut()
+                        && p.phase == Phase::Reasoning
+                    {
+                        p.pause_on_complete = repair && excess > 0.0;
+                        if p.pause_on_complete {
+                            excess -= p.reserved as f64;
+                        }
+                    }
+                }
+            }
+            self.ranks[rank].repairing = repair;
+        }
+        self.pump(rank, now, &mut out);
+        out
+    }
+
+    /// Drains the notes gathered since the last call.
+    pub fn take_notes(&mut self) -> Vec<Note> {
+        std::mem::take(&mut self.notes)
+    }
+}

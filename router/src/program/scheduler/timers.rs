@@ -1,0 +1,121 @@
+//! Timers (TTL expiry, force resume, queue timeout, release) and the deadlines diagnostics
+//! read from them.
+
+use super::*;
+
+impl Scheduler {
+    pub(super) fn timer(&mut self, at: f64, kind: TimerKind, id: u64, generation: u64) {
+        self.timers.push(Reverse(Timer {
+            at_us: us(at),
+            kind,
+            id,
+            generation,
+        }));
+    }
+
+    /// Fires every timer due by `now`.
+    pub fn on_tick(&mut self, now: f64) -> Vec<Decision> {
+        let mut out = Vec::new();
+        let mut pumps: Vec<Rank> = Vec::new();
+        while let Some(Reverse(t)) = self.timers.peek().copied() {
+            if t.at_us > us(now) {
+                break;
+            }
+            self.timers.pop();
+            match t.kind {
+                TimerKind::ForceResume => {
+                    let ticket = t.id;
+                    if let Some(r) = self.retained.get_mut(&ticket)
+                        && r.arrival == t.generation
+                    {
+                        let old = r.key;
+                        r.key.not_forced = false;
+                        let (rank, new) = (r.rank, r.key);
+                        self.ranks[rank].queue.remove(&old);
+                        self.ranks[rank].queue.insert(new);
+                        // Admit now, before a queue timeout due at the same instant fires.
+                        self.pump(rank, now, &mut out);
+                    }
+                }
+                TimerKind::QueueTimeout => {
+                    let ticket = t.id;
+                    if self.retained.get(&ticket).map(|r| r.arrival) == Some(t.generation)
+                        && let Some(r) = self.retained.remove(&ticket)
+                    {
+                        self.retained_at.remove(&ticket);
+                        self.ranks[r.rank].queue.remove(&r.key);
+                        self.program_mut(r.program).retained -= 1;
+                        self.counters.queue_timeouts += 1;
+                        out.push(Decision::Reject {
+                            ticket,
+                            reason: RejectReason::QueueTimeout,
+                        });
+                        self.maybe_forget(r.program);
+                    }
+                }
+                TimerKind::TtlExpiry => {
+                    let slot = t.id as usize;
+                    if let Some(Some(p)) = self.programs.get(slot)
+                        && p.timer_gen == t.generation
+                        && matches!(p.phase, Phase::Acting { .. })
+                    {
+                        let rank = p.rank;
+                        self.pause(slot, PauseReason::TtlExpired, now);
+                        pumps.push(rank);
+                    }
+                }
+                TimerKind::Release => {
+                    let slot = t.id as usize;
+                    if let Some(Some(p)) = self.programs.get(slot)
+                        && p.timer_gen == t.generation
+                        && (matches!(p.phase, Phase::Paused { .. })
+                            || self.cfg.binding_only && p.phase == Phase::New)
+                        && p.retained == 0
+                        && p.in_flight == 0
+                    {
+                        self.remove_program(slot);
+                    }
+                }
+            }
+        }
+        pumps.sort_unstable();
+        pumps.dedup();
+        for r in pumps {
+            self.pump(r, now, &mut out);
+        }
+        out
+    }
+
+    /// The next time `on_tick` has work (for the driver's sleep).
+    pub fn next_deadline(&self) -> Option<f64> {
+        self.timers.peek().map(|Reverse(t)| t.at_us as f64 / 1e6)
+    }
+
+    /// Each Program's earliest force-resume time among its waiting requests (diagnostics).
+    pub(crate) fn force_deadlines(&self) -> FxHashMap<usize, f64> {
+        let mut m: FxHashMap<usize, f64> = FxHashMap::default();
+        for r in self.retained.values() {
+            let at = if r.forced() { f64::MIN } else { r.force_at };
+            m.entry(r.program)
+                .and_modify(|x| *x = x.min(at))
+                .or_insert(at);
+        }
+        m
+    }
+
+    /// Each Program's longest wait among its retained requests, in seconds at `now`
+    /// (diagnostics).
+    pub(crate) fn oldest_waits(&self, now: f64) -> FxHashMap<usize, f64> {
+        let mut m: FxHashMap<usize, f64> = FxHashMap::default();
+        for (ticket, r) in &self.retained {
+            let waited = self
+                .retained_at
+                .get(ticket)
+                .map_or(0.0, |at| (now - at).max(0.0));
+            m.entry(r.program)
+                .and_modify(|x| *x = x.max(waited))
+                .or_insert(waited);
+        }
+        m
+    }
+}

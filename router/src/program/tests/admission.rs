@@ -1,0 +1,260 @@
+//! Admission: token capacity and the empty-rank rule, the Program-count guard, vLLM's waiting
+//! gate, capacity from `cache_config_info`, the shared-prefix discount and batch-gain admission.
+
+use super::*;
+
+#[test]
+fn admits_while_tokens_fit_then_retains_and_releases_on_pause() {
+    let mut s = sched(cfg(), 1);
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "a", 600))), [1]);
+    assert!(
+        dispatched(&s.on_arrival(0.1, arrival(2, "b", 600))).is_empty(),
+        "600 + 600 > 1000"
+    );
+    assert_eq!(s.retained_requests(), 1);
+    // The window is immature, so the automatic TTL is 0: `a` pauses on completion and `b` runs.
+    assert_eq!(dispatched(&s.on_complete(1.0, 1, usage(600, 10))), [2]);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn a_demand_larger_than_the_rank_runs_when_the_rank_is_empty() {
+    let mut s = sched(cfg(), 1);
+    // 1,500 tokens never fit 1,000: admitted at once on the empty rank, not at the force deadline.
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "big", 1500))), [1]);
+    // While it runs, the rank is not empty: the next one waits.
+    assert!(dispatched(&s.on_arrival(0.1, arrival(2, "b", 10))).is_empty());
+    assert_eq!(dispatched(&s.on_complete(1.0, 1, usage(1500, 10))), [2]);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn program_count_guard_without_token_capacity() {
+    let c = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: None,
+        max_active_programs_per_target: 2,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    assert_eq!(s.capacity(0), (None, CapacitySource::ProgramCount));
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "a", 10))), [1]);
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(2, "b", 10))), [2]);
+    assert!(dispatched(&s.on_arrival(0.0, arrival(3, "c", 10))).is_empty());
+    assert_eq!(dispatched(&s.on_complete(1.0, 1, usage(10, 1))), [3]);
+}
+
+#[test]
+fn waiting_gate_holds_until_vllm_drains() {
+    let c = ProgramSchedulingConfig {
+        admission_waiting_request_threshold: 2,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.on_observation(
+        0.0,
+        0,
+        Observation {
+            waiting: 3.0,
+            ..Default::default()
+        },
+    );
+    assert!(dispatched(&s.on_arrival(0.1, arrival(1, "a", 10))).is_empty());
+    let d = s.on_observation(
+        0.5,
+        0,
+        Observation {
+            waiting: 0.0,
+            ..Default::default()
+        },
+    );
+    assert_eq!(dispatched(&d), [1]);
+    // A stale observation (older than 3 intervals) does not gate.
+    let mut s = sched(
+        ProgramSchedulingConfig {
+            admission_waiting_request_threshold: 2,
+            ..cfg()
+        },
+        1,
+    );
+    s.on_observation(
+        0.0,
+        0,
+        Observation {
+            waiting: 9.0,
+            ..Default::default()
+        },
+    );
+    assert_eq!(dispatched(&s.on_arrival(10.0, arrival(1, "a", 10))), [1]);
+}
+
+#[test]
+fn capacity_comes_from_cache_config_when_not_configured() {
+    let c = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: None,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.on_observation(
+        0.0,
+        0,
+        Observation {
+            token_capacity: Some(500),
+            ..Default::default()
+        },
+    );
+    assert_eq!(s.capacity(0), (Some(500), CapacitySource::Observed));
+    assert_eq!(dispatched(&s.on_arrival(0.1, arrival(1, "a", 400))), [1]);
+    assert!(dispatched(&s.on_arrival(0.1, arrival(2, "b", 400))).is_empty());
+}
+
+#[test]
+fn a_shared_prefix_is_reserved_once_per_rank_while_its_observation_is_fresh() {
+    let c = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(2000),
+        stats_window_size: 1,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    // The growth window is complete (mean 0): the discount is active.
+    s.ranks[0].growth.push(0.0);
+    let hold = |t, p: &str| {
+        with(arrival(t, p, 600), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        })
+    };
+    assert_eq!(dispatched(&s.on_arrival(0.0, hold(1, "a"))), [1]);
+    assert_eq!(dispatched(&s.on_arrival(0.0, hold(2, "c"))), [2]);
+    // 400 of each 600-token prompt were already cached: a system prompt both share.
+    let u = Usage {
+        prompt_tokens: 600,
+        completion_tokens: 10,
+        cached_tokens: 400,
+    };
+    s.on_complete(1.0, 1, Some(u));
+    s.on_complete(1.0, 2, Some(u));
+    assert!(s.take_notes().contains(&Note::SharedPrefix {
+        rank: 0,
+        tokens: 400
+    }));
+    assert_eq!(
+        s.ranks[0].used_tokens, 420,
+        "each holds its 210 private tokens"
+    );
+    // The prefix itself is still counted once: e (1,200) would fit beside the private tokens
+    // alone (1,620) but not with the prefix (2,020 > 2,000).
+    assert!(dispatched(&s.on_arrival(2.0, arrival(5, "e", 1200))).is_empty());
+    s.on_cancel(2.0, 5);
+    // d (1,100) fits beside 420 private + the 400 shared prefix counted once (1,920 ≤ 2,000);
+    // counting the prefix per Program (1,220 + 1,100) it would not.
+    assert_eq!(dispatched(&s.on_arrival(2.0, arrival(3, "d", 1100))), [3]);
+    assert_eq!(s.fresh_shared(find(&s, "a"), 50.0), 400);
+    // The interval window is immature: observations live `shared_prefix_freshness_warmup_seconds`.
+    assert_eq!(s.shared_prefix_freshness(0), 100.0);
+    assert_eq!(
+        s.fresh_shared(find(&s, "a"), 102.0),
+        0,
+        "stale: counted as private"
+    );
+    // A later run on the same placement does not re-measure sharing (its own KV is cached).
+    s.on_complete(3.0, 3, usage(1100, 10));
+    s.on_tick(150.0);
+    s.on_arrival(150.0, arrival(4, "a", 620));
+    s.on_complete(
+        151.0,
+        4,
+        Some(Usage {
+            cached_tokens: 610,
+            ..u
+        }),
+    );
+    assert_eq!(find(&s, "a").shared_prefix, 400);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn no_shared_prefix_discount_before_the_growth_window_is_complete() {
+    let mut s = sched(cfg(), 1);
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 600), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        }),
+    );
+    let u = Usage {
+        prompt_tokens: 600,
+        completion_tokens: 10,
+        cached_tokens: 400,
+    };
+    s.on_complete(1.0, 1, Some(u));
+    // Observed and reported, but the whole context stays reserved: no growth reserve exists yet.
+    assert_eq!(find(&s, "a").shared_prefix, 400);
+    assert_eq!(s.ranks[0].used_tokens, 610);
+}
+
+#[test]
+fn shared_prefix_freshness_follows_kv_turnover_once_mature() {
+    let c = ProgramSchedulingConfig {
+        stats_window_size: 2,
+        shared_prefix_freshness_kv_turnovers: 2.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.ranks[0].intervals.push(1.0);
+    s.ranks[0].intervals.push(1.0);
+    // 500 tokens/s through a 1,000-token rank: one turnover every 2 s, two in 4 s.
+    s.ranks[0].throughput.push(0.0, 500);
+    s.ranks[0].throughput.push(1.0, 500);
+    assert_eq!(s.shared_prefix_freshness(0), 4.0);
+}
+
+fn batch_gain_setup(enable: bool) -> (Scheduler, Vec<Decision>) {
+    let c = ProgramSchedulingConfig {
+        stats_window_size: 2,
+        enable_batch_gain_admission: enable,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    // Three rounds of "a" fill the windows: growth mean 100 tokens, intervals 1 s, throughput.
+    let mut t = 0.0;
+    for (ticket, prompt) in [(1, 100), (2, 200), (3, 300)] {
+        s.on_arrival(t, arrival(ticket, "a", prompt));
+        s.on_complete(t + 1.0, ticket, usage(prompt, 100));
+        t += 2.0;
+    }
+    assert!(s.ranks[0].growth.complete());
+    // "big" holds 850 + 100 growth; "c" needs 40 + 100: only its growth reserve does not fit.
+    assert_eq!(dispatched(&s.on_arrival(t, arrival(4, "big", 850))), [4]);
+    let d = s.on_arrival(t + 0.1, arrival(5, "c", 40));
+    (s, d)
+}
+
+#[test]
+fn batch_gain_admission_bypasses_only_the_growth_reserve() {
+    let (mut s, d) = batch_gain_setup(true);
+    assert_eq!(
+        dispatched(&d),
+        [5],
+        "the modelled gain covers the overflow risk"
+    );
+    assert_eq!(s.counters.batch_gain_admissions, 1);
+    assert_eq!(
+        s.ranks[0].used_tokens,
+        950 + 40,
+        "c reserved its demand less the growth reserve"
+    );
+    assert!(
+        s.take_notes()
+            .iter()
+            .any(|n| matches!(n, Note::BatchGain { benefit, cost, .. } if benefit >= cost))
+    );
+    // Immediate capacity is never bypassed: 20 more tokens than the rank has stay out.
+    assert!(dispatched(&s.on_arrival(7.0, arrival(6, "d", 20))).is_empty());
+    s.check_invariants().expect("ledger");
+
+    let (s, d) = batch_gain_setup(false);
+    assert!(
+        dispatched(&d).is_empty(),
+        "disabled: the growth reserve holds"
+    );
+    assert_eq!(s.counters.batch_gain_admissions, 0);
+}

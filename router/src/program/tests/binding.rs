@@ -1,0 +1,135 @@
+//! Binding strategies and `binding_only`.
+
+use super::*;
+
+#[test]
+fn binding_only_dispatches_everything_to_the_home_rank() {
+    let mut s = sched(
+        ProgramSchedulingConfig {
+            binding_only: true,
+            ..cfg()
+        },
+        3,
+    );
+    let mut homes = Vec::new();
+    for t in 0..10 {
+        let d = s.on_arrival(t as f64, arrival(t, "same", 5000));
+        let Decision::Dispatch { rank, .. } = d[0] else {
+            panic!("dispatch")
+        };
+        homes.push(rank);
+    }
+    assert!(homes.windows(2).all(|w| w[0] == w[1]), "{homes:?}");
+    assert_eq!(s.retained_requests(), 0);
+}
+
+#[test]
+fn cache_aware_binding_follows_a_shared_prefix_within_the_balance_slack() {
+    use crate::policies::prefix_index::PrefixIndex;
+    let c = ProgramSchedulingConfig {
+        binding_strategy: BindingStrategy::CacheAware,
+        token_capacity_per_dp_rank: Some(100_000),
+        ..cfg()
+    };
+    let mut s = sched(c, 3);
+    // Same 4 KiB system prompt, then a task of its own.
+    let prompt = |task: &str| {
+        let mut p = vec![b's'; 4096];
+        p.extend_from_slice(format!("task {task}").as_bytes());
+        PrefixIndex::chain(&p)
+    };
+    let with_prefix = |t, name: &str| Arrival {
+        prefix: prompt(name),
+        ..arrival(t, name, 1000)
+    };
+    let ranks: Vec<Rank> = (1..=4)
+        .map(|t| {
+            rank_of(&s.on_arrival(0.0, with_prefix(t, &format!("p{t}"))), t).expect("dispatched")
+        })
+        .collect();
+    // The first lands on the least loaded rank; the next two follow its cached system prompt;
+    // the fourth would make that rank 3 Programs busier than the idle ones: balance wins.
+    assert_eq!(&ranks[..3], &[ranks[0]; 3], "{ranks:?}");
+    assert_ne!(ranks[3], ranks[0], "{ranks:?}");
+    // Without a prompt chain: the least loaded rank by reserved tokens.
+    let free = rank_of(&s.on_arrival(0.0, arrival(9, "plain", 10)), 9).expect("dispatched");
+    assert!(free != ranks[0] && free != ranks[3], "{free} {ranks:?}");
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn binding_only_balances_bound_programs_and_forgets_idle_ones() {
+    let c = ProgramSchedulingConfig {
+        binding_only: true,
+        binding_strategy: BindingStrategy::LeastProgramCount,
+        paused_retention_ttl_seconds: 60.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 2);
+    // Nobody is ever active in binding_only: bound Programs are what least_program_count counts.
+    let r1 = rank_of(&s.on_arrival(0.0, arrival(1, "a", 10)), 1).expect("dispatched");
+    s.on_complete(1.0, 1, usage(10, 1));
+    let r2 = rank_of(&s.on_arrival(2.0, arrival(2, "b", 10)), 2).expect("dispatched");
+    assert_ne!(r1, r2, "the second Program goes to the other rank");
+    s.on_cancel(3.0, 2);
+    // Both are forgotten after the retention; a returning "a" binds afresh.
+    s.on_tick(70.0);
+    assert!(
+        s.programs.iter().flatten().next().is_none(),
+        "bindings released"
+    );
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn least_program_count_spreads_a_burst_of_new_programs() {
+    // One rank's worth of capacity per Program: the burst queues, and must not all queue on
+    // the same idle rank.
+    let c = ProgramSchedulingConfig {
+        binding_strategy: BindingStrategy::LeastProgramCount,
+        max_active_programs_per_target: 1,
+        ..cfg()
+    };
+    let mut s = sched(c, 2);
+    for t in 1..=6 {
+        s.on_arrival(0.0, arrival(t, &format!("p{t}"), 10));
+    }
+    assert_eq!(s.ranks[0].active_programs + s.ranks[1].active_programs, 2);
+    assert_eq!(s.ranks[0].queue.len(), 2);
+    assert_eq!(s.ranks[1].queue.len(), 2);
+}
+
+#[test]
+fn least_program_count_does_not_count_finished_programs() {
+    for binding_only in [false, true] {
+        let c = ProgramSchedulingConfig {
+            binding_only,
+            binding_strategy: BindingStrategy::LeastProgramCount,
+            ..cfg()
+        };
+        let mut s = sched(c, 2);
+        let last = |t, p: &str| with(arrival(t, p, 10), |i| i.expected_resume = false);
+        assert_eq!(rank_of(&s.on_arrival(0.0, last(1, "done1")), 1), Some(0));
+        assert_eq!(
+            rank_of(&s.on_arrival(0.1, arrival(2, "live", 10)), 2),
+            Some(1)
+        );
+        assert_eq!(rank_of(&s.on_arrival(0.2, last(3, "done2")), 3), Some(0));
+        for t in 1..=3 {
+            s.on_complete(1.0, t, usage(10, 1));
+        }
+        // Rank 0 holds two finished Programs, rank 1 one that will be back after its tool
+        // call: the new Program goes where nothing live is bound.
+        assert_eq!(
+            rank_of(&s.on_arrival(2.0, arrival(4, "new", 10)), 4),
+            Some(0),
+            "binding_only: {binding_only}"
+        );
+        // A finished Program that comes back anyway still finds its rank.
+        assert_eq!(
+            rank_of(&s.on_arrival(3.0, arrival(5, "done1", 10)), 5),
+            Some(0)
+        );
+        s.check_invariants().expect("ledger");
+    }
+}

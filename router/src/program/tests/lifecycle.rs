@@ -1,0 +1,165 @@
+//! Program lifecycle: the acting TTL (explicit and automatic), pauses, segment yield, step ids
+//! and release after the paused retention.
+
+use super::*;
+
+#[test]
+fn an_acting_program_keeps_its_place_through_the_tool_call() {
+    let mut s = sched(cfg(), 1);
+    let a = |t| {
+        with(arrival(t, "a", 600), |i| {
+            i.kv_retention_ttl_seconds = Some(5.0)
+        })
+    };
+    assert_eq!(dispatched(&s.on_arrival(0.0, a(1))), [1]);
+    s.on_complete(1.0, 1, usage(600, 50));
+    // `b` arrives during a's tool call and must wait: a still holds its KV.
+    assert!(dispatched(&s.on_arrival(2.0, arrival(2, "b", 600))).is_empty());
+    // a returns within its TTL: dispatched at once, ahead of the waiting b.
+    assert_eq!(dispatched(&s.on_arrival(3.0, a(3))), [3]);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn ttl_expiry_pauses_and_resumes_the_next() {
+    let mut s = sched(cfg(), 1);
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 600), |i| {
+            i.kv_retention_ttl_seconds = Some(5.0)
+        }),
+    );
+    s.on_complete(1.0, 1, usage(600, 50));
+    s.on_arrival(2.0, arrival(2, "b", 600));
+    assert!(dispatched(&s.on_tick(5.9)).is_empty());
+    assert_eq!(s.next_deadline(), Some(6.0));
+    assert_eq!(dispatched(&s.on_tick(6.0)), [2]);
+    // a comes back after its TTL: paused, so it queues like anyone else.
+    assert!(dispatched(&s.on_arrival(7.0, arrival(3, "a", 650))).is_empty());
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn automatic_ttl_after_the_window_matures() {
+    let c = ProgramSchedulingConfig {
+        stats_window_size: 5,
+        max_acting_ttl_seconds: 10.0,
+        token_capacity_per_dp_rank: Some(1_000_000),
+        ..cfg()
+    };
+    let run = |context: u64| {
+        let mut s = sched(c.clone(), 1);
+        let (mut t, mut ticket) = (0.0, 0);
+        let mut armed = Vec::new();
+        for _ in 0..7 {
+            ticket += 1;
+            s.on_arrival(t, arrival(ticket, "a", context));
+            t += 0.5;
+            s.on_complete(t, ticket, usage(context, 10));
+            armed.push(
+                s.programs
+                    .iter()
+                    .flatten()
+                    .next()
+                    .expect("program")
+                    .armed_ttl,
+            );
+            t += 1.0; // 1 s tool calls
+        }
+        armed
+    };
+    // 20k-token context: a miss costs ~5.5 s, so holding through 1 s tool calls pays.
+    let armed = run(20_000);
+    assert!(
+        armed[..5].iter().all(|x| *x == 0.0),
+        "0 until the window is full: {armed:?}"
+    );
+    assert!(
+        (1.0..=1.01).contains(&armed[6]),
+        "covers the 1 s gaps: {armed:?}"
+    );
+    // 100-token context: re-prefill (~0.13 s) is cheaper than waiting 1 s.
+    assert!(run(100).iter().all(|x| *x == 0.0));
+}
+
+#[test]
+fn pooled_evidence_and_min_samples_arm_the_ttl_sooner() {
+    use crate::config::program::TtlEvidence;
+    let c = ProgramSchedulingConfig {
+        stats_window_size: 100,
+        ttl_evidence: TtlEvidence::Pooled,
+        ttl_min_samples: Some(4),
+        token_capacity_per_dp_rank: Some(10_000_000),
+        binding_strategy: BindingStrategy::ProgramRoundRobin,
+        ..cfg()
+    };
+    let mut s = sched(c, 4);
+    // Four Programs on four ranks, two turns each with a 1 s tool call: four pooled samples.
+    let (mut t, mut ticket) = (0.0, 0u64);
+    for turn in 0..3 {
+        for p in 0..4 {
+            ticket += 1;
+            s.on_arrival(t, arrival(ticket, &format!("p{p}"), 20_000));
+            s.on_complete(t + 0.5, ticket, usage(20_000, 10));
+        }
+        t += 1.5;
+        let _ = turn;
+    }
+    let armed: Vec<f64> = s.programs.iter().flatten().map(|p| p.armed_ttl).collect();
+    assert!(
+        armed.iter().any(|x| *x > 0.0),
+        "pooled evidence armed a TTL: {armed:?}"
+    );
+}
+
+#[test]
+fn segment_yield_under_queue_pressure() {
+    let c = ProgramSchedulingConfig {
+        max_segment_rounds: 2,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    let a = |t| {
+        with(arrival(t, "a", 900), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        })
+    };
+    s.on_arrival(0.0, a(1));
+    s.on_complete(1.0, 1, usage(900, 10)); // round 1: TTL armed
+    s.on_arrival(1.5, arrival(2, "b", 900)); // b waits
+    s.on_arrival(2.0, a(3));
+    let d = s.on_complete(3.0, 3, usage(900, 10)); // round 2 with b waiting: a yields
+    assert_eq!(dispatched(&d), [2]);
+    assert_eq!(s.counters.pauses.get("max_segment_yield"), Some(&1));
+}
+
+#[test]
+fn paused_programs_are_released_after_retention() {
+    let c = ProgramSchedulingConfig {
+        paused_retention_ttl_seconds: 10.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.on_arrival(0.0, arrival(1, "a", 10));
+    s.on_complete(1.0, 1, usage(10, 1));
+    assert_eq!(s.programs.iter().flatten().count(), 1);
+    s.on_tick(11.0);
+    assert_eq!(s.programs.iter().flatten().count(), 0);
+}
+
+#[test]
+fn step_ids_default_to_previous_plus_one() {
+    let mut s = sched(
+        ProgramSchedulingConfig {
+            binding_only: true,
+            ..cfg()
+        },
+        1,
+    );
+    s.on_arrival(0.0, arrival(1, "a", 10));
+    s.on_arrival(1.0, arrival(2, "a", 10));
+    s.on_arrival(2.0, with(arrival(3, "a", 10), |i| i.step_id = Some(9)));
+    s.on_arrival(3.0, arrival(4, "a", 10));
+    let p = s.programs.iter().flatten().next().expect("program");
+    assert_eq!(p.identity.step_id, Some(10));
+}

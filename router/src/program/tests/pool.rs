@@ -1,0 +1,325 @@
+//! The RequestPool: force resume and queue timeouts, request deadlines, resume order (priority,
+//! MRU/FCFS, tenants), the workload-derived force-resume deadline, cancellation and timers.
+
+use super::*;
+
+#[test]
+fn forced_requests_still_need_token_room_and_time_out_without_it() {
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 8.0,
+        force_resume_timeout_seconds: 5.0,
+        ..cfg()
+    };
+    let mut s = held_by_acting(c);
+    s.on_arrival(1.0, arrival(2, "b", 900));
+    assert!(
+        s.on_tick(6.5).is_empty(),
+        "forced at 6 s, but 900 + 910 tokens do not fit"
+    );
+    assert_eq!(
+        s.on_tick(9.0),
+        vec![Decision::Reject {
+            ticket: 2,
+            reason: RejectReason::QueueTimeout
+        }]
+    );
+    assert_eq!(s.counters.queue_timeouts, 1);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn a_reused_ticket_answers_only_to_its_own_timers() {
+    // Tickets are meant to be unique, but an embedder (a harness replaying turns) may reuse one
+    // once its request is done: the earlier request's force-resume and queue-timeout timers
+    // must not act on the new one.
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 8.0,
+        force_resume_timeout_seconds: 5.0,
+        ..cfg()
+    };
+    let mut s = held_by_acting(c);
+    assert_eq!(dispatched(&s.on_arrival(1.0, arrival(2, "b", 50))), [2]);
+    s.on_complete(2.0, 2, usage(50, 1));
+    assert!(
+        s.on_arrival(3.0, arrival(2, "c", 900)).is_empty(),
+        "no room"
+    );
+    assert!(
+        s.on_tick(9.5).is_empty(),
+        "the first request's deadline (1 s + 8 s) is not the second's"
+    );
+    assert_eq!(
+        s.on_tick(11.0),
+        vec![Decision::Reject {
+            ticket: 2,
+            reason: RejectReason::QueueTimeout
+        }]
+    );
+    assert_eq!(s.counters.queue_timeouts, 1);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn a_request_deadline_shortens_the_queue_limit_but_never_extends_it() {
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 8.0,
+        force_resume_timeout_seconds: 5.0,
+        ..cfg()
+    };
+    let mut s = held_by_acting(c.clone());
+    s.on_arrival(
+        1.0,
+        with(arrival(2, "b", 900), |i| i.deadline_seconds = Some(2.0)),
+    );
+    assert_eq!(
+        s.on_tick(3.0),
+        vec![Decision::Reject {
+            ticket: 2,
+            reason: RejectReason::QueueTimeout
+        }]
+    );
+    let mut s = held_by_acting(c);
+    s.on_arrival(
+        1.0,
+        with(arrival(2, "b", 900), |i| i.deadline_seconds = Some(60.0)),
+    );
+    assert_eq!(
+        s.on_tick(9.0),
+        vec![Decision::Reject {
+            ticket: 2,
+            reason: RejectReason::QueueTimeout
+        }]
+    );
+}
+
+#[test]
+fn force_resume_admits_over_the_guard_in_deadline_order() {
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 5.0,
+        force_resume_timeout_seconds: 5.0,
+        max_active_programs_per_target: 1,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 10), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        }),
+    );
+    s.on_complete(0.5, 1, usage(10, 1));
+    s.on_arrival(1.0, arrival(2, "b", 10));
+    s.on_arrival(1.2, arrival(3, "c", 10));
+    // a holds the only Program slot through its long TTL; at their force deadlines b and c are
+    // admitted anyway, in deadline order: nobody starves and nothing times out.
+    assert_eq!(dispatched(&s.on_tick(6.0)), [2]);
+    assert_eq!(dispatched(&s.on_tick(6.2)), [3]);
+    assert_eq!(s.counters.queue_timeouts, 0);
+    assert_eq!(s.counters.force_resumes, 2);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn a_demand_larger_than_the_rank_runs_at_its_force_deadline() {
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 5.0,
+        force_resume_timeout_seconds: 5.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    let mut ev = s.on_arrival(0.0, arrival(1, "a", 2000));
+    // A demand above the whole capacity on an empty rank waits for force resume, then runs.
+    ev.extend(s.on_tick(5.0));
+    assert_eq!(dispatched(&ev), [1]);
+}
+
+#[test]
+fn resume_order_priority_then_mru_or_fcfs() {
+    for (order, want) in [
+        (ResumeOrder::Mru, [4, 3, 2]),
+        (ResumeOrder::Fcfs, [4, 2, 3]),
+    ] {
+        let c = ProgramSchedulingConfig {
+            resume_order: order,
+            max_active_programs_per_target: 1,
+            ..cfg()
+        };
+        let mut s = sched(c, 1);
+        s.on_arrival(0.0, arrival(1, "a", 10));
+        s.on_arrival(1.0, arrival(2, "b", 10));
+        s.on_arrival(2.0, arrival(3, "c", 10));
+        s.on_arrival(3.0, with(arrival(4, "d", 10), |i| i.priority = 5));
+        let mut got = Vec::new();
+        let mut next = 1;
+        for t in 0..3 {
+            let d = s.on_complete(10.0 + f64::from(t), next, usage(10, 1));
+            let ids = dispatched(&d);
+            assert_eq!(ids.len(), 1);
+            next = ids[0];
+            got.push(next);
+        }
+        assert_eq!(got, want, "{order:?}");
+    }
+}
+
+#[test]
+fn tenants_resume_fairly_within_a_tier_and_weights_scale_shares() {
+    // One Program slot: retained requests resume one at a time, in the order asked.
+    let c = ProgramSchedulingConfig {
+        resume_order: ResumeOrder::Fcfs,
+        max_active_programs_per_target: 1,
+        ..cfg()
+    };
+    let tenant = |a: Arrival, t: &str, w: f64| Arrival {
+        tenant: Some((t.into(), w)),
+        ..a
+    };
+    let order = |heavy_weight: f64| {
+        let mut s = sched(c.clone(), 1);
+        s.on_arrival(0.0, tenant(arrival(1, "first", 10), "heavy", heavy_weight));
+        // The heavy tenant's backlog arrives before the light tenant's two requests.
+        for (i, t) in (2..=5).zip(1..) {
+            s.on_arrival(
+                f64::from(t),
+                tenant(arrival(i, &format!("h{i}"), 10), "heavy", heavy_weight),
+            );
+        }
+        s.on_arrival(9.0, tenant(arrival(6, "l6", 10), "light", 1.0));
+        s.on_arrival(9.5, tenant(arrival(7, "l7", 10), "light", 1.0));
+        let mut got = Vec::new();
+        let mut next = 1;
+        for t in 0..6 {
+            let d = s.on_complete(10.0 + f64::from(t), next, usage(10, 1));
+            let ids = dispatched(&d);
+            assert_eq!(ids.len(), 1, "{d:?}");
+            next = ids[0];
+            got.push(next);
+        }
+        got
+    };
+    // FCFS alone would give 2, 3, 4, 5, 6, 7. The heavy tenant was already served once (ticket
+    // 1), so the light tenant goes next, then the two alternate (ties resolve FCFS).
+    assert_eq!(order(1.0), vec![6, 2, 7, 3, 4, 5]);
+    // A heavy tenant with weight 2 gets two turns per light turn.
+    assert_eq!(order(2.0), vec![6, 2, 3, 7, 4, 5]);
+    // Without tenants nothing changes: the spec's FCFS.
+    let mut s = sched(c.clone(), 1);
+    s.on_arrival(0.0, arrival(1, "first", 10));
+    for i in 2..=7 {
+        s.on_arrival(i as f64, arrival(i, &format!("p{i}"), 10));
+    }
+    let mut got = Vec::new();
+    let mut next = 1;
+    for t in 0..6 {
+        let d = s.on_complete(10.0 + f64::from(t), next, usage(10, 1));
+        next = dispatched(&d)[0];
+        got.push(next);
+    }
+    assert_eq!(got, vec![2, 3, 4, 5, 6, 7]);
+}
+
+#[test]
+fn the_force_resume_deadline_follows_queued_work_and_measured_throughput() {
+    let c = ProgramSchedulingConfig {
+        force_resume_timeout_seconds: 300.0,
+        queue_timeout_seconds: 600.0,
+        metrics_interval_seconds: 1.0,
+        force_resume_workload_factor: 1.0,
+        ..cfg()
+    };
+    let mut s = sched(c.clone(), 1);
+    assert_eq!(s.force_resume_after(0), 300.0, "no throughput measured yet");
+    // Two completions per second over the window.
+    for i in 0..16 {
+        s.ranks[0].throughput.push(f64::from(i - 16) * 0.5, 100);
+    }
+    assert_eq!(s.force_resume_after(0), 1.0, "an empty rank: the floor");
+    // One acting Program holding the rank (one round per activation so far) and two waiting.
+    s.on_arrival(
+        0.0,
+        with(arrival(1, "a", 900), |i| {
+            i.kv_retention_ttl_seconds = Some(100.0)
+        }),
+    );
+    s.on_complete(0.5, 1, usage(900, 10));
+    s.on_arrival(1.0, arrival(2, "b", 500));
+    s.on_arrival(1.0, arrival(3, "c", 500));
+    // (2 queued + itself + 1 active × 1 round) / measured requests per second (≈ 2).
+    let rate = s.ranks[0].throughput.requests_per_second().expect("rate");
+    assert!((s.force_resume_after(0) - 4.0 / rate).abs() < 1e-9);
+    assert!(s.force_resume_after(0) < 3.0);
+    // The waiting requests carry their own deadlines, shorter than the configured 300 s.
+    let d = crate::program::diagnostics::snapshot(&s, 1.0, &[], 0.25, 10);
+    let waiting = d.ranks[0]
+        .programs
+        .iter()
+        .filter_map(|p| p.force_resume_remaining_seconds)
+        .collect::<Vec<_>>();
+    assert_eq!(waiting.len(), 2);
+    assert!(waiting.iter().all(|x| *x < 3.0), "{waiting:?}");
+    // Forced at their deadline, yet still bound by physical room: nothing runs while a holds
+    // the rank; when its TTL ends the forced requests go first.
+    s.on_tick(5.0);
+    let d = crate::program::diagnostics::snapshot(&s, 5.0, &[], 0.25, 10);
+    assert!(
+        d.ranks[0]
+            .programs
+            .iter()
+            .filter_map(|p| p.force_resume_remaining_seconds)
+            .all(|x| x == 0.0)
+    );
+    assert_eq!(s.counters.force_resumes, 0);
+    let mut got = dispatched(&s.on_tick(101.0));
+    got.sort_unstable();
+    assert_eq!(got, [2, 3]);
+    assert_eq!(s.counters.force_resumes, 2);
+    s.check_invariants().expect("ledger");
+    // The factor scales the estimate (1 request / 2 per s × 3); 0 keeps the configured timeout.
+    for (factor, expect) in [(3.0, 1.5), (0.0, 300.0)] {
+        let mut s = sched(
+            ProgramSchedulingConfig {
+                force_resume_workload_factor: factor,
+                ..c.clone()
+            },
+            1,
+        );
+        for i in 0..16 {
+            s.ranks[0].throughput.push(f64::from(i) * 0.5, 100);
+        }
+        assert_eq!(s.force_resume_after(0), expect);
+    }
+}
+
+#[test]
+fn cancel_of_retained_and_in_flight_requests() {
+    let mut s = sched(cfg(), 1);
+    s.on_arrival(0.0, arrival(1, "a", 600));
+    s.on_arrival(0.0, arrival(2, "b", 600));
+    assert!(s.on_cancel(0.5, 2).is_empty());
+    assert_eq!(s.retained_requests(), 0);
+    s.on_arrival(0.6, arrival(3, "c", 600));
+    // Cancelling a's in-flight request releases its capacity for c.
+    assert_eq!(dispatched(&s.on_cancel(1.0, 1)), [3]);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn a_timer_read_back_through_next_deadline_fires() {
+    let mut s = sched(cfg(), 1);
+    // 0.1 + 0.2 is not representable exactly; the TTL timer must still fire at next_deadline().
+    s.on_arrival(
+        0.1,
+        with(arrival(1, "a", 10), |i| {
+            i.kv_retention_ttl_seconds = Some(0.2)
+        }),
+    );
+    s.on_complete(0.1, 1, usage(10, 1));
+    let t = s.next_deadline().expect("ttl timer");
+    s.on_tick(t);
+    let p = s.programs.iter().flatten().next().expect("program");
+    assert!(
+        matches!(p.phase, Phase::Paused { .. }),
+        "{:?}",
+        p.phase
+    );
+}

@@ -317,9 +317,5 @@ fn a_timer_read_back_through_next_deadline_fires() {
     let t = s.next_deadline().expect("ttl timer");
     s.on_tick(t);
     let p = s.programs.iter().flatten().next().expect("program");
-    assert!(
-        matches!(p.phase, Phase::Paused { .. }),
-        "{:?}",
-        p.phase
-    );
+    assert!(matches!(p.phase, Phase::Paused { .. }), "{:?}", p.phase);
 }

@@ -105,6 +105,9 @@ pub struct RankDiagnostics {
     pub router_queued_requests: usize,
     /// Programs with at least one retained request.
     pub router_queued_programs: u32,
+    /// Bound Programs whose last request said no further request follows (ours): kept for a
+    /// late request, left out of `least_program_count`.
+    pub router_finished_programs: u32,
     pub rolling: Rolling,
     pub programs: Vec<ProgramDiagnostics>,
 }
@@ -439,6 +442,7 @@ pub fn snapshot(
                 }),
                 router_in_flight_requests: in_flight,
                 router_queued_requests: r.queue.len(),
+                router_finished_programs: r.finished,
                 router_queued_programs: programs.iter().filter(|(_, p)| p.retained > 0).count()
                     as u32,
                 rolling: Rolling {

@@ -36,10 +36,7 @@ impl Scheduler {
                 .min_by_key(|r| {
                     let x = &self.ranks[*r];
                     (
-                        x.members
-                            .iter()
-                            .filter(|s| self.programs[**s].as_ref().is_some_and(|p| !p.finished()))
-                            .count(),
+                        x.members.len().saturating_sub(x.finished as usize),
                         x.active_programs as usize + x.queue.len(),
                         *r,
                     )

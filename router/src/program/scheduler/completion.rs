@@ -61,6 +61,7 @@ impl Scheduler {
             // Nothing to schedule, but the binding is forgotten after the paused retention like
             // any idle Program's (or a long-running router would keep every Program forever).
             if self.program(f.program).in_flight == 0 {
+                self.finish_if_done(f.program);
                 self.release_later(f.program, now);
             }
             return out;
@@ -116,8 +117,18 @@ impl Scheduler {
             p.armed_ttl = 0.0;
             self.pause(f.program, reason.unwrap_or(PauseReason::TtlExpired), now);
         }
+        self.finish_if_done(f.program);
         self.pump(rank, now, &mut out);
         out
+    }
+
+    /// Marks the Program finished when its last request said no further request follows and
+    /// nothing else of it is active, queued or in flight.
+    fn finish_if_done(&mut self, slot: usize) {
+        let p = self.program(slot);
+        if !p.identity.expected_resume && !p.active() && p.in_flight == 0 && p.retained == 0 {
+            self.set_finished(slot, true);
+        }
     }
 
     /// The automatic acting TTL for a Program with `context` tokens on `rank`.

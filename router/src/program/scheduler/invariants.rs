@@ -31,12 +31,28 @@ impl Scheduler {
                     r.members.len()
                 ));
             }
+            let finished = r
+                .members
+                .iter()
+                .filter(|s| self.programs[**s].as_ref().is_some_and(|p| p.finished))
+                .count();
+            if finished != r.finished as usize {
+                return Err(format!(
+                    "rank {i}: {} finished counted but {finished} finished members",
+                    r.finished
+                ));
+            }
             let queued = self.retained.values().filter(|x| x.rank == i).count();
             if queued != r.queue.len() {
                 return Err(format!(
                     "rank {i}: queue {} vs retained {queued}",
                     r.queue.len()
                 ));
+            }
+        }
+        for p in self.programs.iter().flatten() {
+            if p.finished && (p.active() || p.in_flight > 0 || p.retained > 0) {
+                return Err(format!("Program {:?} finished but still running", p.key));
             }
         }
         for (slot, p) in self.programs.iter().enumerate() {

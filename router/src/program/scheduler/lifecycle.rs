@@ -5,6 +5,8 @@ use super::*;
 
 impl Scheduler {
     pub(super) fn activate(&mut self, slot: usize, rank: Rank, demand: u64, now: f64) {
+        // Only a request activates a Program, and its arrival already cleared this.
+        self.set_finished(slot, false);
         let p = self.program_mut(slot);
         let was_active = p.active();
         let old_rank = p.rank;
@@ -113,6 +115,7 @@ impl Scheduler {
             last_return: None,
             last_output: None,
             rounds_since_ttl_pause: 0,
+            finished: false,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -127,6 +130,22 @@ impl Scheduler {
         self.index.insert(key, slot);
         self.ranks[rank].members.insert(slot);
         slot
+    }
+
+    /// Marks the Program in `slot` finished or not, keeping its rank's count.
+    pub(super) fn set_finished(&mut self, slot: usize, finished: bool) {
+        let p = self.program_mut(slot);
+        if p.finished == finished {
+            return;
+        }
+        p.finished = finished;
+        let rank = p.rank;
+        let r = &mut self.ranks[rank];
+        r.finished = if finished {
+            r.finished + 1
+        } else {
+            r.finished.saturating_sub(1)
+        };
     }
 
     /// `binding_only`: forget an idle Program's binding after the paused retention.
@@ -148,7 +167,11 @@ impl Scheduler {
     /// Forgets the Program in `slot` (its ledger entries are the caller's); its rank.
     pub(super) fn remove_program(&mut self, slot: usize) -> Rank {
         let p = self.programs[slot].take().expect("live program slot");
-        self.ranks[p.rank].members.remove(&slot);
+        let r = &mut self.ranks[p.rank];
+        r.members.remove(&slot);
+        if p.finished {
+            r.finished = r.finished.saturating_sub(1);
+        }
         self.index.remove(&p.key);
         self.free_slots.push(slot);
         p.rank

@@ -185,21 +185,16 @@ pub(crate) struct Program {
     pub last_output: Option<u64>,
     /// Completions since its last TTL-expiry pause.
     pub rounds_since_ttl_pause: u32,
+    /// Finished: its last request said no further request follows (`expected_resume: false`)
+    /// and completed with nothing else of it queued or in flight. Its binding is kept for the
+    /// paused retention (a late request still finds its KV rank and clears this), but it no
+    /// longer counts as load ([`RankState::finished`]).
+    pub finished: bool,
 }
 
 impl Program {
     pub(crate) fn active(&self) -> bool {
         matches!(self.phase, Phase::Reasoning | Phase::Acting { .. })
-    }
-
-    /// Its last request said no further request follows (`expected_resume: false`) and nothing
-    /// of it is queued or in flight: a finished Program. Its binding is kept for the paused
-    /// retention (a late request still finds its KV rank) but it no longer counts as load.
-    pub(crate) fn finished(&self) -> bool {
-        !self.identity.expected_resume
-            && !self.active()
-            && self.in_flight == 0
-            && self.retained == 0
     }
 
     /// The root of its Program tree (router replicas own trees, `peers`).
@@ -298,6 +293,8 @@ pub(crate) struct RankState {
     pub growth: Window,
     /// Program slots bound to this rank (so per-rank work never scans every Program).
     pub members: rustc_hash::FxHashSet<usize>,
+    /// How many of `members` are finished (`least_program_count` leaves them out).
+    pub finished: u32,
     /// Capacity repair flagged Programs at the last observation.
     pub repairing: bool,
     /// Completions (request and token throughput), for shared-prefix freshness, the
@@ -325,6 +322,7 @@ impl RankState {
             intervals: Window::new(window),
             growth: Window::new(window),
             members: Default::default(),
+            finished: 0,
             repairing: false,
             throughput: Throughput::new(window),
             segment_rounds: Window::new(window),
@@ -507,6 +505,8 @@ impl Scheduler {
                 self.insert_program(key, rank, a.identity.clone(), now)
             }
         };
+        // A finished Program that is asked for again is live again.
+        self.set_finished(slot, false);
         if !a.prefix.is_empty() {
             let home = self.program(slot).rank;
             self.prefix

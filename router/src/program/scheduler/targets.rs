@@ -99,6 +99,9 @@ impl Scheduler {
             let name = self.program(slot).key.1.clone();
             let home = self.bind(&name, &[]);
             self.ranks[home].members.insert(slot);
+            if self.program(slot).finished {
+                self.ranks[home].finished += 1;
+            }
             let p = self.program_mut(slot);
             let was_active = p.active();
             p.rank = home;

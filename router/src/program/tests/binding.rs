@@ -118,6 +118,7 @@ fn least_program_count_does_not_count_finished_programs() {
         for t in 1..=3 {
             s.on_complete(1.0, t, usage(10, 1));
         }
+        assert_eq!((s.ranks[0].finished, s.ranks[1].finished), (2, 0));
         // Rank 0 holds two finished Programs, rank 1 one that will be back after its tool
         // call: the new Program goes where nothing live is bound.
         assert_eq!(
@@ -130,6 +131,13 @@ fn least_program_count_does_not_count_finished_programs() {
             rank_of(&s.on_arrival(3.0, arrival(5, "done1", 10)), 5),
             Some(0)
         );
+        assert_eq!(s.ranks[0].finished, 1, "done1 is live again");
         s.check_invariants().expect("ledger");
+        // Forgotten after the paused retention, finished or not.
+        s.on_complete(4.0, 4, usage(10, 1));
+        s.on_complete(4.0, 5, usage(10, 1));
+        s.on_tick(4.0 + cfg().paused_retention_ttl_seconds + 1.0);
+        assert!(s.programs.iter().flatten().next().is_none());
+        assert_eq!((s.ranks[0].finished, s.ranks[1].finished), (0, 0));
     }
 }

@@ -201,6 +201,8 @@ fn an_adopted_program_nobody_asks_for_is_forgotten_after_the_paused_retention() 
     assert_eq!(s.adopt(0.0, &[h]), 1);
     let key = ("m".to_string(), "p".to_string());
     assert!(s.knows(&key));
+    // Handed over because it is still running: it counts as load on its rank.
+    assert_eq!((s.ranks[1].members.len(), s.ranks[1].finished), (1, 0));
     s.on_tick(cfg().paused_retention_ttl_seconds + 1.0);
     assert!(!s.knows(&key));
     s.check_invariants().expect("ledger");

@@ -11,6 +11,8 @@ enum Ev {
         prompt: u16,
         ttl: Option<u8>,
         priority: i8,
+        /// The Program's last request (`expected_resume: false`).
+        last: bool,
     },
     Complete {
         pick: u8,
@@ -44,14 +46,20 @@ enum Ev {
 
 fn ev() -> impl Strategy<Value = Ev> {
     prop_oneof![
-        (0u8..12, 1u16..900, proptest::option::of(0u8..20), -2i8..3).prop_map(
-            |(program, prompt, ttl, priority)| Ev::Arrive {
+        (
+            0u8..12,
+            1u16..900,
+            proptest::option::of(0u8..20),
+            -2i8..3,
+            proptest::bool::weighted(0.25)
+        )
+            .prop_map(|(program, prompt, ttl, priority, last)| Ev::Arrive {
                 program,
                 prompt,
                 ttl,
-                priority
-            }
-        ),
+                priority,
+                last
+            }),
         (any::<u8>(), 0u16..300).prop_map(|(pick, growth)| Ev::Complete { pick, growth }),
         any::<u8>().prop_map(|pick| Ev::Cancel { pick }),
         (0u8..3, 0u8..4).prop_map(|(rank, waiting)| Ev::Observe { rank, waiting }),
@@ -99,6 +107,7 @@ fn run(
                 prompt,
                 ttl,
                 priority,
+                last,
             } => {
                 next += 1;
                 outcome.insert(next, "pending");
@@ -107,6 +116,7 @@ fn run(
                     |i| {
                         i.kv_retention_ttl_seconds = ttl.map(f64::from);
                         i.priority = i64::from(*priority);
+                        i.expected_resume = !*last;
                     },
                 );
                 // Tenant-fair resume takes part in every invariant: three tenants (one
@@ -262,6 +272,7 @@ fn regression_second_request_of_a_migrated_program() {
         prompt,
         ttl,
         priority,
+        last: false,
     };
     let events = [
         a(5, 1, None, 0),

@@ -26,6 +26,7 @@ impl Scheduler {
             target: self.ranks[p.rank].id.clone(),
             context_tokens: p.context_tokens,
             idle_seconds: (now - p.last_activity).max(0.0),
+            finished: p.finished,
         }
     }
 
@@ -90,6 +91,7 @@ impl Scheduler {
             let generation = p.timer_gen;
             let release_at = now + self.cfg.paused_retention_ttl_seconds;
             self.timer(release_at, TimerKind::Release, slot as u64, generation);
+            self.set_finished(slot, h.finished);
             taken += 1;
         }
         taken

@@ -217,6 +217,10 @@ pub struct HandedOver {
     pub target: String,
     pub context_tokens: u64,
     pub idle_seconds: f64,
+    /// Its last request said no further request follows ([`Program::finished`]); left out
+    /// when false, and false when missing (a replica of an earlier version).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub finished: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -197,13 +197,39 @@ fn an_adopted_program_nobody_asks_for_is_forgotten_after_the_paused_retention() 
         target: "r1".into(),
         context_tokens: 100,
         idle_seconds: 1.0,
+        finished: false,
     };
-    assert_eq!(s.adopt(0.0, &[h]), 1);
+    let done = HandedOver {
+        program_id: "done".into(),
+        finished: true,
+        ..h.clone()
+    };
+    assert_eq!(s.adopt(0.0, &[h, done]), 2);
     let key = ("m".to_string(), "p".to_string());
     assert!(s.knows(&key));
-    // Handed over because it is still running: it counts as load on its rank.
-    assert_eq!((s.ranks[1].members.len(), s.ranks[1].finished), (1, 0));
+    // A running Program counts as load on its rank; one whose last request finished does not.
+    assert_eq!((s.ranks[1].members.len(), s.ranks[1].finished), (2, 1));
+    s.check_invariants().expect("ledger");
     s.on_tick(cfg().paused_retention_ttl_seconds + 1.0);
     assert!(!s.knows(&key));
     s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn the_finished_mark_travels_between_replicas_and_is_optional_on_the_wire() {
+    let wire = r#"{"model":"m","program_id":"p","root":"p","target":"r0","context_tokens":1,"idle_seconds":0}"#;
+    let older: HandedOver = serde_json::from_str(wire).expect("a replica of an earlier version");
+    assert!(!older.finished);
+    assert!(
+        !serde_json::to_string(&older)
+            .expect("json")
+            .contains("finished")
+    );
+    let done = HandedOver {
+        finished: true,
+        ..older
+    };
+    let back: HandedOver =
+        serde_json::from_str(&serde_json::to_string(&done).expect("json")).expect("parses");
+    assert!(back.finished);
 }

@@ -592,6 +592,7 @@ pub fn run_with(
                             let identity = Identity {
                                 program_id: turn.program_id.clone(),
                                 parent_program_id: turn.parent_program_id.clone(),
+                                blocks_parent: p.blocks_parent,
                                 root_program_id: Some(turn.root_program_id().to_string()),
                                 task_id: Some(turn.task_id.clone()),
                                 step_id: Some(u64::from(turn.step)),

@@ -3,26 +3,32 @@
 
 use super::*;
 
-#[test]
-fn forced_requests_still_need_token_room_and_time_out_without_it() {
-    let c = ProgramSchedulingConfig {
+/// Requests time out after 8 s in the pool and are forced after 5 s.
+fn short_timeouts() -> ProgramSchedulingConfig {
+    ProgramSchedulingConfig {
         queue_timeout_seconds: 8.0,
         force_resume_timeout_seconds: 5.0,
         ..cfg()
-    };
-    let mut s = held_by_acting(c);
+    }
+}
+
+/// What the scheduler answers when `ticket` times out in the pool.
+fn timed_out(ticket: Ticket) -> Vec<Decision> {
+    vec![Decision::Reject {
+        ticket,
+        reason: RejectReason::QueueTimeout,
+    }]
+}
+
+#[test]
+fn forced_requests_still_need_token_room_and_time_out_without_it() {
+    let mut s = held_by_acting(short_timeouts());
     s.on_arrival(1.0, arrival(2, "b", 900));
     assert!(
         s.on_tick(6.5).is_empty(),
         "forced at 6 s, but 900 + 910 tokens do not fit"
     );
-    assert_eq!(
-        s.on_tick(9.0),
-        vec![Decision::Reject {
-            ticket: 2,
-            reason: RejectReason::QueueTimeout
-        }]
-    );
+    assert_eq!(s.on_tick(9.0), timed_out(2));
     assert_eq!(s.counters.queue_timeouts, 1);
     s.check_invariants().expect("ledger");
 }
@@ -32,12 +38,7 @@ fn a_reused_ticket_answers_only_to_its_own_timers() {
     // Tickets are meant to be unique, but an embedder (a harness replaying turns) may reuse one
     // once its request is done: the earlier request's force-resume and queue-timeout timers
     // must not act on the new one.
-    let c = ProgramSchedulingConfig {
-        queue_timeout_seconds: 8.0,
-        force_resume_timeout_seconds: 5.0,
-        ..cfg()
-    };
-    let mut s = held_by_acting(c);
+    let mut s = held_by_acting(short_timeouts());
     assert_eq!(dispatched(&s.on_arrival(1.0, arrival(2, "b", 50))), [2]);
     s.on_complete(2.0, 2, usage(50, 1));
     assert!(
@@ -48,48 +49,25 @@ fn a_reused_ticket_answers_only_to_its_own_timers() {
         s.on_tick(9.5).is_empty(),
         "the first request's deadline (1 s + 8 s) is not the second's"
     );
-    assert_eq!(
-        s.on_tick(11.0),
-        vec![Decision::Reject {
-            ticket: 2,
-            reason: RejectReason::QueueTimeout
-        }]
-    );
+    assert_eq!(s.on_tick(11.0), timed_out(2));
     assert_eq!(s.counters.queue_timeouts, 1);
     s.check_invariants().expect("ledger");
 }
 
 #[test]
 fn a_request_deadline_shortens_the_queue_limit_but_never_extends_it() {
-    let c = ProgramSchedulingConfig {
-        queue_timeout_seconds: 8.0,
-        force_resume_timeout_seconds: 5.0,
-        ..cfg()
-    };
-    let mut s = held_by_acting(c.clone());
+    let mut s = held_by_acting(short_timeouts());
     s.on_arrival(
         1.0,
         with(arrival(2, "b", 900), |i| i.deadline_seconds = Some(2.0)),
     );
-    assert_eq!(
-        s.on_tick(3.0),
-        vec![Decision::Reject {
-            ticket: 2,
-            reason: RejectReason::QueueTimeout
-        }]
-    );
-    let mut s = held_by_acting(c);
+    assert_eq!(s.on_tick(3.0), timed_out(2));
+    let mut s = held_by_acting(short_timeouts());
     s.on_arrival(
         1.0,
         with(arrival(2, "b", 900), |i| i.deadline_seconds = Some(60.0)),
     );
-    assert_eq!(
-        s.on_tick(9.0),
-        vec![Decision::Reject {
-            ticket: 2,
-            reason: RejectReason::QueueTimeout
-        }]
-    );
+    assert_eq!(s.on_tick(9.0), timed_out(2));
 }
 
 #[test]

@@ -1425,6 +1425,16 @@ async fn the_hand_over_endpoints_refuse_bad_input_with_clear_errors() {
             r#"{"programs": [{"model": "m"}]}"#,
             "programs",
         ),
+        (
+            "/peers/adopt",
+            r#"{"programs":[{"model":"m","program_id":"p","root":"p","target":"t","context_tokens":1,"idle_seconds":0,"finished":"yes"}]}"#,
+            "programs[0].finished",
+        ),
+        (
+            "/peers/adopt",
+            r#"{"programs": 3}"#,
+            "programs: invalid type",
+        ),
     ];
     for (path, body, names) in cases {
         let resp = call(path, body, true).await;

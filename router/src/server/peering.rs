@@ -109,9 +109,13 @@ pub(super) async fn post_endpoint(
             &serde_json::json!({ "program": given }),
         ));
     }
+    // The error names the field's path (`programs[0].finished: invalid type ...`).
     let programs: Vec<crate::program::scheduler::HandedOver> =
-        serde_json::from_value(v["programs"].clone())
-            .map_err(|e| ApiError::bad_request(format!("programs: {e}")))?;
+        serde_path_to_error::deserialize(v["programs"].clone()).map_err(|e| {
+            let at = e.path().to_string();
+            let at = if at == "." { String::new() } else { at };
+            ApiError::bad_request(format!("programs{at}: {}", e.into_inner()))
+        })?;
     let adopted = rt.map_or(0, |rt| rt.adopt(&programs));
     count("adopted", adopted);
     Ok(json(

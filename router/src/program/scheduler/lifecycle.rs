@@ -5,8 +5,6 @@ use super::*;
 
 impl Scheduler {
     pub(super) fn activate(&mut self, slot: usize, rank: Rank, demand: u64, now: f64) {
-        // Only a request activates a Program, and its arrival already cleared this.
-        self.set_finished(slot, false);
         let p = self.program_mut(slot);
         let was_active = p.active();
         let old_rank = p.rank;

@@ -117,11 +117,7 @@ fn a_shared_prefix_is_reserved_once_per_rank_while_its_observation_is_fresh() {
     let mut s = sched(c, 1);
     // The growth window is complete (mean 0): the discount is active.
     s.ranks[0].growth.push(0.0);
-    let hold = |t, p: &str| {
-        with(arrival(t, p, 600), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        })
-    };
+    let hold = |t, p: &str| with_ttl(arrival(t, p, 600), 100.0);
     assert_eq!(dispatched(&s.on_arrival(0.0, hold(1, "a"))), [1]);
     assert_eq!(dispatched(&s.on_arrival(0.0, hold(2, "c"))), [2]);
     // 400 of each 600-token prompt were already cached: a system prompt both share.
@@ -174,12 +170,7 @@ fn a_shared_prefix_is_reserved_once_per_rank_while_its_observation_is_fresh() {
 #[test]
 fn no_shared_prefix_discount_before_the_growth_window_is_complete() {
     let mut s = sched(cfg(), 1);
-    s.on_arrival(
-        0.0,
-        with(arrival(1, "a", 600), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        }),
-    );
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 600), 100.0));
     let u = Usage {
         prompt_tokens: 600,
         completion_tokens: 10,

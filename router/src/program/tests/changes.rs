@@ -7,11 +7,7 @@ use super::*;
 fn retarget_keeps_surviving_ranks_state_under_their_new_index() {
     // r0 and r1; "a" acts on r1 with a 100 s TTL, "b" waits behind it there.
     let mut s = sched(cfg(), 2);
-    let a = |t| {
-        with(arrival(t, "a", 900), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        })
-    };
+    let a = |t| with_ttl(arrival(t, "a", 900), 100.0);
     // Round robin binds the first Program to r1.
     assert_eq!(rank_of(&s.on_arrival(0.0, a(1)), 1), Some(1));
     s.on_complete(0.5, 1, usage(900, 10));
@@ -38,11 +34,7 @@ fn retarget_rehomes_programs_of_a_removed_rank_and_forgets_their_in_flight() {
         ..cfg()
     };
     let mut s = sched(c, 2);
-    let long = |t, p: &str| {
-        with(arrival(t, p, 600), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        })
-    };
+    let long = |t, p: &str| with_ttl(arrival(t, p, 600), 100.0);
     // Round robin: "a" on r1 acts; "b" on r0 is in flight; "c" on r1 waits (610 + 600 > 1000).
     assert_eq!(rank_of(&s.on_arrival(0.0, long(1, "a")), 1), Some(1));
     s.on_complete(0.5, 1, usage(600, 10));

@@ -12,12 +12,7 @@ fn cross_rank_case(headroom: f64) -> (Vec<Decision>, Scheduler) {
         ..cfg()
     };
     let mut s = sched(c, 2);
-    s.on_arrival(
-        0.0,
-        with(arrival(1, "a", 900), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        }),
-    );
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 900), 100.0));
     s.on_arrival(0.0, arrival(2, "b", 900));
     s.on_complete(1.0, 1, usage(900, 10));
     assert!(dispatched(&s.on_arrival(2.0, arrival(3, "c", 500))).is_empty());
@@ -70,9 +65,7 @@ fn a_break_even_wait_keeps_a_returning_program_home_until_the_wait_is_worth_the_
         assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "c", 300))), [1]);
         s.on_complete(0.5, 1, usage(300, 10));
         assert_eq!(dispatched(&s.on_arrival(0.6, arrival(2, "b", 900))), [2]);
-        let a = with(arrival(3, "a", 900), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        });
+        let a = with_ttl(arrival(3, "a", 900), 100.0);
         assert_eq!(dispatched(&s.on_arrival(0.7, a)), [3]);
         s.on_complete(1.0, 3, usage(900, 10));
         // c returns to its full rank 0 (a holds it); rank 1 frees up at 3.0.

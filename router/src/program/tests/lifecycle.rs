@@ -6,11 +6,7 @@ use super::*;
 #[test]
 fn an_acting_program_keeps_its_place_through_the_tool_call() {
     let mut s = sched(cfg(), 1);
-    let a = |t| {
-        with(arrival(t, "a", 600), |i| {
-            i.kv_retention_ttl_seconds = Some(5.0)
-        })
-    };
+    let a = |t| with_ttl(arrival(t, "a", 600), 5.0);
     assert_eq!(dispatched(&s.on_arrival(0.0, a(1))), [1]);
     s.on_complete(1.0, 1, usage(600, 50));
     // `b` arrives during a's tool call and must wait: a still holds its KV.
@@ -23,12 +19,7 @@ fn an_acting_program_keeps_its_place_through_the_tool_call() {
 #[test]
 fn ttl_expiry_pauses_and_resumes_the_next() {
     let mut s = sched(cfg(), 1);
-    s.on_arrival(
-        0.0,
-        with(arrival(1, "a", 600), |i| {
-            i.kv_retention_ttl_seconds = Some(5.0)
-        }),
-    );
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 600), 5.0));
     s.on_complete(1.0, 1, usage(600, 50));
     s.on_arrival(2.0, arrival(2, "b", 600));
     assert!(dispatched(&s.on_tick(5.9)).is_empty());
@@ -119,11 +110,7 @@ fn segment_yield_under_queue_pressure() {
         ..cfg()
     };
     let mut s = sched(c, 1);
-    let a = |t| {
-        with(arrival(t, "a", 900), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        })
-    };
+    let a = |t| with_ttl(arrival(t, "a", 900), 100.0);
     s.on_arrival(0.0, a(1));
     s.on_complete(1.0, 1, usage(900, 10)); // round 1: TTL armed
     s.on_arrival(1.5, arrival(2, "b", 900)); // b waits

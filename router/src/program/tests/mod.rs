@@ -49,6 +49,11 @@ fn with(mut a: Arrival, f: impl FnOnce(&mut Identity)) -> Arrival {
     a
 }
 
+/// `a` asking to keep its Program's KV `seconds` after it completes.
+fn with_ttl(a: Arrival, seconds: f64) -> Arrival {
+    with(a, |i| i.kv_retention_ttl_seconds = Some(seconds))
+}
+
 fn usage(prompt: u64, completion: u64) -> Option<Usage> {
     Some(Usage {
         prompt_tokens: prompt,
@@ -60,12 +65,7 @@ fn usage(prompt: u64, completion: u64) -> Option<Usage> {
 /// One rank on which Program "a" (900 tokens) holds its place through a 100 s tool call.
 fn held_by_acting(c: ProgramSchedulingConfig) -> Scheduler {
     let mut s = sched(c, 1);
-    s.on_arrival(
-        0.0,
-        with(arrival(1, "a", 900), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        }),
-    );
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 900), 100.0));
     s.on_complete(0.5, 1, usage(900, 10));
     s
 }

@@ -79,12 +79,7 @@ fn force_resume_admits_over_the_guard_in_deadline_order() {
         ..cfg()
     };
     let mut s = sched(c, 1);
-    s.on_arrival(
-        0.0,
-        with(arrival(1, "a", 10), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        }),
-    );
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 10), 100.0));
     s.on_complete(0.5, 1, usage(10, 1));
     s.on_arrival(1.0, arrival(2, "b", 10));
     s.on_arrival(1.2, arrival(3, "c", 10));
@@ -213,12 +208,7 @@ fn the_force_resume_deadline_follows_queued_work_and_measured_throughput() {
     }
     assert_eq!(s.force_resume_after(0), 1.0, "an empty rank: the floor");
     // One acting Program holding the rank (one round per activation so far) and two waiting.
-    s.on_arrival(
-        0.0,
-        with(arrival(1, "a", 900), |i| {
-            i.kv_retention_ttl_seconds = Some(100.0)
-        }),
-    );
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 900), 100.0));
     s.on_complete(0.5, 1, usage(900, 10));
     s.on_arrival(1.0, arrival(2, "b", 500));
     s.on_arrival(1.0, arrival(3, "c", 500));
@@ -285,12 +275,7 @@ fn cancel_of_retained_and_in_flight_requests() {
 fn a_timer_read_back_through_next_deadline_fires() {
     let mut s = sched(cfg(), 1);
     // 0.1 + 0.2 is not representable exactly; the TTL timer must still fire at next_deadline().
-    s.on_arrival(
-        0.1,
-        with(arrival(1, "a", 10), |i| {
-            i.kv_retention_ttl_seconds = Some(0.2)
-        }),
-    );
+    s.on_arrival(0.1, with_ttl(arrival(1, "a", 10), 0.2));
     s.on_complete(0.1, 1, usage(10, 1));
     let t = s.next_deadline().expect("ttl timer");
     s.on_tick(t);

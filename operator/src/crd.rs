@@ -378,6 +378,11 @@ pub struct ProgramSchedulingParams {
     /// always forceResumeTimeoutSeconds).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("forceResumeWorkloadFactor must be >= 0"))]
     pub force_resume_workload_factor: Option<f64>,
+    /// Extension: a paused Program idle for longer than this multiple of the longest observed
+    /// completion-to-next-request interval counts as finished for `least_program_count`
+    /// binding (0 = only `expected_resume: false` marks it).
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("finishedIdleRatio must be >= 0"))]
+    pub finished_idle_ratio: Option<f64>,
     pub prefill_cost_model: Option<PrefillCostModelParams>,
     pub decode_throughput_model: Option<DecodeThroughputModelParams>,
 }

@@ -178,6 +178,12 @@ pub struct ProgramSchedulingConfig {
     /// rank needs to serve the work already queued or active; 0 = always
     /// `force_resume_timeout_seconds`.
     pub force_resume_workload_factor: f64,
+    /// Extension: a paused Program idle for longer than this multiple of the longest
+    /// completion-to-next-request interval in the automatic TTL's evidence counts as finished
+    /// for `least_program_count` binding, as if its last request had said `expected_resume:
+    /// false` (clients that identify Programs by headers only never say it). A new request
+    /// makes it live again. 0 = only the explicit mark.
+    pub finished_idle_ratio: f64,
     pub prefill_cost_model: PrefillCostModel,
     pub decode_throughput_model: DecodeThroughputModel,
 }
@@ -216,6 +222,7 @@ impl Default for ProgramSchedulingConfig {
             ttl_evidence: TtlEvidence::default(),
             ttl_min_samples: None,
             force_resume_workload_factor: 0.0,
+            finished_idle_ratio: 1.0,
             prefill_cost_model: PrefillCostModel::default(),
             decode_throughput_model: DecodeThroughputModel::default(),
         }
@@ -342,6 +349,7 @@ impl ProgramSchedulingConfig {
             0.0,
             false,
         )?;
+        finite_min("finished_idle_ratio", self.finished_idle_ratio, 0.0, false)?;
         if let Some(n) = self.ttl_min_samples
             && (n == 0 || n > self.stats_window_size)
         {

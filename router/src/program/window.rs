@@ -53,6 +53,11 @@ impl Window {
         (!self.samples.is_empty()).then(|| self.sum / self.samples.len() as f64)
     }
 
+    /// The largest sample.
+    pub fn max(&self) -> Option<f64> {
+        self.samples.iter().copied().reduce(f64::max)
+    }
+
     /// The samples in ascending order.
     pub fn sorted(&self) -> Vec<f64> {
         let mut v: Vec<f64> = self.samples.iter().copied().collect();

@@ -218,6 +218,9 @@ pub struct Clients {
     /// `kv_retention_ttl_seconds` on every request (the client's own TTL, which replaces the
     /// automatic one) — for asking what holding every paused Program's KV would buy.
     pub retention_ttl_seconds: Option<f64>,
+    /// Clients that identify Programs by headers only (Claude Code's session, agent and parent
+    /// ids): no task or step id, and never `expected_resume: false`.
+    pub headers_only: bool,
 }
 
 impl Clients {
@@ -229,6 +232,7 @@ impl Clients {
         }
         Ok(Clients {
             retention_ttl_seconds,
+            headers_only: false,
         })
     }
 }
@@ -594,9 +598,9 @@ pub fn run_with(
                                 parent_program_id: turn.parent_program_id.clone(),
                                 blocks_parent: p.blocks_parent,
                                 root_program_id: Some(turn.root_program_id().to_string()),
-                                task_id: Some(turn.task_id.clone()),
-                                step_id: Some(u64::from(turn.step)),
-                                expected_resume: p.next + 1 < p.turns.len(),
+                                task_id: (!clients.headers_only).then(|| turn.task_id.clone()),
+                                step_id: (!clients.headers_only).then_some(u64::from(turn.step)),
+                                expected_resume: clients.headers_only || p.next + 1 < p.turns.len(),
                                 kv_retention_ttl_seconds: clients.retention_ttl_seconds,
                                 ..Default::default()
                             };

@@ -186,6 +186,11 @@ enum Cmd {
         /// automatic TTL): what holding paused Programs' KV that long would buy.
         #[arg(long)]
         client_retention_ttl: Option<f64>,
+        /// Clients identify Programs by headers only: no task or step ids, and no request
+        /// says `expected_resume: false` (Claude Code, Codex or `x-session-id` under
+        /// `program_scheduling_enable_key: auto`).
+        #[arg(long)]
+        headers_only_clients: bool,
         /// Also write the reports as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -323,6 +328,7 @@ fn main() -> ExitCode {
                 modes: vec!["hash".into(), "program".into()],
                 program_config: "{}".into(),
                 client_retention_ttl: None,
+                headers_only_clients: false,
                 json: None,
                 html,
             },
@@ -790,13 +796,17 @@ fn run(cli: Cli) -> Result<(), String> {
             modes,
             program_config,
             client_retention_ttl,
+            headers_only_clients,
             json,
             html,
         } => {
             if ranks == 0 {
                 return Err("--ranks must be >= 1".into());
             }
-            let clients = des::Clients::with_retention_ttl(client_retention_ttl)?;
+            let clients = des::Clients {
+                headers_only: headers_only_clients,
+                ..des::Clients::with_retention_ttl(client_retention_ttl)?
+            };
             let turns = load_turns(&w, input.as_deref())?;
             let ps: ProgramSchedulingConfig = serde_json::from_str(&program_config)
                 .map_err(|e| format!("--program-config: {e}"))?;

@@ -144,6 +144,26 @@ impl Scheduler {
     /// The automatic acting TTL `rank`'s evidence gives a Program with `context` tokens now.
     pub(crate) fn fitted_ttl(&self, rank: Rank, context: u64) -> f64 {
         let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context);
+        match self.evidence(rank) {
+            Some(w) => best_ttl(&w.sorted(), impact, self.cfg.max_acting_ttl_seconds),
+            None => 0.0,
+        }
+    }
+
+    /// How long a Program bound to `rank` may idle before it is presumed finished
+    /// (`finished_idle_ratio` × the longest interval in the evidence); `None` while the
+    /// evidence is short of its samples or the ratio is 0.
+    pub(crate) fn idle_horizon(&self, rank: Rank) -> Option<f64> {
+        let ratio = self.cfg.finished_idle_ratio;
+        if ratio <= 0.0 {
+            return None;
+        }
+        self.evidence(rank).and_then(Window::max).map(|m| m * ratio)
+    }
+
+    /// The completion-to-next-request intervals the automatic TTL reads for `rank`
+    /// (`ttl_evidence`), once they hold the samples it needs.
+    fn evidence(&self, rank: Rank) -> Option<&Window> {
         let w = match self.cfg.ttl_evidence {
             crate::config::program::TtlEvidence::Rank => &self.ranks[rank].intervals,
             crate::config::program::TtlEvidence::Pooled => &self.pooled_intervals,
@@ -152,9 +172,6 @@ impl Scheduler {
             .cfg
             .ttl_min_samples
             .unwrap_or(self.cfg.stats_window_size) as usize;
-        if w.len() < needed {
-            return 0.0;
-        }
-        best_ttl(&w.sorted(), impact, self.cfg.max_acting_ttl_seconds)
+        (w.len() >= needed && !w.is_empty()).then_some(w)
     }
 }

@@ -92,6 +92,7 @@ impl Scheduler {
             let release_at = now + self.cfg.paused_retention_ttl_seconds;
             self.timer(release_at, TimerKind::Release, slot as u64, generation);
             self.set_finished(slot, h.finished);
+            self.arm_idle_finish(slot, now);
             taken += 1;
         }
         taken

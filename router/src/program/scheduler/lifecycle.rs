@@ -76,6 +76,25 @@ impl Scheduler {
         });
         let release_at = now + self.cfg.paused_retention_ttl_seconds;
         self.timer(release_at, TimerKind::Release, slot as u64, generation);
+        self.arm_idle_finish(slot, now);
+    }
+
+    /// Arms the timer that presumes the idle Program in `slot` finished once it has been idle
+    /// (since its last completion or activation) for `finished_idle_ratio` × the longest
+    /// interval in the automatic TTL's evidence: no timer while that evidence is short of its
+    /// samples, with the ratio 0, or when the Program is already finished. It shares the
+    /// current timer generation, so any later transition disarms it.
+    pub(super) fn arm_idle_finish(&mut self, slot: usize, now: f64) {
+        let p = self.program(slot);
+        if p.finished {
+            return;
+        }
+        let Some(horizon) = self.idle_horizon(p.rank) else {
+            return;
+        };
+        let at = (p.last_activity + horizon).max(now);
+        let generation = p.timer_gen;
+        self.timer(at, TimerKind::IdleFinish, slot as u64, generation);
     }
 
     /// A new Program `key` bound to `rank`, in phase `New`; its slot.
@@ -153,6 +172,7 @@ impl Scheduler {
         p.timer_gen += 1;
         let generation = p.timer_gen;
         self.timer(at, TimerKind::Release, slot as u64, generation);
+        self.arm_idle_finish(slot, now);
     }
 
     pub(super) fn maybe_forget(&mut self, slot: usize) {

@@ -186,7 +186,9 @@ pub(crate) struct Program {
     /// Completions since its last TTL-expiry pause.
     pub rounds_since_ttl_pause: u32,
     /// Finished: its last request said no further request follows (`expected_resume: false`)
-    /// and completed with nothing else of it queued or in flight. Its binding is kept for the
+    /// and completed with nothing else of it queued or in flight, or it has been paused and
+    /// idle for longer than `finished_idle_ratio` × the longest completion-to-next-request
+    /// interval observed (clients that send no `expected_resume`). Its binding is kept for the
     /// paused retention (a late request still finds its KV rank and clears this), but it no
     /// longer counts as load ([`RankState::finished`]).
     pub finished: bool,
@@ -275,6 +277,7 @@ enum TimerKind {
     QueueTimeout,
     TtlExpiry,
     Release,
+    IdleFinish,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -345,6 +348,9 @@ pub struct Counters {
     pub cross_rank_migrations: u64,
     /// Admissions that bypassed the growth reserve on modelled batch gain.
     pub batch_gain_admissions: u64,
+    /// Paused Programs presumed finished after idling past `finished_idle_ratio` × the longest
+    /// observed interval.
+    pub idle_finishes: u64,
     pub pauses: FxHashMap<&'static str, u64>,
 }
 

@@ -76,6 +76,20 @@ impl Scheduler {
                         self.remove_program(slot);
                     }
                 }
+                TimerKind::IdleFinish => {
+                    let slot = t.id as usize;
+                    if let Some(Some(p)) = self.programs.get(slot)
+                        && p.timer_gen == t.generation
+                        && (matches!(p.phase, Phase::Paused { .. })
+                            || self.cfg.binding_only && p.phase == Phase::New)
+                        && p.retained == 0
+                        && p.in_flight == 0
+                        && !p.finished
+                    {
+                        self.set_finished(slot, true);
+                        self.counters.idle_finishes += 1;
+                    }
+                }
             }
         }
         pumps.sort_unstable();

@@ -141,3 +141,78 @@ fn least_program_count_does_not_count_finished_programs() {
         assert_eq!((s.ranks[0].finished, s.ranks[1].finished), (0, 0));
     }
 }
+
+#[test]
+fn a_program_idle_past_the_longest_interval_is_presumed_finished() {
+    for ratio in [0.0, 1.0] {
+        let c = ProgramSchedulingConfig {
+            binding_strategy: BindingStrategy::LeastProgramCount,
+            ttl_min_samples: Some(2),
+            finished_idle_ratio: ratio,
+            ..cfg()
+        };
+        let mut s = sched(c, 2);
+        // Header-only clients: every request expects a next one; each asks for no acting TTL,
+        // so each completion pauses its Program.
+        let turn = |t, p: &str| with_ttl(arrival(t, p, 10), 0.0);
+        let ra = rank_of(&s.on_arrival(0.0, turn(1, "a")), 1).expect("dispatched");
+        let rb = rank_of(&s.on_arrival(0.0, turn(2, "b")), 2).expect("dispatched");
+        assert_ne!(ra, rb);
+        s.on_complete(1.0, 1, usage(10, 1));
+        s.on_complete(1.0, 2, usage(10, 1));
+        // Two intervals (2 s and 5 s) mature the evidence: the horizon is 5 s × ratio.
+        s.on_arrival(3.0, turn(3, "a"));
+        s.on_arrival(6.0, turn(4, "b"));
+        s.on_complete(7.0, 3, usage(20, 1));
+        s.on_complete(7.5, 4, usage(20, 1));
+        s.on_tick(11.9);
+        assert_eq!((s.ranks[ra].finished, s.ranks[rb].finished), (0, 0));
+        s.on_tick(12.2);
+        if ratio == 0.0 {
+            assert_eq!((s.ranks[ra].finished, s.ranks[rb].finished), (0, 0));
+            assert_eq!(s.counters.idle_finishes, 0);
+            continue;
+        }
+        // "a" has idled 5.2 s, longer than any interval seen; "b" 4.7 s.
+        assert_eq!((s.ranks[ra].finished, s.ranks[rb].finished), (1, 0));
+        assert!(find(&s, "a").finished && !find(&s, "b").finished);
+        // A new Program goes where nothing live is bound.
+        assert_eq!(rank_of(&s.on_arrival(12.2, turn(5, "c")), 5), Some(ra));
+        // "b" returns before its horizon: the timer armed at its pause no longer counts, and
+        // the one armed at its next pause (at 12.6) runs 5 s from there.
+        s.on_arrival(12.4, turn(6, "b"));
+        s.on_complete(12.6, 6, usage(30, 1));
+        s.on_tick(17.5);
+        assert!(!find(&s, "b").finished);
+        s.on_tick(17.7);
+        assert!(find(&s, "b").finished);
+        assert_eq!(s.counters.idle_finishes, 2);
+        // A presumed-finished Program that returns is live again, on its rank.
+        assert_eq!(rank_of(&s.on_arrival(20.0, turn(7, "a")), 7), Some(ra));
+        assert!(!find(&s, "a").finished);
+        s.check_invariants().expect("ledger");
+    }
+}
+
+#[test]
+fn a_program_with_a_queued_request_is_never_presumed_finished() {
+    let c = ProgramSchedulingConfig {
+        binding_strategy: BindingStrategy::LeastProgramCount,
+        ttl_min_samples: Some(1),
+        max_active_programs_per_target: 1,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    let turn = |t, p: &str| with_ttl(arrival(t, p, 10), 0.0);
+    s.on_arrival(0.0, turn(1, "a"));
+    s.on_complete(1.0, 1, usage(10, 1));
+    s.on_arrival(2.0, turn(2, "a"));
+    s.on_complete(3.0, 2, usage(20, 1));
+    // "a" is paused with a 1 s horizon; "b" takes the only place and "a" queues behind it.
+    assert_eq!(rank_of(&s.on_arrival(3.5, turn(3, "b")), 3), Some(0));
+    assert!(dispatched(&s.on_arrival(3.6, turn(4, "a"))).is_empty());
+    s.on_tick(10.0);
+    assert!(!find(&s, "a").finished, "waiting for admission is not idle");
+    assert_eq!(s.counters.idle_finishes, 0);
+    s.check_invariants().expect("ledger");
+}

@@ -414,6 +414,10 @@ impl ProgramRuntime {
                 m.armed_ttl.observe(seconds);
                 tracing::debug!(event = "ttl_armed", program = %program, target = %id(rank), seconds);
             }
+            Note::IdleFinish { program, rank } => {
+                m.transitions.with_label_values(&["idle_finish"]).inc();
+                tracing::debug!(event = "idle_finish", program = %program, target = %id(rank));
+            }
             Note::QueueWait { seconds, .. } => m.queue_wait.observe(seconds),
             Note::Interval { seconds, .. } => m.interval.observe(seconds),
             Note::CacheMissImpact { seconds, .. } => m.miss_impact.observe(seconds),

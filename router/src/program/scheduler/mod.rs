@@ -381,6 +381,11 @@ pub enum Note {
         rank: Rank,
         seconds: f64,
     },
+    /// A paused Program idled past `finished_idle_ratio` and now counts as finished.
+    IdleFinish {
+        program: String,
+        rank: Rank,
+    },
     QueueWait {
         rank: Rank,
         seconds: f64,

@@ -85,9 +85,13 @@ impl Scheduler {
                         && p.retained == 0
                         && p.in_flight == 0
                         && !p.finished
+                        // A reload may have turned the rule off since the timer was armed.
+                        && self.cfg.finished_idle_ratio > 0.0
                     {
+                        let (program, rank) = (p.key.1.clone(), p.rank);
                         self.set_finished(slot, true);
                         self.counters.idle_finishes += 1;
+                        self.notes.push(Note::IdleFinish { program, rank });
                     }
                 }
             }

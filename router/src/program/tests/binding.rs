@@ -167,14 +167,28 @@ fn a_program_idle_past_the_longest_interval_is_presumed_finished() {
         s.on_complete(7.5, 4, usage(20, 1));
         s.on_tick(11.9);
         assert_eq!((s.ranks[ra].finished, s.ranks[rb].finished), (0, 0));
+        s.take_notes();
         s.on_tick(12.2);
+        let noted: Vec<Note> = s
+            .take_notes()
+            .into_iter()
+            .filter(|n| matches!(n, Note::IdleFinish { .. }))
+            .collect();
         if ratio == 0.0 {
             assert_eq!((s.ranks[ra].finished, s.ranks[rb].finished), (0, 0));
             assert_eq!(s.counters.idle_finishes, 0);
+            assert!(noted.is_empty());
             continue;
         }
         // "a" has idled 5.2 s, longer than any interval seen; "b" 4.7 s.
         assert_eq!((s.ranks[ra].finished, s.ranks[rb].finished), (1, 0));
+        assert_eq!(
+            noted,
+            [Note::IdleFinish {
+                program: "a".into(),
+                rank: ra
+            }]
+        );
         assert!(find(&s, "a").finished && !find(&s, "b").finished);
         // A new Program goes where nothing live is bound.
         assert_eq!(rank_of(&s.on_arrival(12.2, turn(5, "c")), 5), Some(ra));
@@ -215,4 +229,28 @@ fn a_program_with_a_queued_request_is_never_presumed_finished() {
     assert!(!find(&s, "a").finished, "waiting for admission is not idle");
     assert_eq!(s.counters.idle_finishes, 0);
     s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn turning_the_idle_rule_off_by_reload_stops_timers_already_armed() {
+    let c = ProgramSchedulingConfig {
+        binding_strategy: BindingStrategy::LeastProgramCount,
+        ttl_min_samples: Some(1),
+        ..cfg()
+    };
+    let mut s = sched(c.clone(), 1);
+    let turn = |t, p: &str| with_ttl(arrival(t, p, 10), 0.0);
+    s.on_arrival(0.0, turn(1, "a"));
+    s.on_complete(1.0, 1, usage(10, 1));
+    s.on_arrival(2.0, turn(2, "a"));
+    // Paused at 3 with a 1 s horizon.
+    s.on_complete(3.0, 2, usage(20, 1));
+    let off = ProgramSchedulingConfig {
+        finished_idle_ratio: 0.0,
+        ..c
+    };
+    s.reconfigure(3.5, &off).expect("a tuning change");
+    s.on_tick(10.0);
+    assert!(!find(&s, "a").finished);
+    assert_eq!(s.counters.idle_finishes, 0);
 }

@@ -959,3 +959,60 @@ async fn claude_code_messages_and_codex_responses_are_program_scheduled() {
         "both APIs' output tokens are counted"
     );
 }
+
+#[tokio::test]
+async fn a_session_header_program_idle_past_every_tool_call_counts_as_finished() {
+    // `auto` with `x-session-id`: the client never says `expected_resume: false`. One interval
+    // of ~0.4 s matures the evidence (`ttl_min_samples: 1`); no acting TTL, so each completion
+    // pauses the Program, which then counts as finished once idle for longer than that.
+    let (_s, r) = setup(ProgramSchedulingConfig {
+        program_scheduling_enable_key: program_router::config::program::EnableKey::Auto,
+        token_capacity_per_dp_rank: Some(100_000),
+        ttl_min_samples: Some(1),
+        max_acting_ttl_seconds: 0.0,
+        ..Default::default()
+    })
+    .await;
+    let c = client();
+    let turn = || async {
+        let resp = send(
+            &c,
+            "POST",
+            &r.url(CHAT),
+            &chat("tool result", 2),
+            &[("x-session-id", "s1")],
+        )
+        .await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    };
+    turn().await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    turn().await;
+    let finished = |d: &Value| {
+        (
+            d["ranks"][0]["router_finished_programs"].as_u64(),
+            d["counters"]["idle_finishes"].as_u64(),
+        )
+    };
+    assert!(
+        eventually(5.0, || async {
+            finished(&diagnostics(&c, &r).await) == (Some(1), Some(1))
+        })
+        .await,
+        "{}",
+        diagnostics(&c, &r).await
+    );
+    let m = get_metrics(&c, &r).await;
+    assert_eq!(
+        metric_in(
+            &m,
+            "vllm_router_agent_aware_transitions_total",
+            &[("transition", "idle_finish")]
+        ),
+        1.0
+    );
+    // Its next request makes it live again, on the same rank.
+    turn().await;
+    let d = diagnostics(&c, &r).await;
+    assert_eq!(finished(&d), (Some(0), Some(1)), "{d}");
+}

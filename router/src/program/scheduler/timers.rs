@@ -65,25 +65,13 @@ impl Scheduler {
                     }
                 }
                 TimerKind::Release => {
-                    let slot = t.id as usize;
-                    if let Some(Some(p)) = self.programs.get(slot)
-                        && p.timer_gen == t.generation
-                        && (matches!(p.phase, Phase::Paused { .. })
-                            || self.cfg.binding_only && p.phase == Phase::New)
-                        && p.retained == 0
-                        && p.in_flight == 0
-                    {
-                        self.remove_program(slot);
+                    if self.still_idle(&t).is_some() {
+                        self.remove_program(t.id as usize);
                     }
                 }
                 TimerKind::IdleFinish => {
                     let slot = t.id as usize;
-                    if let Some(Some(p)) = self.programs.get(slot)
-                        && p.timer_gen == t.generation
-                        && (matches!(p.phase, Phase::Paused { .. })
-                            || self.cfg.binding_only && p.phase == Phase::New)
-                        && p.retained == 0
-                        && p.in_flight == 0
+                    if let Some(p) = self.still_idle(&t)
                         && !p.finished
                         // A reload may have turned the rule off since the timer was armed.
                         && self.cfg.finished_idle_ratio > 0.0
@@ -102,6 +90,22 @@ impl Scheduler {
             self.pump(r, now, &mut out);
         }
         out
+    }
+
+    /// The Program timer `t` was armed for, if nothing has happened to it since (same timer
+    /// generation) and it is still idle: paused (or, under `binding_only`, bound) with nothing
+    /// queued or in flight.
+    fn still_idle(&self, t: &Timer) -> Option<&Program> {
+        self.programs
+            .get(t.id as usize)
+            .and_then(Option::as_ref)
+            .filter(|p| {
+                p.timer_gen == t.generation
+                    && (matches!(p.phase, Phase::Paused { .. })
+                        || self.cfg.binding_only && p.phase == Phase::New)
+                    && p.retained == 0
+                    && p.in_flight == 0
+            })
     }
 
     /// The next time `on_tick` has work (for the driver's sleep).

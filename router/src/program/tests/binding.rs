@@ -142,6 +142,23 @@ fn least_program_count_does_not_count_finished_programs() {
     }
 }
 
+/// A request of a client that never says `expected_resume: false`, asking for no acting TTL
+/// (so its completion pauses the Program).
+fn header_turn(ticket: Ticket, program: &str) -> Arrival {
+    with_ttl(arrival(ticket, program, 10), 0.0)
+}
+
+/// One rank; Program "a" served twice (one 1 s interval, the evidence `ttl_min_samples: 1`
+/// needs) and paused at 3 s, so it is presumed finished from 4 s.
+fn idle_a_from_3s_with_a_1s_horizon(c: ProgramSchedulingConfig) -> Scheduler {
+    let mut s = sched(c, 1);
+    s.on_arrival(0.0, header_turn(1, "a"));
+    s.on_complete(1.0, 1, usage(10, 1));
+    s.on_arrival(2.0, header_turn(2, "a"));
+    s.on_complete(3.0, 2, usage(20, 1));
+    s
+}
+
 #[test]
 fn a_program_idle_past_the_longest_interval_is_presumed_finished() {
     for ratio in [0.0, 1.0] {
@@ -154,7 +171,7 @@ fn a_program_idle_past_the_longest_interval_is_presumed_finished() {
         let mut s = sched(c, 2);
         // Header-only clients: every request expects a next one; each asks for no acting TTL,
         // so each completion pauses its Program.
-        let turn = |t, p: &str| with_ttl(arrival(t, p, 10), 0.0);
+        let turn = header_turn;
         let ra = rank_of(&s.on_arrival(0.0, turn(1, "a")), 1).expect("dispatched");
         let rb = rank_of(&s.on_arrival(0.0, turn(2, "b")), 2).expect("dispatched");
         assert_ne!(ra, rb);
@@ -216,15 +233,10 @@ fn a_program_with_a_queued_request_is_never_presumed_finished() {
         max_active_programs_per_target: 1,
         ..cfg()
     };
-    let mut s = sched(c, 1);
-    let turn = |t, p: &str| with_ttl(arrival(t, p, 10), 0.0);
-    s.on_arrival(0.0, turn(1, "a"));
-    s.on_complete(1.0, 1, usage(10, 1));
-    s.on_arrival(2.0, turn(2, "a"));
-    s.on_complete(3.0, 2, usage(20, 1));
-    // "a" is paused with a 1 s horizon; "b" takes the only place and "a" queues behind it.
-    assert_eq!(rank_of(&s.on_arrival(3.5, turn(3, "b")), 3), Some(0));
-    assert!(dispatched(&s.on_arrival(3.6, turn(4, "a"))).is_empty());
+    let mut s = idle_a_from_3s_with_a_1s_horizon(c);
+    // "b" takes the only place and "a" queues behind it.
+    assert_eq!(rank_of(&s.on_arrival(3.5, header_turn(3, "b")), 3), Some(0));
+    assert!(dispatched(&s.on_arrival(3.6, header_turn(4, "a"))).is_empty());
     s.on_tick(10.0);
     assert!(!find(&s, "a").finished, "waiting for admission is not idle");
     assert_eq!(s.counters.idle_finishes, 0);
@@ -238,13 +250,7 @@ fn turning_the_idle_rule_off_by_reload_stops_timers_already_armed() {
         ttl_min_samples: Some(1),
         ..cfg()
     };
-    let mut s = sched(c.clone(), 1);
-    let turn = |t, p: &str| with_ttl(arrival(t, p, 10), 0.0);
-    s.on_arrival(0.0, turn(1, "a"));
-    s.on_complete(1.0, 1, usage(10, 1));
-    s.on_arrival(2.0, turn(2, "a"));
-    // Paused at 3 with a 1 s horizon.
-    s.on_complete(3.0, 2, usage(20, 1));
+    let mut s = idle_a_from_3s_with_a_1s_horizon(c.clone());
     let off = ProgramSchedulingConfig {
         finished_idle_ratio: 0.0,
         ..c

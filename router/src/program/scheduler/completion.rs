@@ -163,7 +163,7 @@ impl Scheduler {
 
     /// The completion-to-next-request intervals the automatic TTL reads for `rank`
     /// (`ttl_evidence`), once they hold the samples it needs.
-    fn evidence(&self, rank: Rank) -> Option<&Window> {
+    pub(super) fn evidence(&self, rank: Rank) -> Option<&Window> {
         let w = match self.cfg.ttl_evidence {
             crate::config::program::TtlEvidence::Rank => &self.ranks[rank].intervals,
             crate::config::program::TtlEvidence::Pooled => &self.pooled_intervals,

@@ -79,22 +79,51 @@ impl Scheduler {
         self.arm_idle_finish(slot, now);
     }
 
-    /// Arms the timer that presumes the idle Program in `slot` finished once it has been idle
-    /// (since its last completion or activation) for `finished_idle_ratio` × the longest
-    /// interval in the automatic TTL's evidence: no timer while that evidence is short of its
-    /// samples, with the ratio 0, or when the Program is already finished. It shares the
-    /// current timer generation, so any later transition disarms it.
-    pub(super) fn arm_idle_finish(&mut self, slot: usize, now: f64) {
+    /// Whether `p` is idle: paused (or, under `binding_only`, bound) with nothing of it queued
+    /// or in flight. The release and idle-finish timers wait for this.
+    pub(super) fn is_idle(&self, p: &Program) -> bool {
+        (matches!(p.phase, Phase::Paused { .. }) || self.cfg.binding_only && p.phase == Phase::New)
+            && p.retained == 0
+            && p.in_flight == 0
+    }
+
+    /// When the Program in `slot` counts as finished if it stays idle: its last completion or
+    /// activation plus `finished_idle_ratio` × the longest interval in the automatic TTL's
+    /// evidence. `None` while that evidence is short of its samples, with the ratio 0, or when
+    /// the Program is already finished.
+    pub(super) fn idle_finish_due(&self, slot: usize) -> Option<f64> {
         let p = self.program(slot);
         if p.finished {
-            return;
+            return None;
         }
-        let Some(horizon) = self.idle_horizon(p.rank) else {
+        self.idle_horizon(p.rank).map(|h| p.last_activity + h)
+    }
+
+    /// Arms the timer that presumes the idle Program in `slot` finished at
+    /// [`Self::idle_finish_due`] (no timer while that is `None`). It shares the current timer
+    /// generation, so any later transition disarms it; when it fires, the due time is read
+    /// again (the evidence or the ratio may have changed).
+    pub(super) fn arm_idle_finish(&mut self, slot: usize, now: f64) {
+        let Some(due) = self.idle_finish_due(slot) else {
             return;
         };
-        let at = (p.last_activity + horizon).max(now);
-        let generation = p.timer_gen;
-        self.timer(at, TimerKind::IdleFinish, slot as u64, generation);
+        let generation = self.program(slot).timer_gen;
+        self.timer(due.max(now), TimerKind::IdleFinish, slot as u64, generation);
+    }
+
+    /// Arms the idle-finish timer of every idle Program not yet finished. For Programs that
+    /// paused while the rule could not apply to them: before the evidence had its samples (the
+    /// first intervals after a start), or while a reload had the ratio at 0. A Program that
+    /// already has a timer gets a second one of the same generation; whichever fires later finds
+    /// it finished and does nothing.
+    pub(super) fn arm_idle_finishes(&mut self, now: f64) {
+        let idle: Vec<usize> = (self.programs.iter().enumerate())
+            .filter(|(_, p)| p.as_ref().is_some_and(|p| !p.finished && self.is_idle(p)))
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in idle {
+            self.arm_idle_finish(slot, now);
+        }
     }
 
     /// A new Program `key` bound to `rank`, in phase `New`; its slot.

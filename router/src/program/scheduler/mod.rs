@@ -545,9 +545,14 @@ impl Scheduler {
         }
         let (rank, phase) = (p.rank, p.phase);
         if let Some(iv) = interval {
+            let had_evidence = self.evidence(rank).is_some();
             self.ranks[rank].intervals.push(iv);
             self.pooled_intervals.push(iv);
             self.notes.push(Note::Interval { rank, seconds: iv });
+            if !had_evidence && self.evidence(rank).is_some() {
+                // The idle-finish rule applies from now on, also to Programs paused before.
+                self.arm_idle_finishes(now);
+            }
         }
         let inflight = InFlight {
             program: slot,

@@ -7,8 +7,10 @@ impl Scheduler {
     /// Takes a changed configuration (a tuning reload: cost models, capacities, watermarks,
     /// TTL limits, timeouts, binding strategy, ...) keeping every Program, binding, TTL, window
     /// and retained request. New values govern decisions from now on; timers already armed (a
-    /// TTL, a retained request's force-resume and queue deadlines) keep their times. Every rank
-    /// is then pumped, so a looser limit admits waiting requests at once. A change of
+    /// TTL, a retained request's force-resume and queue deadlines) keep their times, except that
+    /// a change to the idle-finish rule (`finished_idle_ratio`, `ttl_evidence`,
+    /// `ttl_min_samples`) reaches Programs already paused. Every rank is then pumped, so a
+    /// looser limit admits waiting requests at once. A change of
     /// `binding_only` or `stats_window_size` changes the shape of the state itself: `None`,
     /// nothing taken, and the caller starts afresh.
     pub fn reconfigure(
@@ -21,7 +23,14 @@ impl Scheduler {
         {
             return None;
         }
+        let idle_rule_changed = cfg.finished_idle_ratio != self.cfg.finished_idle_ratio
+            || cfg.ttl_evidence != self.cfg.ttl_evidence
+            || cfg.ttl_min_samples != self.cfg.ttl_min_samples;
         self.cfg = cfg.clone();
+        if idle_rule_changed {
+            // Programs already paused follow the new rule (armed timers read it when they fire).
+            self.arm_idle_finishes(now);
+        }
         let mut out = Vec::new();
         for rank in 0..self.ranks.len() {
             self.pump(rank, now, &mut out);

@@ -71,15 +71,21 @@ impl Scheduler {
                 }
                 TimerKind::IdleFinish => {
                     let slot = t.id as usize;
-                    if let Some(p) = self.still_idle(&t)
-                        && !p.finished
-                        // A reload may have turned the rule off since the timer was armed.
-                        && self.cfg.finished_idle_ratio > 0.0
-                    {
-                        let (program, rank) = (p.key.1.clone(), p.rank);
-                        self.set_finished(slot, true);
-                        self.counters.idle_finishes += 1;
-                        self.notes.push(Note::IdleFinish { program, rank });
+                    if self.still_idle(&t).is_none() {
+                        continue;
+                    }
+                    // Read again: a reload may have changed the ratio (or turned the rule off)
+                    // and the evidence may have moved since the timer was armed.
+                    match self.idle_finish_due(slot) {
+                        Some(due) if us(due) <= us(now) => {
+                            let p = self.program(slot);
+                            let (program, rank) = (p.key.1.clone(), p.rank);
+                            self.set_finished(slot, true);
+                            self.counters.idle_finishes += 1;
+                            self.notes.push(Note::IdleFinish { program, rank });
+                        }
+                        Some(due) => self.timer(due, TimerKind::IdleFinish, t.id, t.generation),
+                        None => {}
                     }
                 }
             }
@@ -99,13 +105,7 @@ impl Scheduler {
         self.programs
             .get(t.id as usize)
             .and_then(Option::as_ref)
-            .filter(|p| {
-                p.timer_gen == t.generation
-                    && (matches!(p.phase, Phase::Paused { .. })
-                        || self.cfg.binding_only && p.phase == Phase::New)
-                    && p.retained == 0
-                    && p.in_flight == 0
-            })
+            .filter(|p| p.timer_gen == t.generation && self.is_idle(p))
     }
 
     /// The next time `on_tick` has work (for the driver's sleep).

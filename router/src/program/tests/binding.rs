@@ -260,3 +260,86 @@ fn turning_the_idle_rule_off_by_reload_stops_timers_already_armed() {
     assert!(!find(&s, "a").finished);
     assert_eq!(s.counters.idle_finishes, 0);
 }
+
+#[test]
+fn a_program_paused_before_the_evidence_matured_is_presumed_finished_once_it_has() {
+    let c = ProgramSchedulingConfig {
+        binding_strategy: BindingStrategy::LeastProgramCount,
+        ttl_min_samples: Some(2),
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    // "a" is served once and paused at 1 s, when no interval has been observed yet.
+    s.on_arrival(0.0, header_turn(1, "a"));
+    s.on_complete(1.0, 1, usage(10, 1));
+    // "b" supplies the evidence: intervals of 2 s (at 3 s) and 1 s (at 5 s, the second sample).
+    s.on_arrival(0.0, header_turn(2, "b"));
+    s.on_complete(1.0, 2, usage(10, 1));
+    s.on_arrival(3.0, header_turn(3, "b"));
+    s.on_complete(4.0, 3, usage(20, 1));
+    s.on_tick(4.9);
+    assert!(
+        !find(&s, "a").finished,
+        "no horizon before the evidence has its samples"
+    );
+    s.on_arrival(5.0, header_turn(4, "b"));
+    // "a" has been idle 4 s by then, past the 2 s horizon.
+    s.on_tick(5.0);
+    assert!(find(&s, "a").finished);
+    assert_eq!((s.ranks[0].finished, s.counters.idle_finishes), (1, 1));
+    // "b" was mid-request when the evidence matured; it pauses at 6 s and is due at 8 s.
+    s.on_complete(6.0, 4, usage(30, 1));
+    s.on_tick(7.9);
+    assert!(!find(&s, "b").finished);
+    s.on_tick(8.1);
+    assert!(find(&s, "b").finished);
+    assert_eq!(s.counters.idle_finishes, 2);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn a_reload_that_turns_the_idle_rule_on_reaches_programs_already_paused() {
+    let on = ProgramSchedulingConfig {
+        binding_strategy: BindingStrategy::LeastProgramCount,
+        ttl_min_samples: Some(1),
+        ..cfg()
+    };
+    let off = ProgramSchedulingConfig {
+        finished_idle_ratio: 0.0,
+        ..on.clone()
+    };
+    let mut s = idle_a_from_3s_with_a_1s_horizon(off);
+    s.on_tick(10.0);
+    assert!(!find(&s, "a").finished);
+    // Turned on at 10 s: "a" has idled 7 s against a 1 s horizon.
+    s.reconfigure(10.0, &on).expect("a tuning change");
+    s.on_tick(10.0);
+    assert!(find(&s, "a").finished);
+    assert_eq!(s.counters.idle_finishes, 1);
+}
+
+#[test]
+fn a_reload_that_raises_the_idle_ratio_defers_timers_already_armed() {
+    let c = ProgramSchedulingConfig {
+        binding_strategy: BindingStrategy::LeastProgramCount,
+        ttl_min_samples: Some(1),
+        ..cfg()
+    };
+    // Armed for 4 s (paused at 3 s, 1 s horizon); at 3.5 s the ratio becomes 3: due at 6 s.
+    let mut s = idle_a_from_3s_with_a_1s_horizon(c.clone());
+    let later = ProgramSchedulingConfig {
+        finished_idle_ratio: 3.0,
+        ..c
+    };
+    s.reconfigure(3.5, &later).expect("a tuning change");
+    s.on_tick(5.9);
+    assert!(
+        !find(&s, "a").finished,
+        "the timer armed for 4 s reads the new ratio"
+    );
+    s.on_tick(6.1);
+    assert!(find(&s, "a").finished);
+    // Two timers were armed (at the pause and at the reload); the Program is counted once.
+    assert_eq!(s.counters.idle_finishes, 1);
+    s.check_invariants().expect("ledger");
+}

@@ -383,6 +383,11 @@ pub struct ProgramSchedulingParams {
     /// binding (0 = only `expected_resume: false` marks it).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("finishedIdleRatio must be >= 0"))]
     pub finished_idle_ratio: Option<f64>,
+    /// Extension: the automatic TTL's cache-miss impact is multiplied by 1 + this × (requests
+    /// queued for the rank ÷ its active Programs): a re-prefill delays what waits behind it
+    /// (0 = the spec's impact).
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("missImpactBacklogWeight must be >= 0"))]
+    pub miss_impact_backlog_weight: Option<f64>,
     pub prefill_cost_model: Option<PrefillCostModelParams>,
     pub decode_throughput_model: Option<DecodeThroughputModelParams>,
 }

@@ -107,6 +107,10 @@ spec:
                 "programScheduling: {crossRankMinWaitRatio: -0.5}",
                 "crossRankMinWaitRatio must be >= 0",
             ),
+            (
+                "programScheduling: {missImpactBacklogWeight: -1}",
+                "missImpactBacklogWeight must be >= 0",
+            ),
         ] {
             let doc = format!(
                 "apiVersion: scheduling.program-router.dev/v1alpha1\nkind: ProgramScheduling\n\

@@ -184,6 +184,11 @@ pub struct ProgramSchedulingConfig {
     /// false` (clients that identify Programs by headers only never say it). A new request
     /// makes it live again. 0 = only the explicit mark.
     pub finished_idle_ratio: f64,
+    /// Extension: the automatic TTL counts a cache miss on a rank with a backlog as costing the
+    /// backlog too. Its miss impact is multiplied by 1 + this × (requests queued for the rank ÷
+    /// the rank's active Programs, at least 1): a re-prefill there delays what waits behind it.
+    /// 0 = the spec's impact.
+    pub miss_impact_backlog_weight: f64,
     pub prefill_cost_model: PrefillCostModel,
     pub decode_throughput_model: DecodeThroughputModel,
 }
@@ -223,6 +228,7 @@ impl Default for ProgramSchedulingConfig {
             ttl_min_samples: None,
             force_resume_workload_factor: 0.0,
             finished_idle_ratio: 1.0,
+            miss_impact_backlog_weight: 1.0,
             prefill_cost_model: PrefillCostModel::default(),
             decode_throughput_model: DecodeThroughputModel::default(),
         }
@@ -350,6 +356,12 @@ impl ProgramSchedulingConfig {
             false,
         )?;
         finite_min("finished_idle_ratio", self.finished_idle_ratio, 0.0, false)?;
+        finite_min(
+            "miss_impact_backlog_weight",
+            self.miss_impact_backlog_weight,
+            0.0,
+            false,
+        )?;
         if let Some(n) = self.ttl_min_samples
             && (n == 0 || n > self.stats_window_size)
         {
@@ -514,6 +526,14 @@ mod tests {
             (
                 r#"{"cross_rank_min_wait_ratio":-0.5}"#,
                 "cross_rank_min_wait_ratio",
+            ),
+            (
+                r#"{"miss_impact_backlog_weight":-1}"#,
+                "miss_impact_backlog_weight",
+            ),
+            (
+                r#"{"finished_idle_ratio":-0.5}"#,
+                "finished_idle_ratio",
             ),
             (r#"{"resume_order":"lifo"}"#, "unknown variant"),
             (r#"{"no_such_field":1}"#, "no_such_field"),

@@ -131,7 +131,8 @@ impl Scheduler {
         }
     }
 
-    /// The automatic acting TTL for a Program with `context` tokens on `rank`.
+    /// The automatic acting TTL for a Program with `context` tokens on `rank`. The noted impact
+    /// is the spec's (the calibrated re-prefill alone); the TTL weighs in the rank's backlog.
     pub(super) fn auto_ttl(&mut self, rank: Rank, context: u64) -> f64 {
         let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context);
         self.notes.push(Note::CacheMissImpact {
@@ -143,11 +144,21 @@ impl Scheduler {
 
     /// The automatic acting TTL `rank`'s evidence gives a Program with `context` tokens now.
     pub(crate) fn fitted_ttl(&self, rank: Rank, context: u64) -> f64 {
-        let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context);
+        let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context)
+            * self.backlog_factor(rank);
         match self.evidence(rank) {
             Some(w) => best_ttl(&w.sorted(), impact, self.cfg.max_acting_ttl_seconds),
             None => 0.0,
         }
+    }
+
+    /// What a cache miss on `rank` costs beyond the Program's own re-prefill:
+    /// 1 + `miss_impact_backlog_weight` × (requests queued for the rank ÷ its active Programs,
+    /// at least 1). The re-prefill takes the rank's time from everything waiting behind it.
+    fn backlog_factor(&self, rank: Rank) -> f64 {
+        let r = &self.ranks[rank];
+        let queued = r.queue.len() as f64;
+        1.0 + self.cfg.miss_impact_backlog_weight * queued / f64::from(r.active_programs.max(1))
     }
 
     /// How long a Program bound to `rank` may idle before it is presumed finished

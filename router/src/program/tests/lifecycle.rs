@@ -150,3 +150,46 @@ fn step_ids_default_to_previous_plus_one() {
     let p = s.programs.iter().flatten().next().expect("program");
     assert_eq!(p.identity.step_id, Some(10));
 }
+
+#[test]
+fn a_backlog_on_the_rank_raises_what_a_miss_costs_the_automatic_ttl() {
+    // A miss costs 1 s on its own (intercept 1 s, alpha 1) and the one observed tool call took
+    // 2 s: holding through it pays only when the miss costs more than 2 s.
+    let c = ProgramSchedulingConfig {
+        ttl_min_samples: Some(1),
+        max_active_programs_per_target: 1,
+        prefill_cost_model: PrefillCostModel {
+            intercept_seconds: 1.0,
+            linear_seconds_per_1k_tokens: 0.0,
+            quadratic_seconds_per_1k_tokens_squared: 0.0,
+            decode_throughput_alpha: 1.0,
+        },
+        ..cfg()
+    };
+    for weight in [1.0, 0.0] {
+        let mut s = sched(
+            ProgramSchedulingConfig {
+                miss_impact_backlog_weight: weight,
+                ..c.clone()
+            },
+            1,
+        );
+        s.on_arrival(0.0, arrival(1, "a", 10));
+        s.on_complete(1.0, 1, usage(10, 1));
+        s.on_arrival(3.0, arrival(2, "a", 20));
+        // Two requests of other Programs wait behind "a" for the rank's only place.
+        assert!(dispatched(&s.on_arrival(3.5, arrival(3, "b", 10))).is_empty());
+        assert!(dispatched(&s.on_arrival(3.5, arrival(4, "c", 10))).is_empty());
+        let at_completion = s.on_complete(4.0, 2, usage(20, 1));
+        if weight > 0.0 {
+            // 1 s × (1 + 2 queued ÷ 1 active) = 3 s > 2 s: "a" holds its place (and KV).
+            assert_eq!(find(&s, "a").armed_ttl, 2.0);
+            assert!(dispatched(&at_completion).is_empty());
+        } else {
+            // The spec's impact, 1 s: "a" pauses and the next waiting request is admitted.
+            assert_eq!(find(&s, "a").armed_ttl, 0.0);
+            assert_eq!(dispatched(&at_completion).len(), 1);
+        }
+        s.check_invariants().expect("ledger");
+    }
+}

@@ -531,10 +531,7 @@ mod tests {
                 r#"{"miss_impact_backlog_weight":-1}"#,
                 "miss_impact_backlog_weight",
             ),
-            (
-                r#"{"finished_idle_ratio":-0.5}"#,
-                "finished_idle_ratio",
-            ),
+            (r#"{"finished_idle_ratio":-0.5}"#, "finished_idle_ratio"),
             (r#"{"resume_order":"lifo"}"#, "unknown variant"),
             (r#"{"no_such_field":1}"#, "no_such_field"),
         ];

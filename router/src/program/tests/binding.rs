@@ -243,19 +243,27 @@ fn a_program_with_a_queued_request_is_never_presumed_finished() {
     s.check_invariants().expect("ledger");
 }
 
-#[test]
-fn turning_the_idle_rule_off_by_reload_stops_timers_already_armed() {
+/// [`idle_a_from_3s_with_a_1s_horizon`] with `finished_idle_ratio` `from`, reloaded at 3.5 s
+/// with `to` (the timer armed at the pause, if any, is due at 4 s).
+fn idle_a_reloaded(from: f64, to: f64) -> Scheduler {
     let c = ProgramSchedulingConfig {
         binding_strategy: BindingStrategy::LeastProgramCount,
         ttl_min_samples: Some(1),
+        finished_idle_ratio: from,
         ..cfg()
     };
     let mut s = idle_a_from_3s_with_a_1s_horizon(c.clone());
-    let off = ProgramSchedulingConfig {
-        finished_idle_ratio: 0.0,
+    let reloaded = ProgramSchedulingConfig {
+        finished_idle_ratio: to,
         ..c
     };
-    s.reconfigure(3.5, &off).expect("a tuning change");
+    s.reconfigure(3.5, &reloaded).expect("a tuning change");
+    s
+}
+
+#[test]
+fn turning_the_idle_rule_off_by_reload_stops_timers_already_armed() {
+    let mut s = idle_a_reloaded(1.0, 0.0);
     s.on_tick(10.0);
     assert!(!find(&s, "a").finished);
     assert_eq!(s.counters.idle_finishes, 0);
@@ -299,39 +307,20 @@ fn a_program_paused_before_the_evidence_matured_is_presumed_finished_once_it_has
 
 #[test]
 fn a_reload_that_turns_the_idle_rule_on_reaches_programs_already_paused() {
-    let on = ProgramSchedulingConfig {
-        binding_strategy: BindingStrategy::LeastProgramCount,
-        ttl_min_samples: Some(1),
-        ..cfg()
-    };
-    let off = ProgramSchedulingConfig {
-        finished_idle_ratio: 0.0,
-        ..on.clone()
-    };
-    let mut s = idle_a_from_3s_with_a_1s_horizon(off);
-    s.on_tick(10.0);
+    // Paused at 3 s with the rule off (no timer), turned on at 3.5 s: due at 4 s.
+    let mut s = idle_a_reloaded(0.0, 1.0);
+    s.on_tick(3.9);
     assert!(!find(&s, "a").finished);
-    // Turned on at 10 s: "a" has idled 7 s against a 1 s horizon.
-    s.reconfigure(10.0, &on).expect("a tuning change");
-    s.on_tick(10.0);
+    s.on_tick(4.1);
     assert!(find(&s, "a").finished);
     assert_eq!(s.counters.idle_finishes, 1);
+    s.check_invariants().expect("ledger");
 }
 
 #[test]
 fn a_reload_that_raises_the_idle_ratio_defers_timers_already_armed() {
-    let c = ProgramSchedulingConfig {
-        binding_strategy: BindingStrategy::LeastProgramCount,
-        ttl_min_samples: Some(1),
-        ..cfg()
-    };
-    // Armed for 4 s (paused at 3 s, 1 s horizon); at 3.5 s the ratio becomes 3: due at 6 s.
-    let mut s = idle_a_from_3s_with_a_1s_horizon(c.clone());
-    let later = ProgramSchedulingConfig {
-        finished_idle_ratio: 3.0,
-        ..c
-    };
-    s.reconfigure(3.5, &later).expect("a tuning change");
+    // Armed for 4 s at the pause; at 3.5 s the ratio becomes 3: due at 6 s.
+    let mut s = idle_a_reloaded(1.0, 3.0);
     s.on_tick(5.9);
     assert!(
         !find(&s, "a").finished,

@@ -47,18 +47,34 @@ impl std::fmt::Debug for ClientKey {
 }
 
 impl ClientKey {
-    /// A key named after its content (`key-<16 hex digits>`), for keys given without a name.
-    pub fn unnamed(key: &[u8]) -> Self {
+    /// The key at `index` of a list given without names (`client_api_keys`), named after its
+    /// position (`key-0`, `key-1`, ...): nothing about a name may derive from the key.
+    pub fn listed(index: usize, key: &[u8]) -> Self {
         ClientKey {
-            name: hashed_name(key).into(),
+            name: format!("key-{index}").into(),
             key: key.into(),
         }
     }
 }
 
-/// The name an unnamed key goes by: a hash of it, never the key.
-pub fn hashed_name(key: &[u8]) -> String {
-    format!("key-{:016x}", crate::hash::fnv1a(key))
+/// The name of a key the router does not check (fair queueing's `api_key` tenant without a
+/// key list): an HMAC of it under a key drawn at random when the process starts, so the name
+/// stays the same while the process runs and tells nothing about the key, even to someone who
+/// can guess it (an unkeyed hash of a weak key could be reversed by trying candidates).
+pub fn opaque_name(key: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    static PROCESS_KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    let k = PROCESS_KEY.get_or_init(rand::random);
+    let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(k) else {
+        return "key-unnamed".into();
+    };
+    mac.update(key);
+    let tag = mac.finalize().into_bytes();
+    let mut name = String::from("key-");
+    for b in &tag[..8] {
+        name.push_str(&format!("{b:02x}"));
+    }
+    name
 }
 
 /// The header Anthropic's clients carry their key in (Claude Code with `ANTHROPIC_API_KEY`).
@@ -209,36 +225,36 @@ pub fn authorize(
     }
 }
 
-/// Whether the request presents the workers' `api_key` (which only the platform and the router
-/// replicas hold); `true` when none is configured.
-pub fn is_platform(applied: &Applied, headers: &http::HeaderMap) -> bool {
-    match (&applied.config.api_key, presented_key(headers)) {
-        (None, _) => true,
-        (Some(key), Some(token)) => bool::from(key.as_bytes().ct_eq(token)),
-        (Some(_), None) => false,
-    }
-}
-
-/// Who may read `/scheduling/diagnostics` and what: `Ok(None)` for the whole document (clients
-/// have no keys of their own, or the request presents the workers' `api_key`, which only the
-/// platform holds), `Ok(Some(name))` for client `name`'s Programs only, or 401.
+/// Who may read `/scheduling/diagnostics` and what: `Ok(None)` for the whole document (no key
+/// is configured at all, or the request presents the workers' `api_key`, which only the
+/// platform holds), `Ok(Some(name))` for client `name`'s Programs only, or 401 — whenever any
+/// key is configured, a request without a valid one reads nothing.
 pub fn diagnostics_scope(
     state: &RouterState,
     applied: &Applied,
     headers: &http::HeaderMap,
 ) -> Result<Option<Arc<str>>, ApiError> {
-    if !applied.named_clients {
-        return Ok(None);
-    }
     if let (Some(key), Some(token)) = (&applied.config.api_key, presented_key(headers))
         && bool::from(key.as_bytes().ct_eq(token))
     {
         return Ok(None);
     }
-    match authorize(state, applied, headers)? {
-        Some(name) => Ok(Some(name)),
-        None => Err(ApiError::unauthorized()),
+    if applied.named_clients {
+        return match authorize(state, applied, headers)? {
+            Some(name) => Ok(Some(name)),
+            None => Err(ApiError::unauthorized()),
+        };
     }
+    let any_key = applied.config.api_key.is_some()
+        || applied
+            .config
+            .client_api_keys
+            .as_ref()
+            .is_some_and(|k| !k.is_empty());
+    if any_key {
+        return Err(ApiError::unauthorized());
+    }
+    Ok(None)
 }
 
 /// Re-reads the key directory of the applied configuration every second and applies a changed
@@ -290,7 +306,8 @@ mod tests {
     fn find_returns_the_matching_key_among_many() {
         let keys: Vec<ClientKey> = ["alpha", "beta", "gamma"]
             .iter()
-            .map(|k| ClientKey::unnamed(k.as_bytes()))
+            .enumerate()
+            .map(|(i, k)| ClientKey::listed(i, k.as_bytes()))
             .collect();
         assert_eq!(find(&keys, b"beta").map(|k| &*k.name), Some(&*keys[1].name));
         assert_eq!(

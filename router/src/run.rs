@@ -21,6 +21,8 @@ pub struct Bound {
     pub api: TcpListener,
     pub api_addr: SocketAddr,
     pub metrics: Option<(TcpListener, SocketAddr)>,
+    /// The peer listener (router ↔ router), with `peer_port`.
+    pub peer: Option<(TcpListener, SocketAddr)>,
     initial_file: Option<Vec<u8>>,
 }
 
@@ -51,6 +53,14 @@ pub async fn bind(config: RouterConfig, flags: Flags) -> std::io::Result<Bound> 
         }
         None => None,
     };
+    let peer = match config.peer_port {
+        Some(port) => {
+            let l = listen("peer", &config.peer_host, port).await?;
+            let a = l.local_addr()?;
+            Some((l, a))
+        }
+        None => None,
+    };
     let state = RouterState::new(config, flags).map_err(std::io::Error::other)?;
     if let Some(bytes) = &initial_file {
         state.set_file_hash(bytes);
@@ -60,6 +70,7 @@ pub async fn bind(config: RouterConfig, flags: Flags) -> std::io::Result<Bound> 
         api,
         api_addr,
         metrics,
+        peer,
         initial_file,
     })
 }
@@ -108,8 +119,15 @@ impl Bound {
                 },
             ));
         }
+        let peer_plane = self
+            .peer
+            .map(|(listener, _)| tokio::spawn(crate::server::serve_peers(state.clone(), listener)));
         let io_threads = state.applied.load().config.resolved_io_threads();
         crate::server::serve_api(state.clone(), self.api, shutdown, io_threads).await;
+        // The peer listener stopped accepting with the API one and drains to the same deadline.
+        if let Some(p) = peer_plane {
+            let _ = p.await;
+        }
         state.stop();
     }
 }

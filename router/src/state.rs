@@ -75,7 +75,8 @@ fn client_keys(config: &RouterConfig) -> Option<Arc<[crate::auth::ClientKey]>> {
     }
     Some(
         keys.into_iter()
-            .map(|k| crate::auth::ClientKey::unnamed(k.as_bytes()))
+            .enumerate()
+            .map(|(i, k)| crate::auth::ClientKey::listed(i, k.as_bytes()))
             .collect(),
     )
 }
@@ -157,6 +158,8 @@ pub struct RouterState {
     pub response_homes: crate::proxy::stored::ResponseHomes,
     /// The keys of `client_api_keys_dir`, when the applied configuration names one.
     pub client_dir: ArcSwapOption<crate::auth::DirKeys>,
+    /// The peer plane's credential (`peer_secret_file`, read at start).
+    pub peer_key: Option<Arc<crate::peers::PeerKey>>,
     stop: watch::Sender<bool>,
     generation: AtomicU64,
     next_request: AtomicU64,
@@ -175,13 +178,21 @@ impl RouterState {
             )),
             None => None,
         };
-        Self::with_metrics(config, flags, client_dir).map_err(|e| e.to_string())
+        let peer_key = match &config.peer_secret_file {
+            Some(f) => Some(Arc::new(
+                crate::peers::PeerKey::load(std::path::Path::new(f))
+                    .map_err(|e| format!("peer_secret_file: {e}"))?,
+            )),
+            None => None,
+        };
+        Self::with_metrics(config, flags, client_dir, peer_key).map_err(|e| e.to_string())
     }
 
     fn with_metrics(
         config: RouterConfig,
         flags: Flags,
         client_dir: Option<Arc<crate::auth::DirKeys>>,
+        peer_key: Option<Arc<crate::peers::PeerKey>>,
     ) -> Result<Arc<Self>, prometheus::Error> {
         let metrics = Metrics::new()?;
         let program_metrics = ProgramMetrics::new(&metrics.registry)?;
@@ -204,7 +215,7 @@ impl RouterState {
             peers: config
                 .peers
                 .as_ref()
-                .map(|p| Arc::new(crate::peers::Peers::new(p, None))),
+                .map(|p| Arc::new(crate::peers::Peers::new(p, None, peer_key.clone()))),
             config,
             targets,
             policy,
@@ -221,6 +232,7 @@ impl RouterState {
             fair_metrics,
             client: proxy::client(),
             peer_client: crate::peers::client(),
+            peer_key,
             drain: watch::channel(None).0,
             last_reload_error: Mutex::new(None),
             health_wake: Notify::new(),
@@ -295,13 +307,7 @@ impl RouterState {
             return;
         }
         let n = held.len();
-        let taken = crate::peers::handover::push(
-            &self.peer_client,
-            peers,
-            held,
-            applied.authorization.clone(),
-        )
-        .await;
+        let taken = crate::peers::handover::push(&self.peer_client, peers, held).await;
         self.metrics
             .peer_handovers
             .with_label_values(&["pushed"])
@@ -519,10 +525,11 @@ impl RouterState {
     /// Applies a validated configuration; `Ok(false)` when it equals the applied one.
     pub fn apply(&self, config: RouterConfig) -> Result<bool, ConfigError> {
         let prev = self.applied.load_full();
-        let hash = config.hash();
-        if hash == prev.hash {
+        // Compared whole: the hash leaves the keys out, and a new key must still apply.
+        if config == prev.config {
             return Ok(false);
         }
+        let hash = config.hash();
         for (field, same) in [
             ("host", config.host == prev.config.host),
             ("port", config.port == prev.config.port),
@@ -534,6 +541,12 @@ impl RouterState {
             (
                 "prometheus_port",
                 config.prometheus_port == prev.config.prometheus_port,
+            ),
+            ("peer_host", config.peer_host == prev.config.peer_host),
+            ("peer_port", config.peer_port == prev.config.peer_port),
+            (
+                "peer_secret_file",
+                config.peer_secret_file == prev.config.peer_secret_file,
             ),
         ] {
             if !same {
@@ -616,10 +629,13 @@ impl RouterState {
             client_keys: client_keys(&config),
             named_clients: named_clients(&config),
             limiter: limiter(&config, prev.limiter.as_ref()),
-            peers: config
-                .peers
-                .as_ref()
-                .map(|p| Arc::new(crate::peers::Peers::new(p, prev.peers.as_deref()))),
+            peers: config.peers.as_ref().map(|p| {
+                Arc::new(crate::peers::Peers::new(
+                    p,
+                    prev.peers.as_deref(),
+                    self.peer_key.clone(),
+                ))
+            }),
             config,
             hash,
             targets,

@@ -58,7 +58,7 @@ fn join_all(rs: &[(&Router, &str)], hand_over: bool) {
         .iter()
         .map(|(r, name)| PeerMember {
             name: (*name).into(),
-            url: r.server.base(),
+            url: r.peer_base(),
         })
         .collect();
     for (r, me) in rs {
@@ -193,7 +193,7 @@ async fn each_program_is_scheduled_by_one_replica_whichever_the_client_reaches()
         (&json!("router-b"), &json!(true))
     );
     assert_eq!(replicas[1]["name"], "router-a");
-    assert_eq!(replicas[1]["url"], json!(a.server.base()));
+    assert_eq!(replicas[1]["url"], json!(a.peer_base()));
     let listed = |d: &serde_json::Value| -> BTreeSet<String> {
         d["ranks"]
             .as_array()
@@ -213,15 +213,30 @@ async fn each_program_is_scheduled_by_one_replica_whichever_the_client_reaches()
     }
     assert_eq!(forwards(&c, &a, "forwarded").await, before);
 
-    // A request another replica forwarded is served here, even for a Program this replica
-    // does not own (replicas that briefly disagree never bounce a request back and forth).
+    // A client cannot pass as a replica on the API port: the peer mark is dropped there, so
+    // b's Program still goes to b.
     let theirs = on_b.iter().next().expect("b owns one").clone();
+    let before = forwards(&c, &a, "forwarded").await;
     let resp = send(
         &c,
         "POST",
         &a.url(CHAT),
         &program_body(&theirs, false),
         &[("x-program-router-peer", "router-b")],
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(forwards(&c, &a, "forwarded").await, before + 1.0);
+    assert!(!programs(&c, &a, &[]).await.contains(&theirs));
+    // A request another replica forwarded (on the peer listener, with the secret) is served
+    // here, even for a Program this replica does not own (replicas that briefly disagree never
+    // bounce a request back and forth).
+    let resp = send(
+        &c,
+        "POST",
+        &a.peer_url(CHAT),
+        &program_body(&theirs, false),
+        &[("x-program-router-peer", "router-b"), PEER_KEY_HEADER],
     )
     .await;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -354,7 +369,7 @@ async fn a_forwarded_request_keeps_the_clients_key_and_program_namespace() {
             401
         );
     }
-    let name = program_router::auth::hashed_name(b"sk-team");
+    let name = "key-0";
     let mut all: Vec<String> = programs(&c, &a, &auth).await.into_iter().collect();
     all.extend(programs(&c, &b, &auth).await);
     all.sort();
@@ -477,7 +492,15 @@ async fn a_tenant_quota_holds_across_the_replicas() {
             assert_eq!(as_tenant(r, "team").await, 200);
         }
     }
-    let usage = get(&c, &a.url("/peers/usage")).await.json();
+    let usage = send(
+        &c,
+        "GET",
+        &a.peer_url("/peers/usage"),
+        "",
+        &[PEER_KEY_HEADER],
+    )
+    .await
+    .json();
     assert_eq!(usage["tenants"]["team"][0], 3.0, "{usage}");
     // The replicas read each other's use every second: then each knows the minute is spent.
     tokio::time::sleep(program_router::peers::USAGE_INTERVAL * 3).await;
@@ -530,9 +553,18 @@ async fn a_tenant_quota_holds_across_the_replicas() {
     .await;
     assert!(named, "{}", get(&c, &a.url("/status")).await.text());
     assert!(reads(&a, "error").await >= 1.0);
-    // Without peers the endpoint does not exist; with the workers' key set, it needs that key.
+    // Without peers the endpoint does not exist, on either listener.
     let alone = router(workers(&[_s.base()], 1)).await;
     assert_eq!(get(&c, &alone.url("/peers/usage")).await.status, 404);
+    let peer = send(
+        &c,
+        "GET",
+        &alone.peer_url("/peers/usage"),
+        "",
+        &[PEER_KEY_HEADER],
+    )
+    .await;
+    assert_eq!(peer.status, 404);
 }
 
 /// Gives `r` (named `me`) the member list `members` with `revision` (a hot reload).
@@ -544,7 +576,7 @@ fn set_list(r: &Router, me: &str, members: &[(&Router, &str)], revision: u64) {
             .iter()
             .map(|(m, name)| PeerMember {
                 name: (*name).into(),
-                url: m.server.base(),
+                url: m.peer_base(),
             })
             .collect(),
         unreachable_backoff_secs: 30.0,
@@ -666,12 +698,13 @@ async fn a_replica_with_an_older_member_list_takes_the_newer_one_from_a_peer_tha
     // A claim of a higher revision is checked with the member named: a has 2, so nothing
     // changes; one from a name that is not a member is not followed at all.
     let claim = |sender: &'static str| {
-        let (c, url) = (c.clone(), r3.url("/v1/models"));
+        let (c, url) = (c.clone(), r3.peer_url("/peers/members"));
         async move {
             let headers = [
                 ("x-program-router-peer", sender),
                 ("x-program-router-peer-to", "router-c"),
                 ("x-program-router-peer-revision", "99"),
+                PEER_KEY_HEADER,
             ];
             let resp = send(&c, "GET", &url, "", &headers).await;
             assert_eq!(resp.status, 200, "{}", resp.text());
@@ -691,37 +724,41 @@ async fn a_replica_with_an_older_member_list_takes_the_newer_one_from_a_peer_tha
         })
         .await
     );
-    // Without the workers' key, a replica not in the list is not read from even when it says
-    // where it is.
-    unlisted_claim(&c, &r3, None, "stranger", 99, &a.server.base()).await;
+    // The same claim on the API port is a client's request: its peer headers are dropped, so
+    // nothing is read.
+    let headers = [
+        ("x-program-router-peer", "router-a"),
+        ("x-program-router-peer-revision", "99"),
+    ];
+    let resp = send(&c, "GET", &r3.url("/v1/models"), "", &headers).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert!(resp.headers.get("x-program-router-peer-revision").is_none());
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(member_lists(&c, &r3, "stale").await, 1.0, "not read");
     assert_eq!(member_lists(&c, &r3, "error").await, 0.0);
     assert_eq!(list_of(&c, &r3).await, (json!(2), names));
 }
 
-/// A request to `r` from a replica `name` that is not in its list, with the workers' `key`
-/// when given, claiming member-list `revision` and to be reachable at `url`; it is served.
+/// A request to `r`'s peer listener from a replica `name` that is not in its list, presenting
+/// `secret`, claiming member-list `revision` and to be reachable at `url`; returns its status.
 async fn unlisted_claim(
     c: &HttpClient,
     r: &Router,
-    key: Option<&str>,
+    secret: &str,
     name: &str,
     revision: u64,
     url: &str,
-) {
-    let bearer = key.map(|k| format!("Bearer {k}"));
+) -> u16 {
     let revision = revision.to_string();
-    let mut headers = vec![
+    let headers = vec![
         ("x-program-router-peer", name),
         ("x-program-router-peer-revision", revision.as_str()),
         ("x-program-router-peer-url", url),
+        ("x-program-router-peer-key", secret),
     ];
-    if let Some(b) = &bearer {
-        headers.push(("authorization", b.as_str()));
-    }
-    let resp = send(c, "GET", &r.url("/v1/models"), "", &headers).await;
-    assert_eq!(resp.status, 200, "{}", resp.text());
+    send(c, "GET", &r.peer_url("/peers/members"), "", &headers)
+        .await
+        .status
 }
 
 /// A simulator that wants the workers' key `worker`, and a router config for it with that key.
@@ -735,37 +772,84 @@ async fn keyed_sim() -> (vllm_sim::server::Spawned, RouterConfig) {
 }
 
 #[tokio::test]
-async fn the_usage_endpoint_needs_the_workers_key_when_one_is_set() {
+async fn peer_routes_answer_only_the_peer_secret_on_the_peer_listener() {
     let (_s, keyed) = keyed_sim().await;
     let cfg = RouterConfig {
         peers: Some(PeersConfig::default()),
+        client_api_keys: Some(vec!["sk-client".into()]),
         ..keyed
     };
     let r = router(cfg).await;
     let c = client();
-    assert_eq!(get(&c, &r.url("/peers/usage")).await.status, 401);
+    let adopt = r#"{"programs": [{"model": "m", "program_id": "p", "root": "p", "target": "t",
+        "context_tokens": 1, "idle_seconds": 0}]}"#;
+    let hand_over = r#"{"model": "m", "program_id": "p"}"#;
+    let calls = [
+        ("GET", "/peers/usage", ""),
+        ("GET", "/peers/members", ""),
+        ("GET", "/peers/response-home/x", ""),
+        ("POST", "/peers/adopt", adopt),
+        ("POST", "/peers/hand-over", hand_over),
+    ];
+    let nobody: [(&str, &str); 0] = [];
+    let workers_key = [("authorization", "Bearer worker")];
+    let client_key = [("authorization", "Bearer sk-client")];
+    let peer_mark = [("x-program-router-peer", "router-a")];
+    let wrong = [(
+        "x-program-router-peer-key",
+        "not-the-secret-0123456789abcdef012345",
+    )];
+    for (method, path, body) in calls {
+        // The API port serves no peer route, whoever asks.
+        for h in [
+            &nobody[..],
+            &workers_key,
+            &client_key,
+            &peer_mark,
+            &[PEER_KEY_HEADER],
+        ] {
+            let resp = send(&c, method, &r.url(path), body, h).await;
+            assert_eq!(resp.status, 404, "{method} {path} {h:?}: {}", resp.text());
+        }
+        // The peer listener answers only the peer secret: not the workers' key, not a client's.
+        for h in [&nobody[..], &workers_key, &client_key, &peer_mark, &wrong] {
+            let resp = send(&c, method, &r.peer_url(path), body, h).await;
+            assert_eq!(resp.status, 401, "{method} {path} {h:?}: {}", resp.text());
+            assert_eq!(resp.json()["error"]["code"], "peer_unauthorized");
+        }
+        let ok = send(&c, method, &r.peer_url(path), body, &[PEER_KEY_HEADER]).await;
+        assert_eq!(ok.status, 200, "{method} {path}: {}", ok.text());
+    }
+    let refused = metric(
+        &c,
+        &format!("http://{}", r.metrics_addr),
+        "program_router_peer_auth_failures_total",
+        &[],
+    )
+    .await;
+    assert_eq!(refused, 25.0);
+    // The member list, signed with the peer secret when it has a revision.
     let ok = send(
         &c,
         "GET",
-        &r.url("/peers/usage"),
+        &r.peer_url("/peers/members"),
         "",
-        &[("authorization", "Bearer worker")],
+        &[PEER_KEY_HEADER],
     )
     .await;
-    assert_eq!(ok.status, 200);
-    assert!(ok.json()["tenants"].is_object());
-    // The member list is answered to anyone (a replica not known yet cannot be sent the key):
-    // signed with the key when it has a revision.
-    let ok = get(&c, &r.url("/peers/members")).await;
-    assert_eq!(ok.status, 200);
     assert_eq!(
         ok.json(),
         json!({"revision": null, "members": [], "signature": null})
     );
+    // The peer listener serves nothing a client would call.
+    for path in ["/v1/models", "/status", "/health", "/metrics"] {
+        let resp = send(&c, "GET", &r.peer_url(path), "", &[PEER_KEY_HEADER]).await;
+        assert_eq!(resp.status, 404, "{path}");
+    }
 }
 
 #[tokio::test]
-async fn with_the_workers_key_a_new_replica_not_yet_listed_is_believed_for_a_signed_list() {
+async fn a_new_replica_not_yet_listed_is_believed_for_a_list_signed_with_the_peer_secret() {
     // A rolling update: a is the new pod, whose list (revision 2) already has a and b; b's copy
     // still lists the departing pod instead (revision 1), so b does not know a.
     let (s, keyed) = keyed_sim().await;
@@ -785,8 +869,8 @@ async fn with_the_workers_key_a_new_replica_not_yet_listed_is_believed_for_a_sig
     let c = client();
     let key = [("authorization", "Bearer worker")];
 
-    // a forwards a Program b owns (in a's list) to b: b reads a's list at the URL a gives,
-    // without presenting the key, and takes it because it is signed with the key.
+    // a forwards a Program b owns (in a's list) to b: b reads a's list at the URL a gives (the
+    // address of the authenticated request) and takes it because it is signed with the secret.
     let view = a.state.applied.load().peers.clone().expect("peers");
     let now = std::time::Instant::now();
     let to_b = (0..1000)
@@ -802,16 +886,19 @@ async fn with_the_workers_key_a_new_replica_not_yet_listed_is_believed_for_a_sig
 
     // A URL other than the address the request came from is never called.
     let elsewhere = "http://10.255.255.1:9";
-    unlisted_claim(&c, &b, Some("worker"), "elsewhere", 9, elsewhere).await;
+    let status = unlisted_claim(&c, &b, common::PEER_SECRET, "elsewhere", 9, elsewhere).await;
+    assert_eq!(status, 200);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     for outcome in ["error", "stale"] {
         assert_eq!(member_lists(&c, &b, outcome).await, 0.0, "not read");
     }
 
-    // A replica with another key (another team's router, or anyone) claims a newer list: its
-    // list is read but not signed with b's key, so b keeps its own.
+    // A router of another fleet (another secret), or anyone, claims a newer list: the peer
+    // listener refuses it, so nothing is read and b keeps its own list.
+    let other_secret = std::env::temp_dir().join(format!("other-fleet-{}", std::process::id()));
+    std::fs::write(&other_secret, "another-fleet-secret-0123456789abcdef01").expect("write");
     let intruder = router(RouterConfig {
-        api_key: Some("intruder".into()),
+        peer_secret_file: Some(other_secret.display().to_string()),
         ..workers(&[s.base()], 1)
     })
     .await;
@@ -821,11 +908,30 @@ async fn with_the_workers_key_a_new_replica_not_yet_listed_is_believed_for_a_sig
         &[(&intruder, "intruder"), (&b, "router-b")],
         9,
     );
-    let intruder_url = intruder.server.base();
-    unlisted_claim(&c, &b, Some("worker"), "intruder", 9, &intruder_url).await;
-    assert!(eventually(2.0, || async { member_lists(&c, &b, "error").await == 1.0 }).await);
+    let intruder_url = intruder.peer_base();
+    let status = unlisted_claim(
+        &c,
+        &b,
+        "another-fleet-secret-0123456789abcdef01",
+        "intruder",
+        9,
+        &intruder_url,
+    )
+    .await;
+    assert_eq!(status, 401);
+    // Its Program requests forwarded to b are refused too, so it serves them itself.
+    let view = intruder.state.applied.load().peers.clone().expect("peers");
+    let to_b = (0..1000)
+        .map(|i| format!("q{i}"))
+        .find(|p| view.owner(p, now).is_some())
+        .expect("b owns some");
+    let resp = post(&c, &intruder.url(CHAT), &program_body(&to_b, false)).await;
+    assert_eq!(resp.status, 401, "b refuses it: {}", resp.text());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(member_lists(&c, &b, "error").await, 0.0);
     assert_eq!(list_of(&c, &b).await, (json!(2), names));
     assert_eq!(member_lists(&c, &b, "adopted").await, 1.0);
+    let _ = std::fs::remove_file(&other_secret);
 }
 
 #[tokio::test]
@@ -857,7 +963,15 @@ async fn a_stored_response_is_followed_up_through_any_replica() {
         assert_eq!(resp.status, 200, "{id}: {}", resp.text());
     }
     // The endpoint the replicas ask.
-    let home = get(&c, &a.url("/peers/response-home/nope")).await.json();
+    let home = send(
+        &c,
+        "GET",
+        &a.peer_url("/peers/response-home/nope"),
+        "",
+        &[PEER_KEY_HEADER],
+    )
+    .await
+    .json();
     assert_eq!(home["url"], serde_json::Value::Null);
 }
 
@@ -872,6 +986,8 @@ fn the_peer_name_flag_names_this_replica_only_with_peers() {
     .flags;
     let with = RouterConfig {
         peers: Some(PeersConfig::default()),
+        peer_port: Some(0),
+        peer_secret_file: Some(peer_secret_file()),
         ..Default::default()
     };
     let cfg = flags.effective(Some(with)).expect("valid");
@@ -934,6 +1050,7 @@ fn owned_by_b_once_joined_iter() -> impl Iterator<Item = String> {
                 .collect(),
             ..Default::default()
         },
+        None,
         None,
     );
     let now = std::time::Instant::now();
@@ -1056,6 +1173,9 @@ async fn holding_member(
                     return;
                 };
                 assert!(got.starts_with(b"POST /peers/hand-over "), "only asks");
+                let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+                let presented = format!("x-program-router-peer-key: {}", common::PEER_SECRET);
+                assert!(head.contains(&presented), "asks present the peer secret");
                 let program = if n == 0 {
                     tokio::time::sleep(delay).await;
                     held
@@ -1261,7 +1381,7 @@ async fn an_owner_that_closes_the_connection_unanswered_gets_the_request_once_mo
     let seen: Vec<std::sync::Arc<AtomicUsize>> = (0..3).map(|_| Default::default()).collect();
     let mut members = vec![PeerMember {
         name: "router-a".into(),
-        url: a.server.base(),
+        url: a.peer_base(),
     }];
     for (i, n) in seen.iter().enumerate() {
         members.push(PeerMember {
@@ -1404,10 +1524,10 @@ async fn the_hand_over_endpoints_refuse_bad_input_with_clear_errors() {
     };
     let r = router(cfg).await;
     let c = client();
-    let key = [("authorization", "Bearer worker")];
+    let key = [PEER_KEY_HEADER];
     let call = |path: &'static str, body: &'static str, auth: bool| {
         let c = &c;
-        let url = r.url(path);
+        let url = r.peer_url(path);
         async move { send(c, "POST", &url, body, if auth { &key[..] } else { &[] }).await }
     };
     let ask = r#"{"model":"sim-model","program_id":"p"}"#;
@@ -1468,4 +1588,92 @@ async fn the_hand_over_endpoints_refuse_bad_input_with_clear_errors() {
     .await;
     let resp = send(&c, "POST", &plain.url("/peers/adopt"), "{}", &[]).await;
     assert_eq!(resp.status, 404);
+    let resp = send(&c, "POST", &plain.peer_url("/peers/adopt"), "{}", &key).await;
+    assert_eq!(resp.status, 404);
+}
+
+/// A worker that answers every generation with a fixed completion and records the headers of
+/// each request it receives.
+async fn recording_worker() -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<http::HeaderMap>>>,
+) {
+    use hyper::service::service_fn;
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<http::HeaderMap>>> = Default::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let log = log.clone();
+                    async move {
+                        let generation = req.uri().path() == CHAT;
+                        if generation && let Ok(mut l) = log.lock() {
+                            l.push(req.headers().clone());
+                        }
+                        let _ = req.into_body().collect().await;
+                        let body = json!({"id": "x", "object": "chat.completion",
+                            "choices": [{"index": 0, "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": "ok"}}],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": 1,
+                                "total_tokens": 4}});
+                        let mut resp =
+                            hyper::Response::new(Full::new(Bytes::from(body.to_string())));
+                        resp.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("application/json"),
+                        );
+                        Ok::<_, std::convert::Infallible>(resp)
+                    }
+                });
+                let io = hyper_util::rt::TokioIo::new(conn);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await;
+            });
+        }
+    });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn the_peer_secret_never_reaches_a_worker() {
+    let (url, seen) = recording_worker().await;
+    let mut base = RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        ..workers(&[url], 1)
+    };
+    base.observation.interval_secs = 60.0;
+    let a = router(base.clone()).await;
+    let b = router(base).await;
+    join(&a, &b);
+    let c = client();
+    let theirs = owned_elsewhere(&a, 3);
+    let mine = owned_elsewhere(&b, 3);
+    for p in theirs.iter().chain(&mine) {
+        let resp = post(&c, &a.url(CHAT), &program_body(p, false)).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    assert_eq!(forwards(&c, &a, "forwarded").await, 3.0, "b's went to b");
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 6);
+    for h in &seen {
+        assert!(
+            h.get("x-program-router-peer-key").is_none(),
+            "the peer secret reached a worker: {h:?}"
+        );
+        for v in h.values() {
+            assert!(
+                !v.as_bytes()
+                    .windows(PEER_SECRET.len())
+                    .any(|w| w == PEER_SECRET.as_bytes()),
+                "{h:?}"
+            );
+        }
+    }
 }

@@ -741,9 +741,12 @@ async fn clients_need_the_api_key_as_with_vllm_unless_client_keys_say_otherwise(
     assert_eq!(status["config"]["client_auth"], "off");
     assert_eq!(
         get(&c, &r.url("/scheduling/diagnostics")).await.status,
-        200,
-        "checking off names no client: diagnostics stay open"
+        401,
+        "checking off names no client, but a key is configured: diagnostics need it"
     );
+    let platform = [("authorization", "Bearer worker-key")];
+    let d = send(&c, "GET", &r.url("/scheduling/diagnostics"), "", &platform).await;
+    assert_eq!(d.status, 200, "the workers' key reads them");
 
     // No keys at all: the client's own header goes to the backend, which decides.
     let r = router(workers(&[s.base()], 1)).await;

@@ -113,6 +113,17 @@ pub struct Flags {
     /// ignored without `peers`. [config: peers.self_name]
     #[arg(long, env = "PROGRAM_ROUTER_PEER_NAME")]
     pub peer_name: Option<String>,
+    /// Address of the peer listener (router ↔ router). [config: peer_host]
+    #[arg(long)]
+    pub peer_host: Option<String>,
+    /// Port of the peer listener, which serves only other router replicas holding the peer
+    /// secret; `peers` needs it. [config: peer_port]
+    #[arg(long, env = "PROGRAM_ROUTER_PEER_PORT")]
+    pub peer_port: Option<u16>,
+    /// File holding the secret the router replicas share and present to each other.
+    /// [config: peer_secret_file]
+    #[arg(long, env = "PROGRAM_ROUTER_PEER_SECRET_FILE")]
+    pub peer_secret_file: Option<String>,
     /// Address of the metrics listener. [config: prometheus_host]
     #[arg(long)]
     pub prometheus_host: Option<String>,
@@ -368,6 +379,13 @@ impl Flags {
         }
         if let (Some(name), Some(peers)) = (&self.peer_name, c.peers.as_mut()) {
             peers.self_name = Some(name.clone());
+        }
+        set!(self.peer_host => c.peer_host);
+        if let Some(p) = self.peer_port {
+            c.peer_port = Some(p);
+        }
+        if let Some(f) = &self.peer_secret_file {
+            c.peer_secret_file = Some(f.clone());
         }
         set!(self.prometheus_host => c.prometheus_host);
         if let Some(p) = self.prometheus_port {

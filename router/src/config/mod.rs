@@ -222,7 +222,7 @@ pub struct LimitsConfig {
 impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
-            max_payload_size: 512 * 1024 * 1024,
+            max_payload_size: 64 * 1024 * 1024,
             request_timeout_secs: 1800.0,
             drain_timeout_secs: 30.0,
             shutdown_delay_secs: 0.0,
@@ -275,6 +275,18 @@ pub struct RouterConfig {
     /// Prometheus listener; `null` port disables it.
     pub prometheus_host: String,
     pub prometheus_port: Option<u16>,
+    /// Address of the peer listener (router ↔ router traffic of `peers`).
+    pub peer_host: String,
+    /// Port of the peer listener, which serves only other router replicas (`/peers/*`, Program
+    /// requests they hand over, diagnostics they gather) and answers only requests that carry
+    /// the peer credential (`peer_secret_file`). `null`: no peer listener; `peers` needs one.
+    /// Needs a restart to change.
+    pub peer_port: Option<u16>,
+    /// File holding the peer credential: a secret of at least 32 printable ASCII characters
+    /// that every replica of one fleet shares (the operator generates one per
+    /// ProgramScheduling). Required with `peer_port`; read at start (a restart picks up a new
+    /// one). Clients' keys and `api_key` never authorize peer operations.
+    pub peer_secret_file: Option<String>,
     pub workers: Vec<WorkerConfig>,
     /// DP ranks behind each worker URL that has no explicit `dp_rank`.
     pub intra_node_data_parallel_size: u32,
@@ -327,6 +339,9 @@ impl Default for RouterConfig {
             io_threads: None,
             prometheus_host: "127.0.0.1".into(),
             prometheus_port: Some(29000),
+            peer_host: "127.0.0.1".into(),
+            peer_port: None,
+            peer_secret_file: None,
             workers: Vec::new(),
             intra_node_data_parallel_size: 1,
             api_key: None,
@@ -423,10 +438,34 @@ fn positive(field: &str, v: f64) -> Result<(), ConfigError> {
     }
 }
 
-/// Hash of a configuration file's exact bytes (hex), as `/status` reports it in
-/// `config.file_hash`: what an operator that wrote the file compares against.
+/// Configuration fields that hold secrets: no hash, document or log line derives from them.
+pub const SECRET_FIELDS: [&str; 2] = ["api_key", "client_api_keys"];
+
+/// Hash of a configuration file (hex), as `/status` reports it in `config.file_hash`: what an
+/// operator that wrote the file compares against. The exact bytes of a file without secrets
+/// (the operator never writes one); a file with a secret field hashes as its JSON without those
+/// fields, so the hash cannot be used to test guesses of a key.
 pub fn file_hash(bytes: &[u8]) -> String {
+    match without_secrets(bytes) {
+        Some(m) => plain_hash(&serde_json::to_vec(&m).unwrap_or_default()),
+        None => plain_hash(bytes),
+    }
+}
+
+fn plain_hash(bytes: &[u8]) -> String {
     format!("{:016x}", crate::hash::fnv1a(bytes))
+}
+
+/// The file as a JSON object without its secret fields, when it has any.
+fn without_secrets(bytes: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let serde_json::Value::Object(mut m) = serde_json::from_slice(bytes).ok()? else {
+        return None;
+    };
+    let mut had = false;
+    for f in SECRET_FIELDS {
+        had |= m.remove(f).is_some();
+    }
+    had.then_some(m)
 }
 
 /// `config.settings_hash`: [`file_hash`] of the file without its `peers` section, so an operator
@@ -437,10 +476,13 @@ pub fn settings_hash(bytes: &[u8]) -> String {
     match serde_json::from_slice::<serde_json::Value>(bytes) {
         Ok(serde_json::Value::Object(mut m)) => {
             m.remove("peers");
+            for f in SECRET_FIELDS {
+                m.remove(f);
+            }
             let canonical = serde_json::to_vec(&m).unwrap_or_default();
-            file_hash(&canonical)
+            plain_hash(&canonical)
         }
-        _ => file_hash(bytes),
+        _ => plain_hash(bytes),
     }
 }
 
@@ -634,6 +676,19 @@ impl RouterConfig {
         }
         if let Some(p) = &self.peers {
             p.validate()?;
+            if self.peer_port.is_none() {
+                return Err(ConfigError::new(
+                    "peer_port",
+                    "`peers` needs the peer listener: set peer_port (--peer-port) and \
+                     peer_secret_file (--peer-secret-file)",
+                ));
+            }
+        }
+        if self.peer_port.is_some() && self.peer_secret_file.is_none() {
+            return Err(ConfigError::new(
+                "peer_secret_file",
+                "the peer listener needs the peers' shared secret (--peer-secret-file)",
+            ));
         }
         tracing_subscriber::EnvFilter::try_new(&self.log_level)
             .map_err(|e| ConfigError::new("log_level", e.to_string()))?;
@@ -661,10 +716,13 @@ impl RouterConfig {
         out
     }
 
-    /// Content hash of the effective configuration (hex), reported on `/status`.
+    /// Content hash of the effective configuration without its keys ([`SECRET_FIELDS`]; hex),
+    /// reported on `/status`: two configurations that differ only in their keys hash alike.
     pub fn hash(&self) -> String {
-        let canonical = serde_json::to_vec(self).unwrap_or_default();
-        format!("{:016x}", crate::hash::fnv1a(&canonical))
+        let mut shown = self.clone();
+        shown.api_key = None;
+        shown.client_api_keys = None;
+        plain_hash(&serde_json::to_vec(&shown).unwrap_or_default())
     }
 
     /// The JSON Schema of the configuration file.
@@ -921,5 +979,43 @@ mod tests {
         b.port = 1;
         assert_ne!(a.hash(), b.hash());
         assert_eq!(a.hash(), RouterConfig::default().hash());
+    }
+
+    #[test]
+    fn no_hash_derives_from_a_key() {
+        let with = |key: &str| RouterConfig {
+            api_key: Some(key.into()),
+            client_api_keys: Some(vec![format!("{key}-client")]),
+            ..Default::default()
+        };
+        assert_eq!(with("sk-one").hash(), with("sk-two").hash());
+        let file = |key: &str| format!(r#"{{"port": 1, "api_key": "{key}"}}"#);
+        assert_eq!(
+            super::file_hash(file("sk-one").as_bytes()),
+            super::file_hash(file("sk-two").as_bytes())
+        );
+        assert_eq!(
+            super::settings_hash(file("sk-one").as_bytes()),
+            super::settings_hash(file("sk-two").as_bytes())
+        );
+        // A file without keys hashes byte for byte, as the operator computes it.
+        let plain = br#"{"port": 1}"#;
+        assert_eq!(super::file_hash(plain), super::plain_hash(plain));
+    }
+
+    #[test]
+    fn peers_need_the_peer_listener_and_it_needs_a_secret() {
+        let mut c = RouterConfig {
+            peers: Some(super::peers::PeersConfig::default()),
+            ..Default::default()
+        };
+        assert_eq!(c.validate().expect_err("no listener").field, "peer_port");
+        c.peer_port = Some(0);
+        assert_eq!(
+            c.validate().expect_err("no secret").field,
+            "peer_secret_file"
+        );
+        c.peer_secret_file = Some("/run/secret".into());
+        c.validate().expect("valid");
     }
 }

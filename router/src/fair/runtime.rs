@@ -379,11 +379,11 @@ impl FairRuntime {
                 .get(self.cfg().tenant_header.as_str())
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
-            // A checked key's name; without a check, the presented key's hash, named as an
-            // unnamed checked key would be.
+            // A checked key's name; without a check, a name keyed per process (never a plain
+            // hash of the key).
             TenantSource::ApiKey => client
                 .map(str::to_string)
-                .or_else(|| crate::auth::presented_key(headers).map(crate::auth::hashed_name)),
+                .or_else(|| crate::auth::presented_key(headers).map(crate::auth::opaque_name)),
             TenantSource::User => user.map(str::to_string),
         };
         found
@@ -926,13 +926,8 @@ mod tests {
             "{tenant}"
         );
         assert_eq!(tenant, rt.tenant(&h, None, None), "stable");
-        assert_eq!(
-            tenant,
-            crate::auth::ClientKey::unnamed(b"sk-secret")
-                .name
-                .to_string(),
-            "an unchecked key is named as a checked unnamed key would be"
-        );
+        let unkeyed = format!("key-{:016x}", crate::hash::fnv1a(b"sk-secret"));
+        assert_ne!(tenant, unkeyed, "not a plain hash of the key");
         assert_eq!(
             rt.tenant(&h, None, Some("search-team")),
             "search-team",

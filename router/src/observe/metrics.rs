@@ -37,6 +37,8 @@ pub struct Metrics {
     /// Member lists read from another replica that told of a newer revision (`peers`), by
     /// outcome.
     pub peer_member_lists: IntCounterVec,
+    /// Requests the peer listener refused for want of the peer secret.
+    pub peer_auth_failures: IntCounter,
     routes: Vec<(&'static str, RouteMetrics)>,
 }
 
@@ -206,6 +208,11 @@ impl Metrics {
                      shutting down (pushed), or taken from a replica shutting down (adopted)."
                 ),
                 &["event"]
+            )?),
+            peer_auth_failures: reg!(IntCounter::new(
+                "program_router_peer_auth_failures_total",
+                "Requests the peer listener refused (401) because they did not carry the peer \
+                 secret: a misconfigured replica, or someone who is not one."
             )?),
             peer_member_lists: reg!(IntCounterVec::new(
                 Opts::new(

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use http::HeaderMap;
 use http::header;
-use http::{HeaderMap, HeaderValue};
 use rustc_hash::FxHashMap;
 
 use super::{Member, PeerClient, Peers, get_json};
@@ -42,15 +42,6 @@ pub(super) fn others(peers: &Peers) -> impl Iterator<Item = &Member> {
         .enumerate()
         .filter(|(i, _)| Some(*i) != peers.me)
         .map(|(_, m)| m)
-}
-
-/// The workers' key, which the replicas present to each other.
-pub(super) fn platform(authorization: Option<HeaderValue>) -> HeaderMap {
-    let mut h = HeaderMap::new();
-    if let Some(a) = authorization {
-        h.insert(header::AUTHORIZATION, a);
-    }
-    h
 }
 
 /// `GET /peers/usage`: what this replica charged to each tenant's quota, for the others to
@@ -109,7 +100,7 @@ pub async fn usage_loop(state: std::sync::Arc<crate::state::RouterState>) {
         }
         let client = &state.peer_client;
         let reads = others(peers).map(|m| {
-            let headers = platform(applied.authorization.clone());
+            let headers = HeaderMap::new();
             async move {
                 let doc = get_json(client, peers, m, "/peers/usage", headers, USAGE_INTERVAL).await;
                 (m.name.clone(), doc)
@@ -188,12 +179,7 @@ fn read_usage(
 /// The worker URL that stored Responses API response `id`, asked of every other member that is
 /// not skipped (`GET /peers/response-home/{id}`, at once, each for at most half a second): the
 /// first that knows. For a follow-up to a response another replica relayed.
-pub async fn response_home(
-    client: &PeerClient,
-    peers: &Peers,
-    id: &str,
-    authorization: Option<HeaderValue>,
-) -> Option<String> {
+pub async fn response_home(client: &PeerClient, peers: &Peers, id: &str) -> Option<String> {
     if !crate::proxy::stored::plain_id(id) {
         return None;
     }
@@ -202,7 +188,7 @@ pub async fn response_home(
     let asks = others(peers)
         .filter(|m| !m.down(now))
         .map(|m| {
-            let (path, headers) = (path.clone(), platform(authorization.clone()));
+            let (path, headers) = (path.clone(), HeaderMap::new());
             Box::pin(async move {
                 let timeout = Duration::from_millis(500);
                 let v = get_json(client, peers, m, &path, headers, timeout)

@@ -8,9 +8,9 @@
 //! ([`REVISION`]); a replica that hears of a higher revision from a member reads that member's
 //! list (`GET /peers/members`) and applies it at once. A replica that is not in this one's list
 //! yet (a new pod, whose list is ahead) is read from too, at the URL it gives ([`SENDER_URL`])
-//! when that is the address its request came from, and only when the workers' `api_key` is set: such a list must carry an
-//! HMAC-SHA256 of its content under that key, which only the platform's replicas hold, so a
-//! stranger cannot hand this replica a list that sends Programs to itself. Owns the headers,
+//! when that is the address its (peer-authenticated) request came from. Every list carries an
+//! HMAC-SHA256 of its content under the peer secret, which only the fleet's replicas hold, so
+//! nobody else can hand this replica a list that sends Programs elsewhere. Owns the headers,
 //! what was heard, the signature, the read, and the adoption; the file reload keeps a list
 //! adopted this way until the file catches up ([`keep_newer_members`]).
 
@@ -124,16 +124,17 @@ pub(super) fn revision_in(h: &HeaderMap) -> Option<u64> {
     h.get(&REVISION)?.to_str().ok()?.parse().ok()
 }
 
-/// `GET /peers/members`: this replica's member list and its revision, signed with the workers'
-/// `api_key` when one is set.
+/// `GET /peers/members`: this replica's member list and its revision, signed with the peer
+/// secret.
 pub fn members_document(applied: &crate::state::Applied) -> serde_json::Value {
     let p = applied.config.peers.as_ref();
     let (revision, members) = (
         p.and_then(|p| p.revision),
         p.map(|p| p.members.as_slice()).unwrap_or_default(),
     );
-    let signature = match (&applied.config.api_key, revision) {
-        (Some(key), Some(r)) => sign(key, r, members),
+    let key = applied.peers.as_ref().and_then(|p| p.key.as_deref());
+    let signature = match (key, revision) {
+        (Some(key), Some(r)) => sign(key.secret(), r, members),
         _ => None,
     };
     serde_json::json!({ "revision": revision, "members": members, "signature": signature })
@@ -167,8 +168,7 @@ pub enum Adoption {
 
 /// Applies the member list in `doc` (another replica's `/peers/members`) when its revision is
 /// higher than the one in force; this replica's own settings (`self_name`, `hand_over`, the
-/// backoff) stay. With the workers' `api_key` set, the list must carry its signature under
-/// that key.
+/// backoff) stay. The list must carry its signature under the peer secret.
 pub fn adopt(state: &RouterState, from: &str, doc: &serde_json::Value) -> Result<Adoption, String> {
     let revision = doc["revision"]
         .as_u64()
@@ -177,11 +177,12 @@ pub fn adopt(state: &RouterState, from: &str, doc: &serde_json::Value) -> Result
         serde_json::from_value(doc["members"].clone()).map_err(|e| format!("members: {e}"))?;
     let _one_writer = state.config_writer();
     let applied = state.applied.load_full();
-    if let Some(key) = &applied.config.api_key {
-        let signature = doc["signature"].as_str().unwrap_or_default();
-        if !verify(key, revision, &members, signature) {
-            return Err("the list is not signed with this replica's api_key".into());
-        }
+    let Some(key) = applied.peers.as_ref().and_then(|p| p.key.clone()) else {
+        return Err("this replica has no peer secret to check the list with".into());
+    };
+    let signature = doc["signature"].as_str().unwrap_or_default();
+    if !verify(key.secret(), revision, &members, signature) {
+        return Err("the list is not signed with this replica's peer secret".into());
     }
     let Some(cur) = applied.config.peers.as_ref() else {
         return Ok(Adoption::Stale);
@@ -233,19 +234,16 @@ pub async fn member_list_loop(state: Arc<RouterState>) {
         if peers.revision.is_none_or(|r| revision <= r) {
             continue;
         }
-        // A member is read with the workers' key; a replica not in the list yet only when its
-        // list can be checked against that key, and without presenting it.
+        // A member at its URL in the list; a replica not in the list yet at the address its
+        // authenticated request came from. Either way its list must be signed with the peer
+        // secret.
         let stranger;
-        let (member, credentials) = match (
-            peers.members.iter().find(|m| m.name == from),
-            &url,
-            &applied.config.api_key,
-        ) {
-            (Some(m), _, _) => (m, super::exchange::platform(applied.authorization.clone())),
-            (None, Some(url), Some(_)) => match super::Member::stranger(&from, url) {
+        let member = match (peers.members.iter().find(|m| m.name == from), &url) {
+            (Some(m), _) => m,
+            (None, Some(url)) => match super::Member::stranger(&from, url) {
                 Some(m) => {
                     stranger = m;
-                    (&stranger, HeaderMap::new())
+                    &stranger
                 }
                 None => continue,
             },
@@ -256,7 +254,7 @@ pub async fn member_list_loop(state: Arc<RouterState>) {
             peers,
             member,
             "/peers/members",
-            credentials,
+            HeaderMap::new(),
             READ_TIMEOUT,
         )
         .await

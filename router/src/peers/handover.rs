@@ -12,10 +12,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::HeaderValue;
+use http::HeaderMap;
 use rustc_hash::FxHashMap;
 
-use super::exchange::{others, platform};
+use super::exchange::others;
 use super::{PeerClient, Peers, post_json};
 use crate::program::scheduler::HandedOver;
 
@@ -99,12 +99,11 @@ pub async fn claim(
     peers: &Peers,
     model: &str,
     program_id: &str,
-    authorization: Option<HeaderValue>,
 ) -> Option<HandedOver> {
     let now = Instant::now();
     let body = serde_json::json!({ "model": model, "program_id": program_id });
     let asks = others(peers).filter(|m| !m.down(now)).map(|m| {
-        let headers = platform(authorization.clone());
+        let headers = HeaderMap::new();
         let body = &body;
         async move {
             let got = post_json(
@@ -145,12 +144,7 @@ pub async fn claim(
 
 /// Gives `programs` (every Program this replica held) to the members that own their trees once
 /// this replica is gone; returns how many they took.
-pub async fn push(
-    client: &PeerClient,
-    peers: &Peers,
-    programs: Vec<HandedOver>,
-    authorization: Option<HeaderValue>,
-) -> usize {
+pub async fn push(client: &PeerClient, peers: &Peers, programs: Vec<HandedOver>) -> usize {
     let mut by_member: FxHashMap<usize, Vec<HandedOver>> = FxHashMap::default();
     for h in programs {
         if let Some(i) = peers.successor(&h.root, Instant::now()) {
@@ -159,7 +153,7 @@ pub async fn push(
     }
     let sends = by_member.into_iter().map(|(i, list)| {
         let m = &peers.members[i];
-        let headers = platform(authorization.clone());
+        let headers = HeaderMap::new();
         async move {
             let body = serde_json::json!({ "programs": list });
             let got = post_json(

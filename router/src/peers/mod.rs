@@ -13,6 +13,7 @@ pub mod exchange;
 pub mod forward;
 pub mod gossip;
 pub mod handover;
+pub mod key;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -28,6 +29,7 @@ use crate::config::peers::PeersConfig;
 
 pub use exchange::{USAGE_INTERVAL, member_diagnostics, response_home, usage_document, usage_loop};
 pub use forward::{ForwardError, Handoff, Holding, decline, forward};
+pub use key::{PEER_KEY, PeerKey};
 
 /// Marks a request forwarded by a peer (its value names the sender); such a request is served
 /// by the replica it reaches.
@@ -85,6 +87,9 @@ impl Member {
         }
         if let Some(u) = &peers.self_url {
             h.insert(gossip::SENDER_URL.clone(), u.clone());
+        }
+        if let Some(k) = &peers.key {
+            k.present(h);
         }
     }
 
@@ -148,12 +153,18 @@ pub struct Peers {
     /// Higher revisions heard from members, for [`gossip::member_list_loop`]; carried over
     /// from the previous list.
     pub(crate) heard: std::sync::Arc<gossip::Heard>,
+    /// The peer secret presented on every request to a member (`None` only in unit tests).
+    pub key: Option<std::sync::Arc<PeerKey>>,
 }
 
 impl Peers {
-    /// The runtime view of a validated `cfg`; members of `prev` with the same name and URL keep
-    /// their down state.
-    pub fn new(cfg: &PeersConfig, prev: Option<&Peers>) -> Peers {
+    /// The runtime view of a validated `cfg`, presenting `key` to the members; members of
+    /// `prev` with the same name and URL keep their down state.
+    pub fn new(
+        cfg: &PeersConfig,
+        prev: Option<&Peers>,
+        key: Option<std::sync::Arc<PeerKey>>,
+    ) -> Peers {
         let members: Vec<Member> = cfg
             .members
             .iter()
@@ -200,15 +211,15 @@ impl Peers {
             revision_header: cfg.revision.map(HeaderValue::from),
             self_url,
             heard: prev.map(|p| p.heard.clone()).unwrap_or_default(),
+            key,
         }
     }
 
     /// A request from, or an answer of, member `from` with headers `h`: when it tells of a
     /// higher member-list revision than this one, that replica's list is read
     /// ([`gossip::member_list_loop`]): a member of this list at its URL here, another replica at
-    /// the URL it gave when that is the address its request came from (`source`; read only with
-    /// the workers' key, which its list must be signed with). Nothing is read when this list
-    /// has no revision.
+    /// the URL it gave when that is the address its request came from (`source`; its list must
+    /// be signed with the peer secret). Nothing is read when this list has no revision.
     pub fn hear(&self, from: &str, h: &HeaderMap, source: Option<std::net::IpAddr>) {
         let (Some(mine), Some(theirs)) = (self.revision, gossip::revision_in(h)) else {
             return;
@@ -442,6 +453,7 @@ mod tests {
                 ..Default::default()
             },
             None,
+            None,
         )
     }
 
@@ -535,11 +547,11 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            Peers::new(&cfg("http://127.0.0.1:9001"), Some(&p)).down_members(),
+            Peers::new(&cfg("http://127.0.0.1:9001"), Some(&p), None).down_members(),
             vec!["r-b"]
         );
         assert!(
-            Peers::new(&cfg("http://127.0.0.1:9101"), Some(&p))
+            Peers::new(&cfg("http://127.0.0.1:9101"), Some(&p), None)
                 .down_members()
                 .is_empty()
         );

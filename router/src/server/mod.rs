@@ -1,7 +1,12 @@
-//! The HTTP front: routes, body limits, request ids, the metrics listener and graceful drain.
+//! The HTTP front: routes, body limits, request ids, the metrics and peer listeners and graceful
+//! drain.
 //!
 //! Owns how a client request becomes an [`Outbound`] (or an error answer); forwarding itself is
 //! in [`crate::proxy`]. Never panics on input: every failure is an OpenAI-style error.
+//!
+//! Two planes share the request pipeline: the API listener serves clients and never serves a
+//! `/peers/*` route nor honours a peer header (they are removed on arrival); the peer listener
+//! serves only requests carrying the peer secret ([`crate::peers::PeerKey`]).
 
 mod peering;
 mod shards;
@@ -72,9 +77,27 @@ pub async fn serve_api(
         st.begin_shutdown().await;
     };
     if io_threads == 0 {
-        return accept_loop(state, listener, None, shutdown).await;
+        return accept_loop(state, listener, None, shutdown, Plane::Api).await;
     }
     shards::serve(state, listener, shutdown, io_threads).await
+}
+
+/// Which listener a request arrived on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plane {
+    /// Clients.
+    Api,
+    /// Other router replicas, holding the peer secret.
+    Peer,
+}
+
+/// Serves the peer listener (router ↔ router) until the API listener stops accepting, then
+/// drains what is in flight on it with the API listener's deadline. Connections on it are
+/// served on the shared runtime.
+pub async fn serve_peers(state: Arc<RouterState>, listener: TcpListener) {
+    let st = state.clone();
+    let shutdown = async move { st.accepting_stopped().await };
+    accept_loop(state, listener, None, shutdown, Plane::Peer).await
 }
 
 /// Accepts and serves connections on the current runtime until `shutdown`, then drains.
@@ -83,6 +106,7 @@ async fn accept_loop(
     listener: TcpListener,
     mut handoff: Option<shards::Handoff>,
     shutdown: impl Future<Output = ()>,
+    plane: Plane,
 ) {
     let graceful = GracefulShutdown::new();
     let serve = |stream: tokio::net::TcpStream, live: Option<shards::Live>| {
@@ -127,7 +151,7 @@ async fn accept_loop(
             }
             let svc = service_fn(move |req| {
                 let st = st.clone();
-                async move { Ok::<_, Infallible>(handle(st, req, remote).await) }
+                async move { Ok::<_, Infallible>(handle(st, req, remote, plane).await) }
             });
             let conn = watcher.watch(
                 builder
@@ -267,12 +291,64 @@ const VLLM_ROUTES: [&str; 9] = [
     "/invocations",
 ];
 
+/// The headers only replicas send each other: a client's are removed on the API listener.
+const PEER_HEADERS: [&http::header::HeaderName; 6] = [
+    &crate::peers::FORWARDED_BY,
+    &crate::peers::ADDRESSED_TO,
+    &crate::peers::ANSWERED_BY,
+    &crate::peers::gossip::REVISION,
+    &crate::peers::gossip::SENDER_URL,
+    &crate::peers::PEER_KEY,
+];
+
 /// Serves one request; `remote` is the address its connection came from.
 async fn handle(
     state: Arc<RouterState>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     remote: Option<std::net::IpAddr>,
+    plane: Plane,
 ) -> Response<Body> {
+    match plane {
+        Plane::Api => {
+            for h in PEER_HEADERS {
+                req.headers_mut().remove(h);
+            }
+        }
+        Plane::Peer => {
+            let known = state
+                .peer_key
+                .as_ref()
+                .is_some_and(|k| k.check_and_remove(req.headers_mut()));
+            if !known {
+                state.metrics.peer_auth_failures.inc();
+                tracing::warn!(remote = ?remote, path = %req.uri().path(),
+                    "peer listener: request without the peer secret refused");
+                return ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "peer_unauthorized",
+                    "the peer listener serves only router replicas presenting the peer secret",
+                )
+                .into_response();
+            }
+            if !peer_route(req.method(), req.uri().path()) {
+                return ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    format!(
+                        "{} is not served on the peer listener (clients use the API port)",
+                        req.uri().path()
+                    ),
+                )
+                .into_response();
+            }
+            if !req.headers().contains_key(&crate::peers::FORWARDED_BY) {
+                req.headers_mut().insert(
+                    crate::peers::FORWARDED_BY.clone(),
+                    HeaderValue::from_static("unnamed"),
+                );
+            }
+        }
+    }
     let received = Instant::now();
     let request_id = req
         .headers()
@@ -330,6 +406,17 @@ async fn handle(
     }
     .instrument(span)
     .await
+}
+
+/// What the peer listener serves: the replicas' own endpoints, the diagnostics they gather for
+/// `?replicas=all`, and the Program requests they hand to their owner.
+fn peer_route(method: &Method, path: &str) -> bool {
+    match (method, path) {
+        (&Method::GET | &Method::POST, p) if p.starts_with("/peers/") => true,
+        (&Method::GET, "/scheduling/diagnostics") => true,
+        (&Method::POST, p) => GENERATE_ROUTES.iter().any(|(r, _)| *r == p),
+        _ => false,
+    }
 }
 
 /// Bounded `route` label.
@@ -429,10 +516,18 @@ async fn dispatch(
             }
             return Ok(json(StatusCode::OK, &v));
         }
-        (&Method::GET, p) if p.starts_with("/peers/") => {
-            return peering::endpoint(state, p, req.headers());
+        // Only on the peer listener, which every request reaches authenticated and marked
+        // as from a peer (the API listener removed the mark from clients' requests).
+        (&Method::GET, p)
+            if p.starts_with("/peers/")
+                && req.headers().contains_key(&crate::peers::FORWARDED_BY) =>
+        {
+            return peering::endpoint(state, p);
         }
-        (&Method::POST, p) if p.starts_with("/peers/") => {
+        (&Method::POST, p)
+            if p.starts_with("/peers/")
+                && req.headers().contains_key(&crate::peers::FORWARDED_BY) =>
+        {
             let p = p.to_string();
             return peering::post_endpoint(state, &p, req).await;
         }

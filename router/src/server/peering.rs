@@ -13,13 +13,9 @@ use crate::error::ApiError;
 use crate::program::identity::Identity;
 use crate::state::{Applied, RouterState};
 
-/// `GET /peers/...`: what the other replicas read here; 404 without `peers`, and only for the
-/// workers' `api_key` when one is set.
-pub(super) fn endpoint(
-    state: &RouterState,
-    path: &str,
-    headers: &HeaderMap,
-) -> Result<Response<Body>, ApiError> {
+/// `GET /peers/...`: what the other replicas read here (only on the peer listener, which
+/// authenticated the request); 404 without `peers`.
+pub(super) fn endpoint(state: &RouterState, path: &str) -> Result<Response<Body>, ApiError> {
     let applied = state.applied.load_full();
     let not_found = || {
         ApiError::new(
@@ -32,16 +28,11 @@ pub(super) fn endpoint(
         return Err(not_found());
     }
     if path == "/peers/members" {
-        // The member list in force and its revision, for a replica whose list is older: also
-        // for one this replica does not know yet, which cannot be sent the key — the list is
-        // signed with it instead.
+        // The member list in force and its revision (signed), for a replica whose list is older.
         return Ok(json(
             StatusCode::OK,
             &crate::peers::gossip::members_document(&applied),
         ));
-    }
-    if !crate::auth::is_platform(&applied, headers) {
-        return Err(ApiError::unauthorized());
     }
     if path == "/peers/usage" {
         // What this replica charged to tenants' quotas.
@@ -66,7 +57,7 @@ const PEER_BODY_LIMIT: u64 = 64 * 1024 * 1024;
 
 /// `POST /peers/hand-over` (`{"model", "program_id"}`: this replica gives up that Program, when
 /// idle, to the replica asking, which owns it now) and `POST /peers/adopt` (`{"programs"}`: a replica
-/// shutting down gives this one the Programs it owns next). Access as for [`endpoint`].
+/// shutting down gives this one the Programs it owns next). Only on the peer listener.
 pub(super) async fn post_endpoint(
     state: &RouterState,
     path: &str,
@@ -79,9 +70,6 @@ pub(super) async fn post_endpoint(
             "not_found",
             format!("no route for POST {path}"),
         ));
-    }
-    if !crate::auth::is_platform(&applied, req.headers()) {
-        return Err(ApiError::unauthorized());
     }
     // A list of Programs, not a prompt: far below the payload limit for generations.
     let limit = applied.config.limits.max_payload_size.min(PEER_BODY_LIMIT);
@@ -150,9 +138,7 @@ pub(super) async fn take_over(state: &RouterState, applied: &Applied, id: &Ident
     if rt.knows(model, &id.program_id) {
         return;
     }
-    let auth = applied.authorization.clone();
-    let claimed =
-        crate::peers::handover::claim(&state.peer_client, peers, model, &id.program_id, auth);
+    let claimed = crate::peers::handover::claim(&state.peer_client, peers, model, &id.program_id);
     if let Some(h) = claimed.await {
         let n = rt.adopt(std::slice::from_ref(&h));
         state
@@ -283,9 +269,7 @@ pub(super) async fn stored_home(state: &RouterState, applied: &Applied, id: &str
         return Some(i);
     }
     let peers = applied.peers.as_ref()?;
-    let url =
-        crate::peers::response_home(&state.peer_client, peers, id, applied.authorization.clone())
-            .await?;
+    let url = crate::peers::response_home(&state.peer_client, peers, id).await?;
     state.response_homes.insert(id, &url);
     crate::proxy::stored::pick(&url, targets)
 }

@@ -179,7 +179,7 @@ pub(super) async fn serve(
     if shards.is_empty() {
         // Serve on this runtime rather than not at all.
         match TcpListener::from_std(shared) {
-            Ok(l) => return super::accept_loop(state, l, None, shutdown).await,
+            Ok(l) => return super::accept_loop(state, l, None, shutdown, super::Plane::Api).await,
             Err(e) => {
                 tracing::error!(error = %e, "cannot serve the API listener");
                 return;
@@ -221,7 +221,8 @@ fn spawn_shard(
                         let stopped = async move {
                             let _ = stop.wait_for(|s| *s).await;
                         };
-                        super::accept_loop(state, l, Some(handoff), stopped).await;
+                        super::accept_loop(state, l, Some(handoff), stopped, super::Plane::Api)
+                            .await;
                     }
                     Err(e) => {
                         tracing::error!(shard = i, error = %e, "cannot serve the API listener")

@@ -46,6 +46,8 @@ pub async fn sim(args: &[&str]) -> vllm_sim::server::Spawned {
 pub struct Router {
     pub server: Server,
     pub metrics_addr: SocketAddr,
+    /// The peer listener (every test router has one, with [`PEER_SECRET`]).
+    pub peer_addr: SocketAddr,
     pub state: Arc<RouterState>,
 }
 
@@ -53,6 +55,34 @@ impl Router {
     pub fn url(&self, path: &str) -> String {
         self.server.url(path)
     }
+    /// `path` on the peer listener.
+    pub fn peer_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.peer_addr, path)
+    }
+    /// The peer listener's base URL, as `peers.members` names it.
+    pub fn peer_base(&self) -> String {
+        format!("http://{}", self.peer_addr)
+    }
+}
+
+/// The peer secret every test router shares.
+pub const PEER_SECRET: &str = "test-peer-secret-0123456789abcdef0123456789";
+
+/// The header a replica presents [`PEER_SECRET`] in.
+pub const PEER_KEY_HEADER: (&str, &str) = ("x-program-router-peer-key", PEER_SECRET);
+
+/// A file holding [`PEER_SECRET`], written once per test process.
+pub fn peer_secret_file() -> String {
+    static FILE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let p = std::env::temp_dir().join(format!(
+            "program-router-test-peer-secret-{}",
+            std::process::id()
+        ));
+        std::fs::write(&p, PEER_SECRET).expect("write the peer secret");
+        p.display().to_string()
+    })
+    .clone()
 }
 
 /// Starts a router on free ports with `config` (host/ports overridden) and `flags`.
@@ -61,6 +91,14 @@ pub async fn router_with(mut config: RouterConfig, flags: Flags) -> Router {
     config.port = 0;
     config.prometheus_host = "127.0.0.1".into();
     config.prometheus_port = Some(0);
+    // A router reading a config file keeps that file's listeners (a reload could not add one).
+    if flags.config.is_none() {
+        config.peer_host = "127.0.0.1".into();
+        config.peer_port = Some(0);
+        if config.peer_secret_file.is_none() {
+            config.peer_secret_file = Some(peer_secret_file());
+        }
+    }
     config.health.interval_secs = 0.2;
     config.validate().expect("valid test config");
     let bound = program_router::run::bind(config, flags)
@@ -68,6 +106,10 @@ pub async fn router_with(mut config: RouterConfig, flags: Flags) -> Router {
         .expect("bind");
     let addr = bound.api_addr;
     let metrics_addr = bound.metrics.as_ref().expect("metrics").1;
+    let peer_addr = bound
+        .peer
+        .as_ref()
+        .map_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9)), |p| p.1);
     let state = bound.state.clone();
     let (tx, rx) = oneshot::channel::<()>();
     let done = tokio::spawn(async move {
@@ -84,6 +126,7 @@ pub async fn router_with(mut config: RouterConfig, flags: Flags) -> Router {
             done: Some(done),
         },
         metrics_addr,
+        peer_addr,
         state,
     };
     wait_ready(&r).await;

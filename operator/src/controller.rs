@@ -64,6 +64,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub status: StatusClient,
     failures: Mutex<HashMap<String, u32>>,
+    /// Resources (by uid) whose peer Secret this process created or found.
+    peer_secrets: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Context {
@@ -78,6 +80,7 @@ impl Context {
             metrics,
             status: StatusClient::new(Duration::from_secs(2)),
             failures: Mutex::new(HashMap::new()),
+            peer_secrets: Mutex::new(std::collections::HashSet::new()),
         }
     }
 }
@@ -276,6 +279,9 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
             let file = ConfigFile::new(cfg)?;
             apply_over::<ConfigMap>(ctx, &ns, objects::config_map(ps, &file), current.as_ref())
                 .await?;
+            if cfg.peer_port.is_some() {
+                ensure_peer_secret(ctx, ps, &ns).await?;
+            }
             apply::<Deployment>(ctx, &ns, objects::deployment(ps, cfg)).await?;
             (Some(file.hash), Some(file.settings))
         }
@@ -415,6 +421,38 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
     } else {
         Duration::from_secs(5)
     }))
+}
+
+/// Creates the routers' peer Secret unless it exists. Never reads or rewrites one (the operator
+/// holds only `create` on Secrets, so it can read none); once per resource and process, so
+/// there is no write at steady state.
+async fn ensure_peer_secret(ctx: &Context, ps: &ProgramScheduling, ns: &str) -> Result<(), Error> {
+    let uid = ps.metadata.uid.clone().unwrap_or_default();
+    if ctx
+        .peer_secrets
+        .lock()
+        .map(|s| s.contains(&uid))
+        .unwrap_or(false)
+    {
+        return Ok(());
+    }
+    let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let secret = serde_json::from_value(objects::peer_secret(ps, &objects::new_peer_secret()))?;
+    match api.create(&kube::api::PostParams::default(), &secret).await {
+        Ok(_) => {
+            ctx.metrics
+                .writes
+                .with_label_values(&["Secret", "create"])
+                .inc();
+            tracing::info!(namespace = ns, name = %objects::peer_secret_name(ps), "created the routers' peer secret");
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    if let Ok(mut s) = ctx.peer_secrets.lock() {
+        s.insert(uid);
+    }
+    Ok(())
 }
 
 /// Server-side applies `desired` unless the live object already carries its applied-hash.

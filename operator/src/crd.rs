@@ -255,6 +255,12 @@ pub struct RouterSpec {
     /// stored its response through any replica.
     #[serde(default = "d::peer_forwarding")]
     pub peer_forwarding: bool,
+    /// Port of the routers' peer listener, which only the other router pods of this resource
+    /// call, presenting the peer secret the operator keeps in the Secret `<name>-router-peer`
+    /// (with `peerForwarding`; never part of the Service).
+    #[serde(default = "d::peer_port")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 1 && self <= 65535").message("router.peerPort must be a TCP port"))]
+    pub peer_port: i32,
     /// With `peerForwarding`, hand Programs over when their owner changes (a router pod joins
     /// or leaves): the new owner asks the others for a Program it does not know and a stopping
     /// pod gives its Programs to their next owners, so a moved Program keeps the DP rank that
@@ -289,6 +295,9 @@ mod d {
     pub fn peer_forwarding() -> bool {
         true
     }
+    pub fn peer_port() -> i32 {
+        8081
+    }
     pub fn peer_hand_over() -> bool {
         true
     }
@@ -310,6 +319,7 @@ impl Default for RouterSpec {
             queue_size: None,
             queue_timeout_seconds: None,
             peer_forwarding: d::peer_forwarding(),
+            peer_port: d::peer_port(),
             peer_hand_over: d::peer_hand_over(),
         }
     }

@@ -161,12 +161,22 @@ pub fn config_map(ps: &ProgramScheduling, file: &ConfigFile) -> Value {
 
 /// Hash of what a running router cannot change without a restart.
 pub fn restart_hash(config: &RouterConfig) -> String {
-    let key = json!([
+    let mut key = json!([
         config.host,
         config.port,
         config.prometheus_host,
         config.prometheus_port
     ]);
+    // Only with a peer listener, so that routers without one keep their hash across upgrades.
+    if config.peer_port.is_some()
+        && let Some(k) = key.as_array_mut()
+    {
+        k.extend([
+            json!(config.peer_host),
+            json!(config.peer_port),
+            json!(config.peer_secret_file),
+        ]);
+    }
     format!(
         "{:016x}",
         program_router::hash::fnv1a(key.to_string().as_bytes())
@@ -190,6 +200,17 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
         volumes.push(json!({
             "name": "client-keys",
             "secret": { "secretName": secret.name, "defaultMode": 0o440 },
+        }));
+    }
+    if config.peer_port.is_some() {
+        mounts.push(json!({
+            "name": "peer-secret",
+            "mountPath": crate::render::PEER_SECRET_DIR,
+            "readOnly": true,
+        }));
+        volumes.push(json!({
+            "name": "peer-secret",
+            "secret": { "secretName": peer_secret_name(ps), "defaultMode": 0o440 },
         }));
     }
     args.extend(r.extra_args.iter().map(|a| json!(a)));
@@ -216,15 +237,19 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
             }));
         }
     }
+    let mut ports = vec![
+        json!({ "name": "http", "containerPort": r.port, "protocol": "TCP" }),
+        json!({ "name": "metrics", "containerPort": r.metrics_port, "protocol": "TCP" }),
+    ];
+    if let Some(p) = config.peer_port {
+        ports.push(json!({ "name": "peer", "containerPort": p, "protocol": "TCP" }));
+    }
     let mut container = json!({
         "name": "router",
         "image": r.image,
         "args": args,
         "env": env,
-        "ports": [
-            { "name": "http", "containerPort": r.port, "protocol": "TCP" },
-            { "name": "metrics", "containerPort": r.metrics_port, "protocol": "TCP" },
-        ],
+        "ports": ports,
         "readinessProbe": {
             "httpGet": { "path": "/readiness", "port": "http" },
             "periodSeconds": 2, "failureThreshold": 2,
@@ -249,9 +274,9 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
         "runAsGroup": 65532,
         "seccompProfile": { "type": "RuntimeDefault" },
     });
-    if ps.spec.client_api_keys_secret.is_some() {
-        // The key files belong to the router's group (mode 0440). Only with the volume, so
-        // that an operator upgrade does not restart routers that do not use it.
+    if ps.spec.client_api_keys_secret.is_some() || config.peer_port.is_some() {
+        // The key files belong to the router's group (mode 0440). Only with such a volume, so
+        // that an operator upgrade does not restart routers that do not use one.
         pod_security["fsGroup"] = json!(65532);
     }
     stamped(json!({
@@ -307,6 +332,32 @@ pub fn service(ps: &ProgramScheduling) -> Value {
             ],
         },
     }))
+}
+
+/// Name of the Secret holding the routers' peer secret.
+pub fn peer_secret_name(ps: &ProgramScheduling) -> String {
+    format!("{}-peer", router_name(ps))
+}
+
+/// The Secret holding the peer secret `secret` that this resource's router pods share (and
+/// nothing else mounts), controlled by the resource. Created once, never applied over: a new
+/// value would lock running routers out of each other until they restart.
+pub fn peer_secret(ps: &ProgramScheduling, secret: &str) -> Value {
+    let mut m = meta(ps);
+    m["name"] = json!(peer_secret_name(ps));
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": m,
+        "type": "Opaque",
+        "stringData": { crate::render::PEER_SECRET_KEY: secret },
+    })
+}
+
+/// A fresh peer secret: 32 random bytes as 64 hex digits.
+pub fn new_peer_secret() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// At most one router pod voluntarily evicted at a time.
@@ -519,6 +570,69 @@ mod tests {
         let tmpl = |c: &RouterConfig| deployment(&p, c)["spec"]["template"].clone();
         assert_eq!(tmpl(&a), tmpl(&hot), "hot fields travel through the file");
         assert_ne!(tmpl(&a), tmpl(&cold));
+    }
+
+    #[test]
+    fn the_peer_secret_is_owned_random_and_mounted_only_with_a_peer_listener() {
+        let p = ps(RouterSpec::default());
+        let (a, b) = (new_peer_secret(), new_peer_secret());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 64);
+        assert!(a.len() >= program_router::peers::key::MIN_SECRET_LEN);
+        let s: k8s_openapi::api::core::v1::Secret = typed(peer_secret(&p, &a));
+        assert_eq!(s.metadata.name.as_deref(), Some("agents-router-peer"));
+        let owner = &s.metadata.owner_references.expect("owned")[0];
+        assert_eq!(
+            (owner.uid.as_str(), owner.controller),
+            ("uid-1", Some(true))
+        );
+        assert_eq!(
+            s.string_data.expect("data")[crate::render::PEER_SECRET_KEY],
+            a
+        );
+
+        let cfg = crate::render::render(&p.spec, Vec::new(), &[]).expect("renders");
+        let d: Deployment = typed(deployment(&p, &cfg));
+        let pod = d.spec.template.spec.expect("pod");
+        let vol = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "peer-secret")
+            .expect("the peer secret volume");
+        let secret = vol.secret.as_ref().expect("a secret volume");
+        assert_eq!(secret.secret_name.as_deref(), Some("agents-router-peer"));
+        assert_eq!(secret.default_mode, Some(0o440), "the router's group only");
+        let c = &pod.containers[0];
+        let mount = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "peer-secret")
+            .expect("mounted");
+        assert_eq!(mount.mount_path, crate::render::PEER_SECRET_DIR);
+        let peer_port = c
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some("peer"))
+            .expect("peer port");
+        assert_eq!(peer_port.container_port, 8081);
+        // The Service never exposes the peer port.
+        let svc: Service = typed(service(&p));
+        let names: Vec<_> = svc.spec.expect("spec").ports.expect("ports");
+        assert!(names.iter().all(|p| p.name.as_deref() != Some("peer")));
+
+        let off = ps(RouterSpec {
+            peer_forwarding: false,
+            ..Default::default()
+        });
+        let cfg = crate::render::render(&off.spec, Vec::new(), &[]).expect("renders");
+        let text = deployment(&off, &cfg).to_string();
+        assert!(
+            !text.contains("peer-secret") && !text.contains("\"peer\""),
+            "{text}"
+        );
     }
 
     #[test]

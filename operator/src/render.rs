@@ -19,6 +19,11 @@ fn policy(name: &str) -> Result<PolicyKind, RenderError> {
         .map_err(|_| RenderError(format!("router.policy: unknown policy {name:?}")))
 }
 
+/// Where a router pod reads the peer secret (the Secret `<name>-router-peer`, mounted).
+pub const PEER_SECRET_DIR: &str = "/var/run/secrets/program-router/peer";
+/// The key of the peer secret in its Secret, and its file name in [`PEER_SECRET_DIR`].
+pub const PEER_SECRET_KEY: &str = "secret";
+
 /// Seconds a router keeps serving, not ready, after SIGTERM before it drains.
 pub const SHUTDOWN_DELAY_SECS: f64 = 5.0;
 
@@ -77,10 +82,23 @@ pub fn render(
     }
     // Replicas that know each other forward Programs to their owner, share quota use and find
     // which server stored a Responses API response.
+    // The peer listener exists whenever forwarding may be on, so that scaling from one
+    // replica to two needs no restart (a reload cannot add a listener).
+    if r.peer_forwarding {
+        let peer_port = port(r.peer_port, "router.peerPort")?;
+        if [cfg.port, cfg.prometheus_port.unwrap_or(0)].contains(&peer_port) {
+            return Err(RenderError(format!(
+                "router.peerPort: {peer_port} is already the API or metrics port"
+            )));
+        }
+        cfg.peer_host = "0.0.0.0".into();
+        cfg.peer_port = Some(peer_port);
+        cfg.peer_secret_file = Some(format!("{PEER_SECRET_DIR}/{PEER_SECRET_KEY}"));
+    }
     if r.peer_forwarding && r.replicas > 1 {
         cfg.peers = Some(PeersConfig {
             hand_over: r.peer_hand_over,
-            ..peers(routers, cfg.port)
+            ..peers(routers, cfg.peer_port.unwrap_or(cfg.port))
         });
     }
     cfg.validate().map_err(|e| RenderError(e.to_string()))?;
@@ -307,13 +325,34 @@ mod tests {
         assert_eq!(
             members,
             [
-                ("router-a", "http://[fd00::7]:8080"),
-                ("router-b", "http://10.0.0.8:8080")
+                ("router-a", "http://[fd00::7]:8081"),
+                ("router-b", "http://10.0.0.8:8081")
             ],
-            "sorted by name; IPv6 in brackets; the API port"
+            "sorted by name; IPv6 in brackets; the peer port"
         );
         assert_eq!(peers.self_name, None, "each pod names itself (--peer-name)");
         assert_eq!(with(1, true, true), None, "one replica: nothing to forward");
+        // The peer listener and its secret come with forwarding, one replica or more (scaling
+        // needs no restart), and never without it.
+        let listener = |replicas: i32, forwarding: bool| {
+            let r = RouterSpec {
+                replicas,
+                peer_forwarding: forwarding,
+                ..Default::default()
+            };
+            let c = render(&spec(r, None), vec![w(0)], &routers).expect("valid");
+            (c.peer_port, c.peer_secret_file)
+        };
+        let secret = Some(format!("{PEER_SECRET_DIR}/{PEER_SECRET_KEY}"));
+        assert_eq!(listener(1, true), (Some(8081), secret.clone()));
+        assert_eq!(listener(3, true), (Some(8081), secret));
+        assert_eq!(listener(3, false), (None, None));
+        let clash = RouterSpec {
+            peer_port: 8080,
+            ..Default::default()
+        };
+        let e = render(&spec(clash, None), vec![w(0)], &routers).expect_err("clash");
+        assert!(e.0.starts_with("router.peerPort"), "{e}");
         assert_eq!(with(2, false, true), None, "turned off");
         assert!(
             with(2, true, false).is_some(),

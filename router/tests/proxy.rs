@@ -1243,3 +1243,49 @@ async fn status_reports_config_targets_and_observations() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_100_mib_body_gets_413_by_default_without_being_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = sim(&["--instant"]).await;
+    let r = router(workers(&[s.base()], 1)).await;
+    assert_eq!(
+        r.state.applied.load().config.limits.max_payload_size,
+        64 * 1024 * 1024
+    );
+    for (how, extra) in [
+        ("declared", "content-length: 104857600\r\n"),
+        ("chunked", "transfer-encoding: chunked\r\n"),
+    ] {
+        let mut conn = tokio::net::TcpStream::connect(r.server.addr)
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}\r\n"
+        );
+        conn.write_all(head.as_bytes()).await.expect("head");
+        if how == "chunked" {
+            // 65 MiB in 1 MiB chunks: the answer comes once the limit is passed, not at the end.
+            let chunk = vec![b' '; 1024 * 1024];
+            let mut sent = 0usize;
+            for _ in 0..65 {
+                let framed =
+                    [format!("{:x}\r\n", chunk.len()).as_bytes(), &chunk, b"\r\n"].concat();
+                if conn.write_all(&framed).await.is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            assert!(sent <= 65, "{sent}");
+        }
+        // The declared body is never sent: the answer comes without it.
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), conn.read(&mut buf))
+            .await
+            .expect("answered without the body")
+            .expect("read");
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(text.starts_with("HTTP/1.1 413"), "{how}: {text}");
+        assert!(text.contains("payload_too_large"), "{how}: {text}");
+    }
+}

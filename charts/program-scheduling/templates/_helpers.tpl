@@ -31,6 +31,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [""]
   resources: [configmaps, services]
   verbs: [get, list, watch, create, patch]
+# The routers' peer secret: created once, never read (no get/list: the operator reads no Secret).
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
 - apiGroups: [""]
   resources: [serviceaccounts]
   verbs: [get, create, patch]

@@ -285,11 +285,25 @@ stringData: {search-team: sk-search-1}
         .await
         .expect("both router pods become peers, the list numbered");
         let (members, first_revision) = members;
+        // Members are named by their peer listener (router.peerPort, default 8081), which
+        // answers only the peer secret the operator put in the Secret fleet-router-peer.
         let want: Vec<(String, String)> = routers
             .iter()
-            .map(|(name, ip)| (name.clone(), format!("http://{ip}:{router_port}")))
+            .map(|(name, ip)| (name.clone(), format!("http://{ip}:8081")))
             .collect();
         assert_eq!(members, want);
+        let refused =
+            testkit::send(&c, "GET", &format!("{}/peers/usage", want[0].1), "", &[]).await;
+        assert_eq!(refused.status, 401, "{}", refused.text());
+        let on_api = testkit::send(
+            &c,
+            "GET",
+            &format!("http://{}:{router_port}/peers/usage", routers[0].1),
+            "",
+            &[],
+        )
+        .await;
+        assert_eq!(on_api.status, 404, "no peer route on the API port");
         for (name, _) in &routers {
             let knows = wait_for(Duration::from_secs(20), || async {
                 let p = kubelet

@@ -333,12 +333,30 @@ impl Kubelet {
                     .ok_or_else(|| format!("router {name}: {d} is on no volume"))?;
                 flags.client_api_keys_dir = Some(local.display().to_string());
             }
+            // The peer secret the config names, read from its Secret volume here (a flag wins
+            // over the file, also after a reload).
+            let named = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["peer_secret_file"].as_str().map(String::from));
+            if let Some(f) = named {
+                let local = mounts
+                    .iter()
+                    .find_map(|(at, dir)| {
+                        std::path::Path::new(&f)
+                            .strip_prefix(at)
+                            .ok()
+                            .map(|rest| dir.join(rest))
+                    })
+                    .ok_or_else(|| format!("router {name}: {f} is on no volume"))?;
+                flags.peer_secret_file = Some(local.display().to_string());
+            }
             let ip = self.next_ip();
             let path = self.dir.join(format!("{name}.json"));
             std::fs::write(&path, &body).map_err(|e| e.to_string())?;
             flags.config = Some(path.clone());
             flags.host = Some(ip.clone());
             flags.prometheus_host = Some(ip.clone());
+            flags.peer_host = Some(ip.clone());
             // The variables the router's flags read (`env = ...` in its CLI).
             for (var, value) in env {
                 match var.as_str() {

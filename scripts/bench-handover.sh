@@ -27,18 +27,21 @@ start_instant_sim
 pair_pids=()
 a_port=
 start_pair() { # retention-seconds
-  local b_port members
-  a_port=$(free_port); b_port=$(free_port)
-  members='[{"name":"a","url":"http://127.0.0.1:'$a_port'"},{"name":"b","url":"http://127.0.0.1:'$b_port'"}]'
+  local b_port a_peer b_peer members
+  a_port=$(free_port); b_port=$(free_port); a_peer=$(free_port); b_peer=$(free_port)
+  # The replicas reach each other on their peer listeners, with a shared secret.
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$tmp/peer-secret"
+  members='[{"name":"a","url":"http://127.0.0.1:'$a_peer'"},{"name":"b","url":"http://127.0.0.1:'$b_peer'"}]'
   cat > "$tmp/cfg.json" <<JSON
 {"workers":[{"url":"http://127.0.0.1:$sim_port"}],"log_level":"warn",
  "program_scheduling":{"paused_retention_ttl_seconds":$1},"peers":{"members":$members}}
 JSON
-  local name port
+  local name port peer
   for name in a b; do
-    port=$a_port; [ "$name" = b ] && port=$b_port
+    port=$a_port; peer=$a_peer; [ "$name" = b ] && port=$b_port && peer=$b_peer
     "$target/release/program-router" --config "$tmp/cfg.json" --port "$port" \
-      --prometheus-port "$(free_port)" --peer-name "$name" >/dev/null 2>&1 & pair_pids+=($!)
+      --prometheus-port "$(free_port)" --peer-name "$name" --peer-port "$peer" \
+      --peer-secret-file "$tmp/peer-secret" >/dev/null 2>&1 & pair_pids+=($!)
     wait_up "http://127.0.0.1:$port/readiness"
   done
   sleep 0.5

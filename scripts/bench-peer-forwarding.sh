@@ -21,22 +21,25 @@ lua=$(program_lua '"bench-" .. (n % 1000)')
 start_instant_sim
 
 a_port=$(free_port); b_port=$(free_port); a_prom=$(free_port); b_prom=$(free_port)
+a_peer=$(free_port); b_peer=$(free_port)
+# The replicas reach each other on their peer listeners, with a shared secret.
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$tmp/peer-secret"
 config() { # peers-json
   cat <<JSON
 {"workers":[{"url":"http://127.0.0.1:$sim_port"}],"program_scheduling":{},"log_level":"warn",
  "peers":$1}
 JSON
 }
-members='[{"name":"a","url":"http://127.0.0.1:'$a_port'"},{"name":"b","url":"http://127.0.0.1:'$b_port'"}]'
+members='[{"name":"a","url":"http://127.0.0.1:'$a_peer'"},{"name":"b","url":"http://127.0.0.1:'$b_peer'"}]'
 config "{\"members\":$members}" > "$tmp/b.json"
 config "null" > "$tmp/a.json"
-start() { # name port config metrics-port
+start() { # name port config metrics-port peer-port
   "$target/release/program-router" --config "$3" --port "$2" --prometheus-port "$4" \
-    --peer-name "$1" >/dev/null 2>&1 & pids+=($!)
+    --peer-name "$1" --peer-port "$5" --peer-secret-file "$tmp/peer-secret" >/dev/null 2>&1 & pids+=($!)
   wait_up "http://127.0.0.1:$2/readiness"
 }
-start a "$a_port" "$tmp/a.json" "$a_prom"
-start b "$b_port" "$tmp/b.json" "$b_prom"
+start a "$a_port" "$tmp/a.json" "$a_prom" "$a_peer"
+start b "$b_port" "$tmp/b.json" "$b_prom" "$b_peer"
 
 # Switches A's peers by rewriting its config file (hot reload) and waits until /status shows it.
 set_peers() { # on|off

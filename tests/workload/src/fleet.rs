@@ -22,6 +22,8 @@ pub(crate) struct Replica {
     pub name: String,
     child: Child,
     pub url: String,
+    /// Its peer listener, as the member lists name it.
+    peer_url: String,
     prom: u16,
 }
 
@@ -184,6 +186,11 @@ impl Fleet {
                     free_port()?
                 ));
                 std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                // The secret the replicas of this fleet share on their peer listeners.
+                let secret: [u8; 32] = rand::random();
+                let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+                std::fs::write(dir.join(PEER_SECRET), hex)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?;
                 Some(PeersFiles {
                     dir,
                     setup,
@@ -207,7 +214,7 @@ impl Fleet {
         let names: Vec<String> = (1..=n).map(|i| format!("r{i}")).collect();
         let ports = names
             .iter()
-            .map(|_| Ok((free_port()?, free_port()?)))
+            .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
             .collect::<Result<Vec<_>, String>>()?;
         // The first list reaches every replica before it starts (the pods of a new Deployment
         // mount the ConfigMap as it is).
@@ -215,17 +222,23 @@ impl Fleet {
             let members: Vec<(String, String)> = names
                 .iter()
                 .zip(&ports)
-                .map(|(name, (port, _))| (name.clone(), url_of(*port)))
+                .map(|(name, (_, _, peer))| (name.clone(), url_of(*peer)))
                 .collect();
             p.publish(&members, &names, true)?;
         }
-        for (name, (port, prom)) in names.into_iter().zip(ports) {
-            f.spawn_replica(name, port, prom)?;
+        for (name, (port, prom, peer)) in names.into_iter().zip(ports) {
+            f.spawn_replica(name, port, prom, peer)?;
         }
         Ok(f)
     }
 
-    fn spawn_replica(&mut self, name: String, port: u16, prom: u16) -> Result<(), String> {
+    fn spawn_replica(
+        &mut self,
+        name: String,
+        port: u16,
+        prom: u16,
+        peer: u16,
+    ) -> Result<(), String> {
         let mut args = self.args.clone();
         args.extend([
             "--port".into(),
@@ -242,6 +255,10 @@ impl Fleet {
                 path.display().to_string(),
                 "--peer-name".into(),
                 name.clone(),
+                "--peer-port".into(),
+                peer.to_string(),
+                "--peer-secret-file".into(),
+                p.dir.join(PEER_SECRET).display().to_string(),
             ]);
         }
         let log = std::env::var_os(LOG_DIR_ENV)
@@ -252,6 +269,7 @@ impl Fleet {
             name,
             child,
             url: url_of(port),
+            peer_url: url_of(peer),
             prom,
         };
         if !wait_ok(&format!("{}{}", r.url, self.health), READY_SECS) {
@@ -324,7 +342,7 @@ impl Fleet {
     fn members(&self) -> Vec<(String, String)> {
         self.live
             .iter()
-            .map(|r| (r.name.clone(), r.url.clone()))
+            .map(|r| (r.name.clone(), r.peer_url.clone()))
             .collect()
     }
 
@@ -340,8 +358,8 @@ impl Fleet {
     /// exited. With a skewed delivery the replicas take each new list at their own time.
     pub fn replace(&mut self, old: usize, endpoints: &Endpoints) -> Result<(), String> {
         let name = format!("r{}", self.started + 1);
-        let (port, prom) = (free_port()?, free_port()?);
-        self.spawn_replica(name, port, prom)?;
+        let (port, prom, peer) = (free_port()?, free_port()?, free_port()?);
+        self.spawn_replica(name, port, prom, peer)?;
         let staying: Vec<usize> = (0..self.live.len()).filter(|i| *i != old).collect();
         self.publish_members(&staying)?;
         let gone = self.live.remove(old);
@@ -472,6 +490,9 @@ fn spread(
     }
     None
 }
+
+/// The file in a fleet's peers folder holding its peer secret.
+const PEER_SECRET: &str = "peer-secret";
 
 fn url_of(port: u16) -> String {
     format!("http://127.0.0.1:{port}")

@@ -411,6 +411,19 @@ mod tests {
         serde_json::from_value(v).expect("a valid object of its kind")
     }
 
+    /// The Secret source of the pod's volume `name`.
+    fn secret_volume(
+        pod: &k8s_openapi::api::core::v1::PodSpec,
+        name: &str,
+    ) -> k8s_openapi::api::core::v1::SecretVolumeSource {
+        pod.volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == name)
+            .and_then(|v| v.secret.clone())
+            .unwrap_or_else(|| panic!("no secret volume {name}"))
+    }
+
     #[test]
     fn every_object_is_a_valid_owned_kind_controlled_by_the_resource() {
         let p = ps(RouterSpec::default());
@@ -500,13 +513,7 @@ mod tests {
         });
         let d: Deployment = typed(deployment(&p, &cfg));
         let pod = d.spec.template.spec.expect("pod");
-        let vol = pod
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == "client-keys")
-            .and_then(|v| v.secret.clone())
-            .expect("secret volume");
+        let vol = secret_volume(&pod, "client-keys");
         assert_eq!(vol.secret_name.as_deref(), Some("team-keys"));
         assert_eq!(vol.default_mode, Some(0o440));
         assert_eq!(
@@ -594,13 +601,7 @@ mod tests {
         let cfg = crate::render::render(&p.spec, Vec::new(), &[]).expect("renders");
         let d: Deployment = typed(deployment(&p, &cfg));
         let pod = d.spec.template.spec.expect("pod");
-        let vol = pod
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == "peer-secret")
-            .expect("the peer secret volume");
-        let secret = vol.secret.as_ref().expect("a secret volume");
+        let secret = secret_volume(&pod, "peer-secret");
         assert_eq!(secret.secret_name.as_deref(), Some("agents-router-peer"));
         assert_eq!(secret.default_mode, Some(0o440), "the router's group only");
         let c = &pod.containers[0];

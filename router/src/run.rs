@@ -33,6 +33,20 @@ async fn listen(what: &str, host: &str, port: u16) -> std::io::Result<TcpListene
     })
 }
 
+/// Binds an optional listener: `None` without a port.
+async fn listen_opt(
+    what: &str,
+    host: &str,
+    port: Option<u16>,
+) -> std::io::Result<Option<(TcpListener, SocketAddr)>> {
+    let Some(port) = port else {
+        return Ok(None);
+    };
+    let l = listen(what, host, port).await?;
+    let a = l.local_addr()?;
+    Ok(Some((l, a)))
+}
+
 /// Binds the listeners for `config`.
 pub async fn bind(config: RouterConfig, flags: Flags) -> std::io::Result<Bound> {
     let initial_file = match &flags.config {
@@ -45,22 +59,8 @@ pub async fn bind(config: RouterConfig, flags: Flags) -> std::io::Result<Bound> 
     crate::proxy::upstream::size_for_shards(config.resolved_io_threads());
     let api = listen("API", &config.host, config.port).await?;
     let api_addr = api.local_addr()?;
-    let metrics = match config.prometheus_port {
-        Some(port) => {
-            let l = listen("metrics", &config.prometheus_host, port).await?;
-            let a = l.local_addr()?;
-            Some((l, a))
-        }
-        None => None,
-    };
-    let peer = match config.peer_port {
-        Some(port) => {
-            let l = listen("peer", &config.peer_host, port).await?;
-            let a = l.local_addr()?;
-            Some((l, a))
-        }
-        None => None,
-    };
+    let metrics = listen_opt("metrics", &config.prometheus_host, config.prometheus_port).await?;
+    let peer = listen_opt("peer", &config.peer_host, config.peer_port).await?;
     let state = RouterState::new(config, flags).map_err(std::io::Error::other)?;
     if let Some(bytes) = &initial_file {
         state.set_file_hash(bytes);

@@ -119,6 +119,11 @@ async fn peer_metric(c: &HttpClient, r: &Router, name: &str, label: (&str, &str)
     metric(c, &format!("http://{}", r.metrics_addr), name, &[label]).await
 }
 
+/// `GET path` on `r`'s peer listener as a replica would (with the peer secret).
+async fn peer_get(c: &HttpClient, r: &Router, path: &str) -> Reply {
+    send(c, "GET", &r.peer_url(path), "", &[PEER_KEY_HEADER]).await
+}
+
 async fn forwards(c: &HttpClient, r: &Router, outcome: &str) -> f64 {
     peer_metric(
         c,
@@ -492,15 +497,7 @@ async fn a_tenant_quota_holds_across_the_replicas() {
             assert_eq!(as_tenant(r, "team").await, 200);
         }
     }
-    let usage = send(
-        &c,
-        "GET",
-        &a.peer_url("/peers/usage"),
-        "",
-        &[PEER_KEY_HEADER],
-    )
-    .await
-    .json();
+    let usage = peer_get(&c, &a, "/peers/usage").await.json();
     assert_eq!(usage["tenants"]["team"][0], 3.0, "{usage}");
     // The replicas read each other's use every second: then each knows the minute is spent.
     tokio::time::sleep(program_router::peers::USAGE_INTERVAL * 3).await;
@@ -556,14 +553,7 @@ async fn a_tenant_quota_holds_across_the_replicas() {
     // Without peers the endpoint does not exist, on either listener.
     let alone = router(workers(&[_s.base()], 1)).await;
     assert_eq!(get(&c, &alone.url("/peers/usage")).await.status, 404);
-    let peer = send(
-        &c,
-        "GET",
-        &alone.peer_url("/peers/usage"),
-        "",
-        &[PEER_KEY_HEADER],
-    )
-    .await;
+    let peer = peer_get(&c, &alone, "/peers/usage").await;
     assert_eq!(peer.status, 404);
 }
 
@@ -829,14 +819,7 @@ async fn peer_routes_answer_only_the_peer_secret_on_the_peer_listener() {
     .await;
     assert_eq!(refused, 25.0);
     // The member list, signed with the peer secret when it has a revision.
-    let ok = send(
-        &c,
-        "GET",
-        &r.peer_url("/peers/members"),
-        "",
-        &[PEER_KEY_HEADER],
-    )
-    .await;
+    let ok = peer_get(&c, &r, "/peers/members").await;
     assert_eq!(
         ok.json(),
         json!({"revision": null, "members": [], "signature": null})
@@ -963,15 +946,7 @@ async fn a_stored_response_is_followed_up_through_any_replica() {
         assert_eq!(resp.status, 200, "{id}: {}", resp.text());
     }
     // The endpoint the replicas ask.
-    let home = send(
-        &c,
-        "GET",
-        &a.peer_url("/peers/response-home/nope"),
-        "",
-        &[PEER_KEY_HEADER],
-    )
-    .await
-    .json();
+    let home = peer_get(&c, &a, "/peers/response-home/nope").await.json();
     assert_eq!(home["url"], serde_json::Value::Null);
 }
 

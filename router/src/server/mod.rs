@@ -3,12 +3,11 @@
 //!
 //! Owns how a client request becomes an [`Outbound`] (or an error answer); forwarding itself is
 //! in [`crate::proxy`]. Never panics on input: every failure is an OpenAI-style error.
-//!
-//! Two planes share the request pipeline: the API listener serves clients and never serves a
-//! `/peers/*` route nor honours a peer header (they are removed on arrival); the peer listener
-//! serves only requests carrying the peer secret ([`crate::peers::PeerKey`]).
+//! The API and peer listeners share the request pipeline behind their own gates (`plane`).
 
+mod admission;
 mod peering;
+mod plane;
 mod shards;
 pub mod status;
 
@@ -32,6 +31,8 @@ use crate::error::ApiError;
 use crate::policies::RequestInfo;
 use crate::proxy::{self, Outbound, request};
 use crate::state::RouterState;
+use admission::{fair_admission, program_admission, program_identity, rate_limited};
+pub use plane::{Plane, serve_peers};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Response body type of every route.
@@ -80,24 +81,6 @@ pub async fn serve_api(
         return accept_loop(state, listener, None, shutdown, Plane::Api).await;
     }
     shards::serve(state, listener, shutdown, io_threads).await
-}
-
-/// Which listener a request arrived on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plane {
-    /// Clients.
-    Api,
-    /// Other router replicas, holding the peer secret.
-    Peer,
-}
-
-/// Serves the peer listener (router ↔ router) until the API listener stops accepting, then
-/// drains what is in flight on it with the API listener's deadline. Connections on it are
-/// served on the shared runtime.
-pub async fn serve_peers(state: Arc<RouterState>, listener: TcpListener) {
-    let st = state.clone();
-    let shutdown = async move { st.accepting_stopped().await };
-    accept_loop(state, listener, None, shutdown, Plane::Peer).await
 }
 
 /// Accepts and serves connections on the current runtime until `shutdown`, then drains.
@@ -291,16 +274,6 @@ const VLLM_ROUTES: [&str; 9] = [
     "/invocations",
 ];
 
-/// The headers only replicas send each other: a client's are removed on the API listener.
-const PEER_HEADERS: [&http::header::HeaderName; 6] = [
-    &crate::peers::FORWARDED_BY,
-    &crate::peers::ADDRESSED_TO,
-    &crate::peers::ANSWERED_BY,
-    &crate::peers::gossip::REVISION,
-    &crate::peers::gossip::SENDER_URL,
-    &crate::peers::PEER_KEY,
-];
-
 /// Serves one request; `remote` is the address its connection came from.
 async fn handle(
     state: Arc<RouterState>,
@@ -308,46 +281,8 @@ async fn handle(
     remote: Option<std::net::IpAddr>,
     plane: Plane,
 ) -> Response<Body> {
-    match plane {
-        Plane::Api => {
-            for h in PEER_HEADERS {
-                req.headers_mut().remove(h);
-            }
-        }
-        Plane::Peer => {
-            let known = state
-                .peer_key
-                .as_ref()
-                .is_some_and(|k| k.check_and_remove(req.headers_mut()));
-            if !known {
-                state.metrics.peer_auth_failures.inc();
-                tracing::warn!(remote = ?remote, path = %req.uri().path(),
-                    "peer listener: request without the peer secret refused");
-                return ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "peer_unauthorized",
-                    "the peer listener serves only router replicas presenting the peer secret",
-                )
-                .into_response();
-            }
-            if !peer_route(req.method(), req.uri().path()) {
-                return ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    format!(
-                        "{} is not served on the peer listener (clients use the API port)",
-                        req.uri().path()
-                    ),
-                )
-                .into_response();
-            }
-            if !req.headers().contains_key(&crate::peers::FORWARDED_BY) {
-                req.headers_mut().insert(
-                    crate::peers::FORWARDED_BY.clone(),
-                    HeaderValue::from_static("unnamed"),
-                );
-            }
-        }
+    if let Err(refused) = plane::admit(&state, plane, &mut req, remote) {
+        return refused.into_response();
     }
     let received = Instant::now();
     let request_id = req
@@ -406,17 +341,6 @@ async fn handle(
     }
     .instrument(span)
     .await
-}
-
-/// What the peer listener serves: the replicas' own endpoints, the diagnostics they gather for
-/// `?replicas=all`, and the Program requests they hand to their owner.
-fn peer_route(method: &Method, path: &str) -> bool {
-    match (method, path) {
-        (&Method::GET | &Method::POST, p) if p.starts_with("/peers/") => true,
-        (&Method::GET, "/scheduling/diagnostics") => true,
-        (&Method::POST, p) => GENERATE_ROUTES.iter().any(|(r, _)| *r == p),
-        _ => false,
-    }
 }
 
 /// Bounded `route` label.
@@ -743,20 +667,6 @@ async fn dispatch(
     .await
 }
 
-/// 429 for a tenant over its quota (`fairness.tenant_rate_limits`).
-fn rate_limited(tenant: &str, r: crate::fair::rate::Refused) -> ApiError {
-    let what = if r.tokens { "tokens" } else { "requests" };
-    ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "tenant_rate_limited",
-        format!(
-            "tenant {tenant:?} used its {what} per minute; retry in {} s",
-            r.retry_after_secs
-        ),
-    )
-    .retry_after(r.retry_after_secs)
-}
-
 /// The applied configuration to forward under and the index of target `id` in it: the request's
 /// own snapshot when it still holds the target, else the newest one; 503 if neither does (the
 /// target was removed between the decision and now).
@@ -777,161 +687,5 @@ fn resolve_target(
             "reconfigured",
             format!("target {id} left the configuration while the request waited; retry"),
         )),
-    }
-}
-
-/// 503 for a request still waiting in a router queue when the drain closes the queues.
-fn shutting_down() -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "shutting_down",
-        "the router is shutting down and no longer queues requests; retry the request",
-    )
-}
-
-/// Waits in the fair queue; errors are OpenAI-style 429 (tenant queue full), 504 (queue timeout),
-/// 400 (unknown class), 403 (a class above the tenant's cap) or 503 (reconfigured, shutting
-/// down).
-async fn fair_admission(
-    state: &RouterState,
-    f: &Arc<crate::fair::runtime::FairRuntime>,
-    headers: &http::HeaderMap,
-    tenant: &str,
-    prompt_bytes: usize,
-) -> Result<crate::fair::runtime::FairPermit, ApiError> {
-    use crate::fair::runtime::FairError;
-    let class = f.class(headers, tenant);
-    let refused = |e: FairError| match e {
-        FairError::ClassNotAllowed { class, max } => ApiError::new(
-            StatusCode::FORBIDDEN,
-            "class_not_allowed",
-            format!("priority class {class:?} is above the highest this client may use ({max:?})"),
-        ),
-        FairError::QueueFull { tenant } => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "tenant_queue_full",
-            format!(
-                "tenant {tenant:?} already has {} requests queued; retry later",
-                f.cfg().max_queue_per_tenant
-            ),
-        ),
-        FairError::Timeout { seconds } => ApiError::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "queue_timeout",
-            format!("the request waited longer than the queue timeout ({seconds} s) for capacity"),
-        ),
-        FairError::UnknownClass(c) => ApiError::bad_request(format!(
-            "unknown priority class {c:?} (configured: {})",
-            f.cfg()
-                .classes
-                .iter()
-                .map(|c| c.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-        FairError::ShuttingDown => shutting_down(),
-        FairError::Reconfigured => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "reconfigured",
-            "fair queueing was reconfigured while the request waited; retry",
-        ),
-    };
-    f.check_class(tenant, &class).map_err(refused)?;
-    // About four bytes of JSON text per token: an estimate charged at dispatch; the real prompt
-    // and completion counts are charged from the response's usage.
-    let estimate = (prompt_bytes / 4) as u64;
-    f.admit(tenant, &class, estimate, state.queues_closed())
-        .await
-        .map_err(refused)
-}
-
-/// The request's Program identity when Program scheduling is on and the request carries one,
-/// scoped to the client that presented a key of its own.
-fn program_identity(
-    applied: &crate::state::Applied,
-    client: Option<&str>,
-    peeked: &request::Peeked,
-    body: &[u8],
-    headers: &http::HeaderMap,
-) -> Result<Option<crate::program::identity::Identity>, ApiError> {
-    use crate::program::identity;
-    let Some(ps) = &applied.config.program_scheduling else {
-        return Ok(None);
-    };
-    let ctx = peeked.agentic_context(body)?;
-    let hint = if ps.program_scheduling_enable_key == crate::config::program::EnableKey::Auto {
-        peeked.agent_hint(body)?
-    } else {
-        None
-    };
-    let id = identity::resolve(
-        ps.program_scheduling_enable_key,
-        ctx.as_ref(),
-        hint.as_ref(),
-        headers,
-    )
-    .map_err(|e| ApiError::bad_request(format!("invalid Program identity: {e}")))?;
-    Ok(id.map(|mut id| {
-        if let Some(client) = client {
-            // Each client's Programs are its own: two teams that both call a session "s1" are
-            // two Programs, and one cannot join, pin or pause the other's.
-            id.scope(client);
-        }
-        id
-    }))
-}
-
-/// Program scheduling for a request that carries Program identity: waits in the RequestPool if
-/// needed and returns the target to pin.
-async fn program_admission(
-    state: &RouterState,
-    rt: &Arc<crate::scheduling::ProgramRuntime>,
-    applied: &crate::state::Applied,
-    tenant: Option<&str>,
-    id: crate::program::identity::Identity,
-    model: Option<&str>,
-    prompt: &[u8],
-) -> Result<(Option<String>, Option<crate::scheduling::ProgramTicket>), ApiError> {
-    use crate::scheduling::{Admission, Placement};
-    let Some(ps) = &applied.config.program_scheduling else {
-        return Ok((None, None));
-    };
-    let model = model.unwrap_or("");
-    // With fair queueing configured, retained requests resume tenant-fairly within a tier.
-    let tenant = applied
-        .fair
-        .as_ref()
-        .zip(tenant)
-        .map(|(f, t)| (t.to_string(), f.weight(t)));
-    let (ticket, admission) = rt.admit(model, id, prompt, tenant);
-    let queue_timeout = || {
-        ApiError::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "queue_timeout",
-            format!(
-                "the request waited longer than the queue timeout ({} s) for capacity",
-                ps.queue_timeout_seconds
-            ),
-        )
-    };
-    let placement = match admission {
-        Admission::Now(p) => p,
-        // Returning early drops `ticket`, which takes the request out of the RequestPool.
-        Admission::Wait(rx) => tokio::select! {
-            biased;
-            p = rx => p.map_err(|_| {
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "reconfigured",
-                    "Program scheduling was reconfigured while the request waited; retry",
-                )
-            })?,
-            _ = state.queues_closed() => return Err(shutting_down()),
-        },
-    };
-    match placement {
-        Placement::Target(id) => Ok((Some(id), Some(ticket))),
-        Placement::QueueTimeout => Err(queue_timeout()),
-        Placement::NoTarget => Err(ApiError::no_target()),
     }
 }

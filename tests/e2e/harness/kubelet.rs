@@ -321,17 +321,20 @@ impl Kubelet {
             )
             .map_err(|e| format!("router {name}: its arguments: {e}"))?;
             let mut flags = cli.flags;
-            if let Some(d) = flags.client_api_keys_dir.take() {
-                let local = mounts
+            // A container path on a Secret volume, as the file written here.
+            let local = |path: &str| {
+                mounts
                     .iter()
                     .find_map(|(at, dir)| {
-                        std::path::Path::new(&d)
+                        std::path::Path::new(path)
                             .strip_prefix(at)
                             .ok()
-                            .map(|rest| dir.join(rest))
+                            .map(|rest| dir.join(rest).display().to_string())
                     })
-                    .ok_or_else(|| format!("router {name}: {d} is on no volume"))?;
-                flags.client_api_keys_dir = Some(local.display().to_string());
+                    .ok_or_else(|| format!("router {name}: {path} is on no volume"))
+            };
+            if let Some(d) = flags.client_api_keys_dir.take() {
+                flags.client_api_keys_dir = Some(local(&d)?);
             }
             // The peer secret the config names, read from its Secret volume here (a flag wins
             // over the file, also after a reload).
@@ -339,16 +342,7 @@ impl Kubelet {
                 .ok()
                 .and_then(|v| v["peer_secret_file"].as_str().map(String::from));
             if let Some(f) = named {
-                let local = mounts
-                    .iter()
-                    .find_map(|(at, dir)| {
-                        std::path::Path::new(&f)
-                            .strip_prefix(at)
-                            .ok()
-                            .map(|rest| dir.join(rest))
-                    })
-                    .ok_or_else(|| format!("router {name}: {f} is on no volume"))?;
-                flags.peer_secret_file = Some(local.display().to_string());
+                flags.peer_secret_file = Some(local(&f)?);
             }
             let ip = self.next_ip();
             let path = self.dir.join(format!("{name}.json"));

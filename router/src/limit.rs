@@ -8,14 +8,16 @@
 //! A place is held until the response body ends; a request waiting here has its body still
 //! unread in the socket, so waiting costs no memory. Program scheduling's RequestPool and the
 //! fair queue come after it: they wait inside their place.
+//!
+//! Also owns the count of a listener's open connections ([`Connections`]), capped per listener.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::StatusCode;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ApiError;
 
@@ -112,6 +114,60 @@ impl Limiter {
     }
 }
 
+/// The open connections of one listener.
+#[derive(Debug, Default)]
+pub struct Connections {
+    open: AtomicUsize,
+    closed: Notify,
+}
+
+/// One open connection; closing it (dropping this) frees its place.
+pub struct Open(Arc<Connections>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.closed.notify_waiters();
+    }
+}
+
+impl Connections {
+    /// A place for one more connection, unless `max` are open.
+    pub fn open(self: &Arc<Self>, max: Option<usize>) -> Option<Open> {
+        let mut n = self.open.load(Ordering::Acquire);
+        loop {
+            if max.is_some_and(|m| n >= m) {
+                return None;
+            }
+            match self
+                .open
+                .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(Open(self.clone())),
+                Err(now) => n = now,
+            }
+        }
+    }
+
+    /// How many are open.
+    pub fn count(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Resolves once no connection is open.
+    pub async fn all_closed(&self) {
+        loop {
+            let closed = self.closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if self.count() == 0 {
+                return;
+            }
+            closed.await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,5 +225,29 @@ mod tests {
             .await
             .expect_err("no queue");
         assert_eq!(e.status.as_u16(), 429);
+    }
+
+    #[tokio::test]
+    async fn caps_and_counts_open_connections_and_waits_for_the_last() {
+        let c = Arc::new(Connections::default());
+        let a = c.open(Some(2)).expect("first");
+        let b = c.open(Some(2)).expect("second");
+        assert!(c.open(Some(2)).is_none(), "at the cap");
+        assert_eq!(c.count(), 2);
+        let unbounded = c.open(None).expect("no cap");
+        drop(unbounded);
+        drop(a);
+        assert!(c.open(Some(2)).is_some(), "a place freed");
+        let waiting = tokio::spawn({
+            let c = c.clone();
+            async move { c.all_closed().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(b);
+        tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .expect("resolves once the last closes")
+            .expect("task");
     }
 }

@@ -160,6 +160,9 @@ pub struct RouterState {
     pub client_dir: ArcSwapOption<crate::auth::DirKeys>,
     /// The peer plane's credential (`peer_secret_file`, read at start).
     pub peer_key: Option<Arc<crate::peers::PeerKey>>,
+    /// Open connections of the API and the peer listener (capped per listener).
+    pub api_connections: Arc<crate::limit::Connections>,
+    pub peer_connections: Arc<crate::limit::Connections>,
     stop: watch::Sender<bool>,
     generation: AtomicU64,
     next_request: AtomicU64,
@@ -233,6 +236,8 @@ impl RouterState {
             client: proxy::client(),
             peer_client: crate::peers::client(),
             peer_key,
+            api_connections: Arc::default(),
+            peer_connections: Arc::default(),
             drain: watch::channel(None).0,
             last_reload_error: Mutex::new(None),
             health_wake: Notify::new(),

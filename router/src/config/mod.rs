@@ -217,6 +217,22 @@ pub struct LimitsConfig {
     pub queue_size: u32,
     /// Longest wait for a place; then 504 `queue_timeout`.
     pub queue_timeout_secs: f64,
+    /// Longest an upstream may send nothing once its response body has begun: the stream then
+    /// ends with an error event (a cut for non-streamed bodies) and counts as a failure of that
+    /// backend for its circuit breaker. `null`: no limit (the request deadline still applies).
+    pub upstream_idle_timeout_secs: Option<f64>,
+    /// Longest a client may take to send a request's body once its headers arrived; then 408
+    /// `body_timeout`. `null`: no limit.
+    pub client_body_timeout_secs: Option<f64>,
+    /// How often an HTTP/2 client connection is pinged; a ping unanswered for 20 s closes it
+    /// (a client that vanished). `null`: no pings.
+    pub http2_keep_alive_interval_secs: Option<f64>,
+    /// Longest a client connection may stay open with no request in progress (HTTP/1 and
+    /// HTTP/2); it is then closed gracefully. `null`: no limit.
+    pub client_idle_timeout_secs: Option<f64>,
+    /// Client connections the API listener holds at once; one more is closed as soon as it is
+    /// accepted (`program_router_connections_shed_total{listener="api"}`). `null`: no cap.
+    pub max_client_connections: Option<u32>,
 }
 
 impl Default for LimitsConfig {
@@ -230,6 +246,11 @@ impl Default for LimitsConfig {
             max_concurrent_requests: None,
             queue_size: 100,
             queue_timeout_secs: 60.0,
+            upstream_idle_timeout_secs: Some(120.0),
+            client_body_timeout_secs: Some(60.0),
+            http2_keep_alive_interval_secs: Some(30.0),
+            client_idle_timeout_secs: Some(300.0),
+            max_client_connections: Some(10_000),
         }
     }
 }
@@ -597,8 +618,37 @@ impl RouterConfig {
             "limits.request_timeout_secs",
             self.limits.request_timeout_secs,
         )?;
-        if let Some(t) = self.limits.client_header_timeout_secs {
-            positive("limits.client_header_timeout_secs", t)?;
+        for (field, t) in [
+            (
+                "limits.client_header_timeout_secs",
+                self.limits.client_header_timeout_secs,
+            ),
+            (
+                "limits.upstream_idle_timeout_secs",
+                self.limits.upstream_idle_timeout_secs,
+            ),
+            (
+                "limits.client_body_timeout_secs",
+                self.limits.client_body_timeout_secs,
+            ),
+            (
+                "limits.http2_keep_alive_interval_secs",
+                self.limits.http2_keep_alive_interval_secs,
+            ),
+            (
+                "limits.client_idle_timeout_secs",
+                self.limits.client_idle_timeout_secs,
+            ),
+        ] {
+            if let Some(t) = t {
+                positive(field, t)?;
+            }
+        }
+        if self.limits.max_client_connections == Some(0) {
+            return Err(ConfigError::new(
+                "limits.max_client_connections",
+                "must be >= 1 (null: no cap)",
+            ));
         }
         if self.limits.max_concurrent_requests == Some(0) {
             return Err(ConfigError::new(

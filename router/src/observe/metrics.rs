@@ -39,6 +39,10 @@ pub struct Metrics {
     pub peer_member_lists: IntCounterVec,
     /// Requests the peer listener refused for want of the peer secret.
     pub peer_auth_failures: IntCounter,
+    /// Connections closed on accept because their listener was at its cap, by listener.
+    pub connections_shed: IntCounterVec,
+    /// Open connections by listener (set when scraped).
+    pub connections_open: IntGaugeVec,
     routes: Vec<(&'static str, RouteMetrics)>,
 }
 
@@ -213,6 +217,22 @@ impl Metrics {
                 "program_router_peer_auth_failures_total",
                 "Requests the peer listener refused (401) because they did not carry the peer \
                  secret: a misconfigured replica, or someone who is not one."
+            )?),
+            connections_shed: reg!(IntCounterVec::new(
+                Opts::new(
+                    "program_router_connections_shed_total",
+                    "Connections closed as soon as they were accepted because their listener \
+                     held its cap (api: limits.max_client_connections; peer: 1024; metrics: 64), \
+                     by listener. No request was read from them."
+                ),
+                &["listener"]
+            )?),
+            connections_open: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "program_router_connections_open",
+                    "Open client connections of the API listener and of the peer listener."
+                ),
+                &["listener"]
             )?),
             peer_member_lists: reg!(IntCounterVec::new(
                 Opts::new(

@@ -318,6 +318,11 @@ pub async fn forward(
             sse && out.filter_usage_chunk,
             out.route == "/v1/responses" && status.is_success(),
             Some(deadline),
+            out.applied
+                .config
+                .limits
+                .upstream_idle_timeout_secs
+                .map(crate::config::duration),
             finish,
         );
         let body: Body = relay

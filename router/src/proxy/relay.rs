@@ -4,6 +4,8 @@
 //! dropped when the router, not the client, asked for it); JSON bodies keep a bounded tail in
 //! which the final `usage` object is found. Nothing is buffered beyond the current SSE event.
 //! When the body ends, fails or is dropped (client gone), the [`Finish`] hook runs exactly once.
+//! An upstream that goes silent after its first byte for longer than the idle timeout ends the
+//! stream as a failure of that upstream (an SSE error event for streams, a cut otherwise).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -90,6 +92,13 @@ pub struct Relay {
     deadline: Option<tokio::time::Instant>,
     /// Armed only once the body has to wait (most short bodies never do).
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Longest silence of the upstream after its first body byte.
+    idle: Option<std::time::Duration>,
+    /// When the last body byte arrived (`None` before the first).
+    last_data: Option<tokio::time::Instant>,
+    /// Armed, like `timer`, only once the body has to wait; moved to the latest deadline when
+    /// it fires early.
+    idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// The error that cuts the client's stream.
@@ -99,6 +108,8 @@ pub enum RelayError {
     Upstream(#[from] hyper::Error),
     #[error("request deadline passed while streaming")]
     Deadline,
+    #[error("the upstream sent nothing for {0:?}")]
+    Idle(std::time::Duration),
 }
 
 impl Relay {
@@ -108,6 +119,7 @@ impl Relay {
         filter_usage_chunk: bool,
         capture_id: bool,
         deadline: Option<tokio::time::Instant>,
+        idle: Option<std::time::Duration>,
         finish: Box<dyn Finish>,
     ) -> Self {
         let tap = if sse {
@@ -131,7 +143,45 @@ impl Relay {
             finish: Some(finish),
             deadline,
             timer: None,
+            idle,
+            last_data: None,
+            idle_timer: None,
         }
+    }
+
+    /// Whether the upstream has been silent for the idle timeout since its last byte; arms (or
+    /// moves) the idle timer otherwise, so the task wakes when it would be.
+    fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let (Some(idle), Some(last)) = (self.idle, self.last_data) else {
+            return false;
+        };
+        let due = last + idle;
+        let t = self
+            .idle_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        if t.deadline() != due {
+            t.as_mut().reset(due);
+        }
+        t.as_mut().poll(cx).is_ready()
+    }
+
+    /// Ends the relay on the idle timeout: an upstream failure, told to a stream's client as an
+    /// OpenAI-style error event (then the stream ends), to others as a cut.
+    fn end_idle(&mut self) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        let idle = self.idle.unwrap_or_default();
+        self.end(End::UpstreamError);
+        if !matches!(self.tap, Tap::Sse { .. }) {
+            return Poll::Ready(Some(Err(RelayError::Idle(idle))));
+        }
+        // Then the stream ends: `finish` is taken, so the next poll returns the end.
+        let event = serde_json::json!({"error": {
+            "message": format!("the model server sent nothing for {} s; the stream was ended", idle.as_secs_f64()),
+            "type": "upstream_error",
+            "code": "upstream_idle_timeout",
+        }});
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!(
+            "data: {event}\n\n"
+        ))))))
     }
 
     fn end(&mut self, end: End) {
@@ -304,6 +354,9 @@ impl HttpBody for Relay {
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => {
+                    if this.idle_expired(cx) {
+                        return this.end_idle();
+                    }
                     if this.timer.is_none()
                         && let Some(d) = this.deadline
                     {
@@ -335,6 +388,9 @@ impl HttpBody for Relay {
                 }
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
+                        if this.idle.is_some() {
+                            this.last_data = Some(tokio::time::Instant::now());
+                        }
                         let mut out = this.process(data);
                         if this.inner.is_end_stream() {
                             // A sized body is complete once its last byte is read; hyper may not

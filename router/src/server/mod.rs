@@ -6,6 +6,8 @@
 //! The API and peer listeners share the request pipeline behind their own gates (`plane`).
 
 mod admission;
+mod conn;
+pub mod metrics_listener;
 mod peering;
 mod plane;
 mod shards;
@@ -20,18 +22,16 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tracing::Instrument;
 
 use crate::error::ApiError;
+pub use crate::limit::Connections;
 use crate::policies::RequestInfo;
 use crate::proxy::{self, Outbound, request};
 use crate::state::RouterState;
 use admission::{fair_admission, program_admission, program_identity, rate_limited};
+pub use metrics_listener::serve_metrics;
 pub use plane::{Plane, serve_peers};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -91,61 +91,39 @@ async fn accept_loop(
     shutdown: impl Future<Output = ()>,
     plane: Plane,
 ) {
-    let graceful = GracefulShutdown::new();
+    let (connections, max, listener_label) = match plane {
+        Plane::Api => (
+            state.api_connections.clone(),
+            state
+                .applied
+                .load()
+                .config
+                .limits
+                .max_client_connections
+                .map(|n| n as usize),
+            "api",
+        ),
+        Plane::Peer => (
+            state.peer_connections.clone(),
+            Some(conn::MAX_PEER_CONNECTIONS),
+            "peer",
+        ),
+    };
     let serve = |stream: tokio::net::TcpStream, live: Option<shards::Live>| {
-        crate::net::tune(&stream);
-        let st = state.clone();
-        let remote = stream.peer_addr().ok().map(|a| a.ip());
-        // Read per connection, so a reload applies to the connections accepted after it.
-        let header_timeout = st
-            .applied
-            .load()
-            .config
-            .limits
-            .client_header_timeout_secs
-            .map(crate::config::duration);
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            if let Some(t) = header_timeout {
-                // The auto builder reads the first bytes to tell HTTP/1 from HTTP/2 before
-                // hyper's own header timer runs: a client that connects and sends nothing is
-                // bounded here (and let go when the listeners stop).
-                let mut first = [0u8; 1];
-                tokio::select! {
-                    // `peek` waits for a byte without taking it (`readable` may wake early).
-                    r = tokio::time::timeout(t, stream.peek(&mut first)) => if r.is_err() {
-                        tracing::debug!("client sent nothing within the header timeout; closed");
-                        return;
-                    },
-                    _ = st.accepting_stopped() => return,
-                }
-            }
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            match header_timeout {
-                Some(t) => {
-                    builder
-                        .http1()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(t);
-                }
-                None => {
-                    builder.http1().header_read_timeout(None);
-                }
-            }
-            let svc = service_fn(move |req| {
-                let st = st.clone();
-                async move { Ok::<_, Infallible>(handle(st, req, remote, plane).await) }
-            });
-            let conn = watcher.watch(
-                builder
-                    .serve_connection_with_upgrades(TokioIo::new(stream), svc)
-                    .into_owned(),
+        let Some(open) = connections.open(max) else {
+            // Over the cap: closed before any byte is read, so no request is lost.
+            state
+                .metrics
+                .connections_shed
+                .with_label_values(&[listener_label])
+                .inc();
+            tracing::debug!(
+                listener = listener_label,
+                "connection cap reached; closed a new connection"
             );
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "client connection ended with an error");
-            }
-            drop(live);
-        });
+            return;
+        };
+        tokio::spawn(conn::serve(state.clone(), stream, plane, open, live));
     };
     tokio::pin!(shutdown);
     loop {
@@ -191,56 +169,11 @@ async fn accept_loop(
         seconds = (deadline - tokio::time::Instant::now()).as_secs_f64(),
         "draining requests in flight"
     );
-    if tokio::time::timeout_at(deadline, graceful.shutdown())
+    if tokio::time::timeout_at(deadline, connections.all_closed())
         .await
         .is_err()
     {
         tracing::warn!("drain timeout reached; closing remaining connections");
-    }
-}
-
-/// Serves Prometheus metrics on their own listener until `shutdown`.
-pub async fn serve_metrics(
-    state: Arc<RouterState>,
-    listener: TcpListener,
-    shutdown: impl Future<Output = ()>,
-) {
-    let builder = auto::Builder::new(TokioExecutor::new());
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let st = state.clone();
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let st = st.clone();
-                    async move {
-                        let r = if req.uri().path() == "/metrics" {
-                            let limiter = st.applied.load().limiter.clone();
-                            let m = &st.metrics;
-                            let (max, busy, waiting) = limiter
-                                .map(|l| (l.max(), l.in_progress(), l.waiting()))
-                                .unwrap_or_default();
-                            m.concurrency_limit.set(i64::from(max));
-                            m.concurrency_in_progress.set(i64::from(busy));
-                            m.concurrency_waiting.set(i64::from(waiting));
-                            let mut r = Response::new(full(st.metrics.render()));
-                            r.headers_mut().insert(
-                                header::CONTENT_TYPE,
-                                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-                            );
-                            r
-                        } else {
-                            ApiError::new(StatusCode::NOT_FOUND, "not_found", "only /metrics is served here").into_response()
-                        };
-                        Ok::<_, Infallible>(r)
-                    }
-                });
-                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-                tokio::spawn(async move { let _ = conn.await; });
-            }
-            _ = &mut shutdown => return,
-        }
     }
 }
 
@@ -365,8 +298,10 @@ fn route_label(method: &Method, path: &str) -> &'static str {
     }
 }
 
-/// The request's head and whole body, refused above `limit` bytes (413).
+/// The request's head and whole body, refused above `limit` bytes (413) or when it takes longer
+/// than `limits.client_body_timeout_secs` (408).
 async fn read_body(
+    limits: &crate::config::LimitsConfig,
     limit: u64,
     req: Request<Incoming>,
 ) -> Result<(http::request::Parts, Bytes), ApiError> {
@@ -380,7 +315,24 @@ async fn read_body(
         return Err(ApiError::too_large(limit));
     }
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
-    match Limited::new(body, limit_usize).collect().await {
+    let read = Limited::new(body, limit_usize).collect();
+    let read = match limits.client_body_timeout_secs.map(crate::config::duration) {
+        Some(t) => match tokio::time::timeout(t, read).await {
+            Ok(r) => r,
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    format!(
+                        "the request body did not arrive within {} s",
+                        t.as_secs_f64()
+                    ),
+                ));
+            }
+        },
+        None => read.await,
+    };
+    match read {
         Ok(c) => Ok((parts, c.to_bytes())),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(limit)),
         Err(e) => Err(ApiError::bad_request(format!(
@@ -501,7 +453,8 @@ async fn dispatch(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let (parts, body) = read_body(applied.config.limits.max_payload_size, req).await?;
+    let limits = &applied.config.limits;
+    let (parts, body) = read_body(limits, limits.max_payload_size, req).await?;
     if !generate {
         // A stored response's own endpoints go to the server that stored it.
         let pin = match crate::proxy::stored::id_in_path(&path) {

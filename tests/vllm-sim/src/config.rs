@@ -76,6 +76,10 @@ pub struct SimArgs {
     /// A failing request instead streams this many tokens, then its connection is cut.
     #[arg(long)]
     pub fail_after_tokens: Option<u32>,
+    /// With --fail-after-tokens: a failing stream stops after those tokens and holds its
+    /// connection open, sending nothing more (a stalled engine), instead of cutting it.
+    #[arg(long)]
+    pub fail_stall: bool,
     /// Seed for failure injection and generated tokens.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -105,6 +109,8 @@ pub struct FailConfig {
     pub rate: f64,
     pub status: http::StatusCode,
     pub after_tokens: Option<u32>,
+    /// Hold a failing stream open after `after_tokens` instead of cutting it.
+    pub stall: bool,
 }
 
 /// Validated configuration.
@@ -214,6 +220,7 @@ impl SimArgs {
                 rate: self.fail_rate,
                 status,
                 after_tokens: self.fail_after_tokens,
+                stall: self.fail_stall,
             },
             seed: self.seed,
             accept_nested_xargs: self.accept_nested_xargs,

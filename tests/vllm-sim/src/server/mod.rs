@@ -419,6 +419,7 @@ async fn generate(
             finished: false,
             buf: VecDeque::new(),
             cut: None,
+            stall: fail.stall,
             store: store.clone(),
         };
         let mut r = Response::new(

@@ -153,6 +153,8 @@ pub struct SseBody {
     /// connection drops when this timer fires, so a client reliably sees exactly `fail_after`
     /// tokens before the cut (an error right after a data frame can overtake its flush).
     pub cut: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// When the cut is due, hold the stream open and silent instead (`--fail-stall`).
+    pub stall: bool,
     /// Where a finished Responses API response is kept, when it is to be stored.
     pub store: Option<Arc<super::apis::ResponseStore>>,
 }
@@ -320,6 +322,8 @@ impl HttpBody for SseBody {
         }
         if let Some(t) = this.cut.as_mut() {
             return match t.as_mut().poll(cx) {
+                // A stall never wakes again: the stream stays open until the client leaves.
+                Poll::Ready(()) if this.stall => Poll::Pending,
                 Poll::Ready(()) => Poll::Ready(Some(Err(InjectedFailure(this.sent)))),
                 Poll::Pending => Poll::Pending,
             };

@@ -1,0 +1,135 @@
+//! One client connection from accept to close, and the count of a listener's open connections.
+//!
+//! Owns the bounds on a connection: the cap on open connections per listener (one more is
+//! closed as soon as it is accepted, and counted), the time to send the first bytes and each
+//! request's headers, HTTP/2 keep-alive pings, the idle timeout (no new request for that long
+//! closes the connection gracefully: requests in progress finish first) and the graceful close
+//! when the listener stops accepting. The drain waits for every connection of the listener.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpStream;
+
+use super::{Plane, handle};
+use crate::limit::Open;
+use crate::state::RouterState;
+
+/// How long an HTTP/2 keep-alive ping may go unanswered before the connection is closed.
+const PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Connections the peer listener holds at once (replicas keep a few pooled connections each).
+pub const MAX_PEER_CONNECTIONS: usize = 1024;
+
+/// When the last request of a connection arrived, in milliseconds since the connection opened.
+#[derive(Default)]
+struct Activity {
+    last_ms: AtomicU64,
+}
+
+/// Serves one accepted connection on `plane` until it closes; `open` is its place among the
+/// listener's connections, `hold` anything else held as long as the connection (a shard's
+/// share of connections).
+pub(super) async fn serve<H: Send + 'static>(
+    state: Arc<RouterState>,
+    stream: TcpStream,
+    plane: Plane,
+    open: Open,
+    hold: H,
+) {
+    crate::net::tune(&stream);
+    let remote = stream.peer_addr().ok().map(|a| a.ip());
+    // Read per connection, so a reload applies to the connections accepted after it.
+    let limits = state.applied.load().config.limits.clone();
+    let header_timeout = limits
+        .client_header_timeout_secs
+        .map(crate::config::duration);
+    if let Some(t) = header_timeout {
+        // The auto builder reads the first bytes to tell HTTP/1 from HTTP/2 before hyper's own
+        // header timer runs: a client that connects and sends nothing is bounded here (and let
+        // go when the listeners stop).
+        let mut first = [0u8; 1];
+        tokio::select! {
+            // `peek` waits for a byte without taking it (`readable` may wake early).
+            r = tokio::time::timeout(t, stream.peek(&mut first)) => if r.is_err() {
+                tracing::debug!("client sent nothing within the header timeout; closed");
+                return;
+            },
+            _ = state.accepting_stopped() => return,
+        }
+    }
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    if let Some(every) = limits
+        .http2_keep_alive_interval_secs
+        .map(crate::config::duration)
+    {
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(every)
+            .keep_alive_timeout(PING_TIMEOUT);
+    }
+    let idle = limits.client_idle_timeout_secs.map(crate::config::duration);
+    let opened = tokio::time::Instant::now();
+    let activity = Arc::new(Activity::default());
+    let seen = activity.clone();
+    let st = state.clone();
+    let svc = service_fn(move |req| {
+        if idle.is_some() {
+            let ms = u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+            seen.last_ms.store(ms, Ordering::Relaxed);
+        }
+        let st = st.clone();
+        async move { Ok::<_, Infallible>(handle(st, req, remote, plane).await) }
+    });
+    let conn = builder
+        .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+        .into_owned();
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "client connection ended with an error");
+                }
+                break;
+            }
+            _ = state.accepting_stopped(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            _ = idle_for(idle, opened, &activity), if !closing && idle.is_some() => {
+                tracing::debug!("client connection idle past the idle timeout; closing");
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
+    drop(hold);
+    drop(open);
+}
+
+/// Resolves once no request has arrived on the connection for `idle` (never without one).
+async fn idle_for(idle: Option<Duration>, opened: tokio::time::Instant, a: &Activity) {
+    let Some(idle) = idle else {
+        return std::future::pending().await;
+    };
+    loop {
+        let last = opened + Duration::from_millis(a.last_ms.load(Ordering::Relaxed));
+        let due = last + idle;
+        if tokio::time::Instant::now() >= due {
+            return;
+        }
+        tokio::time::sleep_until(due).await;
+    }
+}

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -239,11 +240,27 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
     };
 
     // This resource's router pods: Ready ones with an IP are the replicas that forward Programs
-    // to each other (`peers`), and each is asked for its `/status` below.
-    let router_pods = pods_api
-        .list(&ListParams::default().labels(&objects::router_pod_selector(ps)))
-        .await?
-        .items;
+    // to each other (`peers`), and each is asked for its `/status` below. A pod counts only
+    // through the ownership chain to the Deployment this resource owns (labels narrow the lists
+    // but never make a pod a router: anyone may label a pod).
+    let router_pods = {
+        let selector = ListParams::default().labels(&objects::router_pod_selector(ps));
+        let owned_deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
+            .get_opt(&objects::router_name(ps))
+            .await?
+            .filter(|d| crate::routers::controlled_by(&d.metadata, ps.metadata.uid.as_deref()));
+        match owned_deployment.and_then(|d| d.metadata.uid) {
+            None => Vec::new(),
+            Some(uid) => {
+                let sets = Api::<ReplicaSet>::namespaced(client.clone(), &ns)
+                    .list(&selector)
+                    .await?
+                    .items;
+                let pods = pods_api.list(&selector).await?.items;
+                crate::routers::owned_pods(pods, &sets, &uid)
+            }
+        }
+    };
     let peers: Vec<(String, String)> = router_pods
         .iter()
         .filter_map(|p| Some((p.metadata.name.clone()?, crate::routers::ready_ip(p)?)))
@@ -283,6 +300,18 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
                 ensure_peer_secret(ctx, ps, &ns).await?;
             }
             apply::<Deployment>(ctx, &ns, objects::deployment(ps, cfg)).await?;
+            let np_api: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+            if ps.spec.router.network_policy.enabled {
+                apply::<NetworkPolicy>(ctx, &ns, objects::network_policy(ps, cfg)).await?;
+            } else if let Some(np) = np_api.get_opt(&name).await?
+                && crate::routers::controlled_by(&np.metadata, ps.metadata.uid.as_deref())
+            {
+                np_api.delete(&name, &Default::default()).await?;
+                ctx.metrics
+                    .writes
+                    .with_label_values(&["NetworkPolicy", "delete"])
+                    .inc();
+            }
             (Some(file.hash), Some(file.settings))
         }
         Err(e) => {
@@ -482,7 +511,25 @@ where
     if let Some(live) = live
         && objects::applied_hash(live) == want
     {
-        return Ok(false);
+        // Applied as desired once; a hand edit (`kubectl set image`, `kubectl edit`) keeps the
+        // annotation, so ask the API server what an apply would store now (a dry run writes
+        // nothing) and write only when that differs from what is stored.
+        let would: K = api
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force().dry_run(),
+                &Patch::Apply(&desired),
+            )
+            .await?;
+        if objects::same_content(live, &would) {
+            return Ok(false);
+        }
+        tracing::info!(
+            kind = K::KIND,
+            namespace = ns,
+            name,
+            "changed by someone else; putting it back"
+        );
     }
     api.patch(
         name,

@@ -7,6 +7,7 @@
 //! validation; [`ProgramSchedulingParams::to_router`] converts.
 
 use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements, SecretKeySelector};
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -210,6 +211,9 @@ pub struct RouterSpec {
     #[serde(default = "d::replicas")]
     #[x_kube(validation = kube::core::Rule::new("self >= 0").message("router.replicas must not be negative"))]
     pub replicas: i32,
+    /// Router container resources. Absent: requests of 250m CPU and 256Mi memory and a 1Gi
+    /// memory limit (no CPU limit, which would throttle the proxy), so router pods are never
+    /// BestEffort; given: used as is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     #[serde(default = "d::port")]
@@ -267,6 +271,39 @@ pub struct RouterSpec {
     /// holds its KV. `false`: a moved Program is bound afresh by its new owner.
     #[serde(default = "d::peer_hand_over")]
     pub peer_hand_over: bool,
+    /// The NetworkPolicy over this resource's router pods (`<name>-router`): the peer port only
+    /// from the same resource's router pods, the metrics port only from `metricsFrom`, the API
+    /// port from `apiFrom`. It holds only where the cluster's network plugin enforces
+    /// NetworkPolicies.
+    #[serde(default)]
+    pub network_policy: NetworkPolicySpec,
+}
+
+/// `router.networkPolicy`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    /// Render the NetworkPolicy (default true); false deletes one rendered before.
+    #[serde(default = "d::network_policy_enabled")]
+    pub enabled: bool,
+    /// Who may reach the API port (NetworkPolicy peers). Absent: anyone, in the cluster or not
+    /// (clients still need a key when keys are configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_from: Option<Vec<NetworkPolicyPeer>>,
+    /// Who may reach the metrics port (NetworkPolicy peers, e.g. the monitoring namespace).
+    /// Absent: any pod of the cluster, nothing from outside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_from: Option<Vec<NetworkPolicyPeer>>,
+}
+
+impl Default for NetworkPolicySpec {
+    fn default() -> Self {
+        NetworkPolicySpec {
+            enabled: d::network_policy_enabled(),
+            api_from: None,
+            metrics_from: None,
+        }
+    }
 }
 
 /// Defaults of [`RouterSpec`], per field so that a partial `router:` is complete.
@@ -301,6 +338,9 @@ mod d {
     pub fn peer_hand_over() -> bool {
         true
     }
+    pub fn network_policy_enabled() -> bool {
+        true
+    }
 }
 
 impl Default for RouterSpec {
@@ -321,6 +361,7 @@ impl Default for RouterSpec {
             peer_forwarding: d::peer_forwarding(),
             peer_port: d::peer_port(),
             peer_hand_over: d::peer_hand_over(),
+            network_policy: NetworkPolicySpec::default(),
         }
     }
 }

@@ -118,6 +118,25 @@ pub fn applied_hash<K: Resource>(obj: &K) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// Whether two versions of an object hold the same content: everything but the bookkeeping the
+/// API server changes on every write (`resourceVersion`, `generation`, `managedFields`) and the
+/// `status` controllers write.
+pub fn same_content<K: serde::Serialize>(a: &K, b: &K) -> bool {
+    let content = |k: &K| {
+        let mut v = serde_json::to_value(k).unwrap_or_default();
+        if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            for f in ["resourceVersion", "generation", "managedFields"] {
+                m.remove(f);
+            }
+        }
+        if let Some(o) = v.as_object_mut() {
+            o.remove("status");
+        }
+        v
+    };
+    content(a) == content(b)
+}
+
 /// The desired content of one owned kind.
 pub trait Owned: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned {
     const KIND: &'static str;
@@ -133,6 +152,9 @@ impl Owned for Deployment {
 }
 impl Owned for Service {
     const KIND: &'static str = "Service";
+}
+impl Owned for k8s_openapi::api::networking::v1::NetworkPolicy {
+    const KIND: &'static str = "NetworkPolicy";
 }
 impl Owned for PodDisruptionBudget {
     const KIND: &'static str = "PodDisruptionBudget";
@@ -265,9 +287,10 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
         },
         "volumeMounts": mounts,
     });
-    if let Some(res) = &r.resources {
-        container["resources"] = json!(res);
-    }
+    container["resources"] = match &r.resources {
+        Some(res) => json!(res),
+        None => default_resources(),
+    };
     let mut pod_security = json!({
         "runAsNonRoot": true,
         "runAsUser": 65532,
@@ -308,6 +331,16 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
     }))
 }
 
+/// Router container resources when the spec gives none: Burstable, never BestEffort (the first
+/// evicted); memory bounded by the router's own limits (64 MiB bodies, 10,000 connections),
+/// no CPU limit (throttling a proxy adds latency to every stream).
+fn default_resources() -> Value {
+    json!({
+        "requests": { "cpu": "250m", "memory": "256Mi" },
+        "limits": { "memory": "1Gi" },
+    })
+}
+
 /// The router pod's termination grace: its shutdown delay and drain, plus 10 s, so that the
 /// router ends the drain itself (answering what waits in its queues) before the kubelet's
 /// SIGKILL.
@@ -330,6 +363,43 @@ pub fn service(ps: &ProgramScheduling) -> Value {
                 { "name": "http", "port": r.port, "targetPort": "http", "protocol": "TCP" },
                 { "name": "metrics", "port": r.metrics_port, "targetPort": "metrics", "protocol": "TCP" },
             ],
+        },
+    }))
+}
+
+/// The NetworkPolicy over this resource's router pods, for `config`: the API port from
+/// `router.networkPolicy.apiFrom` (anyone when absent), the metrics port from `metricsFrom` (any
+/// pod of the cluster when absent), the peer port only from the resource's own router pods, and
+/// nothing else.
+pub fn network_policy(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
+    let np = &ps.spec.router.network_policy;
+    let port = |p: u16| json!([{ "port": p, "protocol": "TCP" }]);
+    let mut api = json!({ "ports": port(config.port) });
+    if let Some(from) = &np.api_from {
+        api["from"] = json!(from);
+    }
+    let metrics_from = match &np.metrics_from {
+        Some(from) => json!(from),
+        None => json!([{ "namespaceSelector": {} }]),
+    };
+    let mut ingress = vec![api];
+    if let Some(p) = config.prometheus_port {
+        ingress.push(json!({ "ports": port(p), "from": metrics_from }));
+    }
+    if let Some(p) = config.peer_port {
+        ingress.push(json!({
+            "ports": port(p),
+            "from": [{ "podSelector": { "matchLabels": selector_labels(ps) } }],
+        }));
+    }
+    stamped(json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta(ps),
+        "spec": {
+            "podSelector": { "matchLabels": selector_labels(ps) },
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
         },
     }))
 }
@@ -378,6 +448,7 @@ mod tests {
     use super::*;
     use crate::crd::{ProgramSchedulingSpec, RouterSpec};
     use k8s_openapi::api::core::v1::SecretKeySelector;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     fn ps(router: RouterSpec) -> ProgramScheduling {
         let mut p = ProgramScheduling::new(
@@ -634,6 +705,105 @@ mod tests {
             !text.contains("peer-secret") && !text.contains("\"peer\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_network_policy_opens_each_port_to_its_callers_only() {
+        use k8s_openapi::api::networking::v1::NetworkPolicy;
+        let p = ps(RouterSpec::default());
+        let cfg = crate::render::render(&p.spec, Vec::new(), &[]).expect("renders");
+        let np: NetworkPolicy = typed(network_policy(&p, &cfg));
+        let spec = np.spec.expect("spec");
+        assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+        let routers = spec
+            .pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .expect("labels");
+        assert_eq!(routers["app.kubernetes.io/instance"], "agents");
+        let rules = spec.ingress.expect("rules");
+        let port_of = |r: &k8s_openapi::api::networking::v1::NetworkPolicyIngressRule| {
+            serde_json::to_value(&r.ports.as_ref().expect("ports")[0].port).expect("port")
+        };
+        let ports: Vec<Value> = rules.iter().map(port_of).collect();
+        assert_eq!(
+            ports,
+            [json!(8080), json!(9090), json!(8081)],
+            "api, metrics, peer"
+        );
+        assert!(rules[0].from.is_none(), "the API port: anyone by default");
+        let metrics = rules[1].from.as_ref().expect("metrics sources");
+        assert_eq!(
+            serde_json::to_value(metrics).expect("json"),
+            json!([{ "namespaceSelector": {} }]),
+            "any pod of the cluster, nothing outside it"
+        );
+        let peer = rules[2].from.as_ref().expect("peer sources");
+        assert_eq!(
+            peer[0]
+                .pod_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.clone()),
+            Some(routers),
+            "the peer port: the resource's own router pods only"
+        );
+        assert!(peer[0].namespace_selector.is_none(), "in its namespace");
+
+        let mut narrowed = RouterSpec::default();
+        let gateway: k8s_openapi::api::networking::v1::NetworkPolicyPeer =
+            serde_json::from_value(json!({"namespaceSelector": {"matchLabels": {"name": "gw"}}}))
+                .expect("peer");
+        narrowed.network_policy.api_from = Some(vec![gateway.clone()]);
+        narrowed.peer_forwarding = false;
+        let p = ps(narrowed);
+        let cfg = crate::render::render(&p.spec, Vec::new(), &[]).expect("renders");
+        let np: NetworkPolicy = typed(network_policy(&p, &cfg));
+        let rules = np.spec.expect("spec").ingress.expect("rules");
+        assert_eq!(rules.len(), 2, "no peer listener, no peer rule");
+        assert_eq!(rules[0].from, Some(vec![gateway]));
+    }
+
+    #[test]
+    fn content_ignores_only_the_servers_bookkeeping() {
+        let p = ps(RouterSpec::default());
+        let cfg = RouterConfig::default();
+        let a: Deployment = typed(deployment(&p, &cfg));
+        let mut b = a.clone();
+        b.metadata.resource_version = Some("42".into());
+        b.metadata.generation = Some(7);
+        b.status = Some(Default::default());
+        assert!(same_content(&a, &b));
+        let mut edited = a.clone();
+        if let Some(spec) = edited.spec.template.spec.as_mut() {
+            spec.containers[0].image = Some("evil:latest".into());
+        }
+        assert!(!same_content(&a, &edited), "kubectl set image is drift");
+    }
+
+    #[test]
+    fn router_pods_get_default_resources_unless_the_spec_gives_some() {
+        let resources = |p: &ProgramScheduling| {
+            let cfg = crate::render::render(&p.spec, Vec::new(), &[]).expect("renders");
+            let d: Deployment = typed(deployment(p, &cfg));
+            let pod = d.spec.template.spec.expect("pod");
+            pod.containers[0].resources.clone().expect("resources")
+        };
+        let default = resources(&ps(RouterSpec::default()));
+        let requests = default.requests.expect("requests");
+        assert_eq!(requests["cpu"].0, "250m");
+        assert_eq!(requests["memory"].0, "256Mi");
+        let limits = default.limits.expect("limits");
+        assert_eq!(limits["memory"].0, "1Gi");
+        assert!(!limits.contains_key("cpu"), "no CPU throttling");
+        let mine = k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: Some([("cpu".to_string(), Quantity("2".into()))].into()),
+            ..Default::default()
+        };
+        let given = resources(&ps(RouterSpec {
+            resources: Some(mine.clone()),
+            ..Default::default()
+        }));
+        assert_eq!(given, mine, "used as is");
     }
 
     #[test]

@@ -41,6 +41,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch]
+# Router pods are recognised through Deployment -> ReplicaSet -> Pod ownership, never by labels.
+- apiGroups: [apps]
+  resources: [replicasets]
+  verbs: [list]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, create, patch]

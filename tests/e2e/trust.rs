@@ -1,0 +1,191 @@
+//! The operator's trust boundaries against a real control plane: the peer Secret and the
+//! NetworkPolicy it owns (server-side applied and stored by the API server), router pods known
+//! by ownership rather than labels, and owned objects changed by hand put back within a resync.
+
+mod harness;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use harness::kubelet::Kubelet;
+use harness::{ControlPlane, Operator, Scratch, free_port, wait_for};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, Patch, PatchParams};
+use program_operator::crd::ProgramScheduling;
+
+fn run<F: std::future::Future<Output = ()>>(f: F) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f);
+}
+
+/// The members of the rendered router config, by name.
+async fn members(cms: &Api<ConfigMap>) -> Option<Vec<String>> {
+    let cm = cms.get("fleet-router").await.ok()?;
+    let cfg: program_router::config::RouterConfig =
+        serde_json::from_str(cm.data?.get("config.json")?).ok()?;
+    Some(cfg.peers?.members.into_iter().map(|m| m.name).collect())
+}
+
+#[test]
+fn the_operator_owns_the_peer_secret_and_network_policy_trusts_no_label_and_undoes_hand_edits() {
+    run(async {
+        let cp = ControlPlane::start();
+        cp.install_crds();
+        let client = cp.client().await;
+        let ns = "trust";
+        cp.namespace(&client, ns).await;
+        let scratch = Scratch::new("trust");
+        let kubelet = Kubelet::new(client.clone(), ns, scratch.0.clone());
+        let _routers = kubelet.run_routers();
+        let worker_port = free_port();
+        let labels = BTreeMap::from([("app".to_string(), "vllm".to_string())]);
+        kubelet
+            .add_worker("vllm-0", labels, worker_port, 2, 0)
+            .await;
+        let op = Operator::start(&cp, &scratch.0, &["--namespace", ns]);
+        let (manifest, _) =
+            harness::fleet_manifest(ns, worker_port, 2, "  programScheduling: {}\n");
+        cp.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))
+            .expect_ok("apply ProgramScheduling");
+        let api: Api<ProgramScheduling> = Api::namespaced(client.clone(), ns);
+        let ps = wait_for(Duration::from_secs(90), || async {
+            let ps = api.get("fleet").await.ok()?;
+            (ps.status.as_ref()?.ready_routers == Some(2)).then_some(ps)
+        })
+        .await
+        .unwrap_or_else(|| panic!("two routers not ready:\n{}", op.log_tail()));
+        let uid = ps.metadata.uid.clone().expect("uid");
+        let controlled =
+            |refs: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>| {
+                refs.into_iter()
+                    .flatten()
+                    .any(|r| r.uid == uid && r.controller == Some(true))
+            };
+
+        // The peer secret: created once, owned by the resource, 64 hex digits.
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+        let secret = secrets.get("fleet-router-peer").await.expect("peer Secret");
+        assert!(controlled(secret.metadata.owner_references.clone()));
+        let value = secret.data.expect("data")["secret"].0.clone();
+        assert_eq!(value.len(), 64);
+
+        // The NetworkPolicy, as the API server stored it: the peer port from router pods only.
+        let nps: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+        let np = nps.get("fleet-router").await.expect("NetworkPolicy");
+        assert!(controlled(np.metadata.owner_references.clone()));
+        let rules = np.spec.expect("spec").ingress.expect("ingress");
+        let peer_rule = rules
+            .iter()
+            .find(|r| {
+                r.ports
+                    .iter()
+                    .flatten()
+                    .any(|p| serde_json::to_value(&p.port).ok() == Some(serde_json::json!(8081)))
+            })
+            .expect("a rule for the peer port");
+        let from = peer_rule.from.as_ref().expect("sources");
+        assert_eq!(from.len(), 1);
+        let sel = from[0].pod_selector.as_ref().expect("router pods");
+        assert_eq!(
+            sel.match_labels.as_ref().expect("labels")["app.kubernetes.io/instance"],
+            "fleet"
+        );
+
+        // A pod labelled like a router, Ready with an IP, is not a router: the member list
+        // stays the two pods the Deployment runs.
+        let impostor = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: impostor\n  namespace: trust\n  \
+            labels: {app.kubernetes.io/name: program-router, app.kubernetes.io/instance: fleet, \
+            app.kubernetes.io/component: router}\nspec:\n  containers: [{name: c, image: x}]\n";
+        cp.kubectl_stdin(&["apply", "-f", "-"], Some(impostor))
+            .expect_ok("impostor pod");
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let status = serde_json::json!({"status": {"podIP": "127.0.0.250",
+            "conditions": [{"type": "Ready", "status": "True"}]}});
+        pods.patch_status("impostor", &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("impostor Ready");
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let before = members(&cms).await.expect("members");
+        assert_eq!(before.len(), 2);
+        // Several reconciles (pod events trigger them at once).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let after = members(&cms).await.expect("members");
+        assert_eq!(after, before, "the impostor never becomes a peer");
+        assert!(!after.iter().any(|m| m == "impostor"));
+        let ps = api.get("fleet").await.expect("get");
+        assert_eq!(ps.status.expect("status").ready_routers, Some(2));
+
+        // `kubectl set image` on the router Deployment is put back.
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+        let image = |d: &Deployment| {
+            d.spec
+                .template
+                .spec
+                .as_ref()
+                .and_then(|p| p.containers[0].image.clone())
+        };
+        let want = image(&deployments.get("fleet-router").await.expect("deployment"));
+        cp.kubectl(&[
+            "-n",
+            ns,
+            "set",
+            "image",
+            "deployment/fleet-router",
+            "router=evil:1",
+        ])
+        .expect_ok("set image");
+        let restored = wait_for(Duration::from_secs(60), || async {
+            let d = deployments.get("fleet-router").await.ok()?;
+            (image(&d) == want).then_some(())
+        })
+        .await;
+        assert!(restored.is_some(), "image put back:\n{}", op.log_tail());
+
+        // An edit of the ConfigMap is put back (the member list numbered anew: the routers may
+        // have read the edited file, so the restored list must count as newer).
+        let settings = |cm: &ConfigMap| -> Option<program_router::config::RouterConfig> {
+            let mut cfg: program_router::config::RouterConfig =
+                serde_json::from_str(cm.data.as_ref()?.get("config.json")?).ok()?;
+            if let Some(p) = cfg.peers.as_mut() {
+                p.revision = None;
+            }
+            Some(cfg)
+        };
+        let want = settings(&cms.get("fleet-router").await.expect("cm")).expect("config");
+        let edit = serde_json::json!({"data": {"config.json": "{}"}});
+        cms.patch(
+            "fleet-router",
+            &PatchParams::default(),
+            &Patch::Merge(&edit),
+        )
+        .await
+        .expect("edit");
+        let restored = wait_for(Duration::from_secs(60), || async {
+            let cm = cms.get("fleet-router").await.ok()?;
+            (settings(&cm).as_ref() == Some(&want)).then_some(())
+        })
+        .await;
+        assert!(restored.is_some(), "config put back:\n{}", op.log_tail());
+
+        // Turned off, the NetworkPolicy goes.
+        let off = serde_json::json!({"spec": {"router": {"networkPolicy": {"enabled": false}}}});
+        api.patch("fleet", &PatchParams::default(), &Patch::Merge(&off))
+            .await
+            .expect("turn off");
+        let gone = wait_for(Duration::from_secs(30), || async {
+            nps.get_opt("fleet-router")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        assert!(gone.is_some(), "NetworkPolicy deleted:\n{}", op.log_tail());
+    });
+}

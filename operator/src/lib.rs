@@ -10,6 +10,7 @@ pub mod conditions;
 pub mod controller;
 pub mod crd;
 pub mod discover;
+pub mod fence;
 pub mod objects;
 pub mod render;
 pub mod routers;

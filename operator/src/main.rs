@@ -122,11 +122,15 @@ async fn run(cli: Cli) -> Result<(), String> {
         .lease_namespace
         .clone()
         .ok_or("--leader-elect needs --lease-namespace (or POD_NAMESPACE)")?;
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client.clone(), &lease_ns);
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &cli.lease_name)
         .with_namespace(&lease_ns)
         .with_identity(&me)
         .with_duration(cli.lease_duration_secs.max(5))
-        .with_grace((cli.lease_duration_secs / 3).max(2))
+        // Renewed at half its life, so a renewal has time to land before the fence (which
+        // stops the leader 3 s before expiry) gives up on it.
+        .with_grace((cli.lease_duration_secs / 2).max(2))
         .build()
         .await
         .map_err(|e| format!("leader election: {e}"))?;
@@ -153,18 +157,28 @@ async fn run(cli: Cli) -> Result<(), String> {
     let ctl = tokio::spawn(controller::run_all(ctx, scopes, async move {
         let _ = stop_rx.await;
     }));
+    // The lease manager never says the lease is lost while the API server is unreachable:
+    // the fence stops this replica before a standby can take over.
+    let fence = program_operator::fence::lost(leases, cli.lease_name.clone(), me.clone());
+    tokio::pin!(fence);
     let lost = loop {
         tokio::select! {
             r = leading.changed() => match r {
                 Ok(()) if *leading.borrow_and_update() => continue,
                 _ => break true,
             },
+            _ = &mut fence => break true,
             _ = &mut shutdown => break false,
         }
     };
     metrics.leader.set(0);
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), ctl).await;
+    if lost {
+        // No reconcile in flight may finish a write now: another replica may act soon.
+        ctl.abort();
+    } else {
+        let _ = stop_tx.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), ctl).await;
+    }
     drop(leading);
     if let Ok(Ok(Ok(m))) = tokio::time::timeout(Duration::from_secs(5), task).await {
         let _ = m.release().await;

@@ -15,13 +15,48 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, Patch, PatchParams};
 use program_operator::crd::ProgramScheduling;
 
+/// One control plane at a time (two machines' worth of cores would be needed otherwise).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn run<F: std::future::Future<Output = ()>>(f: F) {
+    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime")
         .block_on(f);
+}
+
+/// A TCP relay on a loopback port to `target` (`host:port`); sending `true` on the returned
+/// channel stops it accepting and cuts every connection through it (a network partition).
+async fn relay(target: String) -> (u16, tokio::sync::watch::Sender<bool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (cut, cut_rx) = tokio::sync::watch::channel(false);
+    let mut stop = cut_rx.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut inbound, _) = tokio::select! {
+                a = listener.accept() => match a { Ok(a) => a, Err(_) => return },
+                _ = stop.changed() => return,
+            };
+            let target = target.clone();
+            let mut cut = cut_rx.clone();
+            tokio::spawn(async move {
+                let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                    _ = cut.changed() => {}
+                }
+            });
+        }
+    });
+    (port, cut)
 }
 
 /// The members of the rendered router config, by name.
@@ -187,5 +222,82 @@ fn the_operator_owns_the_peer_secret_and_network_policy_trusts_no_label_and_undo
         })
         .await;
         assert!(gone.is_some(), "NetworkPolicy deleted:\n{}", op.log_tail());
+    });
+}
+
+#[test]
+fn a_leader_cut_off_from_the_api_server_stops_before_the_standby_takes_over() {
+    run(async {
+        let cp = ControlPlane::start();
+        cp.install_crds();
+        let scratch = Scratch::new("fence");
+        // Operator A reaches the API server only through a relay that the test can cut.
+        let target = cp
+            .server
+            .trim_start_matches("https://")
+            .trim_end_matches('/')
+            .to_string();
+        let (port, cut) = relay(target.clone()).await;
+        let kubeconfig = std::fs::read_to_string(&cp.kubeconfig)
+            .expect("kubeconfig")
+            .replace(&target, &format!("127.0.0.1:{port}"));
+        let relayed = scratch.0.join("relayed.kubeconfig");
+        std::fs::write(&relayed, kubeconfig).expect("write");
+        let args = [
+            "--leader-elect",
+            "--lease-namespace",
+            "default",
+            "--lease-duration-secs",
+            "6",
+        ];
+        let mut a = Operator::start_as(
+            &relayed,
+            &[],
+            &scratch.0,
+            &[&args[..], &["--identity", "op-a"]].concat(),
+        );
+        let leads = wait_for(Duration::from_secs(30), || async {
+            (a.counter("program_operator_leader").await == 1.0).then_some(())
+        })
+        .await;
+        assert!(leads.is_some(), "A leads:\n{}", a.log_tail());
+        let b = Operator::start(
+            &cp,
+            &scratch.0,
+            &[&args[..], &["--identity", "op-b"]].concat(),
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            b.counter("program_operator_leader").await,
+            0.0,
+            "B stands by"
+        );
+
+        let t0 = std::time::Instant::now();
+        let _ = cut.send(true);
+        // A stops on its own (it exits so that its pod restarts as a standby) ...
+        let a_stopped = wait_for(Duration::from_secs(30), || {
+            let stopped = a.exited();
+            async move { stopped.then(|| t0.elapsed()) }
+        })
+        .await
+        .unwrap_or_else(|| panic!("A kept leading while cut off:\n{}", a.log_tail()));
+        // ... and B takes over only after that.
+        let b_leads = wait_for(Duration::from_secs(30), || async {
+            (b.counter("program_operator_leader").await == 1.0).then(|| t0.elapsed())
+        })
+        .await
+        .unwrap_or_else(|| panic!("B took over:\n{}", b.log_tail()));
+        eprintln!(
+            "cut-off leader stopped after {:.1} s, standby led after {:.1} s",
+            a_stopped.as_secs_f64(),
+            b_leads.as_secs_f64()
+        );
+        assert!(a_stopped < b_leads, "{a_stopped:?} vs {b_leads:?}");
+        assert!(
+            a.log_tail().contains("not renewed in time"),
+            "{}",
+            a.log_tail()
+        );
     });
 }

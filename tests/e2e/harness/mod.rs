@@ -329,6 +329,11 @@ impl Operator {
         let _ = self.child.wait();
     }
 
+    /// Whether the process has exited (on its own: `stop` consumes it).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     pub fn log_tail(&self) -> String {
         let s = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = s.lines().collect();

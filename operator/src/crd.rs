@@ -439,6 +439,14 @@ pub struct ProgramSchedulingParams {
     /// (0 = the spec's impact).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("missImpactBacklogWeight must be >= 0"))]
     pub miss_impact_backlog_weight: Option<f64>,
+    /// Extension: requests that may wait in each router's RequestPool at once; one more gets
+    /// 429 `request_pool_full` (default 10000).
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxRetainedRequests must be at least 1"))]
+    pub max_retained_requests: Option<i64>,
+    /// Extension: Programs each router holds at once; a new one takes the place of the idle
+    /// Program that waited longest, else gets 429 `program_capacity` (default 100000).
+    #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxPrograms must be at least 1"))]
+    pub max_programs: Option<i64>,
     pub prefill_cost_model: Option<PrefillCostModelParams>,
     pub decode_throughput_model: Option<DecodeThroughputModelParams>,
 }

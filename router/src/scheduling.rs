@@ -40,6 +40,7 @@ pub struct ProgramMetrics {
     admission_used_ratio: Histogram,
     shared_prefix: HistogramVec,
     coefficient: Gauge,
+    shed: IntCounterVec,
 }
 
 const TOKENS: &[f64] = &[
@@ -80,6 +81,16 @@ impl ProgramMetrics {
                     "Requests retained in the RequestPool per rank."
                 ),
                 &["target"]
+            )?),
+            shed: reg!(IntCounterVec::new(
+                Opts::new(
+                    "program_router_program_scheduling_shed_total",
+                    "What Program scheduling's bounds shed, by reason: requests refused because \
+                     the RequestPool held max_retained_requests (request_pool_full) or \
+                     max_programs Programs were held and none was idle (programs_full), and idle \
+                     Programs forgotten to make room for a new one (program_evicted)."
+                ),
+                &["reason"]
             )?),
             active_programs: reg!(IntGaugeVec::new(
                 Opts::new(
@@ -222,6 +233,10 @@ pub enum Placement {
     QueueTimeout,
     /// No target is configured.
     NoTarget,
+    /// The RequestPool is full (`max_retained_requests`).
+    PoolFull,
+    /// `max_programs` Programs are held, none idle.
+    ProgramsFull,
 }
 
 /// How a request was admitted.
@@ -358,6 +373,8 @@ impl ProgramRuntime {
                     match reason {
                         RejectReason::QueueTimeout => Placement::QueueTimeout,
                         RejectReason::NoTarget => Placement::NoTarget,
+                        RejectReason::PoolFull => Placement::PoolFull,
+                        RejectReason::ProgramsFull => Placement::ProgramsFull,
                     },
                 ),
             };
@@ -413,6 +430,10 @@ impl ProgramRuntime {
             } => {
                 m.armed_ttl.observe(seconds);
                 tracing::debug!(event = "ttl_armed", program = %program, target = %id(rank), seconds);
+            }
+            Note::Shed { reason } => {
+                m.shed.with_label_values(&[reason]).inc();
+                tracing::debug!(event = "program_scheduling_shed", reason);
             }
             Note::IdleFinish { program, rank } => {
                 m.transitions.with_label_values(&["idle_finish"]).inc();

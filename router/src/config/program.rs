@@ -189,6 +189,14 @@ pub struct ProgramSchedulingConfig {
     /// the rank's active Programs, at least 1): a re-prefill there delays what waits behind it.
     /// 0 = the spec's impact.
     pub miss_impact_backlog_weight: f64,
+    /// Extension: requests that may wait in the RequestPool at once; one more is refused with
+    /// 429 `request_pool_full` (each holds its body in memory while it waits).
+    pub max_retained_requests: u32,
+    /// Extension: Programs the scheduler holds at once (client-chosen ids, kept for the paused
+    /// retention). A new Program beyond it takes the place of the idle Program that waited
+    /// longest; with none idle it is refused with 429 `program_capacity`. Hand-overs from
+    /// other replicas obey it too.
+    pub max_programs: u32,
     pub prefill_cost_model: PrefillCostModel,
     pub decode_throughput_model: DecodeThroughputModel,
 }
@@ -229,6 +237,8 @@ impl Default for ProgramSchedulingConfig {
             force_resume_workload_factor: 0.0,
             finished_idle_ratio: 1.0,
             miss_impact_backlog_weight: 1.0,
+            max_retained_requests: 10_000,
+            max_programs: 100_000,
             prefill_cost_model: PrefillCostModel::default(),
             decode_throughput_model: DecodeThroughputModel::default(),
         }
@@ -276,6 +286,12 @@ impl ProgramSchedulingConfig {
         }
         if self.max_active_programs_per_target == 0 {
             return Err(err("max_active_programs_per_target", "must be >= 1"));
+        }
+        if self.max_retained_requests == 0 {
+            return Err(err("max_retained_requests", "must be >= 1"));
+        }
+        if self.max_programs == 0 {
+            return Err(err("max_programs", "must be >= 1"));
         }
         finite_min(
             "metrics_interval_seconds",

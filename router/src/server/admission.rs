@@ -177,5 +177,23 @@ pub(super) async fn program_admission(
         Placement::Target(id) => Ok((Some(id), Some(ticket))),
         Placement::QueueTimeout => Err(queue_timeout()),
         Placement::NoTarget => Err(ApiError::no_target()),
+        Placement::PoolFull => Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "request_pool_full",
+            format!(
+                "the RequestPool already holds {} waiting requests; retry shortly",
+                ps.max_retained_requests
+            ),
+        )
+        .retry_after(1)),
+        Placement::ProgramsFull => Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "program_capacity",
+            format!(
+                "the router holds {} Programs and none is idle; retry shortly",
+                ps.max_programs
+            ),
+        )
+        .retry_after(1)),
     }
 }

@@ -67,7 +67,7 @@ impl Scheduler {
             let Some(rank) = self.ranks.iter().position(|r| r.id == h.target) else {
                 continue;
             };
-            if self.index.contains_key(&key) {
+            if self.index.contains_key(&key) || !self.make_room() {
                 continue;
             }
             let identity = Identity {

@@ -149,7 +149,7 @@ impl Scheduler {
             rounds: 0,
             yielded: false,
             pause_on_complete: false,
-            timer_gen: 0,
+            timer_gen: self.retired_gen + 1,
             identity,
             armed_ttl: 0.0,
             shared_prefix: 0,
@@ -211,9 +211,34 @@ impl Scheduler {
         }
     }
 
+    /// Whether one more Program fits under `max_programs`: at the cap, the idle Program that
+    /// has waited longest is forgotten to make room (`false` when none is idle).
+    pub(super) fn make_room(&mut self) -> bool {
+        if self.index.len() < self.cfg.max_programs as usize {
+            return true;
+        }
+        let oldest = self
+            .programs
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, p)| p.as_ref().map(|p| (slot, p)))
+            .filter(|(_, p)| self.is_idle(p))
+            .min_by(|a, b| a.1.last_activity.total_cmp(&b.1.last_activity))
+            .map(|(slot, _)| slot);
+        let Some(slot) = oldest else {
+            return false;
+        };
+        self.remove_program(slot);
+        self.notes.push(Note::Shed {
+            reason: "program_evicted",
+        });
+        true
+    }
+
     /// Forgets the Program in `slot` (its ledger entries are the caller's); its rank.
     pub(super) fn remove_program(&mut self, slot: usize) -> Rank {
         let p = self.programs[slot].take().expect("live program slot");
+        self.retired_gen = self.retired_gen.max(p.timer_gen);
         let r = &mut self.ranks[p.rank];
         r.members.remove(&slot);
         if p.finished {

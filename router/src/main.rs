@@ -120,7 +120,11 @@ async fn main() -> ExitCode {
         "program-router listening"
     );
     println!("listening on http://{}", bound.api_addr);
-    bound.serve(shutdown_signal()).await;
+    if let Err(e) = bound.serve(shutdown_signal()).await {
+        eprintln!("program-router: stopped after an internal error: {e}");
+        // EX_SOFTWARE: the orchestrator restarts it with fresh state.
+        return ExitCode::from(70);
+    }
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }

@@ -77,7 +77,9 @@ pub async fn bind(config: RouterConfig, flags: Flags) -> std::io::Result<Bound> 
 
 impl Bound {
     /// Serves until `shutdown` resolves, then drains in-flight requests and stops everything.
-    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+    /// An internal failure ([`RouterState::fail`]) shuts down the same way and is returned, so
+    /// that the process exits non-zero and is restarted.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
         let state = self.state;
         tokio::spawn(health_loop(state.clone()));
         if let Some(rt) = state.applied.load().program.clone() {
@@ -123,11 +125,70 @@ impl Bound {
             .peer
             .map(|(listener, _)| tokio::spawn(crate::server::serve_peers(state.clone(), listener)));
         let io_threads = state.applied.load().config.resolved_io_threads();
+        let st = state.clone();
+        let shutdown = async move {
+            tokio::select! {
+                _ = shutdown => {}
+                _ = st.failed() => {}
+            }
+        };
         crate::server::serve_api(state.clone(), self.api, shutdown, io_threads).await;
         // The peer listener stopped accepting with the API one and drains to the same deadline.
         if let Some(p) = peer_plane {
             let _ = p.await;
         }
         state.stop();
+        match state.failure() {
+            Some(what) => Err(what.to_string()),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ProgramSchedulingConfig, WorkerConfig};
+
+    #[tokio::test]
+    async fn a_panic_in_the_scheduler_fails_its_request_and_stops_the_router() {
+        let sim = vllm_sim::server::spawn_with_flags(&["--instant"], Duration::from_secs(5))
+            .await
+            .expect("simulator");
+        let config = RouterConfig {
+            port: 0,
+            prometheus_port: None,
+            workers: vec![WorkerConfig {
+                url: sim.base(),
+                dp_rank: None,
+            }],
+            program_scheduling: Some(ProgramSchedulingConfig::default()),
+            ..Default::default()
+        };
+        let bound = bind(config, Flags::default()).await.expect("bind");
+        let (addr, state) = (bound.api_addr, bound.state.clone());
+        let served = tokio::spawn(bound.serve(std::future::pending()));
+        let rt = state
+            .applied
+            .load()
+            .program
+            .clone()
+            .expect("Program scheduling");
+        rt.poison();
+        let body = serde_json::json!({"model": "sim-model", "max_tokens": 1,
+            "messages": [{"role": "user", "content": "hi"}],
+            "vllm_xargs": {"agentic_context": {"program_id": "p"}}})
+        .to_string();
+        let c = testkit::client();
+        let resp = testkit::post(&c, &format!("http://{addr}/v1/chat/completions"), &body).await;
+        assert_eq!(resp.status, 500, "{}", resp.text());
+        assert_eq!(resp.json()["error"]["code"], "internal_error");
+        assert!(!crate::server::status::ready(&state), "not ready any more");
+        let ended = tokio::time::timeout(Duration::from_secs(20), served)
+            .await
+            .expect("the router stops by itself")
+            .expect("task");
+        let why = ended.expect_err("stopped on the failure");
+        assert!(why.contains("half-updated"), "{why}");
     }
 }

@@ -343,8 +343,31 @@ impl ProgramRuntime {
         true
     }
 
+    /// The scheduler's state. One left poisoned by a panic is never used again: the caller
+    /// panics too, and the HTTP front answers 500 and stops the router ([`RouterState::fail`]).
+    ///
+    /// [`RouterState::fail`]: crate::state::RouterState::fail
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        match self.inner.lock() {
+            Ok(g) => g,
+            // Already unwinding (a ticket dropped by the failed request): finish quietly, the
+            // state is discarded with the router.
+            Err(poisoned) if std::thread::panicking() => poisoned.into_inner(),
+            Err(_) => panic!("the Program scheduler's state was left half-updated by a panic"),
+        }
+    }
+
+    /// Leaves the scheduler's lock poisoned, as a panic while holding it would.
+    #[cfg(test)]
+    pub(crate) fn poison(&self) {
+        std::thread::scope(|s| {
+            let _ = s
+                .spawn(|| {
+                    let _held = self.inner.lock();
+                    panic!("a test poisons the scheduler");
+                })
+                .join();
+        });
     }
 
     fn now(&self) -> f64 {

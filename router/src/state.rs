@@ -160,6 +160,9 @@ pub struct RouterState {
     pub client_dir: ArcSwapOption<crate::auth::DirKeys>,
     /// The peer plane's credential (`peer_secret_file`, read at start).
     pub peer_key: Option<Arc<crate::peers::PeerKey>>,
+    /// The first internal failure reported ([`RouterState::fail`]), and its notice.
+    failure: std::sync::OnceLock<String>,
+    failure_notice: Notify,
     /// Open connections of the API and the peer listener (capped per listener).
     pub api_connections: Arc<crate::limit::Connections>,
     pub peer_connections: Arc<crate::limit::Connections>,
@@ -236,6 +239,8 @@ impl RouterState {
             client: proxy::client(),
             peer_client: crate::peers::client(),
             peer_key,
+            failure: std::sync::OnceLock::new(),
+            failure_notice: Notify::new(),
             api_connections: Arc::default(),
             peer_connections: Arc::default(),
             drain: watch::channel(None).0,
@@ -304,6 +309,10 @@ impl RouterState {
         let (Some(peers), Some(rt)) = (&applied.peers, &applied.program) else {
             return;
         };
+        // After a failure the Programs' state cannot be trusted: nothing is handed over.
+        if self.failure().is_some() {
+            return;
+        }
         if !peers.hand_over || peers.members.len() < 2 || !peers.is_member() {
             return;
         }
@@ -322,6 +331,33 @@ impl RouterState {
             taken,
             "handed Programs to the replicas that own them next"
         );
+    }
+
+    /// Reports that a panic left shared state half-updated: the router answers what follows
+    /// with errors, stops accepting and exits non-zero once drained, for a restart
+    /// ([`RouterState::failed`]). The first report is kept.
+    pub fn fail(&self, what: String) {
+        if self.failure.set(what.clone()).is_ok() {
+            tracing::error!(event = "router_failed", error = %what,
+                "internal error: the router stops and exits for a restart");
+        }
+        self.failure_notice.notify_waiters();
+    }
+
+    /// Resolves once [`RouterState::fail`] was called; the first report.
+    pub async fn failed(&self) -> String {
+        loop {
+            let notice = self.failure_notice.notified();
+            if let Some(what) = self.failure.get() {
+                return what.clone();
+            }
+            notice.await;
+        }
+    }
+
+    /// The failure reported, if any.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
     }
 
     pub fn is_draining(&self) -> bool {

@@ -60,7 +60,8 @@ pub fn parse_vllm_metrics(text: &str) -> FxHashMap<u32, EngineSample> {
                 let blocks = label(labels, "num_gpu_blocks").and_then(|v| v.parse::<u64>().ok());
                 let size = label(labels, "block_size").and_then(|v| v.parse::<u64>().ok());
                 if let (Some(b), Some(z)) = (blocks, size) {
-                    s.token_capacity = Some(b * z);
+                    // Absurd labels (a product past u64) are no capacity at all.
+                    s.token_capacity = b.checked_mul(z);
                 }
             }
         }
@@ -80,8 +81,9 @@ fn split_sample(line: &str) -> Option<(&str, &str, f64)> {
             (&line[..i], ("", &line[i..]))
         }
     };
+    // NaN and infinities say nothing a scheduler can use: the sample is skipped.
     let value = rest.1.split_whitespace().next()?.parse::<f64>().ok()?;
-    Some((name.trim(), rest.0, value))
+    value.is_finite().then_some((name.trim(), rest.0, value))
 }
 
 /// The value of label `key` in `a="x",b="y"` (values without escaped quotes, as vLLM emits).
@@ -143,5 +145,19 @@ vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 90
         );
         assert_eq!(m[&0].waiting, 2.0);
         assert_eq!(m[&0].kv_usage, 0.5);
+    }
+
+    #[test]
+    fn values_a_backend_cannot_mean_are_skipped() {
+        let text = "vllm:num_requests_waiting{engine=\"0\"} NaN\n\
+                    vllm:num_requests_running{engine=\"0\"} +Inf\n\
+                    vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\n\
+                    vllm:cache_config_info{engine=\"0\",num_gpu_blocks=\"18446744073709551615\",block_size=\"16\"} 1\n";
+        let s = parse_vllm_metrics(text)[&0];
+        assert_eq!((s.waiting, s.running, s.kv_usage), (0.0, 0.0, 0.5));
+        assert_eq!(
+            s.token_capacity, None,
+            "an overflowing product is no capacity"
+        );
     }
 }

@@ -89,7 +89,24 @@ pub(super) async fn serve<H: Send + 'static>(
             seen.last_ms.store(ms, Ordering::Relaxed);
         }
         let st = st.clone();
-        async move { Ok::<_, Infallible>(handle(st, req, remote, plane).await) }
+        async move {
+            use futures_util::FutureExt;
+            // A panic answers its own request with a 500 and stops the router for a restart:
+            // the state it was changing may be half-updated.
+            let answer = std::panic::AssertUnwindSafe(handle(st.clone(), req, remote, plane))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    st.fail(panic_message(panic.as_ref()));
+                    crate::error::ApiError::new(
+                        http::StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal_error",
+                        "the router hit an internal error and restarts; retry the request",
+                    )
+                    .into_response()
+                });
+            Ok::<_, Infallible>(answer)
+        }
     });
     let conn = builder
         .serve_connection_with_upgrades(TokioIo::new(stream), svc)
@@ -117,6 +134,14 @@ pub(super) async fn serve<H: Send + 'static>(
     }
     drop(hold);
     drop(open);
+}
+
+/// The text of a caught panic.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Resolves once no request has arrived on the connection for `idle` (never without one).

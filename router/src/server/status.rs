@@ -109,6 +109,7 @@ fn client_auth(applied: &crate::state::Applied, dir: bool) -> &'static str {
 /// Ready: not draining and at least one target passed its health checks.
 pub fn ready(state: &RouterState) -> bool {
     !state.is_draining()
+        && state.failure().is_none()
         && state
             .applied
             .load()

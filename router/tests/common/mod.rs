@@ -113,11 +113,14 @@ pub async fn router_with(mut config: RouterConfig, flags: Flags) -> Router {
     let state = bound.state.clone();
     let (tx, rx) = oneshot::channel::<()>();
     let done = tokio::spawn(async move {
-        bound
+        let served = bound
             .serve(async {
                 let _ = rx.await;
             })
-            .await
+            .await;
+        if let Err(e) = served {
+            panic!("the router failed: {e}");
+        }
     });
     let r = Router {
         server: Server {

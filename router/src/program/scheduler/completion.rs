@@ -6,6 +6,7 @@ use super::*;
 impl Scheduler {
     /// A dispatched request finished with `usage` (`None` if the backend reported none).
     pub fn on_complete(&mut self, now: f64, ticket: Ticket, usage: Option<Usage>) -> Vec<Decision> {
+        let usage = usage.map(Usage::bounded);
         let mut out = Vec::new();
         let Some(f) = self.in_flight.remove(&ticket) else {
             return out;

@@ -78,7 +78,7 @@ impl Scheduler {
             let slot = self.insert_program(key, rank, identity, now);
             let since = now - h.idle_seconds.clamp(0.0, 86_400.0);
             let p = self.program_mut(slot);
-            p.context_tokens = h.context_tokens;
+            p.context_tokens = h.context_tokens.min(super::MAX_TOKENS);
             p.last_activity = since;
             // Its KV is already on the rank: the first completion here measures no sharing.
             p.fresh_start = false;

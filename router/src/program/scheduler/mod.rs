@@ -98,6 +98,39 @@ pub struct Observation {
     pub token_capacity: Option<u64>,
 }
 
+/// The largest token count the scheduler takes from outside (a client's expected output, a
+/// backend's usage or capacity, a peer's context): larger values are read as this, so no sum or
+/// product of the ledger can overflow (a trillion tokens is far beyond any engine).
+pub const MAX_TOKENS: u64 = 1 << 40;
+
+impl Usage {
+    /// This usage with every count at most [`MAX_TOKENS`].
+    fn bounded(self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens.min(MAX_TOKENS),
+            completion_tokens: self.completion_tokens.min(MAX_TOKENS),
+            cached_tokens: self.cached_tokens.min(MAX_TOKENS),
+        }
+    }
+}
+
+impl Observation {
+    /// This observation with what a backend cannot mean removed: non-finite or negative counts
+    /// read as 0, KV usage held to [0, 1], capacity at most [`MAX_TOKENS`] (0 is none).
+    fn bounded(self) -> Observation {
+        let count = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+        Observation {
+            waiting: count(self.waiting),
+            running: count(self.running),
+            kv_usage: count(self.kv_usage).min(1.0),
+            token_capacity: self
+                .token_capacity
+                .filter(|c| *c > 0)
+                .map(|c| c.min(MAX_TOKENS)),
+        }
+    }
+}
+
 /// Why a Program left the active set (a bounded label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PauseReason {
@@ -517,7 +550,10 @@ impl Scheduler {
     }
 
     /// A request with Program identity arrives.
-    pub fn on_arrival(&mut self, now: f64, a: Arrival) -> Vec<Decision> {
+    pub fn on_arrival(&mut self, now: f64, mut a: Arrival) -> Vec<Decision> {
+        a.prompt_tokens = a.prompt_tokens.min(MAX_TOKENS);
+        a.identity.expected_output_length =
+            a.identity.expected_output_length.map(|n| n.min(MAX_TOKENS));
         if self.ranks.is_empty() {
             return vec![Decision::Reject {
                 ticket: a.ticket,
@@ -757,6 +793,7 @@ impl Scheduler {
         if rank >= self.ranks.len() {
             return out;
         }
+        let obs = obs.bounded();
         self.ranks[rank].observation = Some((now, obs));
         self.ranks[rank].used_at_observation = self.ranks[rank].used_tokens;
         // Capacity repair: above the high watermark, reasoning Programs pause when they finish.

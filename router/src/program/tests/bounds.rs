@@ -130,3 +130,166 @@ fn the_lowest_priority_a_client_can_send_queues_without_overflow() {
     assert_eq!(s.retained_requests(), 3);
     s.check_invariants().expect("ledger");
 }
+
+/// One event with values from the whole range a client, a backend or a peer can send.
+#[derive(Debug, Clone)]
+enum Extreme {
+    Arrive {
+        program: u8,
+        prompt: u64,
+        priority: i64,
+        output: Option<u64>,
+        deadline: Option<f64>,
+        ttl: Option<f64>,
+    },
+    Complete {
+        pick: u8,
+        usage: (u64, u64, u64),
+    },
+    Observe {
+        rank: u8,
+        values: (f64, f64, f64),
+        capacity: Option<u64>,
+    },
+    Adopt {
+        program: u8,
+        context: u64,
+        idle: f64,
+    },
+    Tick {
+        dt: u8,
+    },
+}
+
+fn any_f64() -> impl proptest::strategy::Strategy<Value = f64> {
+    use proptest::prelude::*;
+    prop_oneof![
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        Just(f64::NEG_INFINITY),
+        Just(-1.0),
+        Just(f64::MAX),
+        any::<f64>(),
+        0.0..10.0f64,
+    ]
+}
+
+/// Finite, non-negative seconds (the identity parser refuses anything else), up to f64::MAX.
+fn seconds() -> impl proptest::strategy::Strategy<Value = f64> {
+    use proptest::prelude::*;
+    prop_oneof![Just(0.0), Just(f64::MAX), 0.0..1e300f64, 0.0..100.0f64]
+}
+
+fn extreme() -> impl proptest::strategy::Strategy<Value = Extreme> {
+    use proptest::prelude::*;
+    let big = || prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>(), 0u64..2000];
+    prop_oneof![
+        (
+            0u8..8,
+            big(),
+            prop_oneof![Just(i64::MIN), Just(i64::MAX), any::<i64>()],
+            proptest::option::of(big()),
+            proptest::option::of(seconds()),
+            proptest::option::of(seconds()),
+        )
+            .prop_map(|(program, prompt, priority, output, deadline, ttl)| {
+                Extreme::Arrive {
+                    program,
+                    prompt,
+                    priority,
+                    output,
+                    deadline,
+                    ttl,
+                }
+            }),
+        (any::<u8>(), (big(), big(), big()))
+            .prop_map(|(pick, usage)| Extreme::Complete { pick, usage }),
+        (
+            0u8..2,
+            (any_f64(), any_f64(), any_f64()),
+            proptest::option::of(big())
+        )
+            .prop_map(|(rank, values, capacity)| Extreme::Observe {
+                rank,
+                values,
+                capacity
+            }),
+        (0u8..8, big(), seconds()).prop_map(|(program, context, idle)| Extreme::Adopt {
+            program,
+            context,
+            idle
+        }),
+        (0u8..60).prop_map(|dt| Extreme::Tick { dt }),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
+
+    /// No value from outside makes the scheduler panic (debug builds check every overflow) or
+    /// breaks its ledger, with the bounds small enough to be hit.
+    #[test]
+    fn numbers_from_outside_at_their_extremes_keep_the_ledger(
+        events in proptest::collection::vec(extreme(), 1..80),
+        capacity in proptest::option::of(proptest::prelude::prop_oneof![
+            proptest::strategy::Just(u64::MAX), 1u64..5000]),
+    ) {
+        let mut s = sched(
+            ProgramSchedulingConfig {
+                token_capacity_per_dp_rank: capacity,
+                max_retained_requests: 4,
+                max_programs: 5,
+                ..cfg()
+            },
+            2,
+        );
+        let (mut now, mut next, mut in_flight) = (0.0, 0u64, Vec::new());
+        for e in &events {
+            let d = match e {
+                Extreme::Arrive { program, prompt, priority, output, deadline, ttl } => {
+                    next += 1;
+                    let mut a = arrival(next, &format!("p{program}"), *prompt);
+                    a.identity.priority = *priority;
+                    a.identity.expected_output_length = *output;
+                    a.identity.deadline_seconds = *deadline;
+                    a.identity.kv_retention_ttl_seconds = *ttl;
+                    s.on_arrival(now, a)
+                }
+                Extreme::Complete { pick, usage: (p, c, cached) } if !in_flight.is_empty() => {
+                    let t = in_flight.remove(*pick as usize % in_flight.len());
+                    let u = Usage { prompt_tokens: *p, completion_tokens: *c, cached_tokens: *cached };
+                    s.on_complete(now, t, Some(u))
+                }
+                Extreme::Complete { .. } => continue,
+                Extreme::Observe { rank, values: (w, r, kv), capacity } => s.on_observation(
+                    now,
+                    *rank as usize,
+                    Observation { waiting: *w, running: *r, kv_usage: *kv, token_capacity: *capacity },
+                ),
+                Extreme::Adopt { program, context, idle } => {
+                    let h = HandedOver {
+                        model: "m".into(),
+                        program_id: format!("p{program}"),
+                        root: format!("p{program}"),
+                        target: "r0".into(),
+                        context_tokens: *context,
+                        idle_seconds: *idle,
+                        finished: false,
+                    };
+                    s.adopt(now, std::slice::from_ref(&h));
+                    Vec::new()
+                }
+                Extreme::Tick { dt } => {
+                    now += f64::from(*dt);
+                    s.on_tick(now)
+                }
+            };
+            for x in d {
+                if let Decision::Dispatch { ticket, .. } = x {
+                    in_flight.push(ticket);
+                }
+            }
+            s.check_invariants().map_err(proptest::test_runner::TestCaseError::fail)?;
+        }
+    }
+}

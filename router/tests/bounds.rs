@@ -1,7 +1,8 @@
 //! The bounds every listener keeps by default, against real routers over loopback: body size and
 //! body time, connection caps, idle connections, a backend that stalls mid-stream, and the
-//! metrics listener's own limits. Each test acts as the client (or backend) a bound is there
-//! for and checks what it gets and what is counted.
+//! metrics listener's own limits, and `/status`, which nothing derived from a key reaches. Each
+//! test acts as the client (or backend) a bound is there for and checks what it gets and what
+//! is counted.
 
 mod common;
 
@@ -234,4 +235,45 @@ async fn the_metrics_listener_serves_only_metrics_and_closes_slow_scrapers() {
         .expect("write");
     let limit = program_router::server::metrics_listener::HEADER_TIMEOUT.as_secs_f64();
     assert!(closes_within(&mut slow, limit + 5.0).await);
+}
+
+#[tokio::test]
+async fn two_configs_that_differ_only_in_their_keys_give_the_same_status() {
+    let s = sim(&["--instant"]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let c = client();
+    let mut docs = Vec::new();
+    for (i, key) in ["sk-first-0123456789", "sk-second-9876543210"]
+        .iter()
+        .enumerate()
+    {
+        let path = dir.path().join(format!("router-{i}.json"));
+        let file = serde_json::json!({
+            "workers": [{"url": s.base()}],
+            "api_key": key,
+            "client_api_keys": [format!("{key}-client")],
+        });
+        std::fs::write(&path, file.to_string()).expect("write");
+        let flags = program_router::config::cli::Flags {
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        let cfg = flags
+            .effective(Some(
+                program_router::config::cli::load_file(&path).expect("file"),
+            ))
+            .expect("valid");
+        let r = router_with(cfg, flags).await;
+        let mut doc = get(&c, &r.url("/status")).await.json();
+        // What differs between any two routers: where the file is, when it loaded, timings.
+        doc["config"]["source"] = serde_json::Value::Null;
+        doc["config"]["loaded_at_unix"] = serde_json::Value::Null;
+        for t in doc["targets"].as_array_mut().expect("targets") {
+            t["observation_age_seconds"] = serde_json::Value::Null;
+        }
+        let text = doc.to_string();
+        assert!(!text.contains(key), "{text}");
+        docs.push(doc);
+    }
+    assert_eq!(docs[0], docs[1]);
 }

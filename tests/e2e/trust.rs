@@ -84,8 +84,22 @@ fn the_operator_owns_the_peer_secret_and_network_policy_trusts_no_label_and_undo
             .add_worker("vllm-0", labels, worker_port, 2, 0)
             .await;
         let op = Operator::start(&cp, &scratch.0, &["--namespace", ns]);
-        let (manifest, _) =
-            harness::fleet_manifest(ns, worker_port, 2, "  programScheduling: {}\n");
+        // Keys whose text must appear nowhere but in their Secrets.
+        let (worker_key, client_key) = ("wk-7f3a9c1e5b2d4f60", "ck-2b8e6d4a0c9f1e37");
+        let secrets = format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: vllm-key, namespace: {ns}}}\n\
+             stringData: {{token: {worker_key}}}\n---\napiVersion: v1\nkind: Secret\n\
+             metadata: {{name: client-keys, namespace: {ns}}}\nstringData: {{keys: {client_key}}}\n"
+        );
+        cp.kubectl_stdin(&["apply", "-f", "-"], Some(&secrets))
+            .expect_ok("apply Secrets");
+        let (manifest, router_port) = harness::fleet_manifest(
+            ns,
+            worker_port,
+            2,
+            "  programScheduling: {}\n  apiKeySecretRef: {name: vllm-key, key: token}\n  \
+             clientApiKeysSecretRef: {name: client-keys, key: keys}\n",
+        );
         cp.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))
             .expect_ok("apply ProgramScheduling");
         let api: Api<ProgramScheduling> = Api::namespaced(client.clone(), ns);
@@ -131,6 +145,30 @@ fn the_operator_owns_the_peer_secret_and_network_policy_trusts_no_label_and_undo
             sel.match_labels.as_ref().expect("labels")["app.kubernetes.io/instance"],
             "fleet"
         );
+
+        // No key, and nothing of the peer secret, in what anyone can read: the operator's log,
+        // the ConfigMaps, the Events, each router's /status and /metrics.
+        let c = testkit::client();
+        let metrics_port = ps.spec.router.metrics_port;
+        let mut seen = std::fs::read_to_string(&op.log).unwrap_or_default();
+        for what in ["configmaps", "events"] {
+            seen += &cp
+                .kubectl(&["-n", ns, "get", what, "-o", "yaml"])
+                .expect_ok(what);
+        }
+        for (_, ip) in kubelet.routers().await {
+            seen += &testkit::get(&c, &format!("http://{ip}:{router_port}/status"))
+                .await
+                .text();
+            seen += &testkit::get(&c, &format!("http://{ip}:{metrics_port}/metrics"))
+                .await
+                .text();
+        }
+        let peer_secret = String::from_utf8_lossy(&value).into_owned();
+        for key in [worker_key, client_key, peer_secret.as_str()] {
+            assert!(!seen.contains(key), "a key leaked: {key}");
+        }
+        assert!(seen.len() > 10_000, "read what there was to read");
 
         // A pod labelled like a router, Ready with an IP, is not a router: the member list
         // stays the two pods the Deployment runs.

@@ -114,6 +114,48 @@ impl Limiter {
     }
 }
 
+/// The request bytes the router holds in memory at once: bodies read and not yet answered
+/// (waiting in the RequestPool or a fair queue, or in flight). `limits.max_buffered_bytes`.
+#[derive(Debug, Default)]
+pub struct ByteBudget {
+    used: std::sync::atomic::AtomicU64,
+}
+
+/// Bytes taken from a [`ByteBudget`], given back when dropped (when the response ends).
+pub struct BodyBytes(Arc<ByteBudget>, u64);
+
+impl Drop for BodyBytes {
+    fn drop(&mut self) {
+        self.0.used.fetch_sub(self.1, Ordering::AcqRel);
+    }
+}
+
+impl ByteBudget {
+    /// Takes `n` bytes unless that would pass `max` (`None`: no budget).
+    pub fn take(self: &Arc<Self>, n: u64, max: Option<u64>) -> Option<BodyBytes> {
+        let mut used = self.used.load(Ordering::Acquire);
+        loop {
+            let after = used.saturating_add(n);
+            if max.is_some_and(|m| after > m) {
+                return None;
+            }
+            match self
+                .used
+                .compare_exchange_weak(used, after, Ordering::AcqRel, Ordering::Acquire)
+            {
+                // What was added (less than `n` only where the count saturated).
+                Ok(_) => return Some(BodyBytes(self.clone(), after - used)),
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
 /// The open connections of one listener.
 #[derive(Debug, Default)]
 pub struct Connections {
@@ -249,5 +291,22 @@ mod tests {
             .await
             .expect("resolves once the last closes")
             .expect("task");
+    }
+
+    #[test]
+    fn the_byte_budget_refuses_past_its_bound_and_frees_on_drop() {
+        let b = Arc::new(ByteBudget::default());
+        let first = b.take(60, Some(100)).expect("fits");
+        assert!(b.take(50, Some(100)).is_none(), "110 > 100");
+        let second = b.take(40, Some(100)).expect("exactly 100");
+        assert_eq!(b.used(), 100);
+        drop(first);
+        assert_eq!(b.used(), 40);
+        assert!(
+            b.take(u64::MAX, None).is_some(),
+            "no budget: saturates, never wraps"
+        );
+        drop(second);
+        assert_eq!(b.used(), 0);
     }
 }

@@ -165,6 +165,8 @@ pub struct RouterState {
     failure_notice: Notify,
     /// Open connections of the API and the peer listener (capped per listener).
     pub api_connections: Arc<crate::limit::Connections>,
+    /// Request bytes held in memory ([`crate::config::LimitsConfig::max_buffered_bytes`]).
+    pub buffered: Arc<crate::limit::ByteBudget>,
     pub peer_connections: Arc<crate::limit::Connections>,
     stop: watch::Sender<bool>,
     generation: AtomicU64,
@@ -242,6 +244,7 @@ impl RouterState {
             failure: std::sync::OnceLock::new(),
             failure_notice: Notify::new(),
             api_connections: Arc::default(),
+            buffered: Arc::default(),
             peer_connections: Arc::default(),
             drain: watch::channel(None).0,
             last_reload_error: Mutex::new(None),

@@ -277,3 +277,55 @@ async fn two_configs_that_differ_only_in_their_keys_give_the_same_status() {
     }
     assert_eq!(docs[0], docs[1]);
 }
+
+#[tokio::test]
+async fn request_bytes_past_the_budget_get_503_and_are_given_back_when_responses_end() {
+    // Streams that stall after a token: each response stays open, holding its request's bytes.
+    let s = sim(&[
+        "--fail-rate",
+        "1",
+        "--fail-after-tokens",
+        "1",
+        "--fail-stall",
+    ])
+    .await;
+    let mut cfg = workers(&[s.base()], 1);
+    cfg.limits.max_payload_size = 4096;
+    cfg.limits.max_buffered_bytes = Some(5000);
+    cfg.limits.upstream_idle_timeout_secs = None;
+    let r = router(cfg).await;
+    let body = |pad: usize| {
+        serde_json::json!({"model": "sim-model", "stream": true, "max_tokens": 5,
+            "messages": [{"role": "user", "content": "x".repeat(pad)}]})
+        .to_string()
+    };
+    // Two 2,000-byte requests held open: 4,000 of 5,000 bytes.
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut conn = TcpStream::connect(r.server.addr).await.expect("connect");
+        let b = body(1900);
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n",
+            b.len()
+        );
+        conn.write_all(head.as_bytes()).await.expect("head");
+        conn.write_all(b.as_bytes()).await.expect("body");
+        let text = read_until_text(&mut conn, "data:", 5.0).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        open.push(conn);
+    }
+    let c = client();
+    let refused = post(&c, &r.url("/v1/chat/completions"), &body(1900)).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["code"], "overloaded");
+    assert!(refused.headers.contains_key("retry-after"));
+    let base = format!("http://{}", r.metrics_addr);
+    let shed = metric(&c, &base, "program_router_buffered_bytes_shed_total", &[]).await;
+    assert_eq!(shed, 1.0);
+    assert!(metric(&c, &base, "program_router_buffered_request_bytes", &[]).await >= 3800.0);
+    // A client that leaves gives its bytes back.
+    drop(open);
+    let back = eventually(5.0, || async { r.state.buffered.used() == 0 }).await;
+    assert!(back, "{} bytes still held", r.state.buffered.used());
+}

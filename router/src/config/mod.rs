@@ -233,6 +233,11 @@ pub struct LimitsConfig {
     /// Client connections the API listener holds at once; one more is closed as soon as it is
     /// accepted (`program_router_connections_shed_total{listener="api"}`). `null`: no cap.
     pub max_client_connections: Option<u32>,
+    /// Request bytes the router holds in memory at once (bodies read and not yet answered:
+    /// waiting in its queues or in flight); a request whose body would pass it gets 503
+    /// `overloaded` with `Retry-After`, before its body is read when it declares its length.
+    /// At least `max_payload_size`. `null`: no budget.
+    pub max_buffered_bytes: Option<u64>,
 }
 
 impl Default for LimitsConfig {
@@ -251,6 +256,7 @@ impl Default for LimitsConfig {
             http2_keep_alive_interval_secs: Some(30.0),
             client_idle_timeout_secs: Some(300.0),
             max_client_connections: Some(10_000),
+            max_buffered_bytes: Some(256 * 1024 * 1024),
         }
     }
 }
@@ -643,6 +649,16 @@ impl RouterConfig {
             if let Some(t) = t {
                 positive(field, t)?;
             }
+        }
+        if self
+            .limits
+            .max_buffered_bytes
+            .is_some_and(|b| b < self.limits.max_payload_size)
+        {
+            return Err(ConfigError::new(
+                "limits.max_buffered_bytes",
+                "must be >= limits.max_payload_size (null: no budget)",
+            ));
         }
         if self.limits.max_client_connections == Some(0) {
             return Err(ConfigError::new(

@@ -43,6 +43,9 @@ pub struct Metrics {
     pub connections_shed: IntCounterVec,
     /// Open connections by listener (set when scraped).
     pub connections_open: IntGaugeVec,
+    /// Request bytes held in memory (set when scraped), and requests refused for the budget.
+    pub buffered_bytes: IntGauge,
+    pub buffered_bytes_shed: IntCounter,
     routes: Vec<(&'static str, RouteMetrics)>,
 }
 
@@ -226,6 +229,16 @@ impl Metrics {
                      by listener. No request was read from them."
                 ),
                 &["listener"]
+            )?),
+            buffered_bytes: reg!(IntGauge::new(
+                "program_router_buffered_request_bytes",
+                "Request body bytes the router holds in memory now (waiting in its queues or in \
+                 flight; limits.max_buffered_bytes)."
+            )?),
+            buffered_bytes_shed: reg!(IntCounter::new(
+                "program_router_buffered_bytes_shed_total",
+                "Requests refused with 503 overloaded because their body would have passed \
+                 limits.max_buffered_bytes."
             )?),
             connections_open: reg!(IntGaugeVec::new(
                 Opts::new(

@@ -117,6 +117,8 @@ pub struct Outbound<'a> {
     pub fair: Option<crate::fair::runtime::FairPermit>,
     /// Place among the router's requests in progress, freed when the response ends.
     pub place: Option<crate::limit::Place>,
+    /// The request's body bytes in the router's budget, given back when the response ends.
+    pub bytes: Option<crate::limit::BodyBytes>,
     /// Charge against the tenant's token quota, settled with the response's usage.
     pub rate: Option<crate::fair::runtime::RateCharge>,
 }
@@ -306,6 +308,7 @@ pub async fn forward(
             ticket: out.ticket.take(),
             fair: out.fair.take(),
             _place: out.place.take(),
+            _bytes: out.bytes.take(),
             rate: out.rate.take(),
             status,
             state: state.clone(),
@@ -342,6 +345,7 @@ struct Completion {
     fair: Option<crate::fair::runtime::FairPermit>,
     /// Freed when the completion is dropped, i.e. when the response ended.
     _place: Option<crate::limit::Place>,
+    _bytes: Option<crate::limit::BodyBytes>,
     rate: Option<crate::fair::runtime::RateCharge>,
     status: StatusCode,
     state: Arc<RouterState>,
@@ -473,6 +477,7 @@ mod tests {
             ticket: None,
             fair: None,
             place: None,
+            bytes: None,
             rate: None,
         };
         let req = upstream_request(&applied, &applied.targets.targets[0], &out).expect("request");

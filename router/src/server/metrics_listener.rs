@@ -101,6 +101,8 @@ fn answer(st: &RouterState, req: &Request<Incoming>) -> Response<Body> {
             .with_label_values(&[listener])
             .set(i64::try_from(c.count()).unwrap_or(i64::MAX));
     }
+    m.buffered_bytes
+        .set(i64::try_from(st.buffered.used()).unwrap_or(i64::MAX));
     let mut r = Response::new(full(m.render()));
     r.headers_mut().insert(
         header::CONTENT_TYPE,

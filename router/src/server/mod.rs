@@ -298,13 +298,18 @@ fn route_label(method: &Method, path: &str) -> &'static str {
     }
 }
 
-/// The request's head and whole body, refused above `limit` bytes (413) or when it takes longer
-/// than `limits.client_body_timeout_secs` (408).
+/// A request's head, its whole body, and the body's place in the router's byte budget.
+type ReadBody = (http::request::Parts, Bytes, Option<crate::limit::BodyBytes>);
+
+/// The request's head and whole body, refused above `limit` bytes (413), when it takes longer
+/// than `limits.client_body_timeout_secs` (408), or when it would pass the router's budget of
+/// buffered bytes (503, before reading it when its length is declared).
 async fn read_body(
+    state: &RouterState,
     limits: &crate::config::LimitsConfig,
     limit: u64,
     req: Request<Incoming>,
-) -> Result<(http::request::Parts, Bytes), ApiError> {
+) -> Result<ReadBody, ApiError> {
     let (parts, body) = req.into_parts();
     let declared = parts
         .headers
@@ -314,6 +319,27 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit) {
         return Err(ApiError::too_large(limit));
     }
+    let budget = |n: u64| -> Result<Option<crate::limit::BodyBytes>, ApiError> {
+        if n == 0 {
+            return Ok(None);
+        }
+        match state.buffered.take(n, limits.max_buffered_bytes) {
+            Some(held) => Ok(Some(held)),
+            None => {
+                state.metrics.buffered_bytes_shed.inc();
+                Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "overloaded",
+                    "the router holds as many request bytes as it may; retry shortly",
+                )
+                .retry_after(1))
+            }
+        }
+    };
+    let early = match declared {
+        Some(n) => budget(n)?,
+        None => None,
+    };
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
     let read = Limited::new(body, limit_usize).collect();
     let read = match limits.client_body_timeout_secs.map(crate::config::duration) {
@@ -333,7 +359,14 @@ async fn read_body(
         None => read.await,
     };
     match read {
-        Ok(c) => Ok((parts, c.to_bytes())),
+        Ok(c) => {
+            let bytes = c.to_bytes();
+            let held = match early {
+                Some(h) => Some(h),
+                None => budget(bytes.len() as u64)?,
+            };
+            Ok((parts, bytes, held))
+        }
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(limit)),
         Err(e) => Err(ApiError::bad_request(format!(
             "could not read the request body: {e}"
@@ -454,7 +487,7 @@ async fn dispatch(
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     let limits = &applied.config.limits;
-    let (parts, body) = read_body(limits, limits.max_payload_size, req).await?;
+    let (parts, body, held) = read_body(state, limits, limits.max_payload_size, req).await?;
     if !generate {
         // A stored response's own endpoints go to the server that stored it.
         let pin = match crate::proxy::stored::id_in_path(&path) {
@@ -481,6 +514,7 @@ async fn dispatch(
                 ticket: None,
                 fair: None,
                 place,
+                bytes: held,
                 rate: None,
             },
         )
@@ -526,7 +560,12 @@ async fn dispatch(
                 request_id,
             };
             match peering::to_owner(state, &applied, peers, id, here, place).await {
-                peering::Owner::Answered(r) => return r,
+                peering::Owner::Answered(r) => {
+                    // The body stays held (in the budget) until the owner's answer ends.
+                    return r.map(|resp| {
+                        resp.map(|b| crate::peers::Holding::new(b, held).boxed_unsync())
+                    });
+                }
                 peering::Owner::Here(place) => {
                     // Another replica may have held it before the member list changed.
                     let model = peeked.model.as_deref().unwrap_or("");
@@ -614,6 +653,7 @@ async fn dispatch(
             ticket,
             fair,
             place,
+            bytes: held,
             rate,
         },
     )

@@ -10,6 +10,17 @@ use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::server::{Body, full};
 
+/// A shared state's lock (`what` names it). One left poisoned by a panic is never used again,
+/// except by code already unwinding from that failure: the caller panics too, and the HTTP front
+/// answers that request 500 and stops the router for a restart ([`crate::state::RouterState::fail`]).
+pub fn locked<'a, T>(m: &'a std::sync::Mutex<T>, what: &str) -> std::sync::MutexGuard<'a, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) if std::thread::panicking() => poisoned.into_inner(),
+        Err(_) => panic!("{what} was left half-updated by a panic"),
+    }
+}
+
 /// A request the router answers itself.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{status}: {message}")]

@@ -348,13 +348,7 @@ impl ProgramRuntime {
     ///
     /// [`RouterState::fail`]: crate::state::RouterState::fail
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        match self.inner.lock() {
-            Ok(g) => g,
-            // Already unwinding (a ticket dropped by the failed request): finish quietly, the
-            // state is discarded with the router.
-            Err(poisoned) if std::thread::panicking() => poisoned.into_inner(),
-            Err(_) => panic!("the Program scheduler's state was left half-updated by a panic"),
-        }
+        crate::error::locked(&self.inner, "the Program scheduler's state")
     }
 
     /// Leaves the scheduler's lock poisoned, as a panic while holding it would.

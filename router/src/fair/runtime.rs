@@ -195,11 +195,13 @@ impl RateCharge {
         let Some(l) = self.rt.rate_limits(&self.tenant) else {
             return;
         };
-        self.rt
-            .rate
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .settle(&self.tenant, &l, self.estimate, used, Instant::now());
+        crate::error::locked(&self.rt.rate, "the quota state").settle(
+            &self.tenant,
+            &l,
+            self.estimate,
+            used,
+            Instant::now(),
+        );
     }
 }
 
@@ -252,7 +254,7 @@ impl FairRuntime {
         let Some(l) = self.rate_limits(tenant) else {
             return Ok(None);
         };
-        self.rate.lock().unwrap_or_else(|p| p.into_inner()).admit(
+        crate::error::locked(&self.rate, "the quota state").admit(
             tenant,
             &l,
             estimate,
@@ -267,9 +269,7 @@ impl FairRuntime {
 
     /// Requests and tokens charged to each tenant's quota here (for the other replicas).
     pub fn rate_totals(&self) -> Vec<(String, f64, f64)> {
-        self.rate
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        crate::error::locked(&self.rate, "the quota state")
             .totals()
             .map(|(t, r, k)| (t.to_string(), r, k))
             .collect()
@@ -280,7 +280,7 @@ impl FairRuntime {
         let Some(l) = self.rate_limits(tenant) else {
             return;
         };
-        self.rate.lock().unwrap_or_else(|p| p.into_inner()).absorb(
+        crate::error::locked(&self.rate, "the quota state").absorb(
             tenant,
             &l,
             requests,
@@ -310,7 +310,7 @@ impl FairRuntime {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::error::locked(&self.inner, "the fair queue's state")
     }
 
     /// The targets whose metrics gate dispatch (after a reload that keeps this runtime).

@@ -67,6 +67,8 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     /// Resources (by uid) whose peer Secret this process created or found.
     peer_secrets: Mutex<std::collections::HashSet<String>>,
+    /// Router image prefixes a resource may name (`--allowed-router-images`); empty: any.
+    pub allowed_images: Vec<String>,
 }
 
 impl Context {
@@ -82,6 +84,7 @@ impl Context {
             status: StatusClient::new(Duration::from_secs(2)),
             failures: Mutex::new(HashMap::new()),
             peer_secrets: Mutex::new(std::collections::HashSet::new()),
+            allowed_images: Vec::new(),
         }
     }
 }
@@ -272,7 +275,8 @@ async fn reconcile_inner(ps: &ProgramScheduling, ctx: &Context) -> Result<Action
     let name = objects::router_name(ps);
     let current = cm_api.get_opt(&name).await?;
     let rendered = match &workers {
-        Ok((_, targets)) => render(&ps.spec, targets.clone(), &peers)
+        Ok((_, targets)) => crate::render::check_image(&ps.spec.router.image, &ctx.allowed_images)
+            .and_then(|()| render(&ps.spec, targets.clone(), &peers))
             .map(|mut cfg| {
                 let previous = current
                     .as_ref()

@@ -43,6 +43,12 @@ struct Cli {
     /// This replica's identity in the Lease and in Events.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Router images a ProgramScheduling may name, as image-reference prefixes (comma-separated,
+    /// e.g. `registry.example/program-router@sha256:`); a resource naming another one is not
+    /// rendered (Ready=False, InvalidSpec). Empty: any image (CR authors trusted as much as the
+    /// operator).
+    #[arg(long, env = "ALLOWED_ROUTER_IMAGES", value_delimiter = ',')]
+    allowed_router_images: Vec<String>,
     #[arg(long, value_enum, default_value = "json")]
     log_format: LogFormat,
     /// Log filter (tracing `EnvFilter` syntax).
@@ -109,7 +115,14 @@ async fn run(cli: Cli) -> Result<(), String> {
             .collect()
     };
     let me = identity(&cli);
-    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), me.clone()));
+    let mut ctx = Context::new(client.clone(), metrics.clone(), me.clone());
+    ctx.allowed_images = cli
+        .allowed_router_images
+        .iter()
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let ctx = Arc::new(ctx);
 
     if !cli.leader_elect {
         metrics.leader.set(1);

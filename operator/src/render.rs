@@ -24,6 +24,19 @@ pub const PEER_SECRET_DIR: &str = "/var/run/secrets/program-router/peer";
 /// The key of the peer secret in its Secret, and its file name in [`PEER_SECRET_DIR`].
 pub const PEER_SECRET_KEY: &str = "secret";
 
+/// Whether `image` may run as a router under the operator's allow-list (image-reference
+/// prefixes, e.g. `registry.example/program-router@`, `registry.example/program-router:1.`);
+/// an empty list allows every image.
+pub fn check_image(image: &str, allowed: &[String]) -> Result<(), RenderError> {
+    if allowed.is_empty() || allowed.iter().any(|p| image.starts_with(p.as_str())) {
+        return Ok(());
+    }
+    Err(RenderError(format!(
+        "router.image: {image:?} is not allowed by the operator (--allowed-router-images: {})",
+        allowed.join(", ")
+    )))
+}
+
 /// Seconds a router keeps serving, not ready, after SIGTERM before it drains.
 pub const SHUTDOWN_DELAY_SECS: f64 = 5.0;
 
@@ -204,6 +217,16 @@ mod tests {
             c.api_key.is_none(),
             "secrets never enter the rendered config"
         );
+    }
+
+    #[test]
+    fn only_allowed_router_images_render() {
+        let allowed = vec!["registry.example/program-router:".to_string()];
+        assert!(check_image("anything:latest", &[]).is_ok(), "no list: all");
+        assert!(check_image("registry.example/program-router:1.2.0", &allowed).is_ok());
+        let e = check_image("evil.example/miner:1", &allowed).expect_err("refused");
+        assert!(e.0.starts_with("router.image:"), "{e}");
+        assert!(e.0.contains("evil.example/miner:1"), "{e}");
     }
 
     #[test]

@@ -329,3 +329,78 @@ async fn request_bytes_past_the_budget_get_503_and_are_given_back_when_responses
     let back = eventually(5.0, || async { r.state.buffered.used() == 0 }).await;
     assert!(back, "{} bytes still held", r.state.buffered.used());
 }
+
+#[tokio::test]
+async fn the_routers_log_holds_no_key_even_at_debug() {
+    use std::io::BufRead;
+    let s = sim(&["--instant"]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let (worker_key, client_key) = ("wk-5d1c7a9e3f2b8046", "ck-8e4b2f6a1d9c3075");
+    let peer_secret = "ps-3f9a1c7e5b2d8046aa71c3e9f5b2d804";
+    let secret_file = dir.path().join("peer");
+    std::fs::write(&secret_file, peer_secret).expect("secret");
+    let port = |l: &str| -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect(l);
+        l.local_addr().expect("addr").port()
+    };
+    let (api, metrics, peer) = (port("api"), port("metrics"), port("peer"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_program-router"))
+        .args(["--host", "127.0.0.1", "--prometheus-host", "127.0.0.1"])
+        .args(["--port", &api.to_string()])
+        .args(["--prometheus-port", &metrics.to_string()])
+        .args(["--peer-port", &peer.to_string(), "--peer-host", "127.0.0.1"])
+        .arg("--peer-secret-file")
+        .arg(&secret_file)
+        .args(["--worker-urls", &s.base()])
+        .args(["--api-key", worker_key, "--client-api-keys", client_key])
+        .args(["--log-level", "debug"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start program-router");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("listening line");
+    assert!(first.starts_with("listening on"), "{first}");
+    let c = client();
+    let url = |p: &str| format!("http://127.0.0.1:{api}{p}");
+    let chat = chat("hello", 2);
+    for key in [client_key, worker_key, "wrong-key"] {
+        let auth = format!("Bearer {key}");
+        send(
+            &c,
+            "POST",
+            &url("/v1/chat/completions"),
+            &chat,
+            &[("authorization", &auth)],
+        )
+        .await;
+        send(
+            &c,
+            "GET",
+            &url("/scheduling/diagnostics"),
+            "",
+            &[("authorization", &auth)],
+        )
+        .await;
+    }
+    let peer_url = format!("http://127.0.0.1:{peer}/peers/usage");
+    send(
+        &c,
+        "GET",
+        &peer_url,
+        "",
+        &[("x-program-router-peer-key", "guess")],
+    )
+    .await;
+    get(&c, &url("/status")).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut log)
+        .expect("log");
+    assert!(log.contains("program-router listening"), "{log}");
+    for key in [worker_key, client_key, peer_secret] {
+        assert!(!log.contains(key), "the log holds a key: {key}");
+    }
+}

@@ -149,7 +149,9 @@ fn read_usage(
     let mut charges = Vec::new();
     let mut totals = FxHashMap::default();
     for (tenant, v) in doc["tenants"].as_object().into_iter().flatten() {
-        let (Some(r), Some(k)) = (v[0].as_f64(), v[1].as_f64()) else {
+        // Totals are counts: anything else from a peer is skipped.
+        let count = |x: &serde_json::Value| x.as_f64().filter(|x| x.is_finite() && *x >= 0.0);
+        let (Some(r), Some(k)) = (count(&v[0]), count(&v[1])) else {
             continue;
         };
         totals.insert(tenant.clone(), (r, k));
@@ -268,5 +270,16 @@ mod tests {
         // A member met for the first time with a young state: all of it is recent.
         let (c, _) = read_usage(None, &doc("e9", 10.0, json!({"x": [3, 30]})), t0);
         assert_eq!(c, vec![("x".into(), 3.0, 30.0)]);
+        // Totals that are no counts are skipped.
+        let (c, _) = read_usage(
+            None,
+            &doc(
+                "e9",
+                10.0,
+                json!({"x": [-3, 30], "y": [1, -1], "z": [1e300, 1]}),
+            ),
+            t0,
+        );
+        assert_eq!(c, vec![("z".into(), 1e300, 1.0)], "finite and not negative");
     }
 }

@@ -12,19 +12,6 @@ use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Whether the server closes `conn` within `secs` (a read returns end of stream or an error).
-async fn closes_within(conn: &mut TcpStream, secs: f64) -> bool {
-    let mut buf = [0u8; 4096];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(secs);
-    loop {
-        match tokio::time::timeout_at(deadline, conn.read(&mut buf)).await {
-            Err(_) => return false,
-            Ok(Ok(0) | Err(_)) => return true,
-            Ok(Ok(_)) => continue,
-        }
-    }
-}
-
 /// Reads from `conn` until the text read so far contains `want` or `secs` pass.
 async fn read_until_text(conn: &mut TcpStream, want: &str, secs: f64) -> String {
     let mut got = Vec::new();
@@ -100,7 +87,7 @@ async fn a_body_that_does_not_arrive_in_time_gets_408() {
     let text = read_until_text(&mut conn, "body_timeout", 5.0).await;
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(
-        closes_within(&mut conn, 5.0).await,
+        closed_within(&mut conn, 5.0).await,
         "then the connection closes"
     );
 }
@@ -117,7 +104,7 @@ async fn connections_beyond_the_cap_are_closed_at_once_and_counted() {
     let first = TcpStream::connect(r.server.addr).await.expect("connect");
     let _second = TcpStream::connect(r.server.addr).await.expect("connect");
     let mut third = TcpStream::connect(r.server.addr).await.expect("connect");
-    assert!(closes_within(&mut third, 5.0).await, "over the cap");
+    assert!(closed_within(&mut third, 5.0).await, "over the cap");
     let c = client();
     let base = format!("http://{}", r.metrics_addr);
     let by_listener = |name: &'static str| metric(&c, &base, name, &[("listener", "api")]);
@@ -160,7 +147,7 @@ async fn an_idle_connection_is_closed_over_http1_and_http2() {
         .expect("write");
     let text = read_until_text(&mut h1, "OK", 5.0).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    assert!(closes_within(&mut h1, 5.0).await, "HTTP/1 idle connection");
+    assert!(closed_within(&mut h1, 5.0).await, "HTTP/1 idle connection");
 
     let io = hyper_util::rt::TokioIo::new(TcpStream::connect(r.server.addr).await.expect("c"));
     let (mut send, conn) =
@@ -234,7 +221,7 @@ async fn the_metrics_listener_serves_only_metrics_and_closes_slow_scrapers() {
         .await
         .expect("write");
     let limit = program_router::server::metrics_listener::HEADER_TIMEOUT.as_secs_f64();
-    assert!(closes_within(&mut slow, limit + 5.0).await);
+    assert!(closed_within(&mut slow, limit + 5.0).await);
 }
 
 #[tokio::test]

@@ -1008,20 +1008,6 @@ async fn hot_reload_adds_removes_and_refuses_bad_files() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Whether the router closes `stream` within `secs` (reads until EOF or a reset).
-async fn closed_within(stream: &mut tokio::net::TcpStream, secs: f64) -> bool {
-    use tokio::io::AsyncReadExt;
-    let mut buf = [0u8; 4096];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(secs);
-    loop {
-        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
-            Err(_) => return false,
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            Ok(Ok(_)) => continue, // a response; keep reading
-        }
-    }
-}
-
 #[tokio::test]
 async fn slow_or_silent_client_connections_are_closed_after_the_header_timeout() {
     use tokio::io::AsyncWriteExt;

@@ -203,3 +203,17 @@ where
     }
     false
 }
+
+/// Whether the router closes `stream` within `secs` (reads until EOF or a reset).
+pub async fn closed_within(stream: &mut tokio::net::TcpStream, secs: f64) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(secs);
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue, // a response; keep reading
+        }
+    }
+}

@@ -351,13 +351,12 @@ impl Scheduler {
         p.yielded = false;
         p.last_rank = Some(rank);
         let name = p.key.1.clone();
-        let kv_ttl = p.identity.kv_retention_ttl_seconds;
         self.in_flight.insert(
             ticket,
             InFlight {
                 program: r.program,
                 rank,
-                kv_retention_ttl: kv_ttl,
+                kv_retention_ttl: r.kv_retention_ttl,
                 dispatched_at: now,
                 queued: now - since,
             },

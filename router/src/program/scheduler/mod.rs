@@ -275,6 +275,9 @@ struct Retained {
     /// Which arrival this is (the scheduler's arrival count), so that a timer armed for an
     /// earlier request that reused the ticket cannot act on this one.
     arrival: u64,
+    /// This request's own `kv_retention_ttl_seconds` (request-scoped: a later request of the
+    /// same Program does not change it).
+    kv_retention_ttl: Option<f64>,
 }
 
 impl Retained {
@@ -737,6 +740,7 @@ impl Scheduler {
                 growth,
                 force_at: now + force_limit,
                 arrival: self.arrivals as u64,
+                kv_retention_ttl: a.identity.kv_retention_ttl_seconds,
             },
         );
         self.retained_at.insert(a.ticket, now);

@@ -282,3 +282,28 @@ fn a_timer_read_back_through_next_deadline_fires() {
     let p = s.programs.iter().flatten().next().expect("program");
     assert!(matches!(p.phase, Phase::Paused { .. }), "{:?}", p.phase);
 }
+
+#[test]
+fn a_queued_request_keeps_its_own_kv_retention_ttl_when_a_later_one_of_its_program_arrives() {
+    // Program b's first request asks to keep its KV 8 s, its second 1 s; both wait behind a.
+    let mut s = held_by_acting(cfg());
+    assert!(
+        s.on_arrival(1.0, with_ttl(arrival(2, "b", 900), 8.0))
+            .is_empty()
+    );
+    assert!(
+        s.on_arrival(1.5, with_ttl(arrival(3, "b", 900), 1.0))
+            .is_empty()
+    );
+    // a's 100 s TTL runs out; b runs both requests.
+    let d = s.on_tick(101.0);
+    assert_eq!(dispatched(&d).len(), 2, "{d:?}");
+    s.on_complete(102.0, 3, usage(900, 10));
+    // The first request ends last: the TTL armed is its own 8 s, not the later request's 1 s.
+    s.on_complete(103.0, 2, usage(900, 10));
+    match find(&s, "b").phase {
+        Phase::Acting { until } => assert_eq!(until, 111.0),
+        other => panic!("b acts after its last request: {other:?}"),
+    }
+    s.check_invariants().expect("ledger");
+}

@@ -338,9 +338,14 @@ impl Scheduler {
             seconds: now - since,
         });
         if active {
+            // It joins its Program where it runs, and the reservation grows to what this
+            // request needs, as on an arrival while the Program is active.
             let p = self.program_mut(r.program);
             p.phase = Phase::Reasoning;
             p.timer_gen += 1;
+            let grow = r.demand.saturating_sub(p.reserved);
+            p.reserved += grow;
+            self.ranks[rank].used_tokens += grow;
         } else {
             self.activate(r.program, rank, reserve, now);
         }

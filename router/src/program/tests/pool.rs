@@ -307,3 +307,25 @@ fn a_queued_request_keeps_its_own_kv_retention_ttl_when_a_later_one_of_its_progr
     }
     s.check_invariants().expect("ledger");
 }
+
+#[test]
+fn a_queued_request_of_an_already_active_program_reserves_what_it_needs() {
+    // Program b waits with a large request and then a small one; resumed newest first, the
+    // small one activates b, and the large one joins it: b's reservation must cover it too, as
+    // it would had the large one arrived while b was active.
+    let mut s = held_by_acting(cfg());
+    assert!(s.on_arrival(1.0, arrival(2, "b", 800)).is_empty());
+    assert!(
+        s.on_arrival(1.5, arrival(3, "b", 100)).is_empty(),
+        "90 tokens free: waits"
+    );
+    s.on_tick(101.0);
+    let b = find(&s, "b");
+    assert_eq!(b.in_flight, 2, "both run");
+    assert!(
+        b.reserved >= 800,
+        "reserved {} for an 800-token prompt",
+        b.reserved
+    );
+    s.check_invariants().expect("ledger");
+}

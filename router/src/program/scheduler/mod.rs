@@ -468,6 +468,8 @@ pub struct Scheduler {
     retained_at: FxHashMap<Ticket, f64>,
     in_flight: FxHashMap<Ticket, InFlight>,
     timers: BinaryHeap<Reverse<Timer>>,
+    /// The heap size at which timers that can no longer act are swept out.
+    timers_compact_at: usize,
     arrivals: i64,
     rr: usize,
     pub counters: Counters,
@@ -509,6 +511,7 @@ impl Scheduler {
             retained_at: FxHashMap::default(),
             in_flight: FxHashMap::default(),
             timers: BinaryHeap::new(),
+            timers_compact_at: timers::MIN_TIMER_SWEEP,
             arrivals: 0,
             rr: 0,
             counters: Counters::default(),

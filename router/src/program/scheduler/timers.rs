@@ -3,14 +3,45 @@
 
 use super::*;
 
+/// The heap is first swept of timers that can no longer act at this size.
+pub(super) const MIN_TIMER_SWEEP: usize = 1024;
+
 impl Scheduler {
     pub(super) fn timer(&mut self, at: f64, kind: TimerKind, id: u64, generation: u64) {
+        // Timers are dropped lazily when they fire; one whose request or Program moved on stays
+        // until then (a pooled request's two for `queue_timeout_seconds`). When the heap has
+        // doubled since it was last compacted, such timers are swept, so it stays proportional
+        // to what is live rather than to the request rate.
+        if self.timers.len() >= self.timers_compact_at {
+            let heap = std::mem::take(&mut self.timers);
+            self.timers = heap.into_iter().filter(|Reverse(t)| self.live(t)).collect();
+            self.timers_compact_at = (self.timers.len() * 2).max(MIN_TIMER_SWEEP);
+        }
         self.timers.push(Reverse(Timer {
             at_us: us(at),
             kind,
             id,
             generation,
         }));
+    }
+
+    /// Whether timer `t` can still act when it fires (what `on_tick` checks, without acting).
+    fn live(&self, t: &Timer) -> bool {
+        match t.kind {
+            TimerKind::ForceResume | TimerKind::QueueTimeout => {
+                self.retained.get(&t.id).map(|r| r.arrival) == Some(t.generation)
+            }
+            TimerKind::TtlExpiry | TimerKind::Release | TimerKind::IdleFinish => self
+                .programs
+                .get(t.id as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|p| p.timer_gen == t.generation),
+        }
+    }
+
+    /// Timers pending (live or not yet swept).
+    pub fn pending_timers(&self) -> usize {
+        self.timers.len()
     }
 
     /// Fires every timer due by `now`.

@@ -293,3 +293,26 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn timers_of_requests_long_admitted_do_not_pile_up() {
+    // Every new Program passes through the RequestPool (two timers each, due after the queue
+    // timeout) and is admitted at once; those timers can no longer act.
+    let mut s = sched(cfg(), 2);
+    for i in 0..20_000u64 {
+        let t = i as f64 * 0.001;
+        s.on_arrival(t, arrival(i, &format!("p{}", i % 5000), 10));
+        s.on_complete(t, i, usage(10, 1));
+    }
+    assert!(
+        s.pending_timers() < 4 * timers_bound(&s),
+        "{} timers pending",
+        s.pending_timers()
+    );
+    s.check_invariants().expect("ledger");
+}
+
+/// What may legitimately be pending: two per waiting request and a few per Program.
+fn timers_bound(s: &Scheduler) -> usize {
+    (2 * s.retained_requests() + 3 * s.programs.iter().flatten().count()).max(1024)
+}

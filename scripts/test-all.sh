@@ -18,6 +18,12 @@ step() { printf '\n=== %s\n' "$*"; }
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "router module graph (fails on an import cycle)"
+python3 scripts/module-graph.py
+
+step "file sizes (no source file over 800 lines, docs/benchmarks.md at most 400)"
+scripts/check-sizes.sh
+
 step "cargo clippy (all targets, -D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

@@ -65,28 +65,6 @@ fn init_logs(cli: &Cli) {
     }
 }
 
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
 fn identity(cli: &Cli) -> String {
     cli.identity
         .clone()
@@ -127,7 +105,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     if !cli.leader_elect {
         metrics.leader.set(1);
         tracing::info!(scopes = ?scopes, "controller starting (no leader election)");
-        controller::run_all(ctx, scopes, shutdown_signal()).await;
+        controller::run_all(ctx, scopes, program_router::run::shutdown_signal()).await;
         return Ok(());
     }
 
@@ -153,7 +131,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         .ready
         .store(true, std::sync::atomic::Ordering::Relaxed);
     tracing::info!(lease = %cli.lease_name, namespace = %lease_ns, identity = %me, "waiting for the leader lease");
-    let shutdown = shutdown_signal();
+    let shutdown = program_router::run::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         if *leading.borrow_and_update() {

@@ -7,7 +7,7 @@
 //! a volume gives exactly this layout). The name of the key a client presented is who the client
 //! is: fair queueing's `tenant_source: api_key` uses it as the tenant.
 //!
-//! The directory is polled ([`dir_loop`]); a changed key set is applied once two reads a moment
+//! The directory is polled (`crate::run::loops::key_dir`); a changed key set is applied once two reads a moment
 //! apart agree (a Secret volume swaps its files with one symlink, but a reader can straddle the
 //! swap). A directory that cannot be read, holds no key, or holds an invalid one keeps the keys
 //! already loaded and is reported on `/status` and in the log; at start it is a fatal error.
@@ -18,8 +18,8 @@ use std::time::{Duration, SystemTime};
 
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
+use crate::config::RouterConfig;
 use crate::error::ApiError;
-use crate::state::{Applied, RouterState};
 
 /// Longest key name (a Kubernetes Secret data key is at most 253 characters).
 const MAX_NAME: usize = 253;
@@ -31,7 +31,7 @@ const MAX_KEYS: usize = 10_000;
 const MAX_KEY_BYTES: u64 = 4096;
 
 /// How often the directory is read.
-const POLL: Duration = Duration::from_secs(1);
+pub const POLL: Duration = Duration::from_secs(1);
 
 /// One key a client may present, and its name.
 #[derive(Clone, PartialEq, Eq)]
@@ -196,30 +196,36 @@ pub fn read_dir(dir: &Path) -> Result<Vec<ClientKey>, String> {
     Ok(keys)
 }
 
-/// Who the client of `headers` is under `applied` and the state's key directory: the name of
-/// the key it presented, 401 without a valid one, or `Ok(None)` when keys do not tell clients
-/// apart (none configured, or only the workers' `api_key`, which every client shares).
-pub fn authorize(
-    state: &RouterState,
-    applied: &Applied,
-    headers: &http::HeaderMap,
-) -> Result<Option<Arc<str>>, ApiError> {
-    let dir = applied
-        .config
-        .client_api_keys_dir
-        .as_ref()
-        .and_then(|_| state.client_dir.load_full());
-    if applied.client_keys.is_none() && dir.is_none() {
+/// The keys in force for one request: the applied configuration's and the key directory's.
+#[derive(Clone, Copy, Default)]
+pub struct Keys<'a> {
+    /// `client_api_keys` (or `api_key` alone): `None` when neither names a key.
+    pub listed: Option<&'a [ClientKey]>,
+    /// The key directory's keys, when the configuration names a directory.
+    pub dir: Option<&'a DirKeys>,
+    /// Keys name clients (see [`named_clients`]).
+    pub named: bool,
+    /// The workers' `api_key`, which reads all of `/scheduling/diagnostics`.
+    pub workers_key: Option<&'a str>,
+    /// `client_api_keys` lists at least one key.
+    pub any_listed: bool,
+}
+
+/// Who the client of `headers` is under `keys`: the name of the key it presented, 401 without
+/// a valid one, or `Ok(None)` when keys do not tell clients apart (none configured, or only the
+/// workers' `api_key`, which every client shares).
+pub fn authorize(keys: &Keys<'_>, headers: &http::HeaderMap) -> Result<Option<Arc<str>>, ApiError> {
+    if keys.listed.is_none() && keys.dir.is_none() {
         return Ok(None);
     }
     let Some(token) = presented_key(headers) else {
         return Err(ApiError::unauthorized());
     };
     // Both sets are searched whatever the first finds, so timing does not say which holds it.
-    let listed = applied.client_keys.as_deref().and_then(|k| find(k, token));
-    let named = dir.as_deref().and_then(|d| find(&d.keys, token));
+    let listed = keys.listed.and_then(|k| find(k, token));
+    let named = keys.dir.and_then(|d| find(&d.keys, token));
     match named.or(listed) {
-        Some(k) if applied.named_clients => Ok(Some(k.name.clone())),
+        Some(k) if keys.named => Ok(Some(k.name.clone())),
         Some(_) => Ok(None),
         None => Err(ApiError::unauthorized()),
     }
@@ -230,63 +236,57 @@ pub fn authorize(
 /// platform holds), `Ok(Some(name))` for client `name`'s Programs only, or 401 — whenever any
 /// key is configured, a request without a valid one reads nothing.
 pub fn diagnostics_scope(
-    state: &RouterState,
-    applied: &Applied,
+    keys: &Keys<'_>,
     headers: &http::HeaderMap,
 ) -> Result<Option<Arc<str>>, ApiError> {
-    if let (Some(key), Some(token)) = (&applied.config.api_key, presented_key(headers))
+    if let (Some(key), Some(token)) = (keys.workers_key, presented_key(headers))
         && bool::from(key.as_bytes().ct_eq(token))
     {
         return Ok(None);
     }
-    if applied.named_clients {
-        return match authorize(state, applied, headers)? {
+    if keys.named {
+        return match authorize(keys, headers)? {
             Some(name) => Ok(Some(name)),
             None => Err(ApiError::unauthorized()),
         };
     }
-    let any_key = applied.config.api_key.is_some()
-        || applied
-            .config
-            .client_api_keys
-            .as_ref()
-            .is_some_and(|k| !k.is_empty());
-    if any_key {
+    if keys.workers_key.is_some() || keys.any_listed {
         return Err(ApiError::unauthorized());
     }
     Ok(None)
 }
 
-/// Re-reads the key directory of the applied configuration every second and applies a changed
-/// set once it reads the same twice. Runs until the router stops.
-pub async fn dir_loop(state: Arc<RouterState>) {
-    let mut stop = state.stop_rx();
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(POLL) => {}
-            _ = stop.changed() => return,
-        }
-        let Some(dir) = state.applied.load().config.client_api_keys_dir.clone() else {
-            continue;
-        };
-        let dir = PathBuf::from(dir);
-        let current = state.client_dir.load_full();
-        let read = tokio::task::spawn_blocking({
-            let dir = dir.clone();
-            move || {
-                let first = read_dir(&dir)?;
-                if current.is_some_and(|c| *c.keys == *first) {
-                    return Ok(Some(first)); // unchanged: nothing to confirm
-                }
-                std::thread::sleep(Duration::from_millis(100));
-                let second = read_dir(&dir)?;
-                Ok::<_, String>((first == second).then_some(second))
-            }
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("the key directory reader failed: {e}")));
-        state.update_client_dir(&dir, read);
+/// The listed keys clients may present under `config` (see `RouterConfig::client_api_keys`);
+/// with a key directory and no list, the workers' key is not one of them.
+pub fn client_keys(config: &RouterConfig) -> Option<Arc<[ClientKey]>> {
+    let keys: Vec<&String> = match (
+        &config.client_api_keys,
+        &config.client_api_keys_dir,
+        &config.api_key,
+    ) {
+        (Some(list), _, _) => list.iter().collect(),
+        (None, None, Some(key)) => vec![key],
+        _ => Vec::new(),
+    };
+    if keys.is_empty() {
+        return None;
     }
+    Some(
+        keys.into_iter()
+            .enumerate()
+            .map(|(i, k)| ClientKey::listed(i, k.as_bytes()))
+            .collect(),
+    )
+}
+
+/// Whether clients have keys of their own under `config` (a non-empty `client_api_keys`, or a
+/// key directory); `client_api_keys: []` turns checking off and names no one.
+pub fn named_clients(config: &RouterConfig) -> bool {
+    config
+        .client_api_keys
+        .as_ref()
+        .is_some_and(|l| !l.is_empty())
+        || config.client_api_keys_dir.is_some()
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::server::{Body, full};
+use crate::net::body::{Body, full};
 
 /// A shared state's lock (`what` names it). One left poisoned by a panic is never used again,
 /// except by code already unwinding from that failure: the caller panics too, and the HTTP front

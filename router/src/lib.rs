@@ -5,8 +5,10 @@
 //! [`workers`] (targets, health, breakers), with [`observe`] for metrics in both directions.
 #![forbid(unsafe_code)]
 
+pub mod applied;
 pub mod auth;
 pub mod calibrate;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod fair;
@@ -19,7 +21,6 @@ pub mod policies;
 pub mod program;
 pub mod proxy;
 pub mod run;
-pub mod scheduling;
 pub mod server;
 pub mod state;
 pub mod workers;

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::FromArgMatches;
-use program_router::config::cli::{Cli, Command, ConfigCommand};
+use program_router::cli::{Cli, Command, ConfigCommand};
 use program_router::config::{LogFormat, RouterConfig};
 
 /// mimalloc: the proxy allocates and frees small buffers on every request; glibc malloc cost
@@ -17,7 +17,7 @@ fn exit_with_hint(e: clap::Error) -> ! {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     if e.kind() == ErrorKind::UnknownArgument
         && let Some(ContextValue::String(flag)) = e.get(ContextKind::InvalidArg)
-        && let Some(hint) = program_router::config::migrate::vllm_router_hint(flag)
+        && let Some(hint) = program_router::cli::migrate::vllm_router_hint(flag)
     {
         let _ = e.print();
         eprintln!("\nhint: {flag} is a vllm-router flag; {hint}.");
@@ -28,7 +28,7 @@ fn exit_with_hint(e: clap::Error) -> ! {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let matches = program_router::config::cli::command()
+    let matches = program_router::cli::command()
         .try_get_matches()
         .unwrap_or_else(|e| exit_with_hint(e));
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
@@ -120,7 +120,7 @@ async fn main() -> ExitCode {
         "program-router listening"
     );
     println!("listening on http://{}", bound.api_addr);
-    if let Err(e) = bound.serve(shutdown_signal()).await {
+    if let Err(e) = bound.serve(program_router::run::shutdown_signal()).await {
         eprintln!("program-router: stopped after an internal error: {e}");
         // EX_SOFTWARE: the orchestrator restarts it with fresh state.
         return ExitCode::from(70);
@@ -129,30 +129,11 @@ async fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutdown signal received");
-}
-
 /// The spec's startup warning: which calibration coefficients the configuration leaves at their
 /// reference values.
 fn warn_reference_calibration(
     ps: &program_router::config::ProgramSchedulingConfig,
-    flags: &program_router::config::cli::Flags,
+    flags: &program_router::config::flags::Flags,
 ) {
     use program_router::program::cost::{decode_throughput, prefill_seconds};
     if ps.binding_only {

@@ -10,102 +10,17 @@ use std::time::SystemTime;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::{Notify, watch};
 
-use crate::config::cli::Flags;
+use crate::applied::{
+    Applied, authorization, fair_runtime, limiter, program_runtime, program_targets,
+};
+use crate::config::flags::Flags;
 use crate::config::{ConfigError, RouterConfig};
-use crate::fair::runtime::{FairMetrics, FairRuntime};
+use crate::fair::runtime::FairMetrics;
+use crate::net::client::{self, UpstreamClient};
 use crate::observe::metrics::Metrics;
 use crate::policies::{self, Policy};
-use crate::proxy::{self, UpstreamClient};
-use crate::scheduling::{ProgramMetrics, ProgramRuntime};
+use crate::program::metrics::ProgramMetrics;
 use crate::workers::TargetSet;
-
-/// One applied configuration.
-pub struct Applied {
-    pub config: RouterConfig,
-    pub hash: String,
-    pub targets: TargetSet,
-    pub policy: Arc<dyn Policy>,
-    pub loaded_at: SystemTime,
-    pub generation: u64,
-    /// Program scheduling over `targets` (indices are target positions), when enabled.
-    pub program: Option<Arc<ProgramRuntime>>,
-    /// Fair multi-tenant queueing, when enabled.
-    pub fair: Option<Arc<FairRuntime>>,
-    /// `Authorization` sent to workers (`Bearer <api_key>`), built once per configuration.
-    pub authorization: Option<http::HeaderValue>,
-    /// Keys from `api_key` or `client_api_keys` a client may present on proxied routes; `None`:
-    /// none (see [`crate::auth::authorize`], which adds the key directory's).
-    pub client_keys: Option<Arc<[crate::auth::ClientKey]>>,
-    /// Clients have keys of their own (`client_api_keys` or a key directory), so a key names
-    /// one client; with only `api_key`, every client presents the same key.
-    pub named_clients: bool,
-    /// The cap on requests in progress, when `limits.max_concurrent_requests` sets one.
-    pub limiter: Option<Arc<crate::limit::Limiter>>,
-    /// The other router replicas Program requests are forwarded to, when `peers` is set.
-    pub peers: Option<Arc<crate::peers::Peers>>,
-}
-
-/// The limiter for `config`: `prev`'s when the cap is unchanged (its places and waiters carry
-/// over a reload), a new one otherwise.
-fn limiter(
-    config: &RouterConfig,
-    prev: Option<&Arc<crate::limit::Limiter>>,
-) -> Option<Arc<crate::limit::Limiter>> {
-    let max = config.limits.max_concurrent_requests?;
-    match prev {
-        Some(l) if l.max() == max => Some(l.clone()),
-        _ => Some(crate::limit::Limiter::new(max)),
-    }
-}
-
-/// The listed keys clients may present under `config` (see `RouterConfig::client_api_keys`);
-/// with a key directory and no list, the workers' key is not one of them.
-fn client_keys(config: &RouterConfig) -> Option<Arc<[crate::auth::ClientKey]>> {
-    let keys: Vec<&String> = match (
-        &config.client_api_keys,
-        &config.client_api_keys_dir,
-        &config.api_key,
-    ) {
-        (Some(list), _, _) => list.iter().collect(),
-        (None, None, Some(key)) => vec![key],
-        _ => Vec::new(),
-    };
-    if keys.is_empty() {
-        return None;
-    }
-    Some(
-        keys.into_iter()
-            .enumerate()
-            .map(|(i, k)| crate::auth::ClientKey::listed(i, k.as_bytes()))
-            .collect(),
-    )
-}
-
-/// Whether clients have keys of their own under `config` (a non-empty `client_api_keys`, or a
-/// key directory); `client_api_keys: []` turns checking off and names no one.
-fn named_clients(config: &RouterConfig) -> bool {
-    config
-        .client_api_keys
-        .as_ref()
-        .is_some_and(|l| !l.is_empty())
-        || config.client_api_keys_dir.is_some()
-}
-
-/// The workers' `Authorization` header for `config`, if it names an API key that is a valid
-/// header value (validation rejects one that is not).
-fn authorization(config: &RouterConfig) -> Option<http::HeaderValue> {
-    let key = config.api_key.as_ref()?;
-    http::HeaderValue::from_str(&format!("Bearer {key}")).ok()
-}
-
-impl Applied {
-    /// Whether anything reads backend `/metrics`.
-    pub fn needs_observation(&self) -> bool {
-        self.policy.needs_observation()
-            || self.config.program_scheduling.is_some()
-            || self.config.fairness.is_some()
-    }
-}
 
 /// A reload that was refused.
 #[derive(Debug, Clone)]
@@ -126,7 +41,9 @@ struct DrainPlan {
 /// Shared router state.
 pub struct RouterState {
     pub applied: ArcSwap<Applied>,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
+    /// Forwarding's own state: route metrics, stored responses' homes, connection pools.
+    pub forwarder: Arc<crate::proxy::Forwarder>,
     pub program_metrics: ProgramMetrics,
     pub fair_metrics: FairMetrics,
     pub client: UpstreamClient,
@@ -154,8 +71,6 @@ pub struct RouterState {
     config_writer: Mutex<()>,
     /// Hand-over claims in progress ([`crate::peers::handover::Claims`]).
     pub claims: crate::peers::handover::Claims,
-    /// Which server stored each Responses API response the router relayed.
-    pub response_homes: crate::proxy::stored::ResponseHomes,
     /// The keys of `client_api_keys_dir`, when the applied configuration names one.
     pub client_dir: ArcSwapOption<crate::auth::DirKeys>,
     /// The peer plane's credential (`peer_secret_file`, read at start).
@@ -202,11 +117,15 @@ impl RouterState {
         client_dir: Option<Arc<crate::auth::DirKeys>>,
         peer_key: Option<Arc<crate::peers::PeerKey>>,
     ) -> Result<Arc<Self>, prometheus::Error> {
-        let metrics = Metrics::new()?;
+        let metrics = Arc::new(Metrics::new()?);
+        let forwarder = Arc::new(crate::proxy::Forwarder::new(metrics.clone()));
         let program_metrics = ProgramMetrics::new(&metrics.registry)?;
         let fair_metrics = FairMetrics::new(&metrics.registry)?;
         let observe_wake = Arc::new(Notify::new());
         let targets = TargetSet::build(&config, None, &metrics);
+        forwarder
+            .pools
+            .follow(targets.backends.iter().map(|b| b.addr.as_str()));
         let policy: Arc<dyn Policy> = Arc::from(policies::build(&config, &targets));
         let program = program_runtime(&config, &targets, &program_metrics);
         let fair = fair_runtime(&config, &targets, &fair_metrics, &observe_wake);
@@ -217,8 +136,8 @@ impl RouterState {
         let applied = Applied {
             hash: config.hash(),
             authorization: authorization(&config),
-            client_keys: client_keys(&config),
-            named_clients: named_clients(&config),
+            client_keys: crate::auth::client_keys(&config),
+            named_clients: crate::auth::named_clients(&config),
             limiter: limiter(&config, None),
             peers: config
                 .peers
@@ -236,9 +155,10 @@ impl RouterState {
         Ok(Arc::new(RouterState {
             applied: ArcSwap::from_pointee(applied),
             metrics,
+            forwarder,
             program_metrics,
             fair_metrics,
-            client: proxy::client(),
+            client: client::client(),
             peer_client: crate::peers::client(),
             peer_key,
             failure: std::sync::OnceLock::new(),
@@ -256,7 +176,6 @@ impl RouterState {
             peer_list_source: Mutex::new(None),
             config_writer: Mutex::new(()),
             client_dir: ArcSwapOption::new(client_dir),
-            response_homes: Default::default(),
             claims: Default::default(),
             stop,
             generation: AtomicU64::new(1),
@@ -417,7 +336,7 @@ impl RouterState {
     /// the applied configuration stays and the error is kept for `/status`.
     pub fn reload(&self, bytes: &[u8]) -> Result<bool, ConfigError> {
         let _one_writer = self.config_writer();
-        let result = crate::config::cli::parse_config(bytes)
+        let result = crate::config::flags::parse_config(bytes)
             .and_then(|file| self.flags.effective(Some(file)))
             .and_then(|mut c| {
                 // A member list read from a peer stays until the file's revision reaches it.
@@ -460,7 +379,7 @@ impl RouterState {
         result
     }
 
-    /// Takes one read of the key directory `dir` (see [`crate::auth::dir_loop`]): a stable,
+    /// Takes one read of the key directory `dir` (see [`crate::run::loops::key_dir`]): a stable,
     /// changed key set replaces the one in force; an error is kept for `/status` and logged once,
     /// and the keys in force stay. `Ok(None)`: the directory changed between two reads.
     pub fn update_client_dir(
@@ -566,6 +485,25 @@ impl RouterState {
         });
     }
 
+    /// Applies the member list in `doc` (another replica's `/peers/members`, read from `from`)
+    /// when it is signed with the peer secret and newer than the one in force.
+    pub fn adopt_members(
+        &self,
+        from: &str,
+        doc: &serde_json::Value,
+    ) -> Result<crate::peers::gossip::Adoption, String> {
+        let _one_writer = self.config_writer();
+        let applied = self.applied.load_full();
+        let Some(config) =
+            crate::peers::gossip::adoptable(&applied.config, applied.peers.as_deref(), doc)?
+        else {
+            return Ok(crate::peers::gossip::Adoption::Stale);
+        };
+        self.apply(config).map_err(|e| e.to_string())?;
+        self.set_peer_list_source(Some(from.to_string()));
+        Ok(crate::peers::gossip::Adoption::Adopted)
+    }
+
     /// Applies a validated configuration; `Ok(false)` when it equals the applied one.
     pub fn apply(&self, config: RouterConfig) -> Result<bool, ConfigError> {
         let prev = self.applied.load_full();
@@ -613,6 +551,9 @@ impl RouterState {
             self.client_dir.store(d);
         }
         let targets = TargetSet::build(&config, Some(&prev.targets), &self.metrics);
+        self.forwarder
+            .pools
+            .follow(targets.backends.iter().map(|b| b.addr.as_str()));
         let same_ids = targets.targets.iter().map(|t| &t.id).eq(prev
             .targets
             .targets
@@ -670,8 +611,8 @@ impl RouterState {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         self.applied.store(Arc::new(Applied {
             authorization: authorization(&config),
-            client_keys: client_keys(&config),
-            named_clients: named_clients(&config),
+            client_keys: crate::auth::client_keys(&config),
+            named_clients: crate::auth::named_clients(&config),
             limiter: limiter(&config, prev.limiter.as_ref()),
             peers: config.peers.as_ref().map(|p| {
                 Arc::new(crate::peers::Peers::new(
@@ -693,40 +634,4 @@ impl RouterState {
         self.observe_wake.notify_one();
         Ok(true)
     }
-}
-
-fn fair_runtime(
-    config: &RouterConfig,
-    targets: &TargetSet,
-    metrics: &FairMetrics,
-    observe: &Arc<Notify>,
-) -> Option<Arc<FairRuntime>> {
-    let cfg = config.fairness.clone()?;
-    Some(FairRuntime::new(
-        cfg,
-        targets.targets.clone(),
-        metrics.clone(),
-        observe.clone(),
-    ))
-}
-
-fn program_runtime(
-    config: &RouterConfig,
-    targets: &TargetSet,
-    metrics: &ProgramMetrics,
-) -> Option<Arc<ProgramRuntime>> {
-    let ps = config.program_scheduling.clone()?;
-    Some(ProgramRuntime::new(
-        ps,
-        &program_targets(targets),
-        metrics.clone(),
-    ))
-}
-
-fn program_targets(targets: &TargetSet) -> Vec<crate::scheduling::TargetInfo> {
-    targets
-        .targets
-        .iter()
-        .map(|t| (t.id.clone(), t.spec.url.clone(), t.spec.dp_rank))
-        .collect()
 }

@@ -241,13 +241,13 @@ async fn two_configs_that_differ_only_in_their_keys_give_the_same_status() {
             "client_api_keys": [format!("{key}-client")],
         });
         std::fs::write(&path, file.to_string()).expect("write");
-        let flags = program_router::config::cli::Flags {
+        let flags = program_router::config::flags::Flags {
             config: Some(path.clone()),
             ..Default::default()
         };
         let cfg = flags
             .effective(Some(
-                program_router::config::cli::load_file(&path).expect("file"),
+                program_router::config::flags::load_file(&path).expect("file"),
             ))
             .expect("valid");
         let r = router_with(cfg, flags).await;

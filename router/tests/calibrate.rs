@@ -5,7 +5,7 @@ mod common;
 
 use clap::Parser;
 use common::*;
-use program_router::config::cli::{Cli, Command};
+use program_router::cli::{Cli, Command};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovers_the_simulators_cost_model() {

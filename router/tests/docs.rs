@@ -106,7 +106,7 @@ fn the_documented_example_is_valid() {
         .nth(1)
         .and_then(|s| s.split("```").next())
         .expect("example block");
-    let cfg = program_router::config::cli::parse_config(json.as_bytes()).expect("example parses");
+    let cfg = program_router::config::flags::parse_config(json.as_bytes()).expect("example parses");
     cfg.validate().expect("example validates");
     assert_eq!(cfg.targets().len(), 4);
 }
@@ -207,7 +207,7 @@ fn documented_defaults_are_the_real_defaults() {
 
 #[test]
 fn every_flag_is_in_the_table_and_has_help() {
-    let cmd = program_router::config::cli::command();
+    let cmd = program_router::cli::command();
     let real: BTreeSet<String> = cmd
         .get_arguments()
         .filter_map(|a| a.get_long().map(|l| format!("--{l}")))

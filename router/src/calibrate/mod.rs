@@ -17,7 +17,8 @@ use http_body_util::{BodyExt, Full};
 use rand::Rng;
 use serde::Serialize;
 
-use crate::proxy::{DP_RANK, UpstreamClient};
+use crate::net::client::UpstreamClient;
+use crate::net::headers::DP_RANK;
 
 /// What to measure.
 #[derive(Debug, Clone, clap::Args)]
@@ -248,7 +249,7 @@ fn random_prompt(tokens: u32) -> Vec<u32> {
 /// Runs the measurements and the fits.
 pub async fn run(args: &CalibrateArgs) -> Result<Calibration, String> {
     let ctx = Ctx {
-        client: crate::proxy::client(),
+        client: crate::net::client::client(),
         url: args.worker_url.clone(),
         rank: args.dp_rank,
         key: args.api_key.clone(),

@@ -69,13 +69,6 @@ pub struct RateLimitConfig {
 }
 
 impl RateLimitConfig {
-    pub fn limits(&self) -> crate::fair::rate::Limits {
-        crate::fair::rate::Limits {
-            requests_per_minute: self.requests_per_minute,
-            tokens_per_minute: self.tokens_per_minute,
-        }
-    }
-
     fn validate(&self, field: &str) -> Result<(), ConfigError> {
         for (name, v) in [
             ("requests_per_minute", self.requests_per_minute),

@@ -9,6 +9,7 @@
 //! and queue timeouts make every request end exactly once: dispatched, refused at the door, or
 //! timed out. [`runtime`] wires it into the data plane (identity, gates from vLLM metrics, 429/504).
 
+pub mod metrics;
 pub mod rate;
 
 use std::collections::{BTreeMap, VecDeque};

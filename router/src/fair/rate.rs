@@ -29,6 +29,15 @@ pub struct Limits {
     pub tokens_per_minute: Option<f64>,
 }
 
+impl From<&crate::config::fairness::RateLimitConfig> for Limits {
+    fn from(c: &crate::config::fairness::RateLimitConfig) -> Self {
+        Limits {
+            requests_per_minute: c.requests_per_minute,
+            tokens_per_minute: c.tokens_per_minute,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Buckets {
     requests: f64,

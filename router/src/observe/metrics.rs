@@ -78,116 +78,119 @@ const DURATION_BUCKETS: &[f64] = &[
     90.0, 120.0, 180.0, 240.0,
 ];
 
+/// Registers `m` with `registry` and returns it: the one way every metric of the router is
+/// created, so a name registered twice fails at start with the registry's error.
+pub fn register<M>(registry: &Registry, m: M) -> Result<M, prometheus::Error>
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    registry.register(Box::new(m.clone()))?;
+    Ok(m)
+}
+
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        macro_rules! reg {
-            ($m:expr) => {{
-                let m = $m;
-                registry.register(Box::new(m.clone()))?;
-                m
-            }};
-        }
         Ok(Metrics {
-            requests: reg!(IntCounterVec::new(
+            requests: register(&registry, IntCounterVec::new(
                 Opts::new("vllm_router_requests_total", "Requests received, by route."),
                 &["route"]
-            )?),
-            request_duration: reg!(HistogramVec::new(
+            )?)?,
+            request_duration: register(&registry, HistogramVec::new(
                 HistogramOpts::new(
                     "vllm_router_request_duration_seconds",
                     "Time from request received to response finished, by route."
                 )
                 .buckets(DURATION_BUCKETS.to_vec()),
                 &["route"]
-            )?),
-            request_errors: reg!(IntCounterVec::new(
+            )?)?,
+            request_errors: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "vllm_router_request_errors_total",
                     "Requests answered with a router error, by route and error."
                 ),
                 &["route", "error"]
-            )?),
-            retries: reg!(IntCounterVec::new(
+            )?)?,
+            retries: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "vllm_router_retries_total",
                     "Upstream attempts retried on another attempt, by route."
                 ),
                 &["route"]
-            )?),
-            upstream_responses: reg!(IntCounterVec::new(
+            )?)?,
+            upstream_responses: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "vllm_router_upstream_responses_total",
                     "Upstream responses by worker and status class."
                 ),
                 &["worker", "class"]
-            )?),
-            running: reg!(IntGaugeVec::new(
+            )?)?,
+            running: register(&registry, IntGaugeVec::new(
                 Opts::new(
                     "vllm_router_running_requests",
                     "Requests in flight to each worker."
                 ),
                 &["worker"]
-            )?),
-            worker_health: reg!(IntGaugeVec::new(
+            )?)?,
+            worker_health: register(&registry, IntGaugeVec::new(
                 Opts::new(
                     "vllm_router_worker_health",
                     "1 when the worker passes health checks."
                 ),
                 &["worker"]
-            )?),
-            cb_state: reg!(IntGaugeVec::new(
+            )?)?,
+            cb_state: register(&registry, IntGaugeVec::new(
                 Opts::new(
                     "vllm_router_cb_state",
                     "Circuit breaker state: 0 closed, 1 open, 2 half-open."
                 ),
                 &["worker"]
-            )?),
-            cb_outcomes: reg!(IntCounterVec::new(
+            )?)?,
+            cb_outcomes: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "vllm_router_cb_outcomes_total",
                     "Outcomes recorded by each worker's circuit breaker."
                 ),
                 &["worker", "outcome"]
-            )?),
-            active_workers: reg!(IntGauge::new(
+            )?)?,
+            active_workers: register(&registry, IntGauge::new(
                 "vllm_router_active_workers",
                 "Configured targets."
-            )?),
-            tokens: reg!(IntCounterVec::new(
+            )?)?,
+            tokens: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "vllm_router_tokens_total",
                     "Tokens reported in upstream usage, by worker and kind."
                 ),
                 &["worker", "kind"]
-            )?),
-            ttfb: reg!(Histogram::with_opts(
+            )?)?,
+            ttfb: register(&registry, Histogram::with_opts(
                 HistogramOpts::new(
                     "vllm_router_upstream_header_seconds",
                     "Time from dispatch to upstream response headers (time to first byte)."
                 )
                 .buckets(DURATION_BUCKETS.to_vec())
-            )?),
-            config_reloads: reg!(IntCounterVec::new(
+            )?)?,
+            config_reloads: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "vllm_router_config_reloads_total",
                     "Configuration reloads by result."
                 ),
                 &["result"]
-            )?),
-            concurrency_limit: reg!(IntGauge::new(
+            )?)?,
+            concurrency_limit: register(&registry, IntGauge::new(
                 "program_router_concurrency_limit",
                 "The cap on proxied requests in progress (limits.max_concurrent_requests); 0: none."
-            )?),
-            concurrency_in_progress: reg!(IntGauge::new(
+            )?)?,
+            concurrency_in_progress: register(&registry, IntGauge::new(
                 "program_router_concurrency_in_progress",
                 "Proxied requests holding one of the cap's places (0 without a cap)."
-            )?),
-            concurrency_waiting: reg!(IntGauge::new(
+            )?)?,
+            concurrency_waiting: register(&registry, IntGauge::new(
                 "program_router_concurrency_waiting",
                 "Requests waiting for one of the cap's places (at most limits.queue_size)."
-            )?),
-            peer_forwards: reg!(IntCounterVec::new(
+            )?)?,
+            peer_forwards: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "program_router_peer_forwards_total",
                     "Program requests forwarded to the replica that owns them (forwarded), \
@@ -197,16 +200,16 @@ impl Metrics {
                      replica (received)."
                 ),
                 &["outcome"]
-            )?),
-            peer_usage_reads: reg!(IntCounterVec::new(
+            )?)?,
+            peer_usage_reads: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "program_router_peer_usage_reads_total",
                     "Reads of the other router replicas' quota use (once a second per replica \
                      while quotas are configured), by outcome (ok, error)."
                 ),
                 &["outcome"]
-            )?),
-            peer_handovers: reg!(IntCounterVec::new(
+            )?)?,
+            peer_handovers: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "program_router_peer_handovers_total",
                     "Programs handed between router replicas so that they keep their rank when \
@@ -215,13 +218,13 @@ impl Metrics {
                      shutting down (pushed), or taken from a replica shutting down (adopted)."
                 ),
                 &["event"]
-            )?),
-            peer_auth_failures: reg!(IntCounter::new(
+            )?)?,
+            peer_auth_failures: register(&registry, IntCounter::new(
                 "program_router_peer_auth_failures_total",
                 "Requests the peer listener refused (401) because they did not carry the peer \
                  secret: a misconfigured replica, or someone who is not one."
-            )?),
-            connections_shed: reg!(IntCounterVec::new(
+            )?)?,
+            connections_shed: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "program_router_connections_shed_total",
                     "Connections closed as soon as they were accepted because their listener \
@@ -229,25 +232,25 @@ impl Metrics {
                      by listener. No request was read from them."
                 ),
                 &["listener"]
-            )?),
-            buffered_bytes: reg!(IntGauge::new(
+            )?)?,
+            buffered_bytes: register(&registry, IntGauge::new(
                 "program_router_buffered_request_bytes",
                 "Request body bytes the router holds in memory now (waiting in its queues or in \
                  flight; limits.max_buffered_bytes)."
-            )?),
-            buffered_bytes_shed: reg!(IntCounter::new(
+            )?)?,
+            buffered_bytes_shed: register(&registry, IntCounter::new(
                 "program_router_buffered_bytes_shed_total",
                 "Requests refused with 503 overloaded because their body would have passed \
                  limits.max_buffered_bytes."
-            )?),
-            connections_open: reg!(IntGaugeVec::new(
+            )?)?,
+            connections_open: register(&registry, IntGaugeVec::new(
                 Opts::new(
                     "program_router_connections_open",
                     "Open client connections of the API listener and of the peer listener."
                 ),
                 &["listener"]
-            )?),
-            peer_member_lists: reg!(IntCounterVec::new(
+            )?)?,
+            peer_member_lists: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "program_router_peer_member_lists_total",
                     "Member lists read from another router replica that told of a newer revision \
@@ -255,7 +258,7 @@ impl Metrics {
                      or unreadable or invalid (error)."
                 ),
                 &["outcome"]
-            )?),
+            )?)?,
             routes: Vec::new(),
             registry,
         }

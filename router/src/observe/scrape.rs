@@ -1,6 +1,7 @@
-//! Reads the few vLLM series the router needs from a backend's Prometheus text exposition.
+//! Reads Prometheus text expositions: the one sample scanner of the project ([`samples`]) and
+//! the few vLLM series the router needs from a backend's exposition.
 //!
-//! Owns a tolerant line scanner for `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+//! Owns a tolerant line scanner; the router reads `vllm:num_requests_running`, `vllm:num_requests_waiting`,
 //! `vllm:kv_cache_usage_perc` (or the older `vllm:gpu_cache_usage_perc`), `vllm:cache_config_info`
 //! and the inter-token latency histogram's sum and count, keyed by the `engine` label (the DP rank; missing means 0). It skips
 //! every other line, whatever its shape, so that new vLLM series or format details never break
@@ -28,14 +29,16 @@ pub struct EngineSample {
 /// Parses an exposition into samples per engine (DP rank).
 pub fn parse_vllm_metrics(text: &str) -> FxHashMap<u32, EngineSample> {
     let mut out: FxHashMap<u32, EngineSample> = FxHashMap::default();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
+    for Sample {
+        name,
+        labels,
+        value,
+    } in samples(text)
+    {
+        if !value.is_finite() {
+            // NaN and infinities say nothing a scheduler can use: the sample is skipped.
             continue;
         }
-        let Some((name, labels, value)) = split_sample(line) else {
-            continue;
-        };
         let field = match name {
             "vllm:num_requests_running" => 0,
             "vllm:num_requests_waiting" => 1,
@@ -69,8 +72,43 @@ pub fn parse_vllm_metrics(text: &str) -> FxHashMap<u32, EngineSample> {
     out
 }
 
-/// `name{labels} value [timestamp]` → (name, labels, value).
-fn split_sample(line: &str) -> Option<(&str, &str, f64)> {
+/// One sample line of an exposition: `name{labels} value [timestamp]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample<'a> {
+    pub name: &'a str,
+    /// The text between the braces (`a="x",b="y"`); read one with [`Sample::label`].
+    pub labels: &'a str,
+    pub value: f64,
+}
+
+impl<'a> Sample<'a> {
+    /// The value of label `key`.
+    pub fn label(&self, key: &str) -> Option<&'a str> {
+        label(self.labels, key)
+    }
+}
+
+/// Every sample line of `text` that parses; comments, blank lines and lines of any other shape
+/// are skipped (a partial exposition, a new format detail), never an error.
+pub fn samples(text: &str) -> impl Iterator<Item = Sample<'_>> {
+    text.lines().filter_map(|line| {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            return None;
+        }
+        split_sample(line)
+    })
+}
+
+/// The sum of `name` over its series whose labels match `labels`.
+pub fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples(text)
+        .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(*v)))
+        .fold(0.0, |a, s| a + s.value)
+}
+
+/// `name{labels} value [timestamp]` → its sample.
+fn split_sample(line: &str) -> Option<Sample<'_>> {
     let (name, rest) = match line.find('{') {
         Some(i) => {
             let end = line[i..].rfind('}')? + i;
@@ -81,9 +119,12 @@ fn split_sample(line: &str) -> Option<(&str, &str, f64)> {
             (&line[..i], ("", &line[i..]))
         }
     };
-    // NaN and infinities say nothing a scheduler can use: the sample is skipped.
     let value = rest.1.split_whitespace().next()?.parse::<f64>().ok()?;
-    value.is_finite().then_some((name.trim(), rest.0, value))
+    Some(Sample {
+        name: name.trim(),
+        labels: rest.0,
+        value,
+    })
 }
 
 /// The value of label `key` in `a="x",b="y"` (values without escaped quotes, as vLLM emits).

@@ -35,7 +35,7 @@ pub async fn member_diagnostics(
 }
 
 /// Every member but this replica.
-pub(super) fn others(peers: &Peers) -> impl Iterator<Item = &Member> {
+pub fn others(peers: &Peers) -> impl Iterator<Item = &Member> {
     peers
         .members
         .iter()
@@ -47,8 +47,8 @@ pub(super) fn others(peers: &Peers) -> impl Iterator<Item = &Member> {
 /// `GET /peers/usage`: what this replica charged to each tenant's quota, for the others to
 /// charge too: `{"epoch": <id of this quota state>, "age_secs": <its age>, "tenants": {name:
 /// [requests, tokens]}}`.
-pub fn usage_document(applied: &crate::state::Applied) -> serde_json::Value {
-    let (epoch, age, tenants) = match &applied.fair {
+pub fn usage_document(fair: Option<&crate::fair::runtime::FairRuntime>) -> serde_json::Value {
+    let (epoch, age, tenants) = match fair {
         Some(f) => (
             f.rate_epoch(),
             f.rate_age_secs(),
@@ -66,7 +66,7 @@ pub fn usage_document(applied: &crate::state::Applied) -> serde_json::Value {
 const QUOTA_MEMORY_SECS: f64 = 60.0;
 
 /// What one member reported last: its quota state's epoch and per-tenant totals, and when.
-struct Seen {
+pub struct Seen {
     epoch: String,
     totals: FxHashMap<String, (f64, f64)>,
     at: Instant,
@@ -75,59 +75,9 @@ struct Seen {
 /// How often the replicas exchange quota use.
 pub const USAGE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Every [`USAGE_INTERVAL`], while this replica has peers and tenants have quotas: reads each
-/// other member's `/peers/usage` and charges this replica's quotas with what the member admitted
-/// since the last read. On the first read of a member (or the first after more than a minute
-/// without one), its totals count when its quota state is younger than a minute (all of it is
-/// recent) and are only remembered otherwise (older use has been refilled; the last minute's is
-/// not known apart); after it restarted, all of them count. Stops with the router.
-pub async fn usage_loop(state: std::sync::Arc<crate::state::RouterState>) {
-    let mut stop = state.stop_rx();
-    let mut seen: FxHashMap<String, Seen> = FxHashMap::default();
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(USAGE_INTERVAL) => {}
-            _ = stop.changed() => return,
-        }
-        let applied = state.applied.load_full();
-        let (Some(peers), Some(fair)) = (&applied.peers, &applied.fair) else {
-            seen.clear();
-            continue;
-        };
-        if !fair.has_rate_limits() {
-            seen.clear();
-            continue;
-        }
-        let client = &state.peer_client;
-        let reads = others(peers).map(|m| {
-            let headers = HeaderMap::new();
-            async move {
-                let doc = get_json(client, peers, m, "/peers/usage", headers, USAGE_INTERVAL).await;
-                (m.name.clone(), doc)
-            }
-        });
-        for (name, doc) in futures_util::future::join_all(reads).await {
-            let outcome = if doc.is_ok() { "ok" } else { "error" };
-            state
-                .metrics
-                .peer_usage_reads
-                .with_label_values(&[outcome])
-                .inc();
-            peers.usage_read(&name, doc.as_ref().err().cloned());
-            let Ok(doc) = doc else { continue };
-            let (charges, now_seen) = read_usage(seen.get(&name), &doc, Instant::now());
-            for (tenant, requests, tokens) in charges {
-                fair.rate_absorb(&tenant, requests, tokens);
-            }
-            seen.insert(name, now_seen);
-        }
-        seen.retain(|name, _| peers.members.iter().any(|m| &m.name == name));
-    }
-}
-
 /// What to charge here for one read `doc` of a member's quota use, given what was `seen` of it
-/// before (see [`usage_loop`]), as (tenant, requests, tokens); and what is seen now.
-fn read_usage(
+/// before (see `crate::run::loops::usage`), as (tenant, requests, tokens); and what is seen now.
+pub fn read_usage(
     seen: Option<&Seen>,
     doc: &serde_json::Value,
     now: Instant,
@@ -182,7 +132,7 @@ fn read_usage(
 /// not skipped (`GET /peers/response-home/{id}`, at once, each for at most half a second): the
 /// first that knows. For a follow-up to a response another replica relayed.
 pub async fn response_home(client: &PeerClient, peers: &Peers, id: &str) -> Option<String> {
-    if !crate::proxy::stored::plain_id(id) {
+    if !crate::net::plain_id(id) {
         return None;
     }
     let now = Instant::now();

@@ -17,7 +17,7 @@ use hyper::body::{Body as HttpBody, Frame, SizeHint};
 
 use super::{Member, PeerClient, Peers};
 use crate::error::ApiError;
-use crate::server::{Body, BoxError};
+use crate::net::body::{Body, BoxError};
 
 /// On a 503 from a replica that declined a forwarded request before doing anything with it (it
 /// is shutting down): the sender serves the request itself.
@@ -120,7 +120,7 @@ pub async fn forward(
         .map_err(|e| ForwardError::Failed(ApiError::upstream(format!("peer URL: {e}"))))?;
     let mut req = Request::builder().method(h.method).uri(uri);
     if let Some(out) = req.headers_mut() {
-        crate::proxy::copy_end_to_end(h.headers, out);
+        crate::net::headers::copy_end_to_end(h.headers, out);
         member.address(peers, out);
         out.insert("x-request-id", h.request_id.clone());
         if !h.body.is_empty() {
@@ -191,7 +191,7 @@ pub async fn forward(
     }
     let (mut parts, body) = resp.into_parts();
     let mut headers = HeaderMap::with_capacity(parts.headers.len());
-    crate::proxy::copy_end_to_end(&parts.headers, &mut headers);
+    crate::net::headers::copy_end_to_end(&parts.headers, &mut headers);
     parts.headers = headers;
     let body = body.map_err(|e| Box::new(e) as BoxError).boxed_unsync();
     Ok(Response::from_parts(parts, body))

@@ -14,32 +14,29 @@
 //! what was heard, the signature, the read, and the adoption; the file reload keeps a list
 //! adopted this way until the file catches up ([`keep_newer_members`]).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use http::HeaderMap;
-use http::header::HeaderName;
 use sha2::Sha256;
 use tokio::sync::Notify;
 
 use crate::config::RouterConfig;
 use crate::config::peers::{PeerMember, PeersConfig};
-use crate::state::RouterState;
+use crate::peers::Peers;
 
-/// The member-list revision of the replica that sent a request to a peer, or answered one.
-pub static REVISION: HeaderName = HeaderName::from_static("x-program-router-peer-revision");
-
-/// The base URL of the replica that sent a request to a peer, as its own list gives it.
-pub static SENDER_URL: HeaderName = HeaderName::from_static("x-program-router-peer-url");
+/// The member-list revision of the replica that sent a request to a peer, or answered one, and
+/// the base URL of the sender as its own list gives it.
+pub use crate::net::headers::{REVISION, SENDER_URL};
 
 /// How long reading a member's list may take.
-const READ_TIMEOUT: Duration = Duration::from_secs(2);
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A replica that told of a newer member list: its revision, its name, and, when it is not in
 /// this replica's list, the URL it gave.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Rumour {
+pub struct Rumour {
     pub revision: u64,
     pub name: String,
     pub url: Option<String>,
@@ -50,7 +47,7 @@ pub(super) struct Rumour {
 #[derive(Debug, Default)]
 pub struct Heard {
     best: Mutex<Option<Rumour>>,
-    wake: Notify,
+    pub(crate) wake: Notify,
 }
 
 impl Heard {
@@ -65,7 +62,7 @@ impl Heard {
         }
     }
 
-    fn take(&self) -> Option<Rumour> {
+    pub fn take(&self) -> Option<Rumour> {
         self.best.lock().ok().and_then(|mut b| b.take())
     }
 }
@@ -126,13 +123,13 @@ pub(super) fn revision_in(h: &HeaderMap) -> Option<u64> {
 
 /// `GET /peers/members`: this replica's member list and its revision, signed with the peer
 /// secret.
-pub fn members_document(applied: &crate::state::Applied) -> serde_json::Value {
-    let p = applied.config.peers.as_ref();
+pub fn members_document(config: &RouterConfig, peers: Option<&Peers>) -> serde_json::Value {
+    let p = config.peers.as_ref();
     let (revision, members) = (
         p.and_then(|p| p.revision),
         p.map(|p| p.members.as_slice()).unwrap_or_default(),
     );
-    let key = applied.peers.as_ref().and_then(|p| p.key.as_deref());
+    let key = peers.and_then(|p| p.key.as_deref());
     let signature = match (key, revision) {
         (Some(key), Some(r)) => sign(key.secret(), r, members),
         _ => None,
@@ -157,6 +154,43 @@ pub fn keep_newer_members(file: &mut RouterConfig, in_force: &RouterConfig) -> b
     }
 }
 
+/// The configuration to apply for the member list in `doc` (another replica's
+/// `/peers/members`): `Ok(None)` when its revision is not higher than the one in force in
+/// `current`; this replica's own settings (`self_name`, `hand_over`, the backoff) stay. The list
+/// must carry its signature under the peer secret of `peers`.
+pub fn adoptable(
+    current: &RouterConfig,
+    peers: Option<&Peers>,
+    doc: &serde_json::Value,
+) -> Result<Option<RouterConfig>, String> {
+    let revision = doc["revision"]
+        .as_u64()
+        .ok_or("revision: a non-negative integer is required")?;
+    let members: Vec<PeerMember> =
+        serde_json::from_value(doc["members"].clone()).map_err(|e| format!("members: {e}"))?;
+    let Some(key) = peers.and_then(|p| p.key.clone()) else {
+        return Err("this replica has no peer secret to check the list with".into());
+    };
+    let signature = doc["signature"].as_str().unwrap_or_default();
+    if !verify(key.secret(), revision, &members, signature) {
+        return Err("the list is not signed with this replica's peer secret".into());
+    }
+    let Some(cur) = current.peers.as_ref() else {
+        return Ok(None);
+    };
+    if cur.revision.is_none_or(|r| revision <= r) {
+        return Ok(None);
+    }
+    let mut config = current.clone();
+    config.peers = Some(PeersConfig {
+        members,
+        revision: Some(revision),
+        ..cur.clone()
+    });
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(Some(config))
+}
+
 /// What became of a member list read from a member.
 #[derive(Debug, PartialEq)]
 pub enum Adoption {
@@ -164,130 +198,6 @@ pub enum Adoption {
     Adopted,
     /// Not newer than the list in force (or this replica has no revision to compare).
     Stale,
-}
-
-/// Applies the member list in `doc` (another replica's `/peers/members`) when its revision is
-/// higher than the one in force; this replica's own settings (`self_name`, `hand_over`, the
-/// backoff) stay. The list must carry its signature under the peer secret.
-pub fn adopt(state: &RouterState, from: &str, doc: &serde_json::Value) -> Result<Adoption, String> {
-    let revision = doc["revision"]
-        .as_u64()
-        .ok_or("revision: a non-negative integer is required")?;
-    let members: Vec<PeerMember> =
-        serde_json::from_value(doc["members"].clone()).map_err(|e| format!("members: {e}"))?;
-    let _one_writer = state.config_writer();
-    let applied = state.applied.load_full();
-    let Some(key) = applied.peers.as_ref().and_then(|p| p.key.clone()) else {
-        return Err("this replica has no peer secret to check the list with".into());
-    };
-    let signature = doc["signature"].as_str().unwrap_or_default();
-    if !verify(key.secret(), revision, &members, signature) {
-        return Err("the list is not signed with this replica's peer secret".into());
-    }
-    let Some(cur) = applied.config.peers.as_ref() else {
-        return Ok(Adoption::Stale);
-    };
-    if cur.revision.is_none_or(|r| revision <= r) {
-        return Ok(Adoption::Stale);
-    }
-    let mut config = applied.config.clone();
-    config.peers = Some(PeersConfig {
-        members,
-        revision: Some(revision),
-        ..cur.clone()
-    });
-    config.validate().map_err(|e| e.to_string())?;
-    state.apply(config).map_err(|e| e.to_string())?;
-    state.set_peer_list_source(Some(from.to_string()));
-    Ok(Adoption::Adopted)
-}
-
-/// While the router runs: reads the member list of a member that told of a higher revision than
-/// the one in force, and applies it. Stops with the router.
-pub async fn member_list_loop(state: Arc<RouterState>) {
-    let mut stop = state.stop_rx();
-    loop {
-        let applied = state.applied.load_full();
-        let heard = applied.peers.as_ref().map(|p| p.heard.clone());
-        tokio::select! {
-            _ = async {
-                match &heard {
-                    Some(h) => h.wake.notified().await,
-                    None => std::future::pending().await,
-                }
-            } => {}
-            // A peers section added by a reload has its own record of what was heard.
-            _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-            _ = stop.changed() => return,
-        }
-        let (Some(heard), Some(peers)) = (heard, &applied.peers) else {
-            continue;
-        };
-        let Some(Rumour {
-            revision,
-            name: from,
-            url,
-        }) = heard.take()
-        else {
-            continue;
-        };
-        if peers.revision.is_none_or(|r| revision <= r) {
-            continue;
-        }
-        // A member at its URL in the list; a replica not in the list yet at the address its
-        // authenticated request came from. Either way its list must be signed with the peer
-        // secret.
-        let stranger;
-        let member = match (peers.members.iter().find(|m| m.name == from), &url) {
-            (Some(m), _) => m,
-            (None, Some(url)) => match super::Member::stranger(&from, url) {
-                Some(m) => {
-                    stranger = m;
-                    &stranger
-                }
-                None => continue,
-            },
-            _ => continue,
-        };
-        let outcome = match super::get_json(
-            &state.peer_client,
-            peers,
-            member,
-            "/peers/members",
-            HeaderMap::new(),
-            READ_TIMEOUT,
-        )
-        .await
-        .and_then(|doc| adopt(&state, &from, &doc))
-        {
-            Ok(Adoption::Adopted) => {
-                let now = state.applied.load();
-                let names: Vec<&str> = now
-                    .peers
-                    .as_ref()
-                    .map(|p| p.members.iter().map(|m| m.name.as_str()).collect())
-                    .unwrap_or_default();
-                tracing::info!(
-                    event = "peer_members_adopted",
-                    from = %from,
-                    revision,
-                    members = %names.join(","),
-                    "took the newer member list of another replica"
-                );
-                "adopted"
-            }
-            Ok(Adoption::Stale) => "stale",
-            Err(e) => {
-                tracing::warn!(from = %from, revision, error = %e, "could not take another replica's member list");
-                "error"
-            }
-        };
-        state
-            .metrics
-            .peer_member_lists
-            .with_label_values(&[outcome])
-            .inc();
-    }
 }
 
 #[cfg(test)]

@@ -27,17 +27,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::config::peers::PeersConfig;
 
-pub use exchange::{USAGE_INTERVAL, member_diagnostics, response_home, usage_document, usage_loop};
+pub use exchange::{USAGE_INTERVAL, member_diagnostics, response_home, usage_document};
 pub use forward::{ForwardError, Handoff, Holding, decline, forward};
 pub use key::{PEER_KEY, PeerKey};
 
 /// Marks a request forwarded by a peer (its value names the sender); such a request is served
-/// by the replica it reaches.
-pub static FORWARDED_BY: HeaderName = HeaderName::from_static("x-program-router-peer");
-
-/// Names the member a request between replicas is meant for: a replica with another name (a
-/// pod that now has a departed member's address) declines it.
-pub static ADDRESSED_TO: HeaderName = HeaderName::from_static("x-program-router-peer-to");
+/// by the replica it reaches. Names the member a request between replicas is meant for: a
+/// replica with another name (a pod that now has a departed member's address) declines it.
+pub use crate::net::headers::{ADDRESSED_TO, FORWARDED_BY};
 
 /// On every answer to a request from a peer: the name of the replica that answered. The sender
 /// takes an answer only from the member it addressed.
@@ -150,7 +147,7 @@ pub struct Peers {
     revision_header: Option<HeaderValue>,
     /// This replica's URL in the list, as a header value ([`gossip::SENDER_URL`]).
     self_url: Option<HeaderValue>,
-    /// Higher revisions heard from members, for [`gossip::member_list_loop`]; carried over
+    /// Higher revisions heard from members, for `crate::run::loops::members`; carried over
     /// from the previous list.
     pub(crate) heard: std::sync::Arc<gossip::Heard>,
     /// The peer secret presented on every request to a member (`None` only in unit tests).
@@ -217,7 +214,7 @@ impl Peers {
 
     /// A request from, or an answer of, member `from` with headers `h`: when it tells of a
     /// higher member-list revision than this one, that replica's list is read
-    /// ([`gossip::member_list_loop`]): a member of this list at its URL here, another replica at
+    /// (`crate::run::loops::members`): a member of this list at its URL here, another replica at
     /// the URL it gave when that is the address its request came from (`source`; its list must
     /// be signed with the peer secret). Nothing is read when this list has no revision.
     pub fn hear(&self, from: &str, h: &HeaderMap, source: Option<std::net::IpAddr>) {
@@ -256,12 +253,9 @@ impl Peers {
     /// The position of the member that owns the tree `root` once this replica is gone (members
     /// found down passed over); `None` when no other member is left.
     pub fn successor(&self, root: &str, now: Instant) -> Option<usize> {
-        self.members
-            .iter()
-            .enumerate()
-            .filter(|(i, m)| Some(*i) != self.me && !m.down(now))
-            .max_by_key(|(_, m)| score(&m.name, root))
-            .map(|(i, _)| i)
+        let live = self.members.iter().enumerate();
+        let live = live.filter(|(i, m)| Some(*i) != self.me && !m.down(now));
+        crate::hash::rendezvous(root, live.map(|(i, m)| (i, m.name.as_str())))
     }
 
     /// Whether a request from a peer addressed with `h` is meant for this replica (one without
@@ -293,14 +287,10 @@ impl Peers {
     /// [`Peers::owner`] with the members named in `passed` passed over as well (they declined
     /// or could not be reached for this request).
     pub fn next_owner(&self, root: &str, now: Instant, passed: &[&str]) -> Option<&Member> {
-        let best = self
-            .members
-            .iter()
-            .enumerate()
-            .filter(|(i, m)| {
-                Some(*i) == self.me || (!m.down(now) && !passed.contains(&m.name.as_str()))
-            })
-            .max_by_key(|(_, m)| score(&m.name, root))?;
+        let open = self.members.iter().enumerate().filter(|(i, m)| {
+            Some(*i) == self.me || (!m.down(now) && !passed.contains(&m.name.as_str()))
+        });
+        let best = crate::hash::rendezvous(root, open.map(|(i, m)| ((i, m), m.name.as_str())))?;
         (Some(best.0) != self.me).then_some(best.1)
     }
 
@@ -338,16 +328,6 @@ impl Peers {
             .map(|m| m.name.as_str())
             .collect()
     }
-}
-
-/// The rendezvous weight of `member` for `key`: the largest owns the key.
-fn score<'a>(member: &'a str, key: &str) -> (u64, &'a str) {
-    let mut bytes = Vec::with_capacity(member.len() + key.len() + 1);
-    bytes.extend_from_slice(member.as_bytes());
-    bytes.push(0xff); // never in UTF-8 text: ("ab","c") and ("a","bc") differ
-    bytes.extend_from_slice(key.as_bytes());
-    // The name breaks (astronomically unlikely) ties, so every replica picks the same member.
-    (crate::hash::stable_hash(&bytes), member)
 }
 
 /// `GET path` on `m` with `headers` (addressed to it), its JSON body within `timeout`; an answer

@@ -13,82 +13,39 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{self, HeaderName};
+use http::header;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use rand::Rng;
 
+use crate::applied::Applied;
 use crate::error::ApiError;
+use crate::net::body::{Body, BoxError};
+use crate::net::headers::{self, DP_RANK, HOP_BY_HOP, nominated};
+use crate::observe::metrics::Metrics;
 use crate::policies::RequestInfo;
-use crate::scheduling::ProgramTicket;
-use crate::server::Body;
-use crate::state::{Applied, RouterState};
+use crate::program::runtime::ProgramTicket;
 use crate::workers::{InFlight, TargetState};
 use relay::{End, Finish, Relay, Tapped};
 use upstream::SendError;
 
-/// The pooled HTTP client of health checks, metric scrapes and calibration; proxied requests use
-/// each backend's [`upstream::ConnPool`] instead.
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
-
-/// Builds the pooled upstream client.
-pub fn client() -> UpstreamClient {
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(Duration::from_secs(5)));
-    http.enforce_http(true);
-    Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        .build(http)
-}
-
 /// Upper bound on a TCP connect to a backend.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Header pinning the GLOBAL DP rank.
-pub static DP_RANK: HeaderName = HeaderName::from_static("x-data-parallel-rank");
-
-/// Headers that describe one connection, not the message (plus `Host` and `Content-Length`,
-/// which the router sets itself): never copied between the client's and the backend's side.
-const HOP_BY_HOP: [HeaderName; 10] = [
-    header::CONNECTION,
-    header::HOST,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::PROXY_AUTHORIZATION,
-    header::CONTENT_LENGTH,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-];
-
-/// Header names a message's `Connection` header nominates as hop-by-hop (RFC 9110 7.6.1), e.g.
-/// `Connection: close, x-hop` makes `x-hop` one. Empty, and no allocation, in the common cases:
-/// no such header, or only `keep-alive` / `close` (options, or a name dropped anyway).
-fn nominated(headers: &HeaderMap) -> Vec<HeaderName> {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.eq_ignore_ascii_case("keep-alive") && !t.eq_ignore_ascii_case("close"))
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .collect()
+/// What forwarding keeps for the router's life: its metrics, the homes of stored responses and
+/// the idle upstream connections of every backend.
+pub struct Forwarder {
+    pub metrics: Arc<Metrics>,
+    pub response_homes: stored::ResponseHomes,
+    pub pools: upstream::Pools,
 }
 
-/// Copies `src`'s end-to-end headers into `dst`: hop-by-hop ones, those its `Connection` header
-/// names, `Host` and `Content-Length` stay behind.
-pub(crate) fn copy_end_to_end(src: &HeaderMap, dst: &mut HeaderMap) {
-    let connection_scoped = nominated(src);
-    dst.reserve(src.len() + 4);
-    for (k, v) in src {
-        if !HOP_BY_HOP.contains(k) && !connection_scoped.contains(k) {
-            dst.append(k, v.clone());
+impl Forwarder {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Forwarder {
+            metrics,
+            response_homes: Default::default(),
+            pools: Default::default(),
         }
     }
 }
@@ -144,11 +101,7 @@ fn upstream_request(
     let checked = applied.client_keys.is_some() || applied.config.client_api_keys_dir.is_some();
     for (k, v) in out.headers {
         if !HOP_BY_HOP.contains(k)
-            && k != DP_RANK
-            && k != crate::peers::FORWARDED_BY
-            && k != crate::peers::ADDRESSED_TO
-            && k != crate::peers::gossip::REVISION
-            && k != crate::peers::gossip::SENDER_URL
+            && !headers::internal(k)
             && !connection_scoped.contains(k)
             && !(checked && (k == header::AUTHORIZATION || k == crate::auth::X_API_KEY))
         {
@@ -185,7 +138,7 @@ fn backoff(cfg: &crate::config::RetryConfig, attempt: u32) -> Duration {
 
 /// Sends `out` to a target chosen by the policy, retrying connect errors and 503s.
 pub async fn forward(
-    state: &Arc<RouterState>,
+    fw: &Arc<Forwarder>,
     mut out: Outbound<'_>,
 ) -> Result<Response<Body>, ApiError> {
     let applied = out.applied.clone();
@@ -196,7 +149,7 @@ pub async fn forward(
     let mut last_error = ApiError::no_target();
     for attempt in 1..=cfg.retry.max_retries {
         if attempt > 1 {
-            state.metrics.route(out.route).retries.inc();
+            fw.metrics.route(out.route).retries.inc();
             tokio::time::sleep(backoff(&cfg.retry, attempt - 1)).await;
         }
         let now = Instant::now();
@@ -230,12 +183,10 @@ pub async fn forward(
         let guard = target.begin();
         let req = upstream_request(&applied, &target, &out)?;
         let sent = Instant::now();
+        let pool = fw.pools.get(&target.backend.addr);
         let result = tokio::time::timeout_at(
             deadline,
-            target
-                .backend
-                .pool
-                .send(&target.backend.addr, CONNECT_TIMEOUT, req),
+            pool.send(&target.backend.addr, CONNECT_TIMEOUT, req),
         )
         .await;
         let (resp, conn) = match result {
@@ -264,7 +215,7 @@ pub async fn forward(
             }
             Ok(Ok(sent)) => sent,
         };
-        state.metrics.ttfb.observe(sent.elapsed().as_secs_f64());
+        fw.metrics.ttfb.observe(sent.elapsed().as_secs_f64());
         let status = resp.status();
         target.metrics.status(status.as_u16());
         if status == StatusCode::SERVICE_UNAVAILABLE && attempt < cfg.retry.max_retries {
@@ -274,7 +225,7 @@ pub async fn forward(
             if let Ok(Ok(_)) =
                 tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect()).await
             {
-                target.backend.pool.put(conn);
+                pool.put(conn);
             }
             last_error = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -304,14 +255,14 @@ pub async fn forward(
         parts.headers.insert("x-request-id", out.request_id.clone());
         let finish = Box::new(Completion {
             guard,
-            conn: Some(conn),
+            conn: Some((conn, pool)),
             ticket: out.ticket.take(),
             fair: out.fair.take(),
             _place: out.place.take(),
             _bytes: out.bytes.take(),
             rate: out.rate.take(),
             status,
-            state: state.clone(),
+            fw: fw.clone(),
             route: out.route,
             received: out.received,
         });
@@ -329,7 +280,7 @@ pub async fn forward(
             finish,
         );
         let body: Body = relay
-            .map_err(|e| -> crate::server::BoxError { Box::new(e) })
+            .map_err(|e| -> BoxError { Box::new(e) })
             .boxed_unsync();
         return Ok(Response::from_parts(parts, body));
     }
@@ -340,7 +291,7 @@ pub async fn forward(
 struct Completion {
     guard: InFlight,
     /// The upstream connection, returned to its backend's pool when the body was read to the end.
-    conn: Option<upstream::Sender>,
+    conn: Option<(upstream::Sender, Arc<upstream::ConnPool>)>,
     ticket: Option<ProgramTicket>,
     fair: Option<crate::fair::runtime::FairPermit>,
     /// Freed when the completion is dropped, i.e. when the response ended.
@@ -348,7 +299,7 @@ struct Completion {
     _bytes: Option<crate::limit::BodyBytes>,
     rate: Option<crate::fair::runtime::RateCharge>,
     status: StatusCode,
-    state: Arc<RouterState>,
+    fw: Arc<Forwarder>,
     route: &'static str,
     received: Instant,
 }
@@ -378,10 +329,10 @@ impl Finish for Completion {
             (end, &tapped.response_id, self.status.is_success())
         {
             // A follow-up naming this response must come back to this server (`stored`).
-            self.state.response_homes.insert(id, &target.spec.url);
+            self.fw.response_homes.insert(id, &target.spec.url);
         }
-        if let (End::Complete, Some(conn)) = (end, self.conn.take()) {
-            target.backend.pool.put(conn);
+        if let (End::Complete, Some((conn, pool))) = (end, self.conn.take()) {
+            pool.put(conn);
         }
         match end {
             End::Complete => target.record_outcome(!self.status.is_server_error()),
@@ -394,7 +345,7 @@ impl Finish for Completion {
             target.metrics.cached_tokens.inc_by(u.cached_tokens());
             target.metrics.completion_tokens.inc_by(u.completion_tokens);
         }
-        self.state
+        self.fw
             .metrics
             .route(self.route)
             .duration
@@ -408,28 +359,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn connection_nominates_extra_hop_by_hop_headers() {
-        let mut h = HeaderMap::new();
-        assert!(nominated(&h).is_empty());
-        h.append(
-            header::CONNECTION,
-            HeaderValue::from_static("keep-alive, X-Hop"),
-        );
-        h.append(
-            header::CONNECTION,
-            HeaderValue::from_static("close,x-other , bad name"),
-        );
-        assert_eq!(
-            nominated(&h),
-            ["x-hop", "x-other"].map(HeaderName::from_static)
-        );
-        let mut common = HeaderMap::new();
-        common.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
-        assert_eq!(nominated(&common).capacity(), 0, "no allocation");
-        assert!(HOP_BY_HOP.contains(&HeaderName::from_static("keep-alive")));
-    }
-
-    #[test]
     fn the_peer_marker_and_a_checked_client_key_stay_with_the_router() {
         let cfg = crate::config::RouterConfig {
             workers: vec![crate::config::WorkerConfig {
@@ -440,21 +369,17 @@ mod tests {
             client_api_keys: Some(vec!["team".into()]),
             ..Default::default()
         };
-        let state = crate::state::RouterState::new(cfg, Default::default()).expect("state");
-        let applied = state.applied.load_full();
+        let applied = crate::applied::Applied::alone(cfg);
         let mut h = HeaderMap::new();
         h.insert(
-            crate::peers::FORWARDED_BY.clone(),
+            headers::FORWARDED_BY.clone(),
             HeaderValue::from_static("router-a"),
         );
         h.insert(
-            crate::peers::ADDRESSED_TO.clone(),
+            headers::ADDRESSED_TO.clone(),
             HeaderValue::from_static("router-b"),
         );
-        h.insert(
-            crate::peers::gossip::REVISION.clone(),
-            HeaderValue::from_static("7"),
-        );
+        h.insert(headers::REVISION.clone(), HeaderValue::from_static("7"));
         h.insert(
             header::AUTHORIZATION,
             HeaderValue::from_static("Bearer team"),
@@ -482,12 +407,9 @@ mod tests {
         };
         let req = upstream_request(&applied, &applied.targets.targets[0], &out).expect("request");
         let got = req.headers();
-        assert!(got.get(&crate::peers::FORWARDED_BY).is_none(), "{got:?}");
-        assert!(got.get(&crate::peers::ADDRESSED_TO).is_none(), "{got:?}");
-        assert!(
-            got.get(&crate::peers::gossip::REVISION).is_none(),
-            "{got:?}"
-        );
+        assert!(got.get(&headers::FORWARDED_BY).is_none(), "{got:?}");
+        assert!(got.get(&headers::ADDRESSED_TO).is_none(), "{got:?}");
+        assert!(got.get(&headers::REVISION).is_none(), "{got:?}");
         assert_eq!(got[header::AUTHORIZATION], "Bearer worker");
         assert_eq!(got["x-custom"], "kept");
         assert_eq!(got[&DP_RANK], "2");

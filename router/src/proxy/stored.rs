@@ -83,14 +83,7 @@ pub fn pick(url: &str, targets: &[Arc<TargetState>]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// Whether `id` can travel as a path segment unescaped (vLLM's ids are `resp_<hex>`).
-pub fn plain_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 256
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-}
+pub use crate::net::plain_id;
 
 /// The stored response a path names: `/v1/responses/{id}` and its sub-resources
 /// (`/cancel`, `/input_items`).

@@ -84,6 +84,40 @@ pub struct ConnPool {
     idle: Box<[Mutex<Vec<Idle>>]>,
 }
 
+/// The proxy's connection pools, one per backend address, following the applied targets: a
+/// backend that stays keeps its idle connections across reloads, one that left is dropped.
+#[derive(Default)]
+pub struct Pools {
+    by_addr: arc_swap::ArcSwap<rustc_hash::FxHashMap<String, std::sync::Arc<ConnPool>>>,
+}
+
+impl Pools {
+    /// The pool of `addr`; an address not among the applied targets (a request admitted just
+    /// before a reload removed it) gets a pool of its own that keeps nothing.
+    pub fn get(&self, addr: &str) -> std::sync::Arc<ConnPool> {
+        self.by_addr.load().get(addr).cloned().unwrap_or_default()
+    }
+
+    /// Keeps one pool per address in `addrs`: existing ones carry over, new ones start empty.
+    pub fn follow<'a>(&self, addrs: impl IntoIterator<Item = &'a str>) {
+        let cur = self.by_addr.load();
+        let next = addrs
+            .into_iter()
+            .map(|a| (a.to_string(), cur.get(a).cloned().unwrap_or_default()))
+            .collect();
+        self.by_addr.store(std::sync::Arc::new(next));
+    }
+
+    /// How many backends have a pool.
+    pub fn len(&self) -> usize {
+        self.by_addr.load().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl Default for ConnPool {
     fn default() -> Self {
         ConnPool {

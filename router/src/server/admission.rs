@@ -92,7 +92,7 @@ pub(super) async fn fair_admission(
 /// The request's Program identity when Program scheduling is on and the request carries one,
 /// scoped to the client that presented a key of its own.
 pub(super) fn program_identity(
-    applied: &crate::state::Applied,
+    applied: &crate::applied::Applied,
     client: Option<&str>,
     peeked: &request::Peeked,
     body: &[u8],
@@ -129,14 +129,20 @@ pub(super) fn program_identity(
 /// needed and returns the target to pin.
 pub(super) async fn program_admission(
     state: &RouterState,
-    rt: &Arc<crate::scheduling::ProgramRuntime>,
-    applied: &crate::state::Applied,
+    rt: &Arc<crate::program::runtime::ProgramRuntime>,
+    applied: &crate::applied::Applied,
     tenant: Option<&str>,
     id: crate::program::identity::Identity,
     model: Option<&str>,
     prompt: &[u8],
-) -> Result<(Option<String>, Option<crate::scheduling::ProgramTicket>), ApiError> {
-    use crate::scheduling::{Admission, Placement};
+) -> Result<
+    (
+        Option<String>,
+        Option<crate::program::runtime::ProgramTicket>,
+    ),
+    ApiError,
+> {
+    use crate::program::runtime::{Admission, Placement};
     let Some(ps) = &applied.config.program_scheduling else {
         return Ok((None, None));
     };

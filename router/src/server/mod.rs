@@ -13,36 +13,26 @@ mod plane;
 mod shards;
 pub mod status;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tracing::Instrument;
 
 use crate::error::ApiError;
 pub use crate::limit::Connections;
+pub use crate::net::body::{Body, BoxError, full};
 use crate::policies::RequestInfo;
 use crate::proxy::{self, Outbound, request};
 use crate::state::RouterState;
 use admission::{fair_admission, program_admission, program_identity, rate_limited};
 pub use metrics_listener::serve_metrics;
 pub use plane::{Plane, serve_peers};
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// Response body type of every route.
-pub type Body = UnsyncBoxBody<Bytes, BoxError>;
-
-pub fn full(b: impl Into<Bytes>) -> Body {
-    Full::new(b.into())
-        .map_err(|never: Infallible| match never {})
-        .boxed_unsync()
-}
 
 fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
     let mut r = Response::new(full(v.to_string()));
@@ -400,7 +390,9 @@ async fn dispatch(
         (&Method::GET, "/scheduling/diagnostics") => {
             let applied = state.applied.load_full();
             // With per-client keys a client sees its own Programs (the workers' key sees all).
-            let scope = crate::auth::diagnostics_scope(state, &applied, req.headers())?;
+            let dir = state.client_dir.load_full();
+            let scope =
+                crate::auth::diagnostics_scope(&applied.keys(dir.as_deref()), req.headers())?;
             let v = match &applied.program {
                 Some(rt) => {
                     let mut d = rt.diagnostics();
@@ -468,7 +460,8 @@ async fn dispatch(
     // Before the body is read, and before any queue or scheduler sees the request.
     let mut applied = state.applied.load_full();
     // The name of the key the client presented, when clients must present one.
-    let client = crate::auth::authorize(state, &applied, req.headers())?;
+    let dir = state.client_dir.load_full();
+    let client = crate::auth::authorize(&applied.keys(dir.as_deref()), req.headers())?;
     // A place among the requests in progress, held until the response ends (crate::limit).
     let place = match &applied.limiter {
         Some(l) => {
@@ -497,7 +490,7 @@ async fn dispatch(
         // Other /v1/* endpoints (models, embeddings, ...) and vLLM's own request-level
         // endpoints (tokenize, score, ...) pass through unchanged.
         return proxy::forward(
-            state,
+            &state.forwarder,
             Outbound {
                 applied,
                 route,
@@ -636,7 +629,7 @@ async fn dispatch(
         prompt: &prompt,
     };
     proxy::forward(
-        state,
+        &state.forwarder,
         Outbound {
             applied,
             route,
@@ -665,10 +658,10 @@ async fn dispatch(
 /// target was removed between the decision and now).
 fn resolve_target(
     state: &Arc<RouterState>,
-    applied: Arc<crate::state::Applied>,
+    applied: Arc<crate::applied::Applied>,
     id: &str,
-) -> Result<(Arc<crate::state::Applied>, usize), ApiError> {
-    let find = |a: &crate::state::Applied| a.targets.targets.iter().position(|t| t.id == id);
+) -> Result<(Arc<crate::applied::Applied>, usize), ApiError> {
+    let find = |a: &crate::applied::Applied| a.targets.targets.iter().position(|t| t.id == id);
     if let Some(i) = find(&applied) {
         return Ok((applied, i));
     }

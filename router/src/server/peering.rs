@@ -9,9 +9,10 @@ use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
 use http_body_util::BodyExt;
 
 use super::{Body, json};
+use crate::applied::Applied;
 use crate::error::ApiError;
 use crate::program::identity::Identity;
-use crate::state::{Applied, RouterState};
+use crate::state::RouterState;
 
 /// `GET /peers/...`: what the other replicas read here (only on the peer listener, which
 /// authenticated the request); 404 without `peers`.
@@ -31,19 +32,19 @@ pub(super) fn endpoint(state: &RouterState, path: &str) -> Result<Response<Body>
         // The member list in force and its revision (signed), for a replica whose list is older.
         return Ok(json(
             StatusCode::OK,
-            &crate::peers::gossip::members_document(&applied),
+            &crate::peers::gossip::members_document(&applied.config, applied.peers.as_deref()),
         ));
     }
     if path == "/peers/usage" {
         // What this replica charged to tenants' quotas.
         return Ok(json(
             StatusCode::OK,
-            &crate::peers::usage_document(&applied),
+            &crate::peers::usage_document(applied.fair.as_deref()),
         ));
     }
     if let Some(id) = path.strip_prefix("/peers/response-home/") {
         // Which worker stored a Responses API response this replica relayed.
-        let url = state.response_homes.get(id);
+        let url = state.forwarder.response_homes.get(id);
         return Ok(json(
             StatusCode::OK,
             &serde_json::json!({ "url": url.as_deref() }),
@@ -265,12 +266,12 @@ pub(super) async fn to_owner(
 /// replica knows or, with `peers`, as another replica that relayed it does (then remembered).
 pub(super) async fn stored_home(state: &RouterState, applied: &Applied, id: &str) -> Option<usize> {
     let targets = &applied.targets.targets;
-    if let Some(i) = state.response_homes.home(id, targets) {
+    if let Some(i) = state.forwarder.response_homes.home(id, targets) {
         return Some(i);
     }
     let peers = applied.peers.as_ref()?;
     let url = crate::peers::response_home(&state.peer_client, peers, id).await?;
-    state.response_homes.insert(id, &url);
+    state.forwarder.response_homes.insert(id, &url);
     crate::proxy::stored::pick(&url, targets)
 }
 

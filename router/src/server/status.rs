@@ -97,7 +97,7 @@ pub fn status(state: &RouterState) -> Value {
 }
 
 /// Which keys clients must present (never the keys themselves).
-fn client_auth(applied: &crate::state::Applied, dir: bool) -> &'static str {
+fn client_auth(applied: &crate::applied::Applied, dir: bool) -> &'static str {
     match (&applied.config.client_api_keys, &applied.client_keys, dir) {
         (_, None, false) => "off",
         (_, _, true) => "client_api_keys_dir",

@@ -1,8 +1,7 @@
-//! Background loops: health checks of every backend (one per base URL) and polling of each
-//! backend's vLLM `/metrics` for per-rank load.
+//! Probes of one backend: its health endpoint and its vLLM `/metrics` (per-rank load).
 //!
-//! Owns the timing of those loops and how results land in [`Backend`]; reads the applied config
-//! on every round, so a reload takes effect without restarting them.
+//! Owns how a probe's result lands in [`Backend`]; the loops that run the probes, and the
+//! publishing of observations to the features that read them, are in `crate::run::loops`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,26 +10,31 @@ use bytes::Bytes;
 use http::{Request, header};
 use http_body_util::{BodyExt, Full, Limited};
 
-use super::{Backend, Observation};
+use super::{Backend, Observation, TargetSet};
+use crate::config::HealthConfig;
+use crate::net::client::UpstreamClient;
 use crate::observe::scrape::parse_vllm_metrics;
-use crate::state::RouterState;
 
+/// Largest `/metrics` body read from a backend.
 const METRICS_BODY_LIMIT: usize = 16 * 1024 * 1024;
+/// Largest health answer read.
+const HEALTH_BODY_LIMIT: usize = 64 * 1024;
 
-async fn get(
-    state: &RouterState,
+/// GETs `url` with the workers' key, reading at most `limit` bytes within `timeout`.
+pub async fn get(
+    client: &UpstreamClient,
+    api_key: Option<&str>,
     url: String,
     timeout: Duration,
     limit: usize,
 ) -> Result<(u16, Bytes), String> {
-    let api_key = state.applied.load().config.api_key.clone();
     let mut b = Request::get(&url);
     if let Some(k) = api_key {
         b = b.header(header::AUTHORIZATION, format!("Bearer {k}"));
     }
     let req = b.body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
     let fut = async {
-        let resp = state.client.request(req).await.map_err(|e| e.to_string())?;
+        let resp = client.request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
         let body = Limited::new(resp.into_body(), limit)
             .collect()
@@ -43,20 +47,20 @@ async fn get(
         .map_err(|_| format!("timed out after {timeout:?}"))?
 }
 
-async fn check_one(state: Arc<RouterState>, backend: Arc<Backend>) {
-    let applied = state.applied.load_full();
-    let h = &applied.config.health;
+/// Checks `backend`'s health once and records it (and the health gauge of its targets).
+pub async fn check(
+    client: &UpstreamClient,
+    api_key: Option<&str>,
+    h: &HealthConfig,
+    targets: &TargetSet,
+    backend: &Arc<Backend>,
+) {
     let url = format!("{}{}", backend.url, h.endpoint);
-    let result = get(
-        &state,
-        url,
-        crate::config::duration(h.timeout_secs),
-        64 * 1024,
-    )
-    .await;
+    let timeout = crate::config::duration(h.timeout_secs);
+    let result = get(client, api_key, url, timeout, HEALTH_BODY_LIMIT).await;
     let ok = matches!(result, Ok((200..=299, _)));
     if let Some(now_healthy) = backend.record_check(ok, h.success_threshold, h.failure_threshold) {
-        for t in applied.targets.of_backend(&backend) {
+        for t in targets.of_backend(backend) {
             t.metrics.health.set(i64::from(now_healthy));
         }
         if now_healthy {
@@ -71,93 +75,32 @@ async fn check_one(state: Arc<RouterState>, backend: Arc<Backend>) {
     }
 }
 
-/// Checks every backend now and then every `health.interval_secs` (or when woken after a reload).
-pub async fn health_loop(state: Arc<RouterState>) {
-    let mut stop = state.stop_rx();
-    loop {
-        let applied = state.applied.load_full();
-        let checks: Vec<_> = applied
-            .targets
-            .backends
-            .iter()
-            .map(|b| tokio::spawn(check_one(state.clone(), b.clone())))
-            .collect();
-        for c in checks {
-            let _ = c.await;
-        }
-        let interval = crate::config::duration(applied.config.health.interval_secs);
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = state.health_wake.notified() => {}
-            _ = stop.changed() => return,
-        }
-    }
-}
-
-async fn observe_one(state: Arc<RouterState>, backend: Arc<Backend>, timeout: Duration) {
+/// Reads `backend`'s `/metrics` once; stores and returns the observation (`None`: the poll
+/// failed, logged at debug).
+pub async fn observe(
+    client: &UpstreamClient,
+    api_key: Option<&str>,
+    backend: &Arc<Backend>,
+    timeout: Duration,
+) -> Option<Observation> {
     let url = format!("{}/metrics", backend.url);
-    match get(&state, url, timeout, METRICS_BODY_LIMIT).await {
+    match get(client, api_key, url, timeout, METRICS_BODY_LIMIT).await {
         Ok((200, body)) => {
             let text = String::from_utf8_lossy(&body);
-            let engines = parse_vllm_metrics(&text);
-            let applied = state.applied.load_full();
-            if let Some(rt) = &applied.program {
-                for t in applied.targets.targets.iter() {
-                    if !Arc::ptr_eq(&t.backend, &backend) {
-                        continue;
-                    }
-                    if let Some(e) = engines.get(&t.spec.dp_rank.unwrap_or(0)) {
-                        rt.observe(
-                            &t.id,
-                            crate::program::scheduler::Observation {
-                                waiting: e.waiting,
-                                running: e.running,
-                                kv_usage: e.kv_usage,
-                                token_capacity: e.token_capacity,
-                            },
-                        );
-                    }
-                }
-            }
-            backend.set_observation(Observation {
+            let obs = Observation {
                 at: Instant::now(),
-                engines,
-            });
+                engines: parse_vllm_metrics(&text),
+            };
+            backend.set_observation(obs.clone());
+            Some(obs)
         }
-        Ok((status, _)) => tracing::debug!(backend = %backend.url, status, "metrics poll failed"),
-        Err(e) => tracing::debug!(backend = %backend.url, error = %e, "metrics poll failed"),
-    }
-}
-
-/// Polls every backend's `/metrics` each `observation.interval_secs`, when something uses it.
-pub async fn observation_loop(state: Arc<RouterState>) {
-    let mut stop = state.stop_rx();
-    loop {
-        let applied = state.applied.load_full();
-        // Program scheduling's metrics_interval_seconds sets the poll rate when it is on.
-        let secs = match &applied.config.program_scheduling {
-            Some(ps) => ps.metrics_interval_seconds,
-            None => applied.config.observation.interval_secs,
-        };
-        let interval = crate::config::duration(secs);
-        if applied.needs_observation() {
-            let polls: Vec<_> = applied
-                .targets
-                .backends
-                .iter()
-                .map(|b| tokio::spawn(observe_one(state.clone(), b.clone(), interval)))
-                .collect();
-            for p in polls {
-                let _ = p.await;
-            }
-            if let Some(f) = &applied.fair {
-                f.observed();
-            }
+        Ok((status, _)) => {
+            tracing::debug!(backend = %backend.url, status, "metrics poll failed");
+            None
         }
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = state.observe_wake.notified() => {}
-            _ = stop.changed() => return,
+        Err(e) => {
+            tracing::debug!(backend = %backend.url, error = %e, "metrics poll failed");
+            None
         }
     }
 }

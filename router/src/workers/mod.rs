@@ -33,8 +33,6 @@ pub struct Backend {
     pub host: Option<HeaderValue>,
     /// `host:port` to connect to (port defaulted from the scheme).
     pub addr: String,
-    /// Idle keep-alive connections of the proxy path.
-    pub pool: crate::proxy::upstream::ConnPool,
     healthy: AtomicBool,
     checked: AtomicBool,
     ok_streak: AtomicU32,
@@ -53,7 +51,6 @@ impl Backend {
             .unwrap_or_default();
         Backend {
             addr,
-            pool: Default::default(),
             host: parts
                 .and_then(|p| p.authority)
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),

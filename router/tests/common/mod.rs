@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use program_router::config::RouterConfig;
-use program_router::config::cli::Flags;
+use program_router::config::flags::Flags;
 use program_router::state::RouterState;
 use tokio::sync::oneshot;
 

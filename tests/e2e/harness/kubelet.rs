@@ -316,7 +316,7 @@ impl Kubelet {
             }
             // The container's own arguments, parsed by the router's command line.
             let args = container.args.clone().unwrap_or_default();
-            let cli = <program_router::config::cli::Cli as clap::Parser>::try_parse_from(
+            let cli = <program_router::cli::Cli as clap::Parser>::try_parse_from(
                 std::iter::once("program-router".to_string()).chain(args),
             )
             .map_err(|e| format!("router {name}: its arguments: {e}"))?;
@@ -360,7 +360,8 @@ impl Kubelet {
                     _ => {}
                 }
             }
-            let file = program_router::config::cli::load_file(&path).map_err(|e| e.to_string())?;
+            let file =
+                program_router::config::flags::load_file(&path).map_err(|e| e.to_string())?;
             let cfg = flags.effective(Some(file)).map_err(|e| e.to_string())?;
             let bound = program_router::run::bind(cfg, flags)
                 .await

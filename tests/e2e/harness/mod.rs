@@ -358,10 +358,7 @@ impl Operator {
         );
         let c = testkit::client();
         let text = testkit::get(&c, &self.metrics_url).await.text();
-        text.lines()
-            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        program_router::observe::scrape::sum(&text, name, &[])
     }
 }
 

@@ -408,10 +408,7 @@ pub(crate) fn wait_ok(url: &str, secs: f64) -> bool {
 /// Sums a counter over every series of an exposition (chunked bodies included: lines with a
 /// sample of `name` anywhere).
 fn counter(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
-        .sum()
+    program_router::observe::scrape::sum(text, name, &[])
 }
 
 /// Program scheduling transitions in a router's exposition, by kind: program-router labels them
@@ -439,16 +436,9 @@ fn admissions(t: &BTreeMap<String, f64>) -> f64 {
 
 /// Each engine's gauge `name` in an exposition, keyed by its `engine` label.
 fn per_engine(text: &str, name: &str) -> Vec<(String, f64)> {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .filter_map(|l| {
-            let at = l.find("engine=\"")? + 8;
-            let engine = &l[at..at + l[at..].find('"')?];
-            Some((
-                engine.to_string(),
-                l.rsplit(' ').next()?.trim().parse().ok()?,
-            ))
-        })
+    program_router::observe::scrape::samples(text)
+        .filter(|s| s.name == name)
+        .filter_map(|s| Some((s.label("engine")?.to_string(), s.value)))
         .collect()
 }
 

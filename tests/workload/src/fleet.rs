@@ -507,23 +507,13 @@ fn json_part(body: &str) -> &str {
     }
 }
 
-/// The counters of `metric` in an exposition, summed by the value of its label `label`.
+/// The counters of `metric` in an exposition, summed by the value of the first of `labels` a
+/// series has.
 pub(crate) fn by_label(text: &str, metric: &str, labels: &[&str]) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    let prefix = format!("{metric}{{");
-    for l in text.lines().filter(|l| l.starts_with(&prefix)) {
-        let kind = labels.iter().find_map(|k| {
-            let k = format!("{k}=\"");
-            let at = l.find(&k)? + k.len();
-            Some(&l[at..at + l[at..].find('"')?])
-        });
-        if let (Some(kind), Some(v)) = (
-            kind,
-            l.rsplit(' ')
-                .next()
-                .and_then(|v| v.trim().parse::<f64>().ok()),
-        ) {
-            *out.entry(kind.to_string()).or_insert(0.0) += v;
+    for s in program_router::observe::scrape::samples(text).filter(|s| s.name == metric) {
+        if let Some(kind) = labels.iter().find_map(|k| s.label(k)) {
+            *out.entry(kind.to_string()).or_insert(0.0) += s.value;
         }
     }
     out

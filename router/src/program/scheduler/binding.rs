@@ -16,12 +16,8 @@ impl Scheduler {
             B::CacheAware => self.bind_cache_aware(chain),
             B::ConsistentHash => {
                 // Rendezvous hashing: stable, and adding a rank moves only its share.
-                (0..n)
-                    .max_by_key(|r| {
-                        crate::policies::stable_hash(
-                            format!("{program_id}#{}", self.ranks[*r].id).as_bytes(),
-                        )
-                    })
+                let ranks = self.ranks.iter().enumerate();
+                crate::hash::rendezvous(program_id, ranks.map(|(r, s)| (r, s.id.as_str())))
                     .unwrap_or(0)
             }
             B::ProgramRoundRobin => {

@@ -2,7 +2,10 @@
 //!
 //! The output is program-router's own `RouterConfig`, so every value is checked by the router's
 //! validation before it can reach a ConfigMap. The API key never appears in it (the Deployment
-//! passes it from its Secret as `PROGRAM_ROUTER_API_KEY`).
+//! passes it from its Secret as `PROGRAM_ROUTER_API_KEY`). The CRD → router-config mapping of
+//! each feature's section is [`mapping`].
+
+pub mod mapping;
 
 use program_router::config::peers::{PeerMember, PeersConfig};
 use program_router::config::{PolicyKind, RouterConfig, WorkerConfig};

@@ -2,6 +2,8 @@
 //!
 //! Owns the process lifecycle so that the binary and the tests start routers the same way.
 
+pub mod loops;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,10 +12,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use crate::config::RouterConfig;
-use crate::config::cli::Flags;
+use crate::config::flags::Flags;
 use crate::config::watch::{FileEvent, watch};
 use crate::state::RouterState;
-use crate::workers::health::{health_loop, observation_loop};
 
 /// A bound, not yet serving router.
 pub struct Bound {
@@ -81,17 +82,17 @@ impl Bound {
     /// that the process exits non-zero and is restarted.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
         let state = self.state;
-        tokio::spawn(health_loop(state.clone()));
+        tokio::spawn(loops::health(state.clone()));
         if let Some(rt) = state.applied.load().program.clone() {
             tokio::spawn(rt.tick_loop(state.stop_rx()));
         }
         if let Some(rt) = state.applied.load().fair.clone() {
             tokio::spawn(rt.dispatch_loop(state.stop_rx()));
         }
-        tokio::spawn(observation_loop(state.clone()));
-        tokio::spawn(crate::auth::dir_loop(state.clone()));
-        tokio::spawn(crate::peers::usage_loop(state.clone()));
-        tokio::spawn(crate::peers::gossip::member_list_loop(state.clone()));
+        tokio::spawn(loops::observation(state.clone()));
+        tokio::spawn(loops::key_dir(state.clone()));
+        tokio::spawn(loops::usage(state.clone()));
+        tokio::spawn(loops::members(state.clone()));
         if let Some(path) = state.flags.config.clone() {
             let st = state.clone();
             let mut stop = state.stop_rx();
@@ -143,6 +144,27 @@ impl Bound {
             None => Ok(()),
         }
     }
+}
+
+/// Resolves on SIGTERM (what Kubernetes sends a pod it stops) or Ctrl-C: the one shutdown
+/// signal of the router and the operator binaries.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutdown signal received");
 }
 
 #[cfg(test)]

@@ -1,10 +1,15 @@
-//! TCP settings of every connection the router accepts or opens.
+//! The wire, shared by every layer: TCP settings, the body type of every response, which headers
+//! cross the router, and the pooled client of health checks and scrapes.
 //!
-//! Owns TCP keep-alive: a peer that vanished without closing (its node died, a NAT forgot the
-//! flow) otherwise holds a connection until a timeout far above it: a client's generation keeps
-//! running on vLLM, and a request to a dead backend waits for `request_timeout_secs`. With
+//! Owns TCP keep-alive here: a peer that vanished without closing (its node died, a NAT forgot
+//! the flow) otherwise holds a connection until a timeout far above it: a client's generation
+//! keeps running on vLLM, and a request to a dead backend waits for `request_timeout_secs`. With
 //! probes after 60 s of silence, every 10 s, the kernel fails such a connection after about 90 s;
 //! the proxy then drops the other side (which makes vLLM abort) or answers 502.
+
+pub mod body;
+pub mod client;
+pub mod headers;
 
 use std::time::Duration;
 
@@ -28,6 +33,15 @@ pub fn tune(stream: &TcpStream) {
     if let Err(e) = SockRef::from(stream).set_tcp_keepalive(&ka) {
         tracing::debug!(error = %e, "cannot set TCP keep-alive");
     }
+}
+
+/// Whether `id` can travel as a path segment unescaped (vLLM's ids are `resp_<hex>`).
+pub fn plain_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 256
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
 #[cfg(test)]

@@ -119,7 +119,7 @@ mod tests {
     #[test]
     fn no_hinted_flag_is_one_program_router_takes() {
         use clap::CommandFactory;
-        let cmd = crate::config::cli::Cli::command();
+        let cmd = crate::cli::Cli::command();
         for (flags, _) in VLLM_ROUTER_ONLY {
             for f in *flags {
                 let name = f.trim_start_matches("--");

@@ -1,0 +1,185 @@
+//! One applied configuration: the validated config with everything built from it (targets,
+//! policy, the features' runtimes, keys, limiter, peers), swapped whole on reload.
+//!
+//! Owns what a request reads of the configuration in force and the publishing of backend
+//! observations to the features that subscribe to them; building the next one from the
+//! previous is `crate::state`'s reload.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::sync::Notify;
+
+use crate::config::RouterConfig;
+use crate::fair::runtime::{FairMetrics, FairRuntime};
+use crate::policies::Policy;
+use crate::program::metrics::ProgramMetrics;
+use crate::program::runtime::ProgramRuntime;
+use crate::workers::TargetSet;
+
+/// One applied configuration.
+pub struct Applied {
+    pub config: RouterConfig,
+    pub hash: String,
+    pub targets: TargetSet,
+    pub policy: Arc<dyn Policy>,
+    pub loaded_at: SystemTime,
+    pub generation: u64,
+    /// Program scheduling over `targets` (indices are target positions), when enabled.
+    pub program: Option<Arc<ProgramRuntime>>,
+    /// Fair multi-tenant queueing, when enabled.
+    pub fair: Option<Arc<FairRuntime>>,
+    /// `Authorization` sent to workers (`Bearer <api_key>`), built once per configuration.
+    pub authorization: Option<http::HeaderValue>,
+    /// Keys from `api_key` or `client_api_keys` a client may present on proxied routes; `None`:
+    /// none (see [`crate::auth::authorize`], which adds the key directory's).
+    pub client_keys: Option<Arc<[crate::auth::ClientKey]>>,
+    /// Clients have keys of their own (`client_api_keys` or a key directory), so a key names
+    /// one client; with only `api_key`, every client presents the same key.
+    pub named_clients: bool,
+    /// The cap on requests in progress, when `limits.max_concurrent_requests` sets one.
+    pub limiter: Option<Arc<crate::limit::Limiter>>,
+    /// The other router replicas Program requests are forwarded to, when `peers` is set.
+    pub peers: Option<Arc<crate::peers::Peers>>,
+}
+
+/// The limiter for `config`: `prev`'s when the cap is unchanged (its places and waiters carry
+/// over a reload), a new one otherwise.
+pub fn limiter(
+    config: &RouterConfig,
+    prev: Option<&Arc<crate::limit::Limiter>>,
+) -> Option<Arc<crate::limit::Limiter>> {
+    let max = config.limits.max_concurrent_requests?;
+    match prev {
+        Some(l) if l.max() == max => Some(l.clone()),
+        _ => Some(crate::limit::Limiter::new(max)),
+    }
+}
+
+/// The workers' `Authorization` header for `config`, if it names an API key that is a valid
+/// header value (validation rejects one that is not).
+pub fn authorization(config: &RouterConfig) -> Option<http::HeaderValue> {
+    let key = config.api_key.as_ref()?;
+    http::HeaderValue::from_str(&format!("Bearer {key}")).ok()
+}
+
+impl Applied {
+    /// `config` applied alone, without Program scheduling, fair queueing or peers: for unit
+    /// tests of what reads an applied configuration.
+    #[cfg(test)]
+    pub fn alone(config: RouterConfig) -> Arc<Applied> {
+        let metrics = crate::observe::metrics::Metrics::new().expect("metrics");
+        let targets = TargetSet::build(&config, None, &metrics);
+        Arc::new(Applied {
+            hash: config.hash(),
+            authorization: authorization(&config),
+            client_keys: crate::auth::client_keys(&config),
+            named_clients: crate::auth::named_clients(&config),
+            limiter: limiter(&config, None),
+            peers: None,
+            policy: Arc::from(crate::policies::build(&config, &targets)),
+            config,
+            targets,
+            loaded_at: SystemTime::now(),
+            generation: 1,
+            program: None,
+            fair: None,
+        })
+    }
+}
+
+impl Applied {
+    /// Publishes what `backend`'s `/metrics` said to the features that read it: Program
+    /// scheduling takes each of its targets' engine counts.
+    pub fn publish(
+        &self,
+        backend: &Arc<crate::workers::Backend>,
+        obs: &crate::workers::Observation,
+    ) {
+        let Some(rt) = &self.program else {
+            return;
+        };
+        for t in self.targets.targets.iter() {
+            if !Arc::ptr_eq(&t.backend, backend) {
+                continue;
+            }
+            if let Some(e) = obs.engines.get(&t.spec.dp_rank.unwrap_or(0)) {
+                rt.observe(
+                    &t.id,
+                    crate::program::scheduler::Observation {
+                        waiting: e.waiting,
+                        running: e.running,
+                        kv_usage: e.kv_usage,
+                        token_capacity: e.token_capacity,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Tells the features that read backend load that a round of observations is complete:
+    /// fair queueing re-reads the ranks' room.
+    pub fn observed(&self) {
+        if let Some(f) = &self.fair {
+            f.observed();
+        }
+    }
+
+    /// The keys in force for a request under this configuration and the key directory `dir`.
+    pub fn keys<'a>(&'a self, dir: Option<&'a crate::auth::DirKeys>) -> crate::auth::Keys<'a> {
+        crate::auth::Keys {
+            listed: self.client_keys.as_deref(),
+            dir: self.config.client_api_keys_dir.as_ref().and(dir),
+            named: self.named_clients,
+            workers_key: self.config.api_key.as_deref(),
+            any_listed: self
+                .config
+                .client_api_keys
+                .as_ref()
+                .is_some_and(|k| !k.is_empty()),
+        }
+    }
+
+    /// Whether anything reads backend `/metrics`.
+    pub fn needs_observation(&self) -> bool {
+        self.policy.needs_observation()
+            || self.config.program_scheduling.is_some()
+            || self.config.fairness.is_some()
+    }
+}
+
+pub fn fair_runtime(
+    config: &RouterConfig,
+    targets: &TargetSet,
+    metrics: &FairMetrics,
+    observe: &Arc<Notify>,
+) -> Option<Arc<FairRuntime>> {
+    let cfg = config.fairness.clone()?;
+    Some(FairRuntime::new(
+        cfg,
+        targets.targets.clone(),
+        metrics.clone(),
+        observe.clone(),
+    ))
+}
+
+pub fn program_runtime(
+    config: &RouterConfig,
+    targets: &TargetSet,
+    metrics: &ProgramMetrics,
+) -> Option<Arc<ProgramRuntime>> {
+    let ps = config.program_scheduling.clone()?;
+    Some(ProgramRuntime::new(
+        ps,
+        &program_targets(targets),
+        metrics.clone(),
+    ))
+}
+
+pub fn program_targets(targets: &TargetSet) -> Vec<crate::program::runtime::TargetInfo> {
+    targets
+        .targets
+        .iter()
+        .map(|t| (t.id.clone(), t.spec.url.clone(), t.spec.dp_rank))
+        .collect()
+}

@@ -1,0 +1,96 @@
+//! Which headers cross the router: hop-by-hop ones never do, and the router's own internal
+//! headers (DP-rank pin, peer plane) are set by the router alone.
+
+use http::HeaderMap;
+use http::header::{self, HeaderName};
+
+/// Header pinning the GLOBAL DP rank.
+pub static DP_RANK: HeaderName = HeaderName::from_static("x-data-parallel-rank");
+
+/// Headers that describe one connection, not the message (plus `Host` and `Content-Length`,
+/// which the router sets itself): never copied between the client's and the backend's side.
+pub const HOP_BY_HOP: [HeaderName; 10] = [
+    header::CONNECTION,
+    header::HOST,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::CONTENT_LENGTH,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
+
+/// Header names a message's `Connection` header nominates as hop-by-hop (RFC 9110 7.6.1), e.g.
+/// `Connection: close, x-hop` makes `x-hop` one. Empty, and no allocation, in the common cases:
+/// no such header, or only `keep-alive` / `close` (options, or a name dropped anyway).
+pub fn nominated(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.eq_ignore_ascii_case("keep-alive") && !t.eq_ignore_ascii_case("close"))
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect()
+}
+
+/// Copies `src`'s end-to-end headers into `dst`: hop-by-hop ones, those its `Connection` header
+/// names, `Host` and `Content-Length` stay behind.
+pub fn copy_end_to_end(src: &HeaderMap, dst: &mut HeaderMap) {
+    let connection_scoped = nominated(src);
+    dst.reserve(src.len() + 4);
+    for (k, v) in src {
+        if !HOP_BY_HOP.contains(k) && !connection_scoped.contains(k) {
+            dst.append(k, v.clone());
+        }
+    }
+}
+
+/// Marks a request one replica forwarded to another (so it is served where it lands).
+pub static FORWARDED_BY: HeaderName = HeaderName::from_static("x-program-router-peer");
+/// The replica a forwarded request is meant for.
+pub static ADDRESSED_TO: HeaderName = HeaderName::from_static("x-program-router-peer-to");
+/// The member-list revision a peer call carries.
+pub static REVISION: HeaderName = HeaderName::from_static("x-program-router-peer-revision");
+/// The base URL of the replica that sent a peer call.
+pub static SENDER_URL: HeaderName = HeaderName::from_static("x-program-router-peer-url");
+
+/// Whether `name` is one of the router's own headers, which no client sends to a worker.
+pub fn internal(name: &HeaderName) -> bool {
+    name == DP_RANK
+        || name == FORWARDED_BY
+        || name == ADDRESSED_TO
+        || name == REVISION
+        || name == SENDER_URL
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn connection_nominates_extra_hop_by_hop_headers() {
+        let mut h = HeaderMap::new();
+        assert!(nominated(&h).is_empty());
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Hop"),
+        );
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("close,x-other , bad name"),
+        );
+        assert_eq!(
+            nominated(&h),
+            ["x-hop", "x-other"].map(HeaderName::from_static)
+        );
+        let mut common = HeaderMap::new();
+        common.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        assert_eq!(nominated(&common).capacity(), 0, "no allocation");
+        assert!(HOP_BY_HOP.contains(&HeaderName::from_static("keep-alive")));
+    }
+}

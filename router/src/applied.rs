@@ -64,31 +64,6 @@ pub fn authorization(config: &RouterConfig) -> Option<http::HeaderValue> {
 }
 
 impl Applied {
-    /// `config` applied alone, without Program scheduling, fair queueing or peers: for unit
-    /// tests of what reads an applied configuration.
-    #[cfg(test)]
-    pub fn alone(config: RouterConfig) -> Arc<Applied> {
-        let metrics = crate::observe::metrics::Metrics::new().expect("metrics");
-        let targets = TargetSet::build(&config, None, &metrics);
-        Arc::new(Applied {
-            hash: config.hash(),
-            authorization: authorization(&config),
-            client_keys: crate::auth::client_keys(&config),
-            named_clients: crate::auth::named_clients(&config),
-            limiter: limiter(&config, None),
-            peers: None,
-            policy: Arc::from(crate::policies::build(&config, &targets)),
-            config,
-            targets,
-            loaded_at: SystemTime::now(),
-            generation: 1,
-            program: None,
-            fair: None,
-        })
-    }
-}
-
-impl Applied {
     /// Publishes what `backend`'s `/metrics` said to the features that read it: Program
     /// scheduling takes each of its targets' engine counts.
     pub fn publish(
@@ -122,6 +97,18 @@ impl Applied {
     pub fn observed(&self) {
         if let Some(f) = &self.fair {
             f.observed();
+        }
+    }
+
+    /// This configuration as forwarding reads it.
+    pub fn route(&self) -> crate::proxy::Route<'_> {
+        crate::proxy::Route {
+            config: &self.config,
+            targets: &self.targets,
+            policy: self.policy.as_ref(),
+            authorization: self.authorization.as_ref(),
+            strip_client_key: self.client_keys.is_some()
+                || self.config.client_api_keys_dir.is_some(),
         }
     }
 

@@ -2,7 +2,9 @@
 //!
 //! Owns the upstream request (headers, DP-rank pin, worker auth), retries (only connect errors
 //! and 503 answers, i.e. before any byte reached the client), timeouts, and the completion hook
-//! that feeds the breaker and metrics. Never replays a generation that started.
+//! that feeds the breaker and metrics. Never replays a generation that started. Knows no
+//! feature: it reads the applied configuration through [`Route`] and tells the caller how a
+//! response ended through its [`Hold`].
 
 pub mod relay;
 pub mod request;
@@ -18,15 +20,16 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use rand::Rng;
 
-use crate::applied::Applied;
+use crate::config::RouterConfig;
 use crate::error::ApiError;
 use crate::net::body::{Body, BoxError};
 use crate::net::headers::{self, DP_RANK, HOP_BY_HOP, nominated};
 use crate::observe::metrics::Metrics;
+use crate::policies::Policy;
 use crate::policies::RequestInfo;
-use crate::program::runtime::ProgramTicket;
-use crate::workers::{InFlight, TargetState};
-use relay::{End, Finish, Relay, Tapped};
+use crate::workers::{InFlight, TargetSet, TargetState};
+pub use relay::{End, Usage};
+use relay::{Finish, Relay, Tapped};
 use upstream::SendError;
 
 /// Upper bound on a TCP connect to a backend.
@@ -50,11 +53,31 @@ impl Forwarder {
     }
 }
 
+/// The applied configuration as forwarding reads it (see `crate::applied::Applied::route`).
+#[derive(Clone, Copy)]
+pub struct Route<'a> {
+    pub config: &'a RouterConfig,
+    pub targets: &'a TargetSet,
+    pub policy: &'a dyn Policy,
+    /// `Authorization` sent to workers (`Bearer <api_key>`).
+    pub authorization: Option<&'a HeaderValue>,
+    /// The router checked the client's key, which then stays with the router.
+    pub strip_client_key: bool,
+}
+
+/// What the caller holds for a request until its response ends (a place, body bytes, a queue
+/// seat, a Program ticket, a quota charge), told how it ended.
+pub trait Hold: Send {
+    /// `complete`: the response ran to its end with a success status; `usage`: what the backend
+    /// reported, when it did.
+    fn end(self: Box<Self>, complete: bool, usage: Option<Usage>);
+}
+
 /// One request to forward.
 pub struct Outbound<'a> {
-    /// The configuration snapshot the request was admitted under (a pinned rank indexes its
-    /// targets, so forwarding must not load a newer one).
-    pub applied: Arc<Applied>,
+    /// The configuration the request was admitted under (a pinned rank indexes its targets, so
+    /// forwarding must not read a newer one).
+    pub route_config: Route<'a>,
     pub route: &'static str,
     pub method: Method,
     pub path_and_query: http::uri::PathAndQuery,
@@ -68,20 +91,12 @@ pub struct Outbound<'a> {
     /// Program scheduling chose this target (index into the applied targets): no policy, and
     /// retries stay on it.
     pub pin: Option<usize>,
-    /// The request's place in Program scheduling, finished when the response ends.
-    pub ticket: Option<ProgramTicket>,
-    /// Seat in the fair queue, freed (and charged) when the response ends.
-    pub fair: Option<crate::fair::runtime::FairPermit>,
-    /// Place among the router's requests in progress, freed when the response ends.
-    pub place: Option<crate::limit::Place>,
-    /// The request's body bytes in the router's budget, given back when the response ends.
-    pub bytes: Option<crate::limit::BodyBytes>,
-    /// Charge against the tenant's token quota, settled with the response's usage.
-    pub rate: Option<crate::fair::runtime::RateCharge>,
+    /// Ended when the response ends, or dropped with the request.
+    pub hold: Option<Box<dyn Hold>>,
 }
 
 fn upstream_request(
-    applied: &Applied,
+    applied: Route<'_>,
     target: &TargetState,
     out: &Outbound<'_>,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
@@ -98,7 +113,7 @@ fn upstream_request(
     h.insert(header::HOST, host.clone());
     let connection_scoped = nominated(out.headers);
     // A client key the router checked stays with the router (the workers get `api_key`).
-    let checked = applied.client_keys.is_some() || applied.config.client_api_keys_dir.is_some();
+    let checked = applied.strip_client_key;
     for (k, v) in out.headers {
         if !HOP_BY_HOP.contains(k)
             && !headers::internal(k)
@@ -111,7 +126,7 @@ fn upstream_request(
     if let Some(rank) = &target.rank_header {
         h.insert(DP_RANK.clone(), rank.clone());
     }
-    if let Some(v) = &applied.authorization {
+    if let Some(v) = applied.authorization {
         h.insert(header::AUTHORIZATION, v.clone());
     }
     h.insert("x-request-id", out.request_id.clone());
@@ -141,8 +156,8 @@ pub async fn forward(
     fw: &Arc<Forwarder>,
     mut out: Outbound<'_>,
 ) -> Result<Response<Body>, ApiError> {
-    let applied = out.applied.clone();
-    let cfg = &applied.config;
+    let applied = out.route_config;
+    let cfg = applied.config;
     let timeout = crate::config::duration(cfg.limits.request_timeout_secs);
     let deadline = tokio::time::Instant::from_std(out.received) + timeout;
     let mut tried: Vec<usize> = Vec::new();
@@ -181,7 +196,7 @@ pub async fn forward(
         };
         tried.push(Arc::as_ptr(&target) as usize);
         let guard = target.begin();
-        let req = upstream_request(&applied, &target, &out)?;
+        let req = upstream_request(applied, &target, &out)?;
         let sent = Instant::now();
         let pool = fw.pools.get(&target.backend.addr);
         let result = tokio::time::timeout_at(
@@ -256,11 +271,7 @@ pub async fn forward(
         let finish = Box::new(Completion {
             guard,
             conn: Some((conn, pool)),
-            ticket: out.ticket.take(),
-            fair: out.fair.take(),
-            _place: out.place.take(),
-            _bytes: out.bytes.take(),
-            rate: out.rate.take(),
+            hold: out.hold.take(),
             status,
             fw: fw.clone(),
             route: out.route,
@@ -272,9 +283,7 @@ pub async fn forward(
             sse && out.filter_usage_chunk,
             out.route == "/v1/responses" && status.is_success(),
             Some(deadline),
-            out.applied
-                .config
-                .limits
+            cfg.limits
                 .upstream_idle_timeout_secs
                 .map(crate::config::duration),
             finish,
@@ -292,12 +301,7 @@ struct Completion {
     guard: InFlight,
     /// The upstream connection, returned to its backend's pool when the body was read to the end.
     conn: Option<(upstream::Sender, Arc<upstream::ConnPool>)>,
-    ticket: Option<ProgramTicket>,
-    fair: Option<crate::fair::runtime::FairPermit>,
-    /// Freed when the completion is dropped, i.e. when the response ended.
-    _place: Option<crate::limit::Place>,
-    _bytes: Option<crate::limit::BodyBytes>,
-    rate: Option<crate::fair::runtime::RateCharge>,
+    hold: Option<Box<dyn Hold>>,
     status: StatusCode,
     fw: Arc<Forwarder>,
     route: &'static str,
@@ -307,23 +311,9 @@ struct Completion {
 impl Finish for Completion {
     fn finish(mut self: Box<Self>, end: End, tapped: Tapped) {
         let usage = tapped.usage;
-        if let Some(ticket) = self.ticket.take()
-            && end == End::Complete
-            && self.status.is_success()
-        {
-            ticket.complete(usage.map(|u| crate::program::scheduler::Usage {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-                cached_tokens: u.cached_tokens(),
-            }));
+        if let Some(hold) = self.hold.take() {
+            hold.end(end == End::Complete && self.status.is_success(), usage);
         }
-        if let (Some(permit), Some(u)) = (self.fair.take(), usage) {
-            permit.complete(u.prompt_tokens, u.completion_tokens);
-        }
-        if let (Some(rate), Some(u)) = (self.rate.take(), usage) {
-            rate.settle(u.prompt_tokens + u.completion_tokens);
-        }
-        // Otherwise the ticket (and fair permit) drop here: the request did not run to completion.
         let target = self.guard.target();
         if let (End::Complete, Some(id), true) =
             (end, &tapped.response_id, self.status.is_success())
@@ -369,7 +359,17 @@ mod tests {
             client_api_keys: Some(vec!["team".into()]),
             ..Default::default()
         };
-        let applied = crate::applied::Applied::alone(cfg);
+        let metrics = Metrics::new().expect("metrics");
+        let targets = TargetSet::build(&cfg, None, &metrics);
+        let policy = crate::policies::build(&cfg, &targets);
+        let authorization = HeaderValue::from_static("Bearer worker");
+        let route = Route {
+            config: &cfg,
+            targets: &targets,
+            policy: policy.as_ref(),
+            authorization: Some(&authorization),
+            strip_client_key: true,
+        };
         let mut h = HeaderMap::new();
         h.insert(
             headers::FORWARDED_BY.clone(),
@@ -387,7 +387,7 @@ mod tests {
         h.insert("x-custom", HeaderValue::from_static("kept"));
         let id = HeaderValue::from_static("rid-1");
         let out = Outbound {
-            applied: applied.clone(),
+            route_config: route,
             route: "/v1/chat/completions",
             method: Method::POST,
             path_and_query: http::uri::PathAndQuery::from_static("/v1/chat/completions"),
@@ -399,13 +399,9 @@ mod tests {
             request_id: &id,
             received: Instant::now(),
             pin: None,
-            ticket: None,
-            fair: None,
-            place: None,
-            bytes: None,
-            rate: None,
+            hold: None,
         };
-        let req = upstream_request(&applied, &applied.targets.targets[0], &out).expect("request");
+        let req = upstream_request(route, &targets.targets[0], &out).expect("request");
         let got = req.headers();
         assert!(got.get(&headers::FORWARDED_BY).is_none(), "{got:?}");
         assert!(got.get(&headers::ADDRESSED_TO).is_none(), "{got:?}");

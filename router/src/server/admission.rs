@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
-use super::request;
 use crate::error::ApiError;
+use crate::proxy::request;
 use crate::state::RouterState;
 
 /// 429 for a tenant over its quota (`fairness.tenant_rate_limits`).

@@ -74,7 +74,8 @@ pub(super) async fn post_endpoint(
     }
     // A list of Programs, not a prompt: far below the payload limit for generations.
     let limit = applied.config.limits.max_payload_size.min(PEER_BODY_LIMIT);
-    let (_, body, _held) = super::read_body(state, &applied.config.limits, limit, req).await?;
+    let (_, body, _held) =
+        super::pipeline::read_body(state, &applied.config.limits, limit, req).await?;
     let v: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
     let count = |event: &str, n: usize| {

@@ -1,17 +1,21 @@
 //! program-operator: runs program-router for the vLLM workers a `ProgramScheduling` selects.
 //!
-//! Pure parts: [`crd`] (the resource), [`discover`] (pods → DP-rank targets), [`render`]
-//! (spec + targets → the router's config), [`objects`] (the owned Kubernetes objects) and
-//! [`conditions`] (status from observations). [`controller`] wires them to the API server,
-//! [`routers`] reads router pods' `/status`, [`telemetry`] serves probes and metrics.
+//! A reconcile is [`fetch`] → [`plan`] → [`apply`]. Pure parts: [`crd`] (the resource),
+//! [`discover`] (pods → DP-rank targets), [`render`] (spec + targets → the router's config),
+//! [`objects`] (the owned Kubernetes objects), [`conditions`] (status from observations) and
+//! [`plan`] (all of them from what was read). [`controller`] runs the loop, [`routers`] reads
+//! router pods' `/status`, [`telemetry`] serves probes and metrics.
 #![forbid(unsafe_code)]
 
+pub mod apply;
 pub mod conditions;
 pub mod controller;
 pub mod crd;
 pub mod discover;
 pub mod fence;
+pub mod fetch;
 pub mod objects;
+pub mod plan;
 pub mod render;
 pub mod routers;
 pub mod telemetry;

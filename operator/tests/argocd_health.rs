@@ -140,7 +140,7 @@ fn every_state_maps_to_its_health() {
 
 #[test]
 fn every_ready_false_reason_the_operator_emits_is_classified() {
-    // Reasons from operator/src/conditions.rs: settling ones are Progressing, the rest Degraded.
+    // Reasons from operator/src/conditions/: settling ones are Progressing, the rest Degraded.
     for (reason, want) in [
         ("NotRendered", "Progressing"),
         ("NoRouters", "Progressing"),

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use super::*;
 
 /// `WorkersDiscovered`: Ready worker pods and their DP-rank targets.
-pub fn workers_discovered(obs: &Observed) -> Condition {
+pub fn workers_discovered(obs: &Facts) -> Condition {
     match &obs.workers {
         Ok((0, _)) => cond(
             WORKERS_DISCOVERED,
@@ -25,7 +25,7 @@ pub fn workers_discovered(obs: &Observed) -> Condition {
 }
 
 /// `RouterAvailable`: the router Deployment's available replicas.
-pub fn router_available(obs: &Observed) -> Condition {
+pub fn router_available(obs: &Facts) -> Condition {
     let (desired, available) = obs.deployment;
     if desired == 0 {
         cond(
@@ -55,7 +55,7 @@ pub fn router_available(obs: &Observed) -> Condition {
 /// refused reload) for each that answered, and `pod: error` for each that did not.
 type Statuses<'a> = Vec<(&'a String, bool, usize, usize, &'a Option<String>)>;
 
-fn reports(obs: &Observed) -> (Statuses<'_>, Vec<String>) {
+fn reports(obs: &Facts) -> (Statuses<'_>, Vec<String>) {
     // A router runs the rendered config when it runs that file, or every setting of it with an
     // older member list of `peers` (which changes with every router pod and reaches each router
     // at the kubelet's pace; the replicas tolerate a stale list).
@@ -97,7 +97,7 @@ fn reports(obs: &Observed) -> (Statuses<'_>, Vec<String>) {
 }
 
 /// `ConfigApplied`: every router pod runs the rendered config.
-pub fn config_applied(obs: &Observed) -> Condition {
+pub fn config_applied(obs: &Facts) -> Condition {
     let (statuses, unreachable) = reports(obs);
     match &obs.desired_hash {
         None => cond(
@@ -152,7 +152,7 @@ pub fn config_applied(obs: &Observed) -> Condition {
 }
 
 /// `BackendsObserved`: every router sees a healthy target.
-pub fn backends_observed(obs: &Observed) -> Condition {
+pub fn backends_observed(obs: &Facts) -> Condition {
     let (statuses, _) = reports(obs);
     let blind: Vec<&String> = statuses.iter().filter(|s| s.3 == 0).map(|s| s.0).collect();
     if statuses.is_empty() {
@@ -188,7 +188,7 @@ pub fn backends_observed(obs: &Observed) -> Condition {
 }
 
 /// `Calibrated`: where Program scheduling's cost models come from.
-pub fn calibrated(obs: &Observed) -> Condition {
+pub fn calibrated(obs: &Facts) -> Condition {
     match &obs.calibration {
         Calibration::NotUsed => cond(
             CALIBRATED,
@@ -229,7 +229,7 @@ pub fn calibrated(obs: &Observed) -> Condition {
 }
 
 /// `ProgramAffinity`: whether each Program's requests reach one scheduler.
-pub fn program_affinity(obs: &Observed) -> Condition {
+pub fn program_affinity(obs: &Facts) -> Condition {
     match obs.affinity {
         Affinity::NotUsed => cond(
             PROGRAM_AFFINITY,
@@ -277,7 +277,7 @@ pub fn program_affinity(obs: &Observed) -> Condition {
 }
 
 /// `ClientKeys`: whether the routers hold the keys of `clientApiKeysSecret`.
-pub fn client_keys(obs: &Observed) -> Condition {
+pub fn client_keys(obs: &Facts) -> Condition {
     let refused: Vec<String> = obs
         .routers
         .iter()
@@ -318,7 +318,7 @@ pub fn client_keys(obs: &Observed) -> Condition {
 }
 
 /// `Ready`: the spec renders and the first four parts (`parts`) hold; else the first failing one's reason.
-pub fn ready(obs: &Observed, parts: [&Condition; 4]) -> Condition {
+pub fn ready(obs: &Facts, parts: [&Condition; 4]) -> Condition {
     let render = obs
         .render_error
         .as_ref()

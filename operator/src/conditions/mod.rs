@@ -42,7 +42,7 @@ pub enum RouterReport {
 
 /// Everything a reconcile learned, in the order `Ready` checks it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Observed {
+pub struct Facts {
     /// Ready worker pods and their ranks, or why discovery failed.
     pub workers: Result<(usize, usize), String>,
     /// Why the spec could not be rendered (the last good config stays in the ConfigMap).
@@ -137,7 +137,7 @@ fn cond(type_: &str, ok: bool, reason: &str, message: String) -> Condition {
 }
 
 /// The conditions `obs` implies, without times or generation (one function each, [`each`]).
-pub fn evaluate(obs: &Observed) -> Vec<Condition> {
+pub fn evaluate(obs: &Facts) -> Vec<Condition> {
     let workers = each::workers_discovered(obs);
     let applied = each::config_applied(obs);
     let router = each::router_available(obs);

@@ -14,8 +14,8 @@ fn healthy(pod: &str, hash: &str) -> RouterReport {
     }
 }
 
-fn good() -> Observed {
-    Observed {
+fn good() -> Facts {
+    Facts {
         workers: Ok((2, 4)),
         render_error: None,
         desired_hash: Some("h1".into()),
@@ -189,7 +189,7 @@ fn split_program_state_is_reported_and_does_not_affect_ready() {
         (Affinity::SingleReplica, "SingleReplica"),
         (Affinity::ClientIp, "ClientIPAffinity"),
     ] {
-        let cs = evaluate(&Observed {
+        let cs = evaluate(&Facts {
             affinity: a,
             ..good()
         });
@@ -200,7 +200,7 @@ fn split_program_state_is_reported_and_does_not_affect_ready() {
 
 #[test]
 fn ready_false_carries_the_first_failing_reason() {
-    type Change = Box<dyn Fn(&mut Observed)>;
+    type Change = Box<dyn Fn(&mut Facts)>;
     let table: Vec<(Change, &str, &str)> = vec![
         (
             Box::new(|o| o.workers = Ok((0, 0))),

@@ -64,7 +64,7 @@ pub fn render(
     cfg.policy.kind = policy(&spec.router.policy)?;
     cfg.health.interval_secs = 5.0;
     // On SIGTERM keep serving, not ready, while the endpoint removal reaches every node's proxy;
-    // the pod's termination grace period covers this and the drain (see objects.rs).
+    // the pod's termination grace period covers this and the drain (see `crate::objects`).
     cfg.limits.shutdown_delay_secs = SHUTDOWN_DELAY_SECS;
     let r = &spec.router;
     let count = |v: i64, f: &str| {

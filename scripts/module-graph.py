@@ -6,8 +6,12 @@ An edge `a -> b` means code in the top-level module `a` (router/src/a.rs or rout
 through `crate::` (a `super::` path stays inside its module). Comments are ignored; `#[cfg(test)]`
 code counts like any other. The crate roots (lib.rs, main.rs) are not modules and are left out.
 
-Usage: scripts/module-graph.py [--dot] [--src DIR]
-Exit status: 0 when the graph is acyclic, 1 with the cycles (strongly connected components) printed.
+With the layer table of docs/architecture.md (`| layer | module | path | owns |`), a module may
+depend only on modules of lower layers: an edge that points up or sideways fails too, and so does a
+module the table does not name.
+
+Usage: scripts/module-graph.py [--dot] [--src DIR] [--layers FILE]
+Exit status: 0 when the graph is acyclic and follows the layers, 1 with what breaks it printed.
 """
 
 import argparse
@@ -141,10 +145,25 @@ def cycles(modules: set[str], edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def layers(doc: pathlib.Path) -> dict[str, int]:
+    """Module → layer from the rows `| <n> | `module` | ...` of `doc`."""
+    out = {}
+    for line in doc.read_text().splitlines():
+        m = re.match(r"\|\s*(\d+)\s*\|\s*`(\w+)`\s*\|", line)
+        if m:
+            out[m.group(2)] = int(m.group(1))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", default=str(pathlib.Path(__file__).resolve().parent.parent / "router" / "src"))
     ap.add_argument("--dot", action="store_true", help="print Graphviz dot instead of a list")
+    ap.add_argument(
+        "--layers",
+        default=str(pathlib.Path(__file__).resolve().parent.parent / "docs" / "architecture.md"),
+        help="the document whose layer table the graph must follow ('' to skip)",
+    )
     args = ap.parse_args()
     modules, edges = graph(pathlib.Path(args.src))
     if args.dot:
@@ -162,7 +181,23 @@ def main() -> int:
         for a in comp:
             inside = sorted(b for b in edges.get(a, ()) if b in comp)
             print(f"  {a} -> {', '.join(inside)}", file=sys.stderr)
-    return 1 if found else 0
+    broken = bool(found)
+    if args.layers:
+        table = layers(pathlib.Path(args.layers))
+        for a in sorted(modules):
+            if a not in table:
+                print(f"module {a} is not in the layer table of {args.layers}", file=sys.stderr)
+                broken = True
+                continue
+            for b in sorted(edges.get(a, ())):
+                if b in table and table[b] >= table[a]:
+                    print(
+                        f"{a} (layer {table[a]}) depends on {b} (layer {table[b]}): dependencies "
+                        "point down only",
+                        file=sys.stderr,
+                    )
+                    broken = True
+    return 1 if broken else 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 //! reaching the routers, no writes after an operator restart, and garbage collection on delete.
 //! Each test starts its own control plane; tests run one at a time.
 
+mod crd_rules;
 mod harness;
+mod leader;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -44,97 +46,6 @@ fn condition(ps: &ProgramScheduling, t: &str) -> Option<(String, String)> {
 
 fn worker_labels() -> BTreeMap<String, String> {
     BTreeMap::from([("app".to_string(), "vllm".to_string())])
-}
-
-#[test]
-fn crd_installs_and_cel_rules_reject_bad_resources_with_their_message() {
-    run(async {
-        let cp = ControlPlane::start();
-        cp.install_crds();
-        let good = r#"
-apiVersion: scheduling.program-router.dev/v1alpha1
-kind: ProgramScheduling
-metadata: {name: good, namespace: default}
-spec:
-  workerSelector: {matchLabels: {app: vllm}}
-  programScheduling: {lowWatermarkRatio: 0.5, highWatermarkRatio: 0.9}
-"#;
-        cp.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], Some(good))
-            .expect_ok("a valid resource is accepted");
-        for (bad, message) in [
-            (
-                "programScheduling: {lowWatermarkRatio: 0.9, highWatermarkRatio: 0.5}",
-                "lowWatermarkRatio must not exceed highWatermarkRatio",
-            ),
-            (
-                "programScheduling: {bindingStrategy: reasoning_token_balance}",
-                "reasoning_token_balance requires tokenCapacityPerDpRank",
-            ),
-            (
-                "router: {policy: fastest}",
-                "router.policy must be round_robin",
-            ),
-            ("workerPort: 70000", "workerPort must be a TCP port"),
-            (
-                "router: {sessionAffinity: Sticky}",
-                "router.sessionAffinity must be None or ClientIP",
-            ),
-            (
-                "fairness: {defaultRateLimit: {tokensPerMinute: 0}}",
-                "tokensPerMinute must be positive",
-            ),
-            (
-                "router: {maxConcurrentRequests: 0}",
-                "router.maxConcurrentRequests must be at least 1",
-            ),
-            (
-                "router: {queueTimeoutSeconds: 0}",
-                "router.queueTimeoutSeconds must be positive",
-            ),
-            (
-                "fairness: {discipline: lottery}",
-                "fairness.discipline must be vtc or round_robin",
-            ),
-            (
-                "programScheduling: {resumeOrder: lifo}",
-                "resumeOrder must be mru or fcfs",
-            ),
-            (
-                "programScheduling: {forceResumeWorkloadFactor: -1}",
-                "forceResumeWorkloadFactor must be >= 0",
-            ),
-            (
-                "programScheduling: {crossRankMinWaitRatio: -0.5}",
-                "crossRankMinWaitRatio must be >= 0",
-            ),
-            (
-                "programScheduling: {missImpactBacklogWeight: -1}",
-                "missImpactBacklogWeight must be >= 0",
-            ),
-        ] {
-            let doc = format!(
-                "apiVersion: scheduling.program-router.dev/v1alpha1\nkind: ProgramScheduling\n\
-                 metadata: {{name: bad, namespace: default}}\nspec:\n  workerSelector: {{}}\n  {bad}\n"
-            );
-            let out = cp.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], Some(&doc));
-            assert!(!out.ok, "{bad} must be rejected");
-            assert!(
-                out.stderr.contains(message),
-                "{bad}: expected {message:?} in {:?}",
-                out.stderr
-            );
-        }
-        let printed = cp
-            .kubectl(&[
-                "get",
-                "crd",
-                "programschedulings.scheduling.program-router.dev",
-                "-o",
-                "jsonpath={.spec.names.shortNames}",
-            ])
-            .expect_ok("short name");
-        assert!(printed.contains("psched"), "{printed}");
-    });
 }
 
 #[test]
@@ -778,74 +689,6 @@ stringData: {search-team: sk-search-2, docs-team: sk-docs}
         routers_task.abort();
         kubelet.shutdown().await;
         op2.stop();
-    });
-}
-
-#[test]
-fn leader_election_runs_one_controller_and_hands_over() {
-    run(async {
-        let cp = ControlPlane::start();
-        cp.install_crds();
-        let scratch = Scratch::new("lease");
-        let args = [
-            "--leader-elect",
-            "--lease-namespace",
-            "default",
-            "--lease-duration-secs",
-            "6",
-        ];
-        let a = Operator::start(
-            &cp,
-            &scratch.0,
-            &[&args[..], &["--identity", "op-a"]].concat(),
-        );
-        let b = Operator::start(
-            &cp,
-            &scratch.0,
-            &[&args[..], &["--identity", "op-b"]].concat(),
-        );
-        let leaders = || async {
-            let (la, lb) = (
-                a.counter("program_operator_leader").await,
-                b.counter("program_operator_leader").await,
-            );
-            (la + lb == 1.0).then_some(if la == 1.0 { 'a' } else { 'b' })
-        };
-        let first = wait_for(Duration::from_secs(30), leaders)
-            .await
-            .unwrap_or_else(|| panic!("one leader:\n{}\n{}", a.log_tail(), b.log_tail()));
-        // Exactly one stays leader, and the Lease names it.
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        assert_eq!(leaders().await, Some(first), "leadership is stable");
-        let holder = cp
-            .kubectl(&[
-                "get",
-                "lease",
-                "program-operator",
-                "-n",
-                "default",
-                "-o",
-                "jsonpath={.spec.holderIdentity}",
-            ])
-            .expect_ok("lease");
-        assert_eq!(holder, format!("op-{first}"));
-        // Both answer /readyz (a standby is healthy).
-        let c = testkit::client();
-        for op in [&a, &b] {
-            let url = op.metrics_url.replace("/metrics", "/readyz");
-            assert_eq!(testkit::get(&c, &url).await.status, 200);
-        }
-        // The leader stops (and releases the lease): the standby takes over.
-        let (leader, standby) = if first == 'a' { (a, b) } else { (b, a) };
-        let t0 = Instant::now();
-        leader.stop();
-        let took = wait_for(Duration::from_secs(20), || async {
-            (standby.counter("program_operator_leader").await == 1.0).then_some(t0.elapsed())
-        })
-        .await
-        .unwrap_or_else(|| panic!("standby took over:\n{}", standby.log_tail()));
-        eprintln!("leader handover: {:.1} s", took.as_secs_f64());
-        standby.stop();
     });
 }
 

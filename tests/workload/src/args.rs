@@ -1,0 +1,234 @@
+//! progbench's command line: subcommands and the workload flags they share.
+
+use super::*;
+
+#[derive(Parser)]
+#[command(
+    name = "progbench",
+    version,
+    about = "Agentic workloads and scheduling benchmarks"
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Cmd {
+    /// Write a seeded workload as requests.jsonl.
+    Gen {
+        #[command(flatten)]
+        w: WorkloadArgs,
+        #[arg(long, short)]
+        out: PathBuf,
+    },
+    /// Replay a workload in real time against an endpoint already running on loopback (a router,
+    /// a simulator, or a server reached through a port-forward); prints a summary.
+    Replay {
+        #[command(flatten)]
+        w: WorkloadArgs,
+        /// Replay this requests.jsonl instead of generating.
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// Base URL of the OpenAI-compatible endpoint (loopback only).
+        #[arg(long)]
+        url: String,
+        #[arg(long, default_value = "sim-model")]
+        model: String,
+        /// How requests carry Program identity.
+        #[arg(long, value_enum, default_value = "object")]
+        context: progbench::replay::ContextMode,
+        /// Stream every response and record its time to first token.
+        #[arg(long)]
+        stream: bool,
+        /// The backend's simulated seconds per wall second (1 for a real server).
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
+        /// The model's context length: a Program whose next turn would not fit ends there.
+        #[arg(long, default_value_t = 32768)]
+        max_model_len: usize,
+        /// Wall-clock limit, seconds.
+        #[arg(long, default_value_t = 600.0)]
+        limit_secs: f64,
+        /// Send at most this many requests.
+        #[arg(long)]
+        max_requests: Option<u64>,
+        /// API key sent as `Authorization: Bearer` (a router or server that requires one).
+        #[arg(long, env = "PROGBENCH_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Write the summary, every request and every Program's JCT here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Run the same workload through each router side by side on fresh simulators (real time).
+    Compare {
+        #[command(flatten)]
+        w: WorkloadArgs,
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "pr-hash,pr-binding,pr-program,vr-hash,vr-program"
+        )]
+        variants: Vec<progbench::compare::Variant>,
+        #[arg(long, default_value_t = 2)]
+        servers: usize,
+        #[arg(long, default_value_t = 2)]
+        dp: usize,
+        #[arg(long, default_value_t = 6144)]
+        num_gpu_blocks: usize,
+        #[arg(long, default_value_t = 32768)]
+        max_model_len: usize,
+        /// Simulated seconds per wall second.
+        #[arg(long, default_value_t = 10.0)]
+        time_scale: f64,
+        /// Wall-clock limit of one run, seconds.
+        #[arg(long, default_value_t = 600.0)]
+        limit_secs: f64,
+        /// Program scheduling JSON for both routers, in workload seconds: its durations
+        /// (metrics interval, timeouts, TTL cap, retention) are divided by --time-scale. The
+        /// cost models come from `program-router calibrate` against a simulator unless given
+        /// here (then in wall seconds of the time-scaled simulators).
+        #[arg(long, default_value = "{}")]
+        program_config: String,
+        /// pr-roll-skew(-norev): the longest a changed member list takes to reach a router
+        /// replica, workload seconds (each replica's delay is uniform up to it; the default is
+        /// the kubelet's ConfigMap sync period).
+        #[arg(long, default_value_t = 60.0)]
+        member_skew_secs: f64,
+        /// pr-roll-skew(-norev): seeds the delays (both variants of one run get the same).
+        #[arg(long, default_value_t = 1)]
+        member_skew_seed: u64,
+        /// vllm-router binary (default: $PROGSCHED_VENV/bin/vllm-router, then PATH).
+        #[arg(long)]
+        vllm_router: Option<PathBuf>,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// The HTML report with plots (default: progbench-compare.html in the temp folder).
+        #[arg(long)]
+        html: Option<PathBuf>,
+    },
+    /// One power user against light tenants on one simulated rank: FIFO vs round robin vs VTC
+    /// (program-router) and vllm-router for reference, side by side on fresh simulators.
+    Fairness {
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "fifo,round-robin,vtc,vllm-router"
+        )]
+        variants: Vec<progbench::fairness::FairVariant>,
+        #[arg(long, default_value_t = 200)]
+        power_requests: usize,
+        #[arg(long, default_value_t = 5)]
+        light_tenants: usize,
+        #[arg(long, default_value_t = 4)]
+        light_requests: usize,
+        /// Wall seconds between the power backlog and the light tenants' arrival.
+        #[arg(long, default_value_t = 0.5)]
+        light_delay_secs: f64,
+        #[arg(long, default_value_t = 32)]
+        max_tokens: u32,
+        #[arg(long, default_value_t = 64)]
+        prompt_words: usize,
+        /// The simulated rank's batch size (vLLM's --max-num-seqs).
+        #[arg(long, default_value_t = 16)]
+        max_num_seqs: usize,
+        /// Simulated seconds per wall second.
+        #[arg(long, default_value_t = 10.0)]
+        time_scale: f64,
+        /// Fair queueing's max_waiting_requests.
+        #[arg(long, default_value_t = 3)]
+        max_waiting: u32,
+        /// vllm-router binary (default: $PROGSCHED_VENV/bin/vllm-router).
+        #[arg(long)]
+        vllm_router: Option<PathBuf>,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// The README demo: a small side-by-side comparison over HTTP on fresh simulators (program-router
+    /// with and without Program scheduling, and vllm-router 0.1.17 when installed), then the same
+    /// workload in virtual time with the HTML report. About 1.5 minutes; needs the release
+    /// binaries of program-router and vllm-sim next to progbench.
+    Demo {
+        /// Where to write the HTML report (default: progbench-report.html in the temp folder).
+        #[arg(long)]
+        html: Option<PathBuf>,
+    },
+    /// Replay a workload through the scheduler core and simulated ranks in virtual time, side by
+    /// side for each mode.
+    Sim {
+        #[command(flatten)]
+        w: WorkloadArgs,
+        /// Replay this requests.jsonl instead of generating.
+        #[arg(long)]
+        input: Option<PathBuf>,
+        #[arg(long, default_value_t = 4)]
+        ranks: usize,
+        /// KV blocks per rank (16 tokens each): smaller means more pressure.
+        #[arg(long, default_value_t = 4096)]
+        num_gpu_blocks: usize,
+        #[arg(long, default_value_t = 32768)]
+        max_model_len: usize,
+        /// Modes to compare: hash, binding, program.
+        #[arg(long, value_delimiter = ',', default_value = "hash,binding,program")]
+        modes: Vec<String>,
+        /// Program scheduling overrides (the router's program_scheduling JSON).
+        #[arg(long, default_value = "{}")]
+        program_config: String,
+        /// Every request carries this client `kv_retention_ttl_seconds` (replacing the
+        /// automatic TTL): what holding paused Programs' KV that long would buy.
+        #[arg(long)]
+        client_retention_ttl: Option<f64>,
+        /// Clients identify Programs by headers only: no task or step ids, and no request
+        /// says `expected_resume: false` (Claude Code, Codex or `x-session-id` under
+        /// `program_scheduling_enable_key: auto`).
+        #[arg(long)]
+        headers_only_clients: bool,
+        /// Also write the reports as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// The HTML report with plots (default: progbench-report.html in the temp folder).
+        #[arg(long)]
+        html: Option<PathBuf>,
+    },
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct WorkloadArgs {
+    #[arg(long, value_enum, default_value_t = Preset::SweAgent)]
+    pub(crate) preset: Preset,
+    #[arg(long, default_value_t = 200)]
+    pub(crate) programs: u32,
+    /// Program arrivals per second (Poisson).
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) rate: f64,
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Arrival pattern (both keep the mean rate).
+    #[arg(long, value_enum, default_value_t = ArrivalArg::Poisson)]
+    pub(crate) arrivals: ArrivalArg,
+    /// Bursty arrivals: mean Programs per burst.
+    #[arg(long, default_value_t = 8.0)]
+    pub(crate) burst_size: f64,
+    /// Bursty arrivals: mean seconds between Programs within a burst.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) burst_spacing: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ArrivalArg {
+    Poisson,
+    Bursty,
+}
+
+impl WorkloadArgs {
+    pub(crate) fn turns(&self) -> Vec<workload::Turn> {
+        let arrivals = match self.arrivals {
+            ArrivalArg::Poisson => workload::Arrivals::Poisson,
+            ArrivalArg::Bursty => workload::Arrivals::Bursty {
+                mean_size: self.burst_size,
+                spacing: self.burst_spacing,
+            },
+        };
+        workload::generate_with(self.preset, self.programs, self.rate, self.seed, arrivals)
+    }
+}

@@ -1,0 +1,119 @@
+//! Tests of `compare`'s readers and bookkeeping.
+
+use super::*;
+
+#[test]
+fn calibrated_coefficients_fill_only_what_the_config_leaves_out() {
+    let c = Calibrated {
+        prefill_cost_model: [
+            ("intercept_seconds", 0.003),
+            ("linear_seconds_per_1k_tokens", 0.002),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .into(),
+        decode_throughput_model: [("fixed_step_seconds", 0.0005)]
+            .map(|(k, v)| (k.to_string(), v))
+            .into(),
+        prefill_r2: 1.0,
+        decode_r2: 1.0,
+    };
+    let mut ps = serde_json::json!({
+        "prefill_cost_model": {"linear_seconds_per_1k_tokens": 0.1, "decode_throughput_alpha": 0.3}
+    });
+    c.apply(&mut ps);
+    assert_eq!(
+        ps,
+        serde_json::json!({
+            "prefill_cost_model": {"intercept_seconds": 0.003,
+                "linear_seconds_per_1k_tokens": 0.1, "decode_throughput_alpha": 0.3},
+            "decode_throughput_model": {"fixed_step_seconds": 0.0005}
+        })
+    );
+}
+
+#[test]
+fn runs_that_served_other_turns_are_not_comparable() {
+    let run = |served: &[(&str, usize)]| {
+        let mut r = RunResult::empty(Variant::PrProgram);
+        r.ok = true;
+        r.served = served.iter().map(|(p, n)| (p.to_string(), *n)).collect();
+        r.requests = r.served.values().sum();
+        r.completion_tokens = 10;
+        r
+    };
+    let mut rs = vec![
+        run(&[("a", 3), ("b", 2)]),
+        run(&[("a", 3), ("b", 2)]),
+        run(&[("a", 2), ("b", 3)]),
+        run(&[("a", 3)]),
+    ];
+    check_comparable(&mut rs);
+    let ok: Vec<bool> = rs.iter().map(|r| r.ok).collect();
+    assert_eq!(ok, [true, true, false, false]);
+    assert!(
+        rs[2]
+            .failure
+            .as_deref()
+            .is_some_and(|f| f.contains("other turns"))
+    );
+    assert!(
+        rs[3]
+            .failure
+            .as_deref()
+            .is_some_and(|f| f.contains("served 3 requests"))
+    );
+}
+
+#[test]
+fn router_durations_follow_the_simulators_time_scale() {
+    let mut ps = serde_json::json!({"queue_timeout_seconds": 100.0, "global_queue": true});
+    to_workload_time(&mut ps, 20.0);
+    assert_eq!(ps["queue_timeout_seconds"], 5.0, "given: scaled");
+    assert_eq!(ps["metrics_interval_seconds"], 0.05, "defaulted: scaled");
+    assert_eq!(ps["max_acting_ttl_seconds"], 0.5);
+    assert_eq!(ps["global_queue"], true, "not a duration");
+    let defaults = program_router::config::ProgramSchedulingConfig::default();
+    let d = serde_json::to_value(&defaults).expect("json");
+    for (field, default) in SECONDS_FIELDS {
+        assert_eq!(
+            d[field].as_f64(),
+            Some(default),
+            "{field}: the router's default"
+        );
+    }
+    let mut same = serde_json::json!({});
+    to_workload_time(&mut same, 1.0);
+    assert_eq!(same, serde_json::json!({}));
+}
+
+#[test]
+fn counters_sum_over_series_only_for_the_exact_name() {
+    let t = "vllm:prompt_tokens_total{engine=\"0\"} 10\nvllm:prompt_tokens_total{engine=\"1\"} 5\nvllm:prompt_tokens_cached_total{engine=\"0\"} 7\n";
+    assert_eq!(counter(t, "vllm:prompt_tokens_total"), 15.0);
+    assert_eq!(counter(t, "vllm:prompt_tokens_cached_total"), 7.0);
+}
+
+#[test]
+fn admissions_count_admit_and_force_resume_only() {
+    let t = "vllm_router_agent_aware_transitions_total{transition=\"admit\"} 4\nvllm_router_agent_aware_transitions_total{transition=\"force_resume\"} 1\nvllm_router_agent_aware_transitions_total{transition=\"ttl_expired\"} 9\n";
+    let t = transitions(t);
+    assert_eq!(admissions(&t), 5.0);
+    assert_eq!(sum_of(&t, &["force_resume"]), 1.0);
+}
+
+#[test]
+fn the_peers_transitions_are_read_per_reason_over_targets() {
+    let t = "# TYPE vllm_router_agent_aware_transitions_total counter\nvllm_router_agent_aware_transitions_total{target=\"http://127.0.0.1:1@0\",reason=\"program_admit\"} 3\nvllm_router_agent_aware_transitions_total{target=\"http://127.0.0.1:1@1\",reason=\"program_admit\"} 6\nvllm_router_agent_aware_transitions_total{target=\"http://127.0.0.1:1@1\",reason=\"ttl_expired\"} 2\n";
+    let t = transitions(t);
+    assert_eq!(admissions(&t), 9.0);
+    assert_eq!(t.get("ttl_expired"), Some(&2.0));
+}
+
+#[test]
+fn kv_usage_is_read_per_engine() {
+    let t = "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\nvllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.5\nvllm:kv_cache_usage_perc_other 3\n";
+    assert_eq!(
+        per_engine(t, "vllm:kv_cache_usage_perc"),
+        vec![("0".to_string(), 0.25), ("1".to_string(), 0.5)]
+    );
+}

@@ -66,11 +66,7 @@ pub fn authorization(config: &RouterConfig) -> Option<http::HeaderValue> {
 impl Applied {
     /// Publishes what `backend`'s `/metrics` said to the features that read it: Program
     /// scheduling takes each of its targets' engine counts.
-    pub fn publish(
-        &self,
-        backend: &Arc<crate::workers::Backend>,
-        obs: &crate::workers::Observation,
-    ) {
+    pub fn publish(&self, backend: &Arc<crate::workers::Backend>, obs: &crate::workers::Scrape) {
         let Some(rt) = &self.program else {
             return;
         };

@@ -8,7 +8,7 @@ use program_router::cli::{Cli, Command, ConfigCommand};
 use program_router::config::{LogFormat, RouterConfig};
 
 /// mimalloc: the proxy allocates and frees small buffers on every request; glibc malloc cost
-/// ≈ 9 % of the router's CPU under load (perf), mimalloc's thread-local free lists far less.
+/// a visible share of the router's CPU under load, mimalloc's thread-local free lists far less.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

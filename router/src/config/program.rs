@@ -50,8 +50,7 @@ pub enum TtlEvidence {
     /// Each rank's own window (the spec's behaviour).
     Rank,
     /// One window over all ranks (our default): tool-call time does not depend on the rank,
-    /// and pooling matures the estimate `ranks` times sooner (docs/benchmarks.md: equal or
-    /// better excess JCT on every preset, averaged over 8 seeds).
+    /// and pooling matures the estimate `ranks` times sooner (docs/benchmarks.md).
     #[default]
     Pooled,
 }
@@ -129,9 +128,8 @@ pub fn omitted_coefficients(written: Option<&serde_json::Value>) -> Vec<String> 
 }
 
 /// Ranks from which `cross_rank_min_wait_ratio: null` means 1 (the break-even wait) instead of 0
-/// (move at once). Measured (docs/benchmarks.md, "Scale"): moving at once sent swe-agent runs on
-/// 32 and 64 ranks into move storms (6–12 % more mean JCT), was neutral at 16 and paid at 4 and
-/// 8 ranks under KV pressure, where a home queue lasts and an early move pays.
+/// (move at once): on many ranks moving at once feeds move storms, on few an early move pays
+/// (docs/benchmarks.md, "Cross-rank resume").
 pub const AUTO_MIN_WAIT_RANKS: usize = 16;
 
 /// Program scheduling configuration (`RouterConfig.program_scheduling`).

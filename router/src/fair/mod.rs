@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, VecDeque};
 use rustc_hash::FxHashMap;
 
 /// The caller's id for a request.
-pub type Ticket = u64;
+pub type QueueTicket = u64;
 
 /// Tenants remembered per class before idle ones are forgotten (see [`FairQueue::push`]).
 const MAX_IDLE_TENANTS: usize = 1024;
@@ -58,7 +58,7 @@ pub enum Refused {
 
 #[derive(Debug, Clone)]
 struct Waiting {
-    ticket: Ticket,
+    ticket: QueueTicket,
     input_tokens: u64,
     enqueued: f64,
 }
@@ -79,7 +79,7 @@ struct Class {
 /// A dispatched request: which tenant and class to charge output to on completion.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dispatched {
-    pub ticket: Ticket,
+    pub ticket: QueueTicket,
     pub tenant: String,
     pub class: usize,
     pub waited: f64,
@@ -134,7 +134,7 @@ impl FairQueue {
     pub fn push(
         &mut self,
         now: f64,
-        ticket: Ticket,
+        ticket: QueueTicket,
         tenant: &str,
         class: &str,
         input_tokens: u64,
@@ -227,7 +227,7 @@ impl FairQueue {
     }
 
     /// Removes a request whose client left; `true` if it was queued.
-    pub fn cancel(&mut self, ticket: Ticket) -> bool {
+    pub fn cancel(&mut self, ticket: QueueTicket) -> bool {
         for c in &mut self.classes {
             for t in c.tenants.values_mut() {
                 if let Some(pos) = t.queue.iter().position(|w| w.ticket == ticket) {
@@ -241,7 +241,7 @@ impl FairQueue {
     }
 
     /// Removes and returns every request that waited longer than the queue timeout.
-    pub fn expire(&mut self, now: f64) -> Vec<Ticket> {
+    pub fn expire(&mut self, now: f64) -> Vec<QueueTicket> {
         let limit = self.p.queue_timeout;
         let mut out = Vec::new();
         for c in &mut self.classes {

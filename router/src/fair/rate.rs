@@ -49,7 +49,7 @@ struct Buckets {
 
 /// Why a request was refused, and when to come back.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Refused {
+pub struct OverQuota {
     /// `true`: the token allowance; `false`: the request allowance.
     pub tokens: bool,
     /// Seconds until the request would be admitted, at least 1.
@@ -129,14 +129,14 @@ impl RateLimiter {
         l: &Limits,
         estimate: u64,
         now: Instant,
-    ) -> Result<(), Refused> {
+    ) -> Result<(), OverQuota> {
         let Some(b) = self.buckets(tenant, l, now) else {
             return Ok(());
         };
         if let Some(r) = l.requests_per_minute
             && b.requests < 1.0
         {
-            return Err(Refused {
+            return Err(OverQuota {
                 tokens: false,
                 retry_after_secs: wait(1.0 - b.requests, r),
             });
@@ -144,7 +144,7 @@ impl RateLimiter {
         if let Some(t) = l.tokens_per_minute
             && b.tokens <= 0.0
         {
-            return Err(Refused {
+            return Err(OverQuota {
                 tokens: true,
                 // Until the balance is positive again (a token more than the debt).
                 retry_after_secs: wait(1.0 - b.tokens, t),
@@ -250,7 +250,7 @@ mod tests {
         let no = r.admit("a", &RPM, 0, t0).expect_err("spent");
         assert_eq!(
             no,
-            Refused {
+            OverQuota {
                 tokens: false,
                 retry_after_secs: 30
             }
@@ -276,7 +276,7 @@ mod tests {
         let no = r.admit("a", &TPM, 10, t0).expect_err("in debt");
         assert_eq!(
             no,
-            Refused {
+            OverQuota {
                 tokens: true,
                 retry_after_secs: 31
             }

@@ -24,7 +24,8 @@ fn classes_are_strict_and_gates_hold_a_class_back() {
     q.push(0.0, 1, "a", "batch", 10).expect("push");
     q.push(0.0, 2, "a", "standard", 10).expect("push");
     q.push(0.0, 3, "b", "interactive", 10).expect("push");
-    let order: Vec<Ticket> = std::iter::from_fn(|| q.pop(1.0, open).map(|d| d.ticket)).collect();
+    let order: Vec<QueueTicket> =
+        std::iter::from_fn(|| q.pop(1.0, open).map(|d| d.ticket)).collect();
     assert_eq!(order, [3, 2, 1]);
     // Batch only while the gate says the backend is idle.
     q.push(2.0, 4, "a", "batch", 10).expect("push");
@@ -130,7 +131,7 @@ fn limits_timeouts_and_cancel_lose_nothing() {
     );
     assert!(q.cancel(2));
     assert!(!q.cancel(2));
-    assert_eq!(q.expire(4.9), Vec::<Ticket>::new());
+    assert_eq!(q.expire(4.9), Vec::<QueueTicket>::new());
     assert_eq!(q.expire(5.0), vec![1]);
     assert_eq!(q.queued(1), 0);
 }

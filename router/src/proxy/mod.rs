@@ -28,7 +28,7 @@ use crate::observe::metrics::Metrics;
 use crate::policies::Policy;
 use crate::policies::RequestInfo;
 use crate::workers::{InFlight, TargetSet, TargetState};
-pub use relay::{End, Usage};
+pub use relay::{End, TokenUsage};
 use relay::{Finish, Relay, Tapped};
 use upstream::SendError;
 
@@ -70,7 +70,7 @@ pub struct Route<'a> {
 pub trait Hold: Send {
     /// `complete`: the response ran to its end with a success status; `usage`: what the backend
     /// reported, when it did.
-    fn end(self: Box<Self>, complete: bool, usage: Option<Usage>);
+    fn end(self: Box<Self>, complete: bool, usage: Option<TokenUsage>);
 }
 
 /// One request to forward.

@@ -17,7 +17,7 @@ use serde::Deserialize;
 /// Token usage as the backend reported it, in OpenAI's names or in the names of the Anthropic
 /// Messages and Responses APIs (`input_tokens`, `output_tokens`, `input_tokens_details`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub struct Usage {
+pub struct TokenUsage {
     #[serde(default, alias = "input_tokens")]
     pub prompt_tokens: u64,
     #[serde(default, alias = "output_tokens")]
@@ -32,7 +32,7 @@ pub struct PromptDetails {
     pub cached_tokens: Option<u64>,
 }
 
-impl Usage {
+impl TokenUsage {
     pub fn cached_tokens(&self) -> u64 {
         self.prompt_tokens_details
             .and_then(|d| d.cached_tokens)
@@ -54,7 +54,7 @@ pub enum End {
 /// What the relay read from a response on the way through.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tapped {
-    pub usage: Option<Usage>,
+    pub usage: Option<TokenUsage>,
     /// The Responses API response's id, when asked for (see `super::stored`).
     pub response_id: Option<String>,
 }
@@ -83,7 +83,7 @@ enum Tap {
 pub struct Relay {
     inner: Incoming,
     tap: Tap,
-    usage: Option<Usage>,
+    usage: Option<TokenUsage>,
     /// Look for the response id: the start of a JSON body is kept here until the end.
     capture_id: bool,
     head: Option<Bytes>,
@@ -282,11 +282,11 @@ impl Relay {
 }
 
 /// The usage of an SSE event, and whether the event is a usage-only chunk (`choices: []`).
-fn sse_usage(event: &[u8]) -> Option<(Usage, bool)> {
+fn sse_usage(event: &[u8]) -> Option<(TokenUsage, bool)> {
     #[derive(Deserialize)]
     struct Chunk {
         #[serde(default)]
-        usage: Option<Usage>,
+        usage: Option<TokenUsage>,
         #[serde(default)]
         choices: Option<Vec<serde::de::IgnoredAny>>,
         /// Responses API: `response.completed` carries the response, usage inside.
@@ -296,7 +296,7 @@ fn sse_usage(event: &[u8]) -> Option<(Usage, bool)> {
     #[derive(Deserialize)]
     struct Inner {
         #[serde(default)]
-        usage: Option<Usage>,
+        usage: Option<TokenUsage>,
     }
     let c: Chunk = serde_json::from_str(sse_data(event)?).ok()?;
     let usage = c.usage.or(c.response.and_then(|r| r.usage))?;
@@ -313,11 +313,11 @@ pub(super) fn sse_data(event: &[u8]) -> Option<&str> {
 }
 
 /// The last `"usage": {...}` object in the tail of a JSON body.
-fn usage_in_json_tail(tail: &[u8]) -> Option<Usage> {
+fn usage_in_json_tail(tail: &[u8]) -> Option<TokenUsage> {
     let at = memchr::memmem::rfind(tail, b"\"usage\"")?;
     let rest = &tail[at + 7..];
     let colon = rest.iter().position(|b| *b == b':')?;
-    let mut it = serde_json::Deserializer::from_slice(&rest[colon + 1..]).into_iter::<Usage>();
+    let mut it = serde_json::Deserializer::from_slice(&rest[colon + 1..]).into_iter::<TokenUsage>();
     it.next()?.ok()
 }
 

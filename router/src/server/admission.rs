@@ -11,7 +11,7 @@ use crate::proxy::request;
 use crate::state::RouterState;
 
 /// 429 for a tenant over its quota (`fairness.tenant_rate_limits`).
-pub(super) fn rate_limited(tenant: &str, r: crate::fair::rate::Refused) -> ApiError {
+pub(super) fn rate_limited(tenant: &str, r: crate::fair::rate::OverQuota) -> ApiError {
     let what = if r.tokens { "tokens" } else { "requests" };
     ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,

@@ -229,7 +229,7 @@ struct Held {
 }
 
 impl proxy::Hold for Held {
-    fn end(mut self: Box<Self>, complete: bool, usage: Option<proxy::Usage>) {
+    fn end(mut self: Box<Self>, complete: bool, usage: Option<proxy::TokenUsage>) {
         if let Some(ticket) = self.ticket.take()
             && complete
         {

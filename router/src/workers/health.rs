@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{Request, header};
 use http_body_util::{BodyExt, Full, Limited};
 
-use super::{Backend, Observation, TargetSet};
+use super::{Backend, Scrape, TargetSet};
 use crate::config::HealthConfig;
 use crate::net::client::UpstreamClient;
 use crate::observe::scrape::parse_vllm_metrics;
@@ -82,12 +82,12 @@ pub async fn observe(
     api_key: Option<&str>,
     backend: &Arc<Backend>,
     timeout: Duration,
-) -> Option<Observation> {
+) -> Option<Scrape> {
     let url = format!("{}/metrics", backend.url);
     match get(client, api_key, url, timeout, METRICS_BODY_LIMIT).await {
         Ok((200, body)) => {
             let text = String::from_utf8_lossy(&body);
-            let obs = Observation {
+            let obs = Scrape {
                 at: Instant::now(),
                 engines: parse_vllm_metrics(&text),
             };

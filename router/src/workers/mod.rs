@@ -19,9 +19,9 @@ use crate::observe::metrics::{Metrics, TargetMetrics};
 use crate::observe::scrape::EngineSample;
 use breaker::{Breaker, CircuitState};
 
-/// What a backend's `/metrics` said, and when.
+/// One scrape of a backend's `/metrics`: what each engine said, and when.
 #[derive(Debug, Clone)]
-pub struct Observation {
+pub struct Scrape {
     pub at: Instant,
     pub engines: FxHashMap<u32, EngineSample>,
 }
@@ -37,7 +37,7 @@ pub struct Backend {
     checked: AtomicBool,
     ok_streak: AtomicU32,
     fail_streak: AtomicU32,
-    observation: Mutex<Option<Observation>>,
+    observation: Mutex<Option<Scrape>>,
 }
 
 impl Backend {
@@ -97,7 +97,7 @@ impl Backend {
 
     /// Stores a new observation, deriving each engine's recent time per output token from the
     /// growth of its latency histogram since the previous one.
-    pub fn set_observation(&self, mut obs: Observation) {
+    pub fn set_observation(&self, mut obs: Scrape) {
         let mut g = self.observation.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(prev) = g.as_ref() {
             for (engine, s) in obs.engines.iter_mut() {
@@ -338,7 +338,7 @@ mod tests {
     #[test]
     fn recent_tpot_comes_from_histogram_growth_between_observations() {
         let b = Backend::new("http://127.0.0.1:1".into());
-        let obs = |sum: f64, count: f64| Observation {
+        let obs = |sum: f64, count: f64| Scrape {
             at: Instant::now(),
             engines: [(
                 0,

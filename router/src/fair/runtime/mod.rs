@@ -19,7 +19,7 @@ use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
 use tokio::sync::{Notify, oneshot};
 
-use super::{Discipline, Dispatched, FairParams, FairQueue, Refused, Ticket};
+use super::{Discipline, Dispatched, FairParams, FairQueue, QueueTicket, Refused};
 use crate::config::fairness::{FairDiscipline, FairnessConfig, TenantSource};
 pub use crate::fair::metrics::FairMetrics;
 use crate::workers::TargetState;
@@ -54,7 +54,7 @@ enum Outcome {
 
 struct Inner {
     queue: FairQueue,
-    waiters: FxHashMap<Ticket, oneshot::Sender<Outcome>>,
+    waiters: FxHashMap<QueueTicket, oneshot::Sender<Outcome>>,
     /// Per tenant and class: requests waiting (for the bounded tenant series).
     depth: FxHashMap<String, usize>,
     /// Weighted tokens served per tenant (Jain's index).
@@ -172,7 +172,7 @@ impl FairRuntime {
         self: &Arc<Self>,
         tenant: &str,
         estimate: u64,
-    ) -> Result<Option<RateCharge>, super::rate::Refused> {
+    ) -> Result<Option<RateCharge>, super::rate::OverQuota> {
         let Some(l) = self.rate_limits(tenant) else {
             return Ok(None);
         };
@@ -624,7 +624,7 @@ impl FairRuntime {
 /// Removes a still-queued request when its client leaves.
 struct Queued {
     rt: Arc<FairRuntime>,
-    ticket: Ticket,
+    ticket: QueueTicket,
     tenant: String,
     class: String,
     armed: bool,

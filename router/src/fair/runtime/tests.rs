@@ -4,7 +4,7 @@ use super::*;
 use crate::config::RouterConfig;
 use crate::config::fairness::PriorityClass;
 use crate::observe::scrape::EngineSample;
-use crate::workers::{Observation, TargetSet};
+use crate::workers::{Scrape, TargetSet};
 use prometheus::Registry;
 
 fn class(name: &str, max_waiting: u32, idle: bool, tpot: Option<f64>) -> PriorityClass {
@@ -60,7 +60,7 @@ fn observe(t: &TargetSet, i: usize, waiting: f64, tpot: f64) {
         itl_count: prev.itl_count + 10.0,
         ..Default::default()
     };
-    t.backends[i].set_observation(Observation {
+    t.backends[i].set_observation(Scrape {
         at: Instant::now(),
         engines: [(0, sample)].into_iter().collect(),
     });

@@ -26,8 +26,8 @@ impl Scheduler {
             }
             // Programs bound to the rank that have not finished (active, waiting, or paused in a
             // tool call), then active Programs plus requests waiting there. A finished Program's
-            // KV is the first the rank can give up; counting it steered new Programs away from
-            // ranks that had room (−2 % / −5 % excess JCT on swe-agent / mixed, 48 seeds).
+            // KV is the first the rank can give up, so it does not count (docs/benchmarks.md,
+            // "Binding strategies").
             B::LeastProgramCount => (0..n)
                 .min_by_key(|r| {
                     let x = &self.ranks[*r];

@@ -382,5 +382,21 @@ impl Scheduler {
             used_ratio,
         });
         out.push(Decision::Dispatch { ticket, rank });
+        if self.program(r.program).retained > 0 {
+            // The Program is active now: its other waiting requests need no new capacity and
+            // go with it, in queue order, wherever they wait (behind a blocked head, or on the
+            // rank it left by cross-rank resume). An active Program never has one waiting.
+            let mut more: Vec<(QueueKey, Ticket)> = self
+                .retained
+                .iter()
+                .filter(|(_, x)| x.program == r.program)
+                .map(|(t, x)| (x.key, *t))
+                .collect();
+            more.sort();
+            for (_, t) in more {
+                let demand = self.retained.get(&t).map_or(0, |x| x.demand);
+                self.admit(t, rank, demand, now, out);
+            }
+        }
     }
 }

@@ -124,7 +124,9 @@ impl Scheduler {
             });
             return out;
         }
-        if let Phase::Acting { .. } = phase {
+        if let Phase::Acting { until } = phase
+            && until < now
+        {
             // The TTL passed but its timer has not fired yet.
             self.pause(slot, PauseReason::TtlExpired, now);
         }
@@ -258,16 +260,28 @@ impl Scheduler {
             let repair = observed > cap as f64 * self.cfg.high_watermark_ratio;
             let low = cap as f64 * self.cfg.low_watermark_ratio;
             let mut excess = observed - low;
-            let r = &self.ranks[rank];
-            if repair || r.repairing {
-                for slot in r.members.iter() {
-                    if let Some(p) = self.programs[*slot].as_mut()
-                        && p.phase == Phase::Reasoning
-                    {
-                        p.pause_on_complete = repair && excess > 0.0;
-                        if p.pause_on_complete {
-                            excess -= p.reserved as f64;
-                        }
+            if repair || self.ranks[rank].repairing {
+                // The Program resume would take last goes first: lower priority, then the most
+                // recently placed (the least work sunk into its KV); the slot breaks ties.
+                let mut reasoning: Vec<(i64, f64, usize)> = self.ranks[rank]
+                    .members
+                    .iter()
+                    .filter_map(|slot| {
+                        let p = self.programs[*slot].as_ref()?;
+                        (p.phase == Phase::Reasoning).then_some((
+                            p.identity.priority,
+                            -p.placed_at,
+                            *slot,
+                        ))
+                    })
+                    .collect();
+                reasoning
+                    .sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(b.2.cmp(&a.2)));
+                for (_, _, slot) in reasoning {
+                    let p = self.program_mut(slot);
+                    p.pause_on_complete = repair && excess > 0.0;
+                    if p.pause_on_complete {
+                        excess -= p.reserved as f64;
                     }
                 }
             }

@@ -54,6 +54,12 @@ impl Scheduler {
             if p.finished && (p.active() || p.in_flight > 0 || p.retained > 0) {
                 return Err(format!("Program {:?} finished but still running", p.key));
             }
+            if p.active() && p.retained > 0 {
+                return Err(format!(
+                    "Program {:?} is active with {} requests still waiting",
+                    p.key, p.retained
+                ));
+            }
         }
         for (slot, p) in self.programs.iter().enumerate() {
             if let Some(p) = p

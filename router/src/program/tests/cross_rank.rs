@@ -114,3 +114,51 @@ fn a_null_min_wait_ratio_waits_to_break_even_on_large_clusters_only() {
     );
     assert_eq!(s.min_wait_ratio(), 1.0);
 }
+
+/// Issue 32, bug 3: cross-rank resume moves Program "p"'s first waiting request to the rank that
+/// freed up; its second, queued behind it on the full rank, goes with it. Then "p" completes
+/// into a tool call with its TTL, and its next request finds it holding its place: dispatched at
+/// once, with no pause and no `ttl_expired`.
+#[test]
+fn an_acting_program_is_not_paused_by_its_own_next_request() {
+    let c = ProgramSchedulingConfig {
+        global_queue: true,
+        cross_rank_headroom_ratio: 1.2,
+        cross_rank_min_wait_ratio: Some(0.0),
+        binding_strategy: BindingStrategy::LeastProgramCount,
+        ..cfg()
+    };
+    let mut s = sched(c, 2);
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 900), 100.0));
+    s.on_arrival(0.0, arrival(2, "b", 900));
+    s.on_complete(1.0, 1, usage(900, 10));
+    let full = find(&s, "a").rank;
+    assert!(dispatched(&s.on_arrival(2.0, with_ttl(arrival(3, "p", 200), 100.0))).is_empty());
+    assert!(dispatched(&s.on_arrival(2.1, with_ttl(arrival(4, "p", 200), 100.0))).is_empty());
+    let p_rank = find(&s, "p").rank;
+    // "b" ends: its rank is free, and "p" moves there with both of its requests.
+    let d = s.on_complete(3.0, 2, usage(900, 10));
+    let mut moved = dispatched(&d);
+    moved.sort();
+    assert_eq!(
+        moved,
+        vec![3, 4],
+        "{d:?} (p waited on rank {p_rank}, a holds {full})"
+    );
+    s.check_invariants().expect("ledger");
+    s.on_complete(4.0, 3, usage(200, 10));
+    s.on_complete(4.0, 4, usage(200, 10));
+    let reserved = find(&s, "p").reserved;
+    let expired = s.counters.pauses.get("ttl_expired").copied();
+    s.take_notes();
+    let d = s.on_arrival(5.0, arrival(5, "p", 250));
+    assert_eq!(dispatched(&d), vec![5], "{d:?}");
+    let notes = s.take_notes();
+    assert!(
+        !notes.iter().any(|n| matches!(n, Note::Pause { .. })),
+        "{notes:?}"
+    );
+    assert_eq!(s.counters.pauses.get("ttl_expired").copied(), expired);
+    assert!(find(&s, "p").reserved >= reserved);
+    s.check_invariants().expect("ledger");
+}

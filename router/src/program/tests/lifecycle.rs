@@ -193,3 +193,53 @@ fn a_backlog_on_the_rank_raises_what_a_miss_costs_the_automatic_ttl() {
         s.check_invariants().expect("ledger");
     }
 }
+
+/// Issue 32, bug 5: capacity repair flags reasoning Programs in a defined order — the one
+/// resume would take last first (lower priority, then the most recently placed) — not in the
+/// rank's set order; here one pause brings the rank back under its low watermark.
+#[test]
+fn capacity_repair_pauses_the_program_resume_would_take_last_first() {
+    for (first, second) in [("x", "y"), ("y", "x")] {
+        let c = ProgramSchedulingConfig {
+            high_watermark_ratio: 0.8,
+            low_watermark_ratio: 0.7,
+            ..cfg()
+        };
+        let mut s = sched(c, 1);
+        // `first` is placed first; `y` has the lower priority in both rounds.
+        let prio = |p: &str| if p == "y" { 0 } else { 5 };
+        for (t, p) in [(1, first), (2, second)] {
+            let a = with(arrival(t, p, 300), |i| i.priority = prio(p));
+            assert_eq!(dispatched(&s.on_arrival(f64::from(t as u32), a)), vec![t]);
+        }
+        let obs = Observation {
+            kv_usage: 0.95,
+            ..Default::default()
+        };
+        s.on_observation(3.0, 0, obs);
+        assert!(find(&s, "y").pause_on_complete, "{first} then {second}");
+        assert!(!find(&s, "x").pause_on_complete, "{first} then {second}");
+        s.check_invariants().expect("ledger");
+    }
+}
+
+#[test]
+fn between_equal_priorities_capacity_repair_pauses_the_latest_placed_first() {
+    let c = ProgramSchedulingConfig {
+        high_watermark_ratio: 0.8,
+        low_watermark_ratio: 0.7,
+        ..cfg()
+    };
+    for (first, second) in [("x", "y"), ("y", "x")] {
+        let mut s = sched(c.clone(), 1);
+        s.on_arrival(1.0, arrival(1, first, 300));
+        s.on_arrival(2.0, arrival(2, second, 300));
+        let obs = Observation {
+            kv_usage: 0.95,
+            ..Default::default()
+        };
+        s.on_observation(3.0, 0, obs);
+        assert!(find(&s, second).pause_on_complete, "{first} then {second}");
+        assert!(!find(&s, first).pause_on_complete, "{first} then {second}");
+    }
+}

@@ -329,3 +329,27 @@ fn a_queued_request_of_an_already_active_program_reserves_what_it_needs() {
     );
     s.check_invariants().expect("ledger");
 }
+
+/// Issue 32, bug 3: on one full rank, Program "h" waits at the head; "p"'s first request waits
+/// behind it with a short deadline, its second with none. When the deadline forces the first
+/// in, "p" is active: its second request needs no new capacity and goes with it, past the
+/// blocked head, instead of waiting for its own force-resume.
+#[test]
+fn a_request_of_a_program_that_became_active_does_not_wait_behind_a_blocked_head() {
+    let c = ProgramSchedulingConfig {
+        resume_order: ResumeOrder::Fcfs,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 600), 100.0));
+    s.on_complete(0.5, 1, usage(600, 10));
+    assert!(dispatched(&s.on_arrival(1.0, arrival(2, "h", 500))).is_empty());
+    let r1 = with(arrival(3, "p", 20), |i| i.deadline_seconds = Some(3.0));
+    assert!(dispatched(&s.on_arrival(2.0, r1)).is_empty(), "behind h");
+    assert!(dispatched(&s.on_arrival(2.1, arrival(4, "p", 20))).is_empty());
+    let mut d = dispatched(&s.on_tick(5.0));
+    d.sort();
+    assert_eq!(d, vec![3, 4]);
+    assert_eq!(find(&s, "p").retained, 0);
+    s.check_invariants().expect("ledger");
+}

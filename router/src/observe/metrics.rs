@@ -23,6 +23,8 @@ pub struct Metrics {
     pub active_workers: IntGauge,
     pub tokens: IntCounterVec,
     pub ttfb: Histogram,
+    /// Generation requests (chat, completions, messages, responses), received to finished.
+    pub generate_duration: Histogram,
     pub config_reloads: IntCounterVec,
     /// The cap on requests in progress (`limits.max_concurrent_requests`), read at scrape time.
     pub concurrency_limit: IntGauge,
@@ -87,6 +89,12 @@ where
     registry.register(Box::new(m.clone()))?;
     Ok(m)
 }
+
+/// vllm-router's buckets for `vllm_router_generate_duration_seconds`.
+const GENERATE_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0,
+    90.0, 120.0, 180.0, 240.0,
+];
 
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
@@ -163,6 +171,13 @@ impl Metrics {
                     "Tokens reported in upstream usage, by worker and kind."
                 ),
                 &["worker", "kind"]
+            )?)?,
+            generate_duration: register(&registry, Histogram::with_opts(
+                HistogramOpts::new(
+                    "vllm_router_generate_duration_seconds",
+                    "Time from a generation request received to its response finished."
+                )
+                .buckets(GENERATE_BUCKETS.to_vec())
             )?)?,
             ttfb: register(&registry, Histogram::with_opts(
                 HistogramOpts::new(

@@ -2,3 +2,4 @@
 
 pub mod metrics;
 pub mod scrape;
+pub mod summary;

@@ -243,6 +243,42 @@ pub struct RankInfo {
     pub dp_rank: Option<u32>,
 }
 
+/// A rank's rolling windows as the peer's gauges report them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RollingGauges {
+    pub request_samples: usize,
+    pub continuity_samples: usize,
+    /// The automatic TTL for a Program of the rank's mean context.
+    pub fitted_ttl_seconds: f64,
+    /// The cache-miss impact of a Program of the rank's mean context.
+    pub miss_impact_seconds: f64,
+    pub context_growth_tokens: f64,
+}
+
+/// [`RollingGauges`] of `rank`.
+pub fn rolling_gauges(s: &Scheduler, rank: usize) -> Option<RollingGauges> {
+    let r = s.ranks.get(rank)?;
+    let contexts: Vec<u64> = r
+        .members
+        .iter()
+        .filter_map(|slot| s.programs[*slot].as_ref().map(|p| p.context_tokens))
+        .collect();
+    let mean_context = match contexts.len() {
+        0 => 0,
+        n => contexts.iter().sum::<u64>() / n as u64,
+    };
+    Some(RollingGauges {
+        request_samples: r.requests.prompt_tokens.len(),
+        continuity_samples: r.intervals.len(),
+        fitted_ttl_seconds: s.fitted_ttl(rank, mean_context),
+        miss_impact_seconds: super::cost::cache_miss_impact_seconds(
+            &s.cfg.prefill_cost_model,
+            mean_context,
+        ),
+        context_growth_tokens: r.growth.mean().unwrap_or(0.0),
+    })
+}
+
 /// Builds the snapshot; `max_programs` bounds the per-rank Program lists.
 pub fn snapshot(
     s: &Scheduler,

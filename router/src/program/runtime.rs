@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 use tokio::sync::{Notify, oneshot};
 
-use super::metrics::ProgramMetrics;
+use super::metrics::{MODEL_POOL, ProgramMetrics};
 use crate::config::ProgramSchedulingConfig;
 use crate::policies::prefix_index::PrefixIndex;
 use crate::program::diagnostics::{Diagnostics, RankInfo, snapshot};
@@ -28,14 +28,23 @@ struct Layout {
     info: Vec<RankInfo>,
     /// Per-rank gauges (queue size, active Programs, used tokens), resolved once per layout.
     gauges: Vec<[prometheus::IntGauge; 3]>,
-    fresh: Vec<bool>,
+    /// Whether each rank's backend observation is fresh; `None` until known (see `freshness`).
+    fresh: Vec<Option<bool>>,
+    /// When each rank joined (scheduler seconds): one that never reports is stale from then.
+    joined: Vec<f64>,
 }
 
 /// A target as Program scheduling sees it: id, base URL, DP rank.
 pub type TargetInfo = (String, String, Option<u32>);
 
 impl Layout {
-    fn new(targets: &[TargetInfo], metrics: &ProgramMetrics, old: Option<&Layout>) -> Self {
+    /// The layout of `targets` at scheduler time `now`; targets of `old` keep their state.
+    fn new(
+        targets: &[TargetInfo],
+        metrics: &ProgramMetrics,
+        old: Option<&Layout>,
+        now: f64,
+    ) -> Self {
         let ids: Vec<String> = targets.iter().map(|t| t.0.clone()).collect();
         let info = targets
             .iter()
@@ -55,18 +64,24 @@ impl Layout {
             })
             .collect();
         // A surviving target keeps its freshness, so fallback/recovery events stay one each.
-        let fresh = ids
+        let kept: Vec<Option<usize>> = ids
             .iter()
-            .map(|id| {
-                old.and_then(|o| o.ids.iter().position(|x| x == id).map(|i| o.fresh[i]))
-                    .unwrap_or(false)
-            })
+            .map(|id| old.and_then(|o| o.ids.iter().position(|x| x == id)))
+            .collect();
+        let fresh = kept
+            .iter()
+            .map(|k| k.and_then(|i| old.and_then(|o| o.fresh[i])))
+            .collect();
+        let joined = kept
+            .iter()
+            .map(|k| k.and_then(|i| old.map(|o| o.joined[i])).unwrap_or(now))
             .collect();
         Layout {
             ids,
             info,
             gauges,
             fresh,
+            joined,
         }
     }
 }
@@ -76,6 +91,8 @@ struct Inner {
     waiters: FxHashMap<Ticket, oneshot::Sender<Placement>>,
     tokens_per_byte: f64,
     layout: Layout,
+    /// When the rolling windows' gauges are published next (scheduler seconds).
+    rolling_at: f64,
 }
 
 /// Where a request goes, named by target id so that it stays meaningful across a reload that
@@ -121,17 +138,17 @@ impl ProgramRuntime {
         targets: &[TargetInfo],
         metrics: ProgramMetrics,
     ) -> Arc<Self> {
-        let layout = Layout::new(targets, &metrics, None);
+        let layout = Layout::new(targets, &metrics, None, 0.0);
         let interval = crate::config::duration(cfg.metrics_interval_seconds);
         let cache_binding =
             cfg.binding_strategy == crate::config::program::BindingStrategy::CacheAware;
-        metrics.coefficient.set(0.25);
         Arc::new(ProgramRuntime {
             inner: Mutex::new(Inner {
                 sched: Scheduler::new(cfg, layout.ids.clone()),
                 waiters: FxHashMap::default(),
                 tokens_per_byte: 0.25,
                 layout,
+                rolling_at: 0.0,
             }),
             epoch: Instant::now(),
             next_ticket: AtomicU64::new(1),
@@ -148,18 +165,9 @@ impl ProgramRuntime {
     /// removed targets are deleted. An empty set is the caller's to handle (retire).
     pub fn retarget(&self, targets: &[TargetInfo]) {
         let mut g = self.lock();
-        let layout = Layout::new(targets, &self.metrics, Some(&g.layout));
+        let layout = Layout::new(targets, &self.metrics, Some(&g.layout), self.now());
         for id in g.layout.ids.iter().filter(|id| !layout.ids.contains(id)) {
-            let m = &self.metrics;
-            for v in [
-                &m.queue_size,
-                &m.active_programs,
-                &m.used_tokens,
-                &m.observation_fresh,
-            ] {
-                let _ = v.remove_label_values(&[id]);
-            }
-            let _ = m.shared_prefix.remove_label_values(&[id]);
+            self.metrics.remove_target(id);
             tracing::info!(event = "program_target_removed", target = %id,
                 "target left the set; its Programs are re-homed");
         }
@@ -236,7 +244,10 @@ impl ProgramRuntime {
                 Decision::Dispatch { ticket, rank } => (
                     ticket,
                     match g.layout.ids.get(rank) {
-                        Some(id) => Placement::Target(id.clone()),
+                        Some(id) => {
+                            tracing::debug!(event = "request_dispatch", target = %id, ticket);
+                            Placement::Target(id.clone())
+                        }
                         None => Placement::NoTarget,
                     },
                 ),
@@ -275,16 +286,15 @@ impl ProgramRuntime {
                 program,
                 rank,
                 forced,
-                demand,
-                used_ratio,
+                at,
             } => {
-                m.admission_demand.observe(demand as f64);
-                if let Some(r) = used_ratio {
-                    m.admission_used_ratio.observe(r);
-                }
-                m.transitions
-                    .with_label_values(&[if forced { "force_resume" } else { "admit" }])
-                    .inc();
+                m.admission.observe(id(rank), &at);
+                let reason = if forced {
+                    "force_resume"
+                } else {
+                    "program_admit"
+                };
+                m.transitions.with_label_values(&[id(rank), reason]).inc();
                 tracing::info!(event = "program_admit", program = %program, target = %id(rank), forced);
             }
             Note::Pause {
@@ -292,15 +302,20 @@ impl ProgramRuntime {
                 rank,
                 reason,
             } => {
-                m.transitions.with_label_values(&[reason.as_str()]).inc();
+                m.transitions
+                    .with_label_values(&[id(rank), reason.as_str()])
+                    .inc();
                 tracing::info!(event = "program_pause", program = %program, target = %id(rank), reason = reason.as_str());
             }
             Note::TtlArmed {
                 program,
                 rank,
                 seconds,
+                source,
             } => {
-                m.armed_ttl.observe(seconds);
+                m.armed_ttl
+                    .with_label_values(&[id(rank), source.as_str()])
+                    .observe(seconds);
                 tracing::debug!(event = "ttl_armed", program = %program, target = %id(rank), seconds);
             }
             Note::Shed { reason } => {
@@ -308,12 +323,36 @@ impl ProgramRuntime {
                 tracing::debug!(event = "program_scheduling_shed", reason);
             }
             Note::IdleFinish { program, rank } => {
-                m.transitions.with_label_values(&["idle_finish"]).inc();
+                m.transitions
+                    .with_label_values(&[id(rank), "idle_finish"])
+                    .inc();
                 tracing::debug!(event = "idle_finish", program = %program, target = %id(rank));
             }
-            Note::QueueWait { seconds, .. } => m.queue_wait.observe(seconds),
-            Note::Interval { seconds, .. } => m.interval.observe(seconds),
-            Note::CacheMissImpact { seconds, .. } => m.miss_impact.observe(seconds),
+            Note::QueueWait { rank, seconds } => m.queue_wait.observe(id(rank), seconds),
+            Note::Interval { rank, seconds } => {
+                m.interval.with_label_values(&[id(rank)]).observe(seconds);
+                tracing::debug!(event = "continuity_sample", target = %id(rank), seconds);
+            }
+            Note::CacheDiscontinuity {
+                program,
+                rank,
+                expected,
+                cached,
+            } => {
+                tracing::info!(
+                    event = "unexpected_cache_discontinuity",
+                    program = %program,
+                    target = %id(rank),
+                    expected_cached_tokens = expected,
+                    cached_tokens = cached,
+                    "a Program that held its place got less than half of its context from the \
+                     cache: the backend evicted it (check the growth reserve and capacity)"
+                );
+            }
+            Note::CacheMissImpact { rank, seconds } => m
+                .miss_impact
+                .with_label_values(&[id(rank)])
+                .observe(seconds),
             Note::ContextGrowth { tokens, .. } => m.growth.observe(tokens.max(0.0)),
             Note::SharedPrefix { rank, tokens } => {
                 m.shared_prefix
@@ -326,7 +365,9 @@ impl ProgramRuntime {
                 benefit,
                 cost,
             } => {
-                m.transitions.with_label_values(&["batch_gain_admit"]).inc();
+                m.transitions
+                    .with_label_values(&[id(rank), "batch_gain_admit"])
+                    .inc();
                 tracing::debug!(event = "batch_gain_admit", target = %id(rank), benefit_seconds = benefit, cost_seconds = cost);
             }
         }
@@ -337,6 +378,7 @@ impl ProgramRuntime {
     pub fn admit(
         self: &Arc<Self>,
         model: &str,
+        endpoint: &'static str,
         identity: Identity,
         prompt: &[u8],
         tenant: Option<(String, f64)>,
@@ -352,6 +394,7 @@ impl ProgramRuntime {
             rt: self.clone(),
             ticket,
             prompt_bytes,
+            endpoint,
             done: false,
         };
         let mut g = self.lock();
@@ -381,15 +424,27 @@ impl ProgramRuntime {
         (guard, admission)
     }
 
-    fn complete(&self, ticket: Ticket, usage: Option<Usage>, prompt_bytes: usize) {
+    fn complete(
+        &self,
+        ticket: Ticket,
+        usage: Option<Usage>,
+        prompt_bytes: usize,
+        endpoint: &'static str,
+    ) {
         let mut g = self.lock();
-        if let Some(u) = usage
-            && prompt_bytes > 0
-            && u.prompt_tokens > 0
-        {
+        let fed = usage.filter(|u| prompt_bytes > 0 && u.prompt_tokens > 0);
+        let outcome = if fed.is_some() { "observed" } else { "missing" };
+        self.metrics
+            .feedback
+            .with_label_values(&[MODEL_POOL, endpoint, outcome])
+            .inc();
+        if let Some(u) = fed {
             let ratio = (u.prompt_tokens as f64 / prompt_bytes as f64).clamp(0.01, 4.0);
             g.tokens_per_byte = 0.95 * g.tokens_per_byte + 0.05 * ratio;
-            self.metrics.coefficient.set(g.tokens_per_byte);
+            self.metrics
+                .coefficient
+                .with_label_values(&[MODEL_POOL, endpoint])
+                .set(g.tokens_per_byte);
         }
         let now = self.now();
         let ds = g.sched.on_complete(now, ticket, usage);
@@ -415,24 +470,66 @@ impl ProgramRuntime {
             return;
         };
         let now = self.now();
+        tracing::debug!(
+            event = "capacity_observation",
+            target = %id,
+            waiting = obs.waiting,
+            running = obs.running,
+            kv_usage = obs.kv_usage,
+            token_capacity = obs.token_capacity,
+        );
         let ds = g.sched.on_observation(now, rank, obs);
         self.deliver(&mut g, ds, None);
         self.freshness(&mut g, rank, true);
     }
 
+    /// Sets the per-target gauges of the rolling windows (once an interval, off the request path).
+    fn publish_rolling(&self, g: &Inner) {
+        let m = &self.metrics;
+        for (i, id) in g.layout.ids.iter().enumerate() {
+            let Some(r) = super::diagnostics::rolling_gauges(&g.sched, i) else {
+                continue;
+            };
+            let samples = [
+                ("request", r.request_samples),
+                ("continuity", r.continuity_samples),
+            ];
+            for (window, n) in samples {
+                m.rolling_samples
+                    .with_label_values(&[id, window])
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            m.fitted_ttl
+                .with_label_values(&[id])
+                .set(r.fitted_ttl_seconds);
+            m.miss_impact_mean
+                .with_label_values(&[id])
+                .set(r.miss_impact_seconds);
+            m.context_growth
+                .with_label_values(&[id])
+                .set(r.context_growth_tokens);
+        }
+    }
+
     /// Logs the fallback/recovery transitions of a rank's capacity observation, once each.
     fn freshness(&self, g: &mut Inner, rank: Rank, fresh: bool) {
-        let was = std::mem::replace(&mut g.layout.fresh[rank], fresh);
+        let was = g.layout.fresh[rank].replace(fresh);
         let id = &g.layout.ids[rank];
         self.metrics
             .observation_fresh
             .with_label_values(&[id])
             .set(i64::from(fresh));
-        if was && !fresh {
-            tracing::warn!(event = "capacity_observation_fallback", target = %id,
-                "backend observation is stale; admission falls back to the router ledger");
-        } else if !was && fresh {
-            tracing::info!(event = "capacity_observation_recovered", target = %id);
+        match (was, fresh) {
+            // Stale, or never reported within three intervals of joining.
+            (Some(true) | None, false) => {
+                tracing::warn!(event = "capacity_observation_fallback", target = %id,
+                    "backend observation is stale or missing; admission falls back to the router ledger")
+            }
+            // Only a recovery from a fallback is news (not the first report at start).
+            (Some(false), true) => {
+                tracing::info!(event = "capacity_observation_recovered", target = %id)
+            }
+            _ => {}
         }
     }
 
@@ -447,11 +544,18 @@ impl ProgramRuntime {
                 let now = self.now();
                 let ds = g.sched.on_tick(now);
                 self.deliver(&mut g, ds, None);
+                if now >= g.rolling_at {
+                    g.rolling_at = now + self.interval.as_secs_f64();
+                    self.publish_rolling(&g);
+                }
+                let stale_after = 3.0 * self.interval.as_secs_f64();
                 for r in 0..g.layout.ids.len() {
                     let fresh = g.sched.ranks[r]
                         .observation
-                        .is_some_and(|(at, _)| now - at <= 3.0 * self.interval.as_secs_f64());
-                    if g.layout.fresh[r] && !fresh {
+                        .is_some_and(|(at, _)| now - at <= stale_after);
+                    let silent =
+                        g.layout.fresh[r].is_none() && now - g.layout.joined[r] > stale_after;
+                    if !fresh && (g.layout.fresh[r] == Some(true) || silent) {
                         self.freshness(&mut g, r, false);
                     }
                 }
@@ -521,13 +625,16 @@ pub struct ProgramTicket {
     rt: Arc<ProgramRuntime>,
     ticket: Ticket,
     prompt_bytes: usize,
+    /// The route the request came on (labels the token estimate's series).
+    endpoint: &'static str,
     done: bool,
 }
 
 impl ProgramTicket {
     pub fn complete(mut self, usage: Option<Usage>) {
         self.done = true;
-        self.rt.complete(self.ticket, usage, self.prompt_bytes);
+        self.rt
+            .complete(self.ticket, usage, self.prompt_bytes, self.endpoint);
     }
 }
 

@@ -91,6 +91,9 @@ pub struct Outbound<'a> {
     /// Program scheduling chose this target (index into the applied targets): no policy, and
     /// retries stay on it.
     pub pin: Option<usize>,
+    /// A generation (chat, completions, messages, responses): its duration is observed in
+    /// `vllm_router_generate_duration_seconds`.
+    pub generation: bool,
     /// Ended when the response ends, or dropped with the request.
     pub hold: Option<Box<dyn Hold>>,
 }
@@ -275,6 +278,7 @@ pub async fn forward(
             status,
             fw: fw.clone(),
             route: out.route,
+            generation: out.generation,
             received: out.received,
         });
         let relay = Relay::new(
@@ -305,6 +309,7 @@ struct Completion {
     status: StatusCode,
     fw: Arc<Forwarder>,
     route: &'static str,
+    generation: bool,
     received: Instant,
 }
 
@@ -335,11 +340,11 @@ impl Finish for Completion {
             target.metrics.cached_tokens.inc_by(u.cached_tokens());
             target.metrics.completion_tokens.inc_by(u.completion_tokens);
         }
-        self.fw
-            .metrics
-            .route(self.route)
-            .duration
-            .observe(self.received.elapsed().as_secs_f64());
+        let seconds = self.received.elapsed().as_secs_f64();
+        self.fw.metrics.route(self.route).duration.observe(seconds);
+        if self.generation {
+            self.fw.metrics.generate_duration.observe(seconds);
+        }
         tracing::debug!(target_id = %target.id, status = self.status.as_u16(), ?end, ?usage, "request finished");
     }
 }
@@ -399,6 +404,7 @@ mod tests {
             request_id: &id,
             received: Instant::now(),
             pin: None,
+            generation: true,
             hold: None,
         };
         let req = upstream_request(route, &targets.targets[0], &out).expect("request");

@@ -125,16 +125,23 @@ pub(super) fn program_identity(
     }))
 }
 
+/// A request with Program identity as Program scheduling takes it.
+pub(super) struct ProgramRequest<'a> {
+    pub id: crate::program::identity::Identity,
+    pub model: Option<&'a str>,
+    /// The route it came on.
+    pub endpoint: &'static str,
+    pub prompt: &'a [u8],
+    pub tenant: Option<&'a str>,
+}
+
 /// Program scheduling for a request that carries Program identity: waits in the RequestPool if
 /// needed and returns the target to pin.
 pub(super) async fn program_admission(
     state: &RouterState,
     rt: &Arc<crate::program::runtime::ProgramRuntime>,
     applied: &crate::applied::Applied,
-    tenant: Option<&str>,
-    id: crate::program::identity::Identity,
-    model: Option<&str>,
-    prompt: &[u8],
+    req: ProgramRequest<'_>,
 ) -> Result<
     (
         Option<String>,
@@ -146,14 +153,14 @@ pub(super) async fn program_admission(
     let Some(ps) = &applied.config.program_scheduling else {
         return Ok((None, None));
     };
-    let model = model.unwrap_or("");
+    let model = req.model.unwrap_or("");
     // With fair queueing configured, retained requests resume tenant-fairly within a tier.
     let tenant = applied
         .fair
         .as_ref()
-        .zip(tenant)
+        .zip(req.tenant)
         .map(|(f, t)| (t.to_string(), f.weight(t)));
-    let (ticket, admission) = rt.admit(model, id, prompt, tenant);
+    let (ticket, admission) = rt.admit(model, req.endpoint, req.id, req.prompt, tenant);
     let queue_timeout = || {
         ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,

@@ -13,7 +13,9 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
-use super::admission::{fair_admission, program_admission, program_identity, rate_limited};
+use super::admission::{
+    ProgramRequest, fair_admission, program_admission, program_identity, rate_limited,
+};
 use super::{GENERATE_ROUTES, VLLM_ROUTES, local, peering, takes_stream_options};
 use crate::applied::Applied;
 use crate::error::ApiError;
@@ -212,6 +214,7 @@ async fn send(
             request_id,
             received,
             pin: placed.pin,
+            generation: peeked.is_some(),
             hold: Some(Box::new(hold)),
         },
     )
@@ -400,10 +403,15 @@ impl<'a> Generation<'a> {
         let (Some(rt), Some(id)) = (self.admitted.applied.program.clone(), identity) else {
             return Ok((None, None));
         };
-        let model = self.peeked.model.as_deref();
         let applied = &self.admitted.applied;
-        let (placed, ticket) =
-            program_admission(state, &rt, applied, tenant, id, model, &self.prompt).await?;
+        let req = ProgramRequest {
+            id,
+            model: self.peeked.model.as_deref(),
+            endpoint: self.admitted.route,
+            prompt: &self.prompt,
+            tenant,
+        };
+        let (placed, ticket) = program_admission(state, &rt, applied, req).await?;
         let Some(target) = placed else {
             return Ok((None, ticket));
         };

@@ -433,7 +433,7 @@ async fn a_session_header_program_idle_past_every_tool_call_counts_as_finished()
         metric_in(
             &m,
             "vllm_router_agent_aware_transitions_total",
-            &[("transition", "idle_finish")]
+            &[("reason", "idle_finish")]
         ),
         1.0
     );

@@ -113,15 +113,21 @@ async fn retains_under_pressure_then_releases_when_the_ttl_ends() {
         metric_in(
             &text,
             "vllm_router_agent_aware_transitions_total",
-            &[("transition", "ttl_expired")]
+            &[("reason", "ttl_expired")]
         ) >= 1.0
     );
-    assert!(metric_in(&text, "vllm_router_agent_aware_queue_wait_seconds", &[]) >= 2.0);
+    assert!(
+        metric_in(
+            &text,
+            "vllm_router_agent_aware_queue_wait_seconds_count",
+            &[]
+        ) >= 2.0
+    );
     // Admission capacity snapshots: one per admission, the ledger ratio within the capacity.
     assert_eq!(
         metric_in(
             &text,
-            "vllm_router_agent_aware_admission_demand_tokens_count",
+            "vllm_router_agent_aware_admission_required_tokens_count",
             &[]
         ),
         2.0
@@ -129,18 +135,17 @@ async fn retains_under_pressure_then_releases_when_the_ttl_ends() {
     assert_eq!(
         metric_in(
             &text,
-            "vllm_router_agent_aware_admission_used_ratio_count",
+            "vllm_router_agent_aware_admission_projected_pressure_ratio_count",
             &[]
         ),
         2.0
     );
-    let overfill = text
-        .lines()
-        .find(|l| l.starts_with("vllm_router_agent_aware_admission_used_ratio_bucket{le=\"1\""));
-    assert!(
-        overfill.is_some_and(|l| l.ends_with(" 2")),
-        "no admission overfilled the rank: {overfill:?}"
-    );
+    let within: f64 = program_router::observe::scrape::samples(&text)
+        .filter(|s| s.name == "vllm_router_agent_aware_admission_projected_pressure_ratio_bucket")
+        .filter(|s| s.label("le") == Some("1"))
+        .map(|s| s.value)
+        .sum();
+    assert_eq!(within, 2.0, "no admission overfilled the rank");
 }
 
 #[tokio::test]
@@ -408,4 +413,5 @@ async fn get_metrics(c: &HttpClient, r: &Router) -> String {
 }
 
 mod clients;
+mod metrics_parity;
 mod reloads;

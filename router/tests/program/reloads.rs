@@ -90,7 +90,7 @@ async fn a_reload_that_changes_targets_keeps_programs_and_retained_requests() {
         metric_in(
             &text,
             "vllm_router_agent_aware_transitions_total",
-            &[("transition", "target_removed")]
+            &[("reason", "target_removed")]
         ),
         1.0
     );

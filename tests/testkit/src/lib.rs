@@ -100,7 +100,8 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)], required: b
             (PrometheusValue::Counter(c), _) => c.value.as_f64(),
             (PrometheusValue::Histogram(h), "sum") => h.sum.as_ref().map_or(0.0, |n| n.as_f64()),
             (PrometheusValue::Histogram(h), _) => h.count.unwrap_or(0) as f64,
-            _ => continue,
+            (PrometheusValue::Summary(x), "sum") => x.sum.as_ref().map_or(0.0, |n| n.as_f64()),
+            (PrometheusValue::Summary(x), _) => x.count.unwrap_or(0) as f64,
         };
         *total.get_or_insert(0.0) += v;
     }

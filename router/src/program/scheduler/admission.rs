@@ -328,6 +328,20 @@ impl Scheduler {
         // Virtual time follows the start tag of what enters service.
         self.virtual_time = self.virtual_time.max(r.key.fair_tag);
         let since = self.retained_at.remove(&ticket).unwrap_or(now);
+        let snapshot_rank = if self.program(r.program).active() {
+            self.program(r.program).rank
+        } else {
+            rank
+        };
+        let at = AdmitSnapshot {
+            required: reserve,
+            growth_reserve: r.growth.min(reserve),
+            used_before: self.ranks[snapshot_rank].used_tokens,
+            capacity: self.capacity(snapshot_rank).0,
+            observation: self.ranks[snapshot_rank]
+                .observation
+                .map(|(t, o)| ((now - t).max(0.0), o)),
+        };
         let p = self.program(r.program);
         // An active Program (another of its requests was admitted meanwhile, maybe on another
         // rank) keeps its place: this request joins it there and never moves it.
@@ -364,22 +378,17 @@ impl Scheduler {
                 kv_retention_ttl: r.kv_retention_ttl,
                 dispatched_at: now,
                 queued: now - since,
+                held: active,
             },
         );
         if r.forced() {
             self.counters.force_resumes += 1;
         }
-        let used_ratio = self
-            .capacity(rank)
-            .0
-            .filter(|c| *c > 0)
-            .map(|c| self.ranks[rank].used_tokens as f64 / c as f64);
         self.notes.push(Note::Admit {
             program: name,
             rank,
             forced: r.forced(),
-            demand: reserve,
-            used_ratio,
+            at,
         });
         out.push(Decision::Dispatch { ticket, rank });
         if self.program(r.program).retained > 0 {

@@ -21,7 +21,12 @@ impl Scheduler {
         let prev_context = p.context_tokens;
         let mut shared = None;
         p.rounds_since_ttl_pause += 1;
+        let mut discontinuity = None;
         if let Some(u) = usage {
+            if f.held && p.last_hit && prev_context > 0 && u.cached_tokens * 2 < prev_context {
+                discontinuity = Some((p.key.1.clone(), prev_context, u.cached_tokens));
+            }
+            p.last_hit = u.cached_tokens > 0;
             p.last_output = Some(u.completion_tokens);
             p.context_tokens = u.prompt_tokens + u.completion_tokens;
             if std::mem::take(&mut p.fresh_start) {
@@ -43,6 +48,14 @@ impl Scheduler {
                 (now - f.dispatched_at).max(0.0),
                 f.queued.max(0.0),
             );
+        }
+        if let Some((program, expected, cached)) = discontinuity {
+            self.notes.push(Note::CacheDiscontinuity {
+                program,
+                rank,
+                expected,
+                cached,
+            });
         }
         if let Some(tokens) = shared {
             self.notes.push(Note::SharedPrefix { rank, tokens });
@@ -90,11 +103,20 @@ impl Scheduler {
         } else {
             None
         };
-        let ttl = match (reason, f.kv_retention_ttl) {
-            (Some(_), _) => 0.0,
-            (None, Some(t)) => t,
-            (None, None) => self.auto_ttl(rank, context),
+        let (ttl, source) = match (reason, f.kv_retention_ttl) {
+            (Some(_), _) => (0.0, None),
+            (None, Some(t)) => (t, Some(TtlSource::Request)),
+            (None, None) => (self.auto_ttl(rank, context), Some(TtlSource::Fitted)),
         };
+        if let Some(source) = source {
+            let program = self.program(f.program).key.1.clone();
+            self.notes.push(Note::TtlArmed {
+                program,
+                rank,
+                seconds: ttl,
+                source,
+            });
+        }
         let p = self.program_mut(f.program);
         p.rounds += 1;
         if ttl > 0.0 {
@@ -102,18 +124,12 @@ impl Scheduler {
             p.armed_ttl = ttl;
             p.timer_gen += 1;
             let generation = p.timer_gen;
-            let name = p.key.1.clone();
             self.timer(
                 now + ttl,
                 TimerKind::TtlExpiry,
                 f.program as u64,
                 generation,
             );
-            self.notes.push(Note::TtlArmed {
-                program: name,
-                rank,
-                seconds: ttl,
-            });
         } else {
             p.armed_ttl = 0.0;
             self.pause(f.program, reason.unwrap_or(PauseReason::TtlExpired), now);

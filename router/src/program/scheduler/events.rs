@@ -82,6 +82,7 @@ impl Scheduler {
             kv_retention_ttl: a.identity.kv_retention_ttl_seconds,
             dispatched_at: now,
             queued: 0.0,
+            held: false,
         };
         if binding_only {
             let p = self.program_mut(slot);
@@ -117,7 +118,13 @@ impl Scheduler {
             let grow = demand.saturating_sub(p.reserved);
             p.reserved += grow;
             self.ranks[rank].used_tokens += grow;
-            self.in_flight.insert(a.ticket, inflight);
+            self.in_flight.insert(
+                a.ticket,
+                InFlight {
+                    held: true,
+                    ..inflight
+                },
+            );
             out.push(Decision::Dispatch {
                 ticket: a.ticket,
                 rank,

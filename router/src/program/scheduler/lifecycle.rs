@@ -160,6 +160,7 @@ impl Scheduler {
             last_rank: None,
             last_return: None,
             last_output: None,
+            last_hit: false,
             rounds_since_ttl_pause: 0,
             finished: false,
         };

@@ -147,6 +147,16 @@ pub enum PauseReason {
 }
 
 impl PauseReason {
+    pub const ALL: [PauseReason; 7] = [
+        PauseReason::TtlExpired,
+        PauseReason::NoResumeExpected,
+        PauseReason::SegmentYield,
+        PauseReason::CapacityRepair,
+        PauseReason::Cancelled,
+        PauseReason::TargetRemoved,
+        PauseReason::HandedOver,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             PauseReason::TtlExpired => "ttl_expired",
@@ -221,6 +231,8 @@ pub(crate) struct Program {
     /// Its latest measured return (tool gap) and output length.
     pub last_return: Option<f64>,
     pub last_output: Option<u64>,
+    /// Its latest completion reported cached prompt tokens (an observed cache hit).
+    pub last_hit: bool,
     /// Completions since its last TTL-expiry pause.
     pub rounds_since_ttl_pause: u32,
     /// Finished: its last request said no further request follows (`expected_resume: false`)
@@ -309,6 +321,9 @@ struct InFlight {
     /// When it was dispatched and how long it waited in the pool first.
     dispatched_at: f64,
     queued: f64,
+    /// Dispatched while its Program held its place since its previous completion (acting or
+    /// reasoning, never paused in between): its context should still be cached.
+    held: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -395,6 +410,39 @@ pub struct Counters {
     pub pauses: FxHashMap<&'static str, u64>,
 }
 
+/// A rank as an admission saw it: what was reserved and what the ledger and the backend said.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdmitSnapshot {
+    /// Tokens the admission reserved for the Program.
+    pub required: u64,
+    /// The growth-reserve part of `required`.
+    pub growth_reserve: u64,
+    /// The rank's ledger before the admission.
+    pub used_before: u64,
+    /// The rank's token capacity, when one is known.
+    pub capacity: Option<u64>,
+    /// The rank's latest backend observation and its age in seconds, when there is one.
+    pub observation: Option<(f64, Observation)>,
+}
+
+/// Where an acting TTL came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TtlSource {
+    /// The request's `kv_retention_ttl_seconds`.
+    Request,
+    /// The automatic TTL fitted to the rank's return intervals.
+    Fitted,
+}
+
+impl TtlSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TtlSource::Request => "request",
+            TtlSource::Fitted => "fitted",
+        }
+    }
+}
+
 /// Something worth logging or counting that happened during an event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Note {
@@ -402,10 +450,8 @@ pub enum Note {
         program: String,
         rank: Rank,
         forced: bool,
-        /// Tokens the admission reserved for the Program.
-        demand: u64,
-        /// The rank's ledger after admission over its token capacity (when one is known).
-        used_ratio: Option<f64>,
+        /// What the rank looked like when it admitted.
+        at: AdmitSnapshot,
     },
     /// Context growth of a Program between two of its completions (tokens).
     ContextGrowth {
@@ -417,10 +463,13 @@ pub enum Note {
         rank: Rank,
         reason: PauseReason,
     },
+    /// The acting TTL armed on a completion (0: the automatic TTL chose not to hold the KV).
     TtlArmed {
         program: String,
         rank: Rank,
         seconds: f64,
+        /// The request's own `kv_retention_ttl_seconds`, or the automatic (fitted) TTL.
+        source: TtlSource,
     },
     /// A bound shed something: a request refused (`request_pool_full`, `programs_full`) or an
     /// idle Program forgotten to make room (`program_evicted`).
@@ -443,6 +492,16 @@ pub enum Note {
     CacheMissImpact {
         rank: Rank,
         seconds: f64,
+    },
+    /// A Program that held its place since its previous completion, whose previous completion
+    /// reported a cache hit, got less than half of its previous context from the cache: the
+    /// backend evicted what the router kept (`unexpected_cache_discontinuity`).
+    CacheDiscontinuity {
+        program: String,
+        rank: Rank,
+        /// The previous context, which should have been cached, and what was.
+        expected: u64,
+        cached: u64,
     },
     /// Prompt tokens found cached on a Program's first run on a rank: shared with others.
     SharedPrefix {

@@ -243,3 +243,58 @@ fn between_equal_priorities_capacity_repair_pauses_the_latest_placed_first() {
         assert!(!find(&s, first).pause_on_complete, "{first} then {second}");
     }
 }
+
+fn cached(prompt: u64, completion: u64, cached_tokens: u64) -> Option<Usage> {
+    Some(Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        cached_tokens,
+    })
+}
+
+fn discontinuities(s: &mut Scheduler) -> Vec<(u64, u64)> {
+    s.take_notes()
+        .into_iter()
+        .filter_map(|n| match n {
+            Note::CacheDiscontinuity {
+                expected, cached, ..
+            } => Some((expected, cached)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The spec's `unexpected_cache_discontinuity`: a Program that held its place through a tool
+/// call, with a cache hit observed before, finds its context gone from the cache.
+#[test]
+fn a_held_program_whose_observed_cache_hit_breaks_is_noted() {
+    let mut s = sched(cfg(), 1);
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 200), 100.0));
+    s.on_complete(1.0, 1, cached(200, 10, 0));
+    s.on_arrival(2.0, with_ttl(arrival(2, "a", 260), 100.0));
+    s.on_complete(3.0, 2, cached(260, 10, 200));
+    assert!(discontinuities(&mut s).is_empty(), "the hit held");
+    s.on_arrival(4.0, with_ttl(arrival(3, "a", 320), 100.0));
+    s.on_complete(5.0, 3, cached(320, 10, 16));
+    assert_eq!(discontinuities(&mut s), vec![(270, 16)]);
+}
+
+#[test]
+fn no_discontinuity_after_a_pause_or_without_an_observed_hit() {
+    // Paused between turns (TTL 0): losing the cache then is expected.
+    let mut s = sched(cfg(), 1);
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 200), 0.0));
+    s.on_complete(1.0, 1, cached(200, 10, 0));
+    s.on_arrival(2.0, with_ttl(arrival(2, "a", 260), 0.0));
+    s.on_complete(3.0, 2, cached(260, 10, 200));
+    s.on_arrival(4.0, with_ttl(arrival(3, "a", 320), 0.0));
+    s.on_complete(5.0, 3, cached(320, 10, 0));
+    assert!(discontinuities(&mut s).is_empty());
+    // Held, but no hit was ever observed (a backend without prefix caching).
+    let mut s = sched(cfg(), 1);
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 200), 100.0));
+    s.on_complete(1.0, 1, cached(200, 10, 0));
+    s.on_arrival(2.0, with_ttl(arrival(2, "a", 260), 100.0));
+    s.on_complete(3.0, 2, cached(260, 10, 0));
+    assert!(discontinuities(&mut s).is_empty());
+}

@@ -23,6 +23,14 @@ fn exit_with_hint(e: clap::Error) -> ! {
         eprintln!("\nhint: {flag} is a vllm-router flag; {hint}.");
         std::process::exit(2);
     }
+    if e.kind() == ErrorKind::InvalidValue
+        && let Some(ContextValue::String(value)) = e.get(ContextKind::InvalidValue)
+        && let Some(hint) = program_router::cli::migrate::policy_hint(value)
+    {
+        let _ = e.print();
+        eprintln!("\nhint: {value} is a vllm-router policy; {hint}.");
+        std::process::exit(2);
+    }
     e.exit()
 }
 

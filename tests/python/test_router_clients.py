@@ -138,6 +138,13 @@ def test_invalid_flags_fail_fast_with_the_field_name(spawn):
     assert out.returncode == 2
     assert "hint: --rate-limit-tokens-per-second is a vllm-router flag" in out.stderr, out.stderr
     assert "--max-concurrent-requests" in out.stderr
+    # ... and so is one of its policies.
+    out = subprocess.run(
+        [binary("program-router"), "--worker-urls", "http://127.0.0.1:9", "--policy", "kv_aware"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert out.returncode == 2
+    assert "hint: kv_aware is a vllm-router policy" in out.stderr, out.stderr
     # ... while its concurrency limiter's flags are taken as they are.
     out = subprocess.run(
         [binary("program-router"), "--worker-urls", "http://127.0.0.1:9", "--max-concurrent-requests", "64",

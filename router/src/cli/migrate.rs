@@ -20,7 +20,7 @@ const VLLM_ROUTER_ONLY: &[(&[&str], &str)] = &[
          its health check (--health-check-interval-secs; the first check runs at start)",
     ),
     (
-        &["--eviction-interval-secs"],
+        &["--eviction-interval-secs", "--eviction-interval"],
         "the cache_aware tree evicts continuously, bounded by --max-tree-size",
     ),
     (
@@ -73,9 +73,29 @@ const VLLM_ROUTER_ONLY: &[(&[&str], &str)] = &[
             "--kv-penalty-external",
             "--kv-penalty-host",
             "--kv-aware-session-affinity-ttl-secs",
+            "--router-temperature",
         ],
         "KV-event routing is not supported: --policy cache_aware follows prompt prefixes, and \
          Program scheduling keeps a Program's KV on its rank across tool calls",
+    ),
+    (
+        &[
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            "--otel-sampling-ratio",
+        ],
+        "OpenTelemetry tracing is not built yet: each request's id (x-request-id, passed to \
+         vLLM) ties the router's log lines to the engine's, and the metrics cover each stage",
+    ),
+    (
+        &["--api-key-validation-urls"],
+        "client keys are checked by the router itself: --client-api-keys, or \
+         client_api_keys_dir (one file per key, e.g. a mounted Secret; docs/security.md)",
+    ),
+    (
+        &["--history-backend"],
+        "the Responses API store stays in vLLM; the router sends each follow-up to the server \
+         that stored its response (docs/router.md)",
     ),
     (
         &["--enable-igw"],
@@ -90,6 +110,33 @@ const VLLM_ROUTER_ONLY: &[(&[&str], &str)] = &[
         "WASM middleware is not supported",
     ),
 ];
+
+/// vllm-router policies program-router does not have, with what to use instead.
+const VLLM_ROUTER_POLICIES: &[(&str, &str)] = &[
+    (
+        "kv_aware",
+        "KV-event routing is not supported: cache_aware follows prompt prefixes, and Program \
+         scheduling keeps a Program's KV on its rank",
+    ),
+    (
+        "sticky_least_loaded",
+        "consistent_hash keeps a session on one rank; Program scheduling binds each Program to \
+         the least loaded rank (binding_strategy least_program_count)",
+    ),
+    (
+        "rendezvous_hash",
+        "consistent_hash keeps a session on one rank (Program scheduling's consistent_hash \
+         binding is rendezvous hashing)",
+    ),
+];
+
+/// What to use instead of vllm-router's `--policy` value `value`.
+pub fn policy_hint(value: &str) -> Option<&'static str> {
+    VLLM_ROUTER_POLICIES
+        .iter()
+        .find(|(p, _)| *p == value)
+        .map(|(_, hint)| *hint)
+}
 
 /// What to use instead of `flag` (as clap reports it, e.g. `--queue-size` or `--queue-size=5`),
 /// when it is a vllm-router flag program-router does not take.
@@ -114,6 +161,40 @@ mod tests {
         assert!(vllm_router_hint("--rate-limit-tokens-per-second=64").is_some());
         assert!(vllm_router_hint("--service-discovery").is_some_and(|h| h.contains("operator")));
         assert_eq!(vllm_router_hint("--no-such-flag"), None);
+    }
+
+    #[test]
+    fn every_vllm_router_flag_is_taken_or_refused_with_a_hint() {
+        use clap::CommandFactory;
+        let cmd = crate::cli::Cli::command();
+        let listed = include_str!("../../../tests/reference/vllm-router-0.1.17-flags.txt");
+        let flags: Vec<&str> = listed.lines().filter(|l| l.starts_with("--")).collect();
+        assert!(flags.len() > 60, "{flags:?}");
+        let named = [
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            "--api-key-validation-urls",
+        ];
+        let mut bare = Vec::new();
+        for f in flags
+            .iter()
+            .chain(named.iter())
+            .chain(["--history-backend"].iter())
+        {
+            let name = f.trim_start_matches("--");
+            let taken = cmd.get_arguments().any(|a| a.get_long() == Some(name));
+            if !taken && vllm_router_hint(f).is_none() {
+                bare.push(*f);
+            }
+        }
+        assert!(
+            bare.is_empty(),
+            "vllm-router flags that end in a bare error: {bare:?}"
+        );
+        for p in ["kv_aware", "sticky_least_loaded", "rendezvous_hash"] {
+            assert!(policy_hint(p).is_some(), "{p}");
+        }
+        assert_eq!(policy_hint("round_robin"), None);
     }
 
     #[test]

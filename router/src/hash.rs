@@ -1,6 +1,6 @@
 //! The one non-cryptographic hash the router uses: 64-bit FNV-1a, stable across processes and
 //! releases (placement, config hashes and change detection must not depend on a random seed),
-//! and the one rendezvous (highest random weight) choice built on it.
+//! the one rendezvous (highest random weight) choice and the one consistent-hash ring built on it.
 
 /// 64-bit FNV-1a.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
@@ -43,6 +43,41 @@ pub fn rendezvous<'a, T>(
         .map(|(v, _)| v)
 }
 
+/// A consistent-hash ring: `virtual_nodes` points per member, so that members share keys evenly
+/// and removing one moves only the keys it held.
+#[derive(Debug, Clone, Default)]
+pub struct Ring {
+    /// (point, member index), sorted by point.
+    points: Vec<(u64, usize)>,
+    members: usize,
+}
+
+impl Ring {
+    /// The ring of `members` (by their stable names), `virtual_nodes` points each.
+    pub fn new<'a>(members: impl IntoIterator<Item = &'a str>, virtual_nodes: u32) -> Ring {
+        let mut points = Vec::new();
+        let mut n = 0;
+        for (i, name) in members.into_iter().enumerate() {
+            n = i + 1;
+            for v in 0..virtual_nodes {
+                points.push((stable_hash(format!("{name}#{v}").as_bytes()), i));
+            }
+        }
+        points.sort_unstable();
+        Ring { points, members: n }
+    }
+
+    /// Members in ring order from `key`'s point (each once): the first is the key's owner, the
+    /// next ones take over when it is unavailable.
+    pub fn walk(&self, key: &[u8]) -> impl Iterator<Item = usize> + '_ {
+        let start = self.points.partition_point(|(p, _)| *p < stable_hash(key));
+        let mut seen = vec![false; self.members];
+        (0..self.points.len())
+            .map(move |i| self.points[(start + i) % self.points.len()].1)
+            .filter(move |m| !std::mem::replace(&mut seen[*m], true))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +103,31 @@ mod tests {
         assert!((60..140).contains(&moved), "{moved}");
         assert_eq!(pick(&[], "k"), None);
         assert_ne!(rendezvous_weight("ab", "c"), rendezvous_weight("a", "bc"));
+    }
+
+    #[test]
+    fn the_ring_walks_every_member_once_and_removing_one_moves_only_its_keys() {
+        let all = ["r0", "r1", "r2", "r3"];
+        let ring = Ring::new(all, 160);
+        let order: Vec<usize> = ring.walk(b"program-1").collect();
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![0, 1, 2, 3]);
+        let without = Ring::new(["r0", "r1", "r3"], 160);
+        let name = |ring: &Ring, names: &[&'static str], k: &str| {
+            names[ring.walk(k.as_bytes()).next().expect("a member")]
+        };
+        let mut counts = [0; 4];
+        for k in 0..400 {
+            let key = format!("program-{k}");
+            let before = name(&ring, &all, &key);
+            counts[all.iter().position(|n| *n == before).expect("member")] += 1;
+            if before != "r2" {
+                assert_eq!(before, name(&without, &["r0", "r1", "r3"], &key), "{key}");
+            }
+        }
+        // 160 points each spread 400 keys within a factor of two of even.
+        assert!(counts.iter().all(|c| (50..200).contains(c)), "{counts:?}");
+        assert_eq!(Ring::new([], 160).walk(b"k").next(), None);
     }
 }

@@ -3,26 +3,22 @@
 
 use std::sync::Arc;
 
-use super::{Policy, RequestInfo, stable_hash};
+use super::{Policy, RequestInfo};
 use crate::workers::TargetState;
 
 pub struct ConsistentHash {
-    /// (point, target id) sorted by point.
-    ring: Vec<(u64, String)>,
+    ring: crate::hash::Ring,
+    /// The target ids, in the ring's member order.
+    ids: Vec<String>,
     fallback: super::RoundRobin,
 }
 
 impl ConsistentHash {
     pub fn new<'a>(ids: impl Iterator<Item = &'a str>, virtual_nodes: u32) -> Self {
-        let mut ring = Vec::new();
-        for id in ids {
-            for v in 0..virtual_nodes {
-                ring.push((stable_hash(format!("{id}#{v}").as_bytes()), id.to_string()));
-            }
-        }
-        ring.sort();
+        let ids: Vec<String> = ids.map(String::from).collect();
         ConsistentHash {
-            ring,
+            ring: crate::hash::Ring::new(ids.iter().map(String::as_str), virtual_nodes),
+            ids,
             fallback: super::RoundRobin::default(),
         }
     }
@@ -37,14 +33,12 @@ impl Policy for ConsistentHash {
         let Some(key) = req.hash_key else {
             return self.fallback.pick(req, candidates);
         };
-        if self.ring.is_empty() {
+        if self.ids.is_empty() {
             return 0;
         }
-        let h = stable_hash(key.as_bytes());
-        let start = self.ring.partition_point(|(p, _)| *p < h);
-        // Walk clockwise to the first point whose target is available.
-        for i in 0..self.ring.len() {
-            let id = &self.ring[(start + i) % self.ring.len()].1;
+        // Walk clockwise to the first target that is available.
+        for m in self.ring.walk(key.as_bytes()) {
+            let id = &self.ids[m];
             if let Some(c) = candidates.iter().position(|t| &t.id == id) {
                 return c;
             }

@@ -14,12 +14,9 @@ impl Scheduler {
         let n = self.ranks.len();
         match self.cfg.binding_strategy {
             B::CacheAware => self.bind_cache_aware(chain),
-            B::ConsistentHash => {
-                // Rendezvous hashing: stable, and adding a rank moves only its share.
-                let ranks = self.ranks.iter().enumerate();
-                crate::hash::rendezvous(program_id, ranks.map(|(r, s)| (r, s.id.as_str())))
-                    .unwrap_or(0)
-            }
+            // The spec's ring: `hash_virtual_nodes` points per rank; adding a rank moves only
+            // the Programs it takes.
+            B::ConsistentHash => self.ring.walk(program_id.as_bytes()).next().unwrap_or(0),
             B::ProgramRoundRobin => {
                 self.rr = (self.rr + 1) % n.max(1);
                 self.rr

@@ -545,6 +545,8 @@ pub struct Scheduler {
     /// The highest timer generation of any Program removed: a Program placed in a freed slot
     /// starts above it, so a timer armed for the slot's previous occupant never fires on it.
     retired_gen: u64,
+    /// The `consistent_hash` binding's ring over the ranks.
+    ring: crate::hash::Ring,
 }
 
 /// Microseconds, rounded so that `us(x as f64 / 1e6) == x`: a timer read back through
@@ -581,7 +583,20 @@ impl Scheduler {
             virtual_time: 0,
             prefix: PrefixIndex::default(),
             retired_gen: 0,
+            ring: crate::hash::Ring::default(),
         }
+        .with_ring()
+    }
+
+    /// Rebuilds the `consistent_hash` binding ring over the ranks (`hash_virtual_nodes` each).
+    fn with_ring(mut self) -> Self {
+        self.rebuild_ring();
+        self
+    }
+
+    pub(super) fn rebuild_ring(&mut self) {
+        let ids = self.ranks.iter().map(|r| r.id.as_str());
+        self.ring = crate::hash::Ring::new(ids, self.cfg.hash_virtual_nodes);
     }
 
     pub fn num_ranks(&self) -> usize {

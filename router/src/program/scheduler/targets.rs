@@ -26,7 +26,12 @@ impl Scheduler {
         let idle_rule_changed = cfg.finished_idle_ratio != self.cfg.finished_idle_ratio
             || cfg.ttl_evidence != self.cfg.ttl_evidence
             || cfg.ttl_min_samples != self.cfg.ttl_min_samples;
+        let ring_changed = cfg.hash_virtual_nodes != self.cfg.hash_virtual_nodes;
         self.cfg = cfg.clone();
+        if ring_changed {
+            // New Programs bind on the new ring; bound ones stay where they are.
+            self.rebuild_ring();
+        }
         if idle_rule_changed {
             // Programs already paused follow the new rule (armed timers read it when they fire).
             self.arm_idle_finishes(now);
@@ -73,6 +78,7 @@ impl Scheduler {
         for id in old.keys() {
             self.prefix.forget(id);
         }
+        self.rebuild_ring();
         // What is left in `old` was removed; its members need a new home.
         let mut orphans: Vec<usize> = old
             .into_values()

@@ -332,3 +332,39 @@ fn a_reload_that_raises_the_idle_ratio_defers_timers_already_armed() {
     assert_eq!(s.counters.idle_finishes, 1);
     s.check_invariants().expect("ledger");
 }
+
+/// The spec's `consistent_hash` binding: a ring with `hash_virtual_nodes` points per rank, so the
+/// knob changes where Programs land and more points spread them more evenly.
+#[test]
+fn consistent_hash_binding_uses_hash_virtual_nodes_points_per_rank() {
+    let place = |vnodes: u32| -> Vec<Rank> {
+        let c = ProgramSchedulingConfig {
+            binding_strategy: BindingStrategy::ConsistentHash,
+            hash_virtual_nodes: vnodes,
+            token_capacity_per_dp_rank: None,
+            ..cfg()
+        };
+        let mut s = sched(c, 4);
+        (0..200u32)
+            .map(|i| {
+                let name = format!("p{i}");
+                s.on_arrival(f64::from(i), arrival(u64::from(i) + 1, &name, 10));
+                find(&s, &name).rank
+            })
+            .collect()
+    };
+    let ring = crate::hash::Ring::new(["r0", "r1", "r2", "r3"], 160);
+    let many = place(160);
+    for (i, r) in many.iter().enumerate() {
+        let owner = ring.walk(format!("p{i}").as_bytes()).next();
+        assert_eq!(Some(*r), owner, "p{i}");
+    }
+    let one = place(1);
+    assert_ne!(many, one, "hash_virtual_nodes is honoured");
+    let spread = |v: &[Rank]| {
+        let mut n = [0usize; 4];
+        v.iter().for_each(|r| n[*r] += 1);
+        n.iter().max().copied().unwrap_or(0) - n.iter().min().copied().unwrap_or(0)
+    };
+    assert!(spread(&many) < 60, "{:?}", spread(&many));
+}

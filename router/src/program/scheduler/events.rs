@@ -186,10 +186,10 @@ impl Scheduler {
         let queue_limit = deadline.map_or(self.cfg.queue_timeout_seconds, |d| {
             d.min(self.cfg.queue_timeout_seconds)
         });
-        // Workload-derived, bounded by `force_resume_timeout_seconds`; a request deadline can
-        // only shorten it.
-        let workload = self.force_resume_after(rank);
-        let force_limit = deadline.map_or(workload, |d| d.min(workload));
+        // Workload-derived, bounded by `force_resume_timeout_seconds`; a request's deadline
+        // overrides it (the spec), within the queue limit above.
+        let force_limit =
+            deadline.map_or_else(|| self.force_resume_after(rank), |d| d.min(queue_limit));
         self.ranks[rank].queue.insert(key);
         self.retained.insert(
             a.ticket,

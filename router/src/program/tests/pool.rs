@@ -353,3 +353,30 @@ fn a_request_of_a_program_that_became_active_does_not_wait_behind_a_blocked_head
     assert_eq!(find(&s, "p").retained, 0);
     s.check_invariants().expect("ledger");
 }
+
+/// The spec: a request's `deadline_seconds` overrides the force-resume wait — a longer one than
+/// `force_resume_timeout_seconds` is not forced at the configured wait but at its deadline (the
+/// queue limit still bounds it: a deadline never extends `queue_timeout_seconds`).
+#[test]
+fn a_request_deadline_overrides_the_force_resume_wait() {
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 600.0,
+        force_resume_timeout_seconds: 5.0,
+        max_active_programs_per_target: 1,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 10), 100.0));
+    s.on_complete(0.5, 1, usage(10, 1));
+    s.on_arrival(
+        1.0,
+        with(arrival(2, "b", 10), |i| i.deadline_seconds = Some(20.0)),
+    );
+    s.on_arrival(1.0, arrival(3, "c", 10));
+    // c, without a deadline, is forced at the configured wait; b waits for its own deadline.
+    assert_eq!(dispatched(&s.on_tick(6.5)), [3]);
+    assert!(dispatched(&s.on_tick(15.0)).is_empty());
+    assert_eq!(dispatched(&s.on_tick(21.0)), [2]);
+    assert_eq!(s.counters.queue_timeouts, 0);
+    s.check_invariants().expect("ledger");
+}

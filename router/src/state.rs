@@ -42,6 +42,8 @@ struct DrainPlan {
 pub struct RouterState {
     pub applied: ArcSwap<Applied>,
     pub metrics: Arc<Metrics>,
+    /// The peers feature's series.
+    pub peer_metrics: crate::peers::metrics::PeerMetrics,
     /// Forwarding's own state: route metrics, stored responses' homes, connection pools.
     pub forwarder: Arc<crate::proxy::Forwarder>,
     pub program_metrics: ProgramMetrics,
@@ -119,6 +121,7 @@ impl RouterState {
     ) -> Result<Arc<Self>, prometheus::Error> {
         let metrics = Arc::new(Metrics::new()?);
         let forwarder = Arc::new(crate::proxy::Forwarder::new(metrics.clone()));
+        let peer_metrics = crate::peers::metrics::PeerMetrics::new(&metrics.registry)?;
         let program_metrics = ProgramMetrics::new(&metrics.registry)?;
         let fair_metrics = FairMetrics::new(&metrics.registry)?;
         let observe_wake = Arc::new(Notify::new());
@@ -155,6 +158,7 @@ impl RouterState {
         Ok(Arc::new(RouterState {
             applied: ArcSwap::from_pointee(applied),
             metrics,
+            peer_metrics,
             forwarder,
             program_metrics,
             fair_metrics,
@@ -244,8 +248,8 @@ impl RouterState {
         }
         let n = held.len();
         let taken = crate::peers::handover::push(&self.peer_client, peers, held).await;
-        self.metrics
-            .peer_handovers
+        self.peer_metrics
+            .handovers
             .with_label_values(&["pushed"])
             .inc_by(taken as u64);
         tracing::info!(

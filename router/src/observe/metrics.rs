@@ -30,17 +30,6 @@ pub struct Metrics {
     pub concurrency_limit: IntGauge,
     pub concurrency_in_progress: IntGauge,
     pub concurrency_waiting: IntGauge,
-    /// Program requests handed between router replicas (`peers`), by outcome.
-    pub peer_forwards: IntCounterVec,
-    /// Reads of the other replicas' quota use (`peers`), by outcome.
-    pub peer_usage_reads: IntCounterVec,
-    /// Programs handed between router replicas when their owner changed (`peers`), by event.
-    pub peer_handovers: IntCounterVec,
-    /// Member lists read from another replica that told of a newer revision (`peers`), by
-    /// outcome.
-    pub peer_member_lists: IntCounterVec,
-    /// Requests the peer listener refused for want of the peer secret.
-    pub peer_auth_failures: IntCounter,
     /// Connections closed on accept because their listener was at its cap, by listener.
     pub connections_shed: IntCounterVec,
     /// Open connections by listener (set when scraped).
@@ -205,40 +194,6 @@ impl Metrics {
                 "program_router_concurrency_waiting",
                 "Requests waiting for one of the cap's places (at most limits.queue_size)."
             )?)?,
-            peer_forwards: register(&registry, IntCounterVec::new(
-                Opts::new(
-                    "program_router_peer_forwards_total",
-                    "Program requests forwarded to the replica that owns them (forwarded), \
-                     passed to the next owner because the owner was unreachable or shutting down \
-                     (unreachable), sent again because the owner closed the connection without \
-                     answering (closed), failed on the way (failed), or received from another \
-                     replica (received)."
-                ),
-                &["outcome"]
-            )?)?,
-            peer_usage_reads: register(&registry, IntCounterVec::new(
-                Opts::new(
-                    "program_router_peer_usage_reads_total",
-                    "Reads of the other router replicas' quota use (once a second per replica \
-                     while quotas are configured), by outcome (ok, error)."
-                ),
-                &["outcome"]
-            )?)?,
-            peer_handovers: register(&registry, IntCounterVec::new(
-                Opts::new(
-                    "program_router_peer_handovers_total",
-                    "Programs handed between router replicas so that they keep their rank when \
-                     their owner changes: taken from another replica on first sight (claimed), \
-                     given to a replica that asked (given), given to the next owner while \
-                     shutting down (pushed), or taken from a replica shutting down (adopted)."
-                ),
-                &["event"]
-            )?)?,
-            peer_auth_failures: register(&registry, IntCounter::new(
-                "program_router_peer_auth_failures_total",
-                "Requests the peer listener refused (401) because they did not carry the peer \
-                 secret: a misconfigured replica, or someone who is not one."
-            )?)?,
             connections_shed: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "program_router_connections_shed_total",
@@ -264,15 +219,6 @@ impl Metrics {
                     "Open client connections of the API listener and of the peer listener."
                 ),
                 &["listener"]
-            )?)?,
-            peer_member_lists: register(&registry, IntCounterVec::new(
-                Opts::new(
-                    "program_router_peer_member_lists_total",
-                    "Member lists read from another router replica that told of a newer revision \
-                     than the one in force: applied (adopted), no longer newer when read (stale), \
-                     or unreadable or invalid (error)."
-                ),
-                &["outcome"]
             )?)?,
             routes: Vec::new(),
             registry,

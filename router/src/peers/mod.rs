@@ -14,6 +14,7 @@ pub mod forward;
 pub mod gossip;
 pub mod handover;
 pub mod key;
+pub mod metrics;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

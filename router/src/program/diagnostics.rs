@@ -348,8 +348,16 @@ pub fn snapshot(
                         Phase::Acting { until } => {
                             ("active", "acting", None, Some((until - now).max(0.0)))
                         }
+                        // As the peer reports it: the phase the Program paused from —
+                        // reasoning for capacity repair, acting otherwise (it paused after a
+                        // completion); `state` and `pause_reason` say it is paused and why.
                         Phase::Paused { reason, .. } => {
-                            ("paused", "paused", Some(reason.as_str()), None)
+                            let from = if reason == PauseReason::CapacityRepair {
+                                "reasoning"
+                            } else {
+                                "acting"
+                            };
+                            ("paused", from, Some(reason.as_str()), None)
                         }
                     };
                     ProgramDiagnostics {

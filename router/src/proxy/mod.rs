@@ -67,14 +67,19 @@ pub struct Route<'a> {
 
 /// What the caller holds for a request until its response ends (a place, body bytes, a queue
 /// seat, a Program ticket, a quota charge), told how it ended.
-pub trait Hold: Send {
+pub trait Hold: Send + 'static {
     /// `complete`: the response ran to its end with a success status; `usage`: what the backend
     /// reported, when it did.
-    fn end(self: Box<Self>, complete: bool, usage: Option<TokenUsage>);
+    fn end(self, complete: bool, usage: Option<TokenUsage>);
 }
 
-/// One request to forward.
-pub struct Outbound<'a> {
+/// Nothing held.
+impl Hold for () {
+    fn end(self, _: bool, _: Option<TokenUsage>) {}
+}
+
+/// One request to forward, with what its caller holds until the response ends.
+pub struct Outbound<'a, H: Hold> {
     /// The configuration the request was admitted under (a pinned rank indexes its targets, so
     /// forwarding must not read a newer one).
     pub route_config: Route<'a>,
@@ -95,13 +100,13 @@ pub struct Outbound<'a> {
     /// `vllm_router_generate_duration_seconds`.
     pub generation: bool,
     /// Ended when the response ends, or dropped with the request.
-    pub hold: Option<Box<dyn Hold>>,
+    pub hold: Option<H>,
 }
 
-fn upstream_request(
+fn upstream_request<H: Hold>(
     applied: Route<'_>,
     target: &TargetState,
-    out: &Outbound<'_>,
+    out: &Outbound<'_, H>,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
     let host = target.backend.host.as_ref().ok_or_else(|| {
         ApiError::upstream(format!("invalid upstream URL {}", target.backend.url))
@@ -155,9 +160,9 @@ fn backoff(cfg: &crate::config::RetryConfig, attempt: u32) -> Duration {
 }
 
 /// Sends `out` to a target chosen by the policy, retrying connect errors and 503s.
-pub async fn forward(
+pub async fn forward<H: Hold>(
     fw: &Arc<Forwarder>,
-    mut out: Outbound<'_>,
+    mut out: Outbound<'_, H>,
 ) -> Result<Response<Body>, ApiError> {
     let applied = out.route_config;
     let cfg = applied.config;
@@ -301,11 +306,11 @@ pub async fn forward(
 }
 
 /// Runs when a relayed response ends: breaker, metrics, request duration.
-struct Completion {
+struct Completion<H: Hold> {
     guard: InFlight,
     /// The upstream connection, returned to its backend's pool when the body was read to the end.
     conn: Option<(upstream::Sender, Arc<upstream::ConnPool>)>,
-    hold: Option<Box<dyn Hold>>,
+    hold: Option<H>,
     status: StatusCode,
     fw: Arc<Forwarder>,
     route: &'static str,
@@ -313,7 +318,7 @@ struct Completion {
     received: Instant,
 }
 
-impl Finish for Completion {
+impl<H: Hold> Finish for Completion<H> {
     fn finish(mut self: Box<Self>, end: End, tapped: Tapped) {
         let usage = tapped.usage;
         if let Some(hold) = self.hold.take() {
@@ -405,7 +410,7 @@ mod tests {
             received: Instant::now(),
             pin: None,
             generation: true,
-            hold: None,
+            hold: None::<()>,
         };
         let req = upstream_request(route, &targets.targets[0], &out).expect("request");
         let got = req.headers();

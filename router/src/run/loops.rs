@@ -159,8 +159,8 @@ pub async fn usage(state: Arc<RouterState>) {
         for (name, doc) in futures_util::future::join_all(reads).await {
             let outcome = if doc.is_ok() { "ok" } else { "error" };
             state
-                .metrics
-                .peer_usage_reads
+                .peer_metrics
+                .usage_reads
                 .with_label_values(&[outcome])
                 .inc();
             peers.usage_read(&name, doc.as_ref().err().cloned());
@@ -256,8 +256,8 @@ pub async fn members(state: Arc<RouterState>) {
             }
         };
         state
-            .metrics
-            .peer_member_lists
+            .peer_metrics
+            .member_lists
             .with_label_values(&[outcome])
             .inc();
     }

@@ -80,8 +80,8 @@ pub(super) async fn post_endpoint(
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
     let count = |event: &str, n: usize| {
         state
-            .metrics
-            .peer_handovers
+            .peer_metrics
+            .handovers
             .with_label_values(&[event])
             .inc_by(n as u64)
     };
@@ -144,8 +144,8 @@ pub(super) async fn take_over(state: &RouterState, applied: &Applied, id: &Ident
     if let Some(h) = claimed.await {
         let n = rt.adopt(std::slice::from_ref(&h));
         state
-            .metrics
-            .peer_handovers
+            .peer_metrics
+            .handovers
             .with_label_values(&["claimed"])
             .inc_by(n as u64);
         tracing::info!(program = %id.program_id, target = %h.target,
@@ -187,8 +187,8 @@ pub(super) async fn to_owner(
 ) -> Owner {
     let count = |outcome: &str| {
         state
-            .metrics
-            .peer_forwards
+            .peer_metrics
+            .forwards
             .with_label_values(&[outcome])
             .inc()
     };

@@ -215,7 +215,7 @@ async fn send(
             received,
             pin: placed.pin,
             generation: peeked.is_some(),
-            hold: Some(Box::new(hold)),
+            hold: Some(hold),
         },
     )
     .await
@@ -232,7 +232,7 @@ struct Held {
 }
 
 impl proxy::Hold for Held {
-    fn end(mut self: Box<Self>, complete: bool, usage: Option<proxy::TokenUsage>) {
+    fn end(mut self, complete: bool, usage: Option<proxy::TokenUsage>) {
         if let Some(ticket) = self.ticket.take()
             && complete
         {

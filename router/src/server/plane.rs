@@ -63,7 +63,7 @@ pub(super) fn admit(
         .is_some_and(|k| k.check_and_remove(req.headers_mut()));
     if !known {
         // Counted, and logged at debug only: anyone who reaches the port can send these.
-        state.metrics.peer_auth_failures.inc();
+        state.peer_metrics.auth_failures.inc();
         tracing::debug!(remote = ?remote, path = %req.uri().path(),
             "peer listener: request without the peer secret refused");
         return Err(ApiError::new(

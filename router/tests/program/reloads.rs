@@ -83,7 +83,11 @@ async fn a_reload_that_changes_targets_keeps_programs_and_retained_requests() {
         .and_then(|ps| ps.iter().find(|p| p["program"] == "prog-a"))
         .cloned()
         .unwrap_or_else(|| panic!("prog-a moved to s2: {d}"));
-    assert_eq!(pa["status"], "paused", "{pa}");
+    assert_eq!(pa["state"], "paused", "{pa}");
+    assert_eq!(
+        pa["status"], "acting",
+        "the phase it paused from, as the peer reports it: {pa}"
+    );
     assert_eq!(pa["pause_reason"], "target_removed", "{pa}");
     let text = get_metrics(&c, &r).await;
     assert_eq!(

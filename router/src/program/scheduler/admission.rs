@@ -82,7 +82,10 @@ impl Scheduler {
             .throughput
             .requests_per_second()
             .filter(|x| *x > 0.0 && r.throughput.len() >= min_samples)?;
-        let rounds = r.segment_rounds.mean().unwrap_or(1.0).max(1.0);
+        // A Program yields after `max_segment_rounds` while others wait, so no activation is
+        // expected to run longer than that with work queued.
+        let cap = f64::from(self.cfg.max_segment_rounds.max(1));
+        let rounds = r.segment_rounds.mean().unwrap_or(1.0).clamp(1.0, cap);
         let work = r.queue.len() as f64 + 1.0 + f64::from(r.active_programs) * rounds;
         Some(work / rate)
     }

@@ -380,3 +380,29 @@ fn a_request_deadline_overrides_the_force_resume_wait() {
     assert_eq!(s.counters.queue_timeouts, 0);
     s.check_invariants().expect("ledger");
 }
+
+/// The drain estimate behind the workload-derived force-resume deadline counts each active
+/// Program's expected rounds, capped by `max_segment_rounds`: a Program yields after that many
+/// while others wait, so longer past activations say nothing about a rank with a queue.
+#[test]
+fn the_protected_rounds_estimate_is_capped_by_max_segment_rounds() {
+    let drain = |max_segment_rounds: u32| {
+        let c = ProgramSchedulingConfig {
+            max_segment_rounds,
+            ..cfg()
+        };
+        let mut s = sched(c, 1);
+        s.on_arrival(0.0, arrival(1, "a", 10));
+        for i in 0..16 {
+            s.ranks[0].throughput.push(f64::from(i), 100);
+        }
+        s.ranks[0].segment_rounds.push(10.0);
+        s.drain_seconds(0).expect("throughput measured")
+    };
+    // One active Program: 1 (the request) + 10 rounds uncapped, + 2 capped, over the same rate.
+    let (long, capped) = (drain(14), drain(2));
+    assert!(
+        (long / capped - 11.0 / 3.0).abs() < 1e-9,
+        "{long} vs {capped}"
+    );
+}

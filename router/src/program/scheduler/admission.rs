@@ -250,13 +250,14 @@ impl Scheduler {
         if !self.cfg.global_queue {
             return;
         }
-        // Cross-rank resume: FCFS over the other ranks' heads, gated by headroom and residence.
+        // Cross-rank resume over the other ranks' heads, gated by headroom and residence: forced
+        // first, then higher priority, FCFS within a tier (the spec's order across ranks).
         let Some(cap) = self.capacity(rank).0 else {
             return;
         };
         let k = self.min_wait_ratio();
         loop {
-            let mut best: Option<(f64, Ticket)> = None;
+            let mut best: Option<((bool, i64), f64, Ticket)> = None;
             for (src, rs) in self.ranks.iter().enumerate() {
                 if src == rank {
                     continue;
@@ -293,11 +294,12 @@ impl Scheduler {
                 {
                     continue;
                 }
-                if best.is_none_or(|(t, _)| at < t) {
-                    best = Some((at, ticket));
+                let tier = (r.key.not_forced, r.key.neg_priority);
+                if best.is_none_or(|(bt, ba, _)| tier < bt || tier == bt && at < ba) {
+                    best = Some((tier, at, ticket));
                 }
             }
-            let Some((_, ticket)) = best else { break };
+            let Some((_, _, ticket)) = best else { break };
             self.counters.cross_rank_migrations += 1;
             let demand = self.retained.get(&ticket).map_or(0, |r| r.demand);
             self.admit(ticket, rank, demand, now, out);

@@ -162,3 +162,38 @@ fn an_acting_program_is_not_paused_by_its_own_next_request() {
     assert!(find(&s, "p").reserved >= reserved);
     s.check_invariants().expect("ledger");
 }
+
+/// The spec's resume order holds across ranks too: forced first, then higher priority, and FCFS
+/// only within a tier — an older head does not beat a higher-priority one from another rank.
+#[test]
+fn cross_rank_resume_takes_the_higher_priority_head_before_the_older_one() {
+    let c = ProgramSchedulingConfig {
+        global_queue: true,
+        cross_rank_headroom_ratio: 1.2,
+        cross_rank_min_wait_ratio: Some(0.0),
+        ..cfg()
+    };
+    let mut s = sched(c, 3);
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 900), 100.0));
+    s.on_arrival(0.0, with_ttl(arrival(2, "b", 900), 100.0));
+    s.on_arrival(0.0, arrival(3, "c", 900));
+    s.on_complete(0.5, 1, usage(900, 10));
+    s.on_complete(0.5, 2, usage(900, 10));
+    assert!(dispatched(&s.on_arrival(1.0, arrival(4, "old", 550))).is_empty());
+    let urgent = with(arrival(5, "urgent", 550), |i| i.priority = 5);
+    assert!(dispatched(&s.on_arrival(2.0, urgent)).is_empty());
+    let (c_rank, old_rank, urgent_rank) = (
+        find(&s, "c").rank,
+        find(&s, "old").rank,
+        find(&s, "urgent").rank,
+    );
+    assert!(
+        old_rank != urgent_rank && c_rank != old_rank && c_rank != urgent_rank,
+        "each waits on its own full rank: {c_rank} {old_rank} {urgent_rank}"
+    );
+    // "c" ends without a TTL: its rank is free and takes the urgent head first.
+    let d = s.on_complete(3.0, 3, usage(900, 10));
+    assert_eq!(dispatched(&d), vec![5], "{d:?}");
+    assert_eq!(rank_of(&d, 5), Some(c_rank), "{d:?}");
+    s.check_invariants().expect("ledger");
+}

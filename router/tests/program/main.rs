@@ -413,5 +413,6 @@ async fn get_metrics(c: &HttpClient, r: &Router) -> String {
 }
 
 mod clients;
+mod events;
 mod metrics_parity;
 mod reloads;

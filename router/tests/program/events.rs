@@ -1,0 +1,114 @@
+//! The spec's Program-scheduling events in the router's log: the capacity-observation fallback
+//! for a rank that never reports (and no "recovered" for the first report at start), and the
+//! DEBUG events `capacity_observation`, `request_dispatch` and `continuity_sample`.
+
+use super::*;
+
+/// The fields of the JSON log lines of `log` whose `event` is `event`, with their `level`.
+fn events(log: &str, event: &str) -> Vec<Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["fields"]["event"] == event)
+        .map(|mut v| {
+            let mut fields = v["fields"].take();
+            fields["level"] = v["level"].take();
+            fields
+        })
+        .collect()
+}
+
+/// A worker that answers every request 200 with an empty body: healthy, but its `/metrics`
+/// never reports an engine. Serves on a thread for the rest of the test process.
+fn silent_worker() -> String {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let url = format!("http://127.0.0.1:{}", l.local_addr().expect("addr").port());
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    url
+}
+
+#[tokio::test]
+async fn the_spec_events_are_logged_and_a_silent_rank_falls_back_once() {
+    use std::io::BufRead;
+    let s = sim(&["--time-scale", "20"]).await;
+    let silent = silent_worker();
+    let port = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+        l.local_addr().expect("addr").port()
+    };
+    let (api, metrics) = (port(), port());
+    let ps = r#"{"metrics_interval_seconds": 0.2, "token_capacity_per_dp_rank": 8192}"#;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_program-router"))
+        .args(["--host", "127.0.0.1", "--prometheus-host", "127.0.0.1"])
+        .args(["--port", &api.to_string()])
+        .args(["--prometheus-port", &metrics.to_string()])
+        .args(["--worker-urls", &s.base(), &silent])
+        .args([
+            "--enable-program-scheduling",
+            "--program-scheduling-config-json",
+            ps,
+        ])
+        .args(["--log-level", "debug", "--log-format", "json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start program-router");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("listening line");
+    assert!(first.starts_with("listening on"), "{first}");
+    let c = client();
+    let url = format!("http://127.0.0.1:{api}{CHAT}");
+    // Two turns of one Program with a tool call between them: one return interval.
+    for turn in 0..2 {
+        let reply = post(
+            &c,
+            &url,
+            &program_body("prog-e", 20, json!({"step_id": turn})),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        tokio::time::sleep(Duration::from_millis(900)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut log)
+        .expect("log");
+
+    let fallback = events(&log, "capacity_observation_fallback");
+    assert_eq!(
+        fallback.len(),
+        1,
+        "one fallback, for the silent worker: {fallback:?}"
+    );
+    assert_eq!(fallback[0]["target"], silent.as_str(), "{fallback:?}");
+    assert_eq!(fallback[0]["level"], "WARN", "{fallback:?}");
+    assert!(
+        events(&log, "capacity_observation_recovered").is_empty(),
+        "the first report at start is no recovery"
+    );
+    let observed = events(&log, "capacity_observation");
+    assert!(
+        observed.iter().any(|e| e["target"] == s.base().as_str()),
+        "{observed:?}"
+    );
+    assert!(!events(&log, "request_dispatch").is_empty(), "{log}");
+    let samples = events(&log, "continuity_sample");
+    assert_eq!(samples.len(), 1, "{samples:?}");
+    assert!(
+        samples[0]["seconds"].as_f64().is_some_and(|s| s > 0.5),
+        "{samples:?}"
+    );
+}

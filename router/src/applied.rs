@@ -88,6 +88,18 @@ impl Applied {
         }
     }
 
+    /// Publishes which targets can be reached now (health, breaker) to the features that bind
+    /// work to targets: Program scheduling binds new Programs to reachable ones.
+    pub fn publish_availability(&self) {
+        let Some(rt) = &self.program else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        for t in self.targets.targets.iter() {
+            rt.set_available(&t.id, t.available(now));
+        }
+    }
+
     /// Tells the features that read backend load that a round of observations is complete:
     /// fair queueing re-reads the ranks' room.
     pub fn observed(&self) {

@@ -483,6 +483,14 @@ impl ProgramRuntime {
         self.freshness(&mut g, rank, true);
     }
 
+    /// Marks target `id` reachable or not, for new Programs' binding.
+    pub fn set_available(&self, id: &str, available: bool) {
+        let mut g = self.lock();
+        if let Some(rank) = g.layout.ids.iter().position(|x| x == id) {
+            g.sched.set_available(rank, available);
+        }
+    }
+
     /// Sets the per-target gauges of the rolling windows (once an interval, off the request path).
     fn publish_rolling(&self, g: &Inner) {
         let m = &self.metrics;

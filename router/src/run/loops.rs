@@ -68,6 +68,7 @@ pub async fn health(state: Arc<RouterState>) {
         for c in checks {
             let _ = c.await;
         }
+        state.applied.load().publish_availability();
         let interval = crate::config::duration(applied.config.health.interval_secs);
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}

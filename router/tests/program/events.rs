@@ -112,3 +112,42 @@ async fn the_spec_events_are_logged_and_a_silent_rank_falls_back_once() {
         "{samples:?}"
     );
 }
+
+/// A worker that is down (connection refused) beside a live one: once the first health round
+/// has run, new Programs bind to the live worker only, so every one of them is served (before,
+/// a Program bound to the dead worker got 503 `no_healthy_target` on every turn).
+#[tokio::test]
+async fn new_programs_are_not_bound_to_a_worker_that_is_down() {
+    let s = sim(&["--time-scale", "20"]).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+        format!("http://127.0.0.1:{}", l.local_addr().expect("addr").port())
+    };
+    let cfg = RouterConfig {
+        program_scheduling: Some(ProgramSchedulingConfig::default()),
+        agentic_context: AgenticContextMode::Strip,
+        ..workers(&[s.base(), dead.clone()], 1)
+    };
+    let r = router(cfg).await;
+    let c = client();
+    // The first health round runs at start; wait until the router knows the dead worker.
+    let dead_known = eventually(10.0, || async {
+        let st = get(&c, &r.url("/status")).await.json();
+        st["targets"].as_array().is_some_and(|t| {
+            t.iter()
+                .any(|x| x["url"] == dead.as_str() && x["routable"] == false)
+        })
+    })
+    .await;
+    assert!(dead_known, "{}", get(&c, &r.url("/status")).await.text());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..8 {
+        let reply = post(
+            &c,
+            &r.url(CHAT),
+            &program_body(&format!("p{i}"), 10, json!({})),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "p{i}: {}", reply.text());
+    }
+}

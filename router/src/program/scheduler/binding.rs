@@ -8,17 +8,41 @@ const CACHE_AFFINITY: f64 = 0.3;
 const AFFINITY_SLACK: u32 = 2;
 
 impl Scheduler {
+    /// Which ranks a new Program may bind to: the available ones, or all when none is (the
+    /// request then fails or waits where it lands, as it would anywhere).
+    fn bindable(&self) -> Vec<bool> {
+        let any = self.ranks.iter().any(|r| r.available);
+        self.ranks.iter().map(|r| r.available || !any).collect()
+    }
+
+    /// Marks `rank` reachable or not (health checks, breaker); only new bindings change.
+    pub fn set_available(&mut self, rank: Rank, available: bool) {
+        if let Some(r) = self.ranks.get_mut(rank) {
+            r.available = available;
+        }
+    }
+
     /// Initial home rank of a new Program (`chain`: its prompt's blocks, for `cache_aware`).
     pub(super) fn bind(&mut self, program_id: &str, chain: &[u64]) -> Rank {
         use crate::config::program::BindingStrategy as B;
         let n = self.ranks.len();
+        let ok = self.bindable();
         match self.cfg.binding_strategy {
             B::CacheAware => self.bind_cache_aware(chain),
             // The spec's ring: `hash_virtual_nodes` points per rank; adding a rank moves only
-            // the Programs it takes.
-            B::ConsistentHash => self.ring.walk(program_id.as_bytes()).next().unwrap_or(0),
+            // the Programs it takes, and an unavailable one passes its keys to the next.
+            B::ConsistentHash => self
+                .ring
+                .walk(program_id.as_bytes())
+                .find(|r| ok[*r])
+                .unwrap_or(0),
             B::ProgramRoundRobin => {
-                self.rr = (self.rr + 1) % n.max(1);
+                for _ in 0..n {
+                    self.rr = (self.rr + 1) % n.max(1);
+                    if ok[self.rr] {
+                        break;
+                    }
+                }
                 self.rr
             }
             // Programs bound to the rank that have not finished (active, waiting, or paused in a
@@ -26,6 +50,7 @@ impl Scheduler {
             // KV is the first the rank can give up, so it does not count (docs/benchmarks.md,
             // "Binding strategies").
             B::LeastProgramCount => (0..n)
+                .filter(|r| ok[*r])
                 .min_by_key(|r| {
                     let x = &self.ranks[*r];
                     (
@@ -36,6 +61,7 @@ impl Scheduler {
                 })
                 .unwrap_or(0),
             B::ReasoningTokenBalance => (0..n)
+                .filter(|r| ok[*r])
                 .min_by_key(|r| (self.ranks[*r].used_tokens, *r))
                 .unwrap_or(0),
         }
@@ -47,8 +73,10 @@ impl Scheduler {
     /// one; otherwise the least loaded rank by reserved tokens, then active Programs.
     pub(super) fn bind_cache_aware(&mut self, chain: &[u64]) -> Rank {
         let n = self.ranks.len();
+        let ok = self.bindable();
         let load = |r: &RankState| (r.used_tokens, r.active_programs);
         let least = (0..n)
+            .filter(|r| ok[*r])
             .min_by_key(|r| (load(&self.ranks[*r]), *r))
             .unwrap_or(0);
         if chain.is_empty() {
@@ -57,6 +85,7 @@ impl Scheduler {
         let ids: Vec<&str> = self.ranks.iter().map(|r| r.id.as_str()).collect();
         let matched = self.prefix.matched(chain, &ids);
         let best = (0..n)
+            .filter(|r| ok[*r])
             .max_by(|a, b| {
                 matched[*a]
                     .cmp(&matched[*b])

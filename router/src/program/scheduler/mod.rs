@@ -348,6 +348,9 @@ struct Timer {
 #[derive(Debug, Clone)]
 pub(crate) struct RankState {
     pub id: String,
+    /// The data plane can reach it (health checks pass, breaker closed): new Programs bind to
+    /// available ranks while there is one.
+    pub available: bool,
     pub used_tokens: u64,
     pub active_programs: u32,
     pub queue: BTreeSet<QueueKey>,
@@ -377,6 +380,7 @@ pub(crate) struct RankState {
 impl RankState {
     fn new(id: String, window: usize) -> Self {
         RankState {
+            available: true,
             id,
             used_tokens: 0,
             active_programs: 0,

@@ -368,3 +368,34 @@ fn consistent_hash_binding_uses_hash_virtual_nodes_points_per_rank() {
     };
     assert!(spread(&many) < 60, "{:?}", spread(&many));
 }
+
+/// A rank the data plane cannot reach (failing health checks, open breaker) gets no new
+/// Program under any strategy while another rank can take it; with none reachable, binding
+/// still picks a rank.
+#[test]
+fn new_programs_bind_only_to_available_ranks() {
+    for strategy in [
+        BindingStrategy::ConsistentHash,
+        BindingStrategy::ProgramRoundRobin,
+        BindingStrategy::LeastProgramCount,
+        BindingStrategy::ReasoningTokenBalance,
+        BindingStrategy::CacheAware,
+    ] {
+        let c = ProgramSchedulingConfig {
+            binding_strategy: strategy,
+            ..cfg()
+        };
+        let mut s = sched(c, 3);
+        s.set_available(0, false);
+        s.set_available(2, false);
+        for i in 0..12u32 {
+            let name = format!("p{i}");
+            s.on_arrival(f64::from(i), arrival(u64::from(i) + 1, &name, 10));
+            assert_eq!(find(&s, &name).rank, 1, "{strategy:?} {name}");
+        }
+        s.set_available(1, false);
+        s.on_arrival(20.0, arrival(100, "q", 10));
+        assert!(find(&s, "q").rank < 3, "{strategy:?}");
+        s.check_invariants().expect("ledger");
+    }
+}

@@ -214,9 +214,24 @@ impl Scheduler {
         let r = &self.ranks[rank];
         r.active_programs == 0
             || self.capacity(rank).0.is_none_or(|cap| {
-                (r.used_tokens + self.shared_floor(rank, now) + demand) as f64
+                (self.accounted_used(rank, now, cap) + self.shared_floor(rank, now) + demand) as f64
                     <= cap as f64 * self.cfg.low_watermark_ratio
             })
+    }
+
+    /// The rank's used tokens as admission counts them: the router's ledger, or — while the
+    /// backend's observation is fresh — what the backend reported plus what the ledger changed
+    /// since, when that is more (KV the router does not know of: other replicas' or native
+    /// requests, decode growth past the estimate). Never less than the ledger.
+    pub(super) fn accounted_used(&self, rank: Rank, now: f64, cap: u64) -> u64 {
+        let r = &self.ranks[rank];
+        let Some(o) = self.observation_fresh(rank, now) else {
+            return r.used_tokens;
+        };
+        let observed = (o.kv_usage.clamp(0.0, 1.0) * cap as f64) as u64;
+        let since = r.used_tokens as i128 - r.used_at_observation as i128;
+        let estimate = (observed as i128 + since).clamp(0, i128::from(u64::MAX)) as u64;
+        r.used_tokens.max(estimate)
     }
 
     /// Admits retained requests on `rank` in order while capacity allows; with `global_queue`,

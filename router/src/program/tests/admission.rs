@@ -249,3 +249,34 @@ fn batch_gain_admission_bypasses_only_the_growth_reserve() {
     );
     assert_eq!(s.counters.batch_gain_admissions, 0);
 }
+
+/// The spec's capacity accounting: while the backend's observation is fresh, admission counts
+/// what the backend reports (plus what the ledger changed since) when that is more than the
+/// ledger — KV the router does not know of, such as another replica's Programs on the same
+/// rank; once the observation is stale, the ledger alone.
+#[test]
+fn a_fresh_backend_observation_counts_kv_the_ledger_does_not_know() {
+    let c = ProgramSchedulingConfig {
+        metrics_interval_seconds: 1.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    // Program "a" holds 200 tokens by the ledger; the backend reports 90 % of 1,000 in use.
+    s.on_arrival(0.0, with_ttl(arrival(1, "a", 190), 100.0));
+    let busy = Observation {
+        kv_usage: 0.9,
+        ..Default::default()
+    };
+    s.on_observation(0.5, 0, busy);
+    s.on_complete(0.6, 1, usage(190, 10));
+    assert!(
+        dispatched(&s.on_arrival(1.0, arrival(2, "b", 300))).is_empty(),
+        "900 observed + 300 does not fit 1,000"
+    );
+    // Three intervals later the observation is stale: the ledger (200) decides, and the next
+    // arrival's admission takes b as well.
+    let mut d = dispatched(&s.on_arrival(4.0, arrival(3, "c", 300)));
+    d.sort_unstable();
+    assert_eq!(d, vec![2, 3]);
+    s.check_invariants().expect("ledger");
+}

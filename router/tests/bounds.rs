@@ -319,36 +319,39 @@ async fn request_bytes_past_the_budget_get_503_and_are_given_back_when_responses
 
 #[tokio::test]
 async fn the_routers_log_holds_no_key_even_at_debug() {
-    use std::io::BufRead;
     let s = sim(&["--instant"]).await;
     let dir = tempfile::tempdir().expect("dir");
     let (worker_key, client_key) = ("wk-5d1c7a9e3f2b8046", "ck-8e4b2f6a1d9c3075");
     let peer_secret = "ps-3f9a1c7e5b2d8046aa71c3e9f5b2d804";
     let secret_file = dir.path().join("peer");
     std::fs::write(&secret_file, peer_secret).expect("secret");
-    let port = |l: &str| -> u16 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect(l);
-        l.local_addr().expect("addr").port()
-    };
-    let (api, metrics, peer) = (port("api"), port("metrics"), port("peer"));
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_program-router"))
-        .args(["--host", "127.0.0.1", "--prometheus-host", "127.0.0.1"])
-        .args(["--port", &api.to_string()])
-        .args(["--prometheus-port", &metrics.to_string()])
-        .args(["--peer-port", &peer.to_string(), "--peer-host", "127.0.0.1"])
-        .arg("--peer-secret-file")
-        .arg(&secret_file)
-        .args(["--worker-urls", &s.base()])
-        .args(["--api-key", worker_key, "--client-api-keys", client_key])
-        .args(["--log-level", "debug"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start program-router");
-    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut first = String::new();
-    out.read_line(&mut first).expect("listening line");
-    assert!(first.starts_with("listening on"), "{first}");
+    let (api, metrics, peer) = (free_port(), free_port(), free_port());
+    let args = [
+        "--host",
+        "127.0.0.1",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--port",
+        &api.to_string(),
+        "--prometheus-port",
+        &metrics.to_string(),
+        "--peer-port",
+        &peer.to_string(),
+        "--peer-host",
+        "127.0.0.1",
+        "--peer-secret-file",
+        secret_file.to_str().expect("utf-8 path"),
+        "--worker-urls",
+        &s.base(),
+        "--api-key",
+        worker_key,
+        "--client-api-keys",
+        client_key,
+        "--log-level",
+        "debug",
+    ]
+    .map(String::from);
+    let child = start_binary(&args);
     let c = client();
     let url = |p: &str| format!("http://127.0.0.1:{api}{p}");
     let chat = chat("hello", 2);
@@ -381,11 +384,7 @@ async fn the_routers_log_holds_no_key_even_at_debug() {
     )
     .await;
     get(&c, &url("/status")).await;
-    let _ = child.kill();
-    let _ = child.wait();
-    let mut log = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut log)
-        .expect("log");
+    let log = stop_binary(child);
     assert!(log.contains("program-router listening"), "{log}");
     for key in [worker_key, client_key, peer_secret] {
         assert!(!log.contains(key), "the log holds a key: {key}");

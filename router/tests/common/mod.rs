@@ -217,3 +217,36 @@ pub async fn closed_within(stream: &mut tokio::net::TcpStream, secs: f64) -> boo
         }
     }
 }
+
+/// A free loopback port (bound then released: a router started just after takes it).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("addr").port()
+}
+
+/// Starts the program-router binary with `args` (stdout and stderr piped) and waits for its
+/// `listening on` line; the caller kills it and reads its log from stderr.
+pub fn start_binary(args: &[String]) -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_program-router"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start program-router");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("listening line");
+    assert!(first.starts_with("listening on"), "{first}");
+    child
+}
+
+/// Kills `child` and returns what it wrote to stderr (its log).
+pub fn stop_binary(mut child: std::process::Child) -> String {
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut log)
+        .expect("log");
+    log
+}

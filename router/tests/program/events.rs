@@ -40,34 +40,32 @@ fn silent_worker() -> String {
 
 #[tokio::test]
 async fn the_spec_events_are_logged_and_a_silent_rank_falls_back_once() {
-    use std::io::BufRead;
     let s = sim(&["--time-scale", "20"]).await;
     let silent = silent_worker();
-    let port = || {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-        l.local_addr().expect("addr").port()
-    };
-    let (api, metrics) = (port(), port());
+    let (api, metrics) = (free_port(), free_port());
     let ps = r#"{"metrics_interval_seconds": 0.2, "token_capacity_per_dp_rank": 8192}"#;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_program-router"))
-        .args(["--host", "127.0.0.1", "--prometheus-host", "127.0.0.1"])
-        .args(["--port", &api.to_string()])
-        .args(["--prometheus-port", &metrics.to_string()])
-        .args(["--worker-urls", &s.base(), &silent])
-        .args([
-            "--enable-program-scheduling",
-            "--program-scheduling-config-json",
-            ps,
-        ])
-        .args(["--log-level", "debug", "--log-format", "json"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start program-router");
-    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut first = String::new();
-    out.read_line(&mut first).expect("listening line");
-    assert!(first.starts_with("listening on"), "{first}");
+    let args = [
+        "--host",
+        "127.0.0.1",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--port",
+        &api.to_string(),
+        "--prometheus-port",
+        &metrics.to_string(),
+        "--worker-urls",
+        &s.base(),
+        &silent,
+        "--enable-program-scheduling",
+        "--program-scheduling-config-json",
+        ps,
+        "--log-level",
+        "debug",
+        "--log-format",
+        "json",
+    ]
+    .map(String::from);
+    let child = start_binary(&args);
     let c = client();
     let url = format!("http://127.0.0.1:{api}{CHAT}");
     // Two turns of one Program with a tool call between them: one return interval.
@@ -81,11 +79,7 @@ async fn the_spec_events_are_logged_and_a_silent_rank_falls_back_once() {
         assert_eq!(reply.status, 200, "{}", reply.text());
         tokio::time::sleep(Duration::from_millis(900)).await;
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    let mut log = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut log)
-        .expect("log");
+    let log = stop_binary(child);
 
     let fallback = events(&log, "capacity_observation_fallback");
     assert_eq!(

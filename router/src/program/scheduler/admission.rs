@@ -214,8 +214,11 @@ impl Scheduler {
         let r = &self.ranks[rank];
         r.active_programs == 0
             || self.capacity(rank).0.is_none_or(|cap| {
-                (self.accounted_used(rank, now, cap) + self.shared_floor(rank, now) + demand) as f64
-                    <= cap as f64 * self.cfg.low_watermark_ratio
+                let need = self
+                    .accounted_used(rank, now, cap)
+                    .saturating_add(self.shared_floor(rank, now))
+                    .saturating_add(demand);
+                need as f64 <= cap as f64 * self.cfg.low_watermark_ratio
             })
     }
 

@@ -12,6 +12,8 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod fair;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod hash;
 pub mod limit;
 pub mod net;

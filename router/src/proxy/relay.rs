@@ -282,7 +282,7 @@ impl Relay {
 }
 
 /// The usage of an SSE event, and whether the event is a usage-only chunk (`choices: []`).
-fn sse_usage(event: &[u8]) -> Option<(TokenUsage, bool)> {
+pub(crate) fn sse_usage(event: &[u8]) -> Option<(TokenUsage, bool)> {
     #[derive(Deserialize)]
     struct Chunk {
         #[serde(default)]
@@ -313,7 +313,7 @@ pub(super) fn sse_data(event: &[u8]) -> Option<&str> {
 }
 
 /// The last `"usage": {...}` object in the tail of a JSON body.
-fn usage_in_json_tail(tail: &[u8]) -> Option<TokenUsage> {
+pub(crate) fn usage_in_json_tail(tail: &[u8]) -> Option<TokenUsage> {
     let at = memchr::memmem::rfind(tail, b"\"usage\"")?;
     let rest = &tail[at + 7..];
     let colon = rest.iter().position(|b| *b == b':')?;

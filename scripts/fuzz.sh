@@ -16,7 +16,7 @@ if [ ! -x "$tools/bin/cargo-fuzz" ]; then
 fi
 export PATH="$tools/bin:$PATH"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(request identity metrics config usage)
+[ ${#targets[@]} -gt 0 ] || targets=(request identity metrics config usage peer_usage scheduler)
 cd router
 for t in "${targets[@]}"; do
   mkdir -p "fuzz/corpus/$t"

@@ -85,6 +85,116 @@ pub fn usage(data: &[u8]) {
     let _ = crate::proxy::relay::usage_in_json_tail(data);
 }
 
+/// Another replica's quota-use document (`/peers/usage`), read twice as successive reads of
+/// one member: every charge is finite, requests never negative (tokens may be: a give-back of
+/// an admission estimate), and the same totals read twice charge nothing.
+pub fn peer_usage(data: &[u8]) {
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let now = std::time::Instant::now();
+    let (first, seen) = crate::peers::exchange::read_usage(None, &doc, now);
+    let (again, _) = crate::peers::exchange::read_usage(Some(&seen), &doc, now);
+    for (tenant, requests, tokens) in first.iter().chain(&again) {
+        assert!(
+            requests.is_finite() && tokens.is_finite() && *requests >= 0.0,
+            "{tenant}: {requests} {tokens}"
+        );
+    }
+    assert!(
+        again.is_empty(),
+        "the same totals read twice charge nothing: {again:?}"
+    );
+}
+
+/// The Program scheduler under an arbitrary event sequence decoded from `data` (arrivals with
+/// any identity values, completions with any usage, cancels, observations, ticks): its ledger
+/// invariants hold after every event.
+pub fn scheduler(data: &[u8]) {
+    use crate::program::scheduler::{Arrival, Decision, Observation, Scheduler, Usage};
+    let cfg = crate::config::ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(4096),
+        global_queue: data.first().is_some_and(|b| b & 1 == 1),
+        ..Default::default()
+    };
+    let mut s = Scheduler::new(cfg, vec!["r0".into(), "r1".into(), "r2".into()]);
+    let mut now = 0.0;
+    let mut next = 1u64;
+    let mut running: Vec<u64> = Vec::new();
+    let mut waiting: Vec<u64> = Vec::new();
+    let word = |c: &[u8], i: usize| u64::from(c.get(i).copied().unwrap_or(0));
+    for c in data.get(1..).unwrap_or_default().chunks(4) {
+        let out = match c[0] % 6 {
+            0 | 1 => {
+                let mut identity = crate::program::identity::Identity {
+                    program_id: format!("p{}", word(c, 1) % 8),
+                    expected_resume: word(c, 2) % 4 != 0,
+                    ..Default::default()
+                };
+                identity.priority = i64::from(c.get(2).copied().unwrap_or(0) as i8) << 56;
+                identity.kv_retention_ttl_seconds =
+                    (word(c, 3) % 3 == 0).then(|| word(c, 3) as f64);
+                identity.deadline_seconds = (word(c, 3) % 5 == 0).then(|| word(c, 2) as f64);
+                let ticket = next;
+                next += 1;
+                waiting.push(ticket);
+                s.on_arrival(
+                    now,
+                    Arrival {
+                        ticket,
+                        model: "m".into(),
+                        identity,
+                        prompt_tokens: (word(c, 1) << 8 | word(c, 3)) * 4,
+                        tenant: None,
+                        prefix: Vec::new(),
+                    },
+                )
+            }
+            2 if !running.is_empty() => {
+                let t = running.remove(word(c, 1) as usize % running.len());
+                let usage = (word(c, 2) % 4 != 0).then(|| Usage {
+                    prompt_tokens: word(c, 2) << (word(c, 3) % 48),
+                    completion_tokens: word(c, 3) * 8,
+                    cached_tokens: word(c, 1) * 16,
+                });
+                s.on_complete(now, t, usage)
+            }
+            3 if !waiting.is_empty() || !running.is_empty() => {
+                let all: Vec<u64> = waiting.iter().chain(&running).copied().collect();
+                let t = all[word(c, 1) as usize % all.len()];
+                waiting.retain(|x| *x != t);
+                running.retain(|x| *x != t);
+                s.on_cancel(now, t)
+            }
+            4 => {
+                let o = Observation {
+                    waiting: word(c, 2) as f64,
+                    running: word(c, 3) as f64,
+                    kv_usage: word(c, 1) as f64 / 200.0,
+                    token_capacity: (word(c, 2) % 2 == 0).then(|| word(c, 3) << 20),
+                };
+                s.on_observation(now, (word(c, 1) % 3) as usize, o)
+            }
+            _ => {
+                now += word(c, 1) as f64 / 4.0;
+                s.on_tick(now)
+            }
+        };
+        for d in out {
+            match d {
+                Decision::Dispatch { ticket, .. } => {
+                    waiting.retain(|x| *x != ticket);
+                    running.push(ticket);
+                }
+                Decision::Reject { ticket, .. } => waiting.retain(|x| *x != ticket),
+            }
+        }
+        if let Err(e) = s.check_invariants() {
+            panic!("after {c:?} at {now}: {e}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,7 +209,13 @@ mod tests {
             metrics(input);
             config(input);
             usage(input);
+            peer_usage(input);
+            scheduler(input);
         }
+        peer_usage(br#"{"epoch":"e","age_secs":1,"tenants":{"t":[3,100],"u":[-1,"x"]}}"#);
+        scheduler(&[
+            1, 0, 1, 2, 3, 0, 2, 9, 9, 4, 1, 1, 1, 2, 0, 1, 1, 5, 40, 0, 0,
+        ]);
         identity(br#"{"program_id":"p"}"#);
         metrics(b"vllm:num_requests_running{engine=\"0\"} NaN\nvllm:kv_cache_usage_perc 0.5\n");
         config(br#"{"workers":[{"url":"http://127.0.0.1:9"}]}"#);

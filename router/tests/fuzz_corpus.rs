@@ -24,12 +24,14 @@ fn replay(target: &str, f: Target) -> usize {
 #[test]
 fn every_corpus_input_passes_its_target() {
     use program_router::fuzz;
-    let targets: [(&str, Target); 5] = [
+    let targets: [(&str, Target); 7] = [
         ("request", fuzz::request),
         ("identity", fuzz::identity),
         ("metrics", fuzz::metrics),
         ("config", fuzz::config),
         ("usage", fuzz::usage),
+        ("peer_usage", fuzz::peer_usage),
+        ("scheduler", fuzz::scheduler),
     ];
     for (name, f) in targets {
         assert!(replay(name, f) > 0, "the {name} corpus is empty");

@@ -10,10 +10,13 @@ use http::HeaderMap;
 use rustc_hash::FxHashMap;
 use std::time::Instant;
 
+use tokio::sync::{Notify, watch};
+
+use crate::applied::Applied;
 use crate::auth;
 use crate::peers::{USAGE_INTERVAL, exchange, gossip};
 use crate::state::RouterState;
-use crate::workers::health;
+use crate::workers::{Backend, health};
 
 /// Re-reads the key directory of the applied configuration every second and applies a changed
 /// set once it reads the same twice. Runs until the router stops.
@@ -47,33 +50,51 @@ pub async fn key_dir(state: Arc<RouterState>) {
     }
 }
 
-/// Checks every backend now and then every `health.interval_secs` (or when woken after a reload).
+/// Runs `probe` on every backend of `applied` at once and waits for all of them.
+async fn each_backend<F, Fut>(applied: &Applied, probe: F)
+where
+    F: Fn(Arc<Backend>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let tasks: Vec<_> = applied
+        .targets
+        .backends
+        .iter()
+        .map(|b| tokio::spawn(probe(b.clone())))
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// Waits `interval`, or until `wake` is notified; `false` when the router stops meanwhile.
+async fn pause(interval: Duration, wake: &Notify, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(interval) => true,
+        _ = wake.notified() => true,
+        _ = stop.changed() => false,
+    }
+}
+
+/// Checks every backend now and then every `health.interval_secs` (or when woken after a
+/// reload), and publishes which targets can be reached.
 pub async fn health(state: Arc<RouterState>) {
     let mut stop = state.stop_rx();
     loop {
         let applied = state.applied.load_full();
-        let checks: Vec<_> = applied
-            .targets
-            .backends
-            .iter()
-            .map(|b| {
-                let (state, applied, b) = (state.clone(), applied.clone(), b.clone());
-                tokio::spawn(async move {
-                    let key = applied.config.api_key.as_deref();
-                    let h = &applied.config.health;
-                    health::check(&state.client, key, h, &applied.targets, &b).await;
-                })
-            })
-            .collect();
-        for c in checks {
-            let _ = c.await;
-        }
+        each_backend(&applied, |b| {
+            let (state, applied) = (state.clone(), applied.clone());
+            async move {
+                let key = applied.config.api_key.as_deref();
+                let h = &applied.config.health;
+                health::check(&state.client, key, h, &applied.targets, &b).await;
+            }
+        })
+        .await;
         state.applied.load().publish_availability();
         let interval = crate::config::duration(applied.config.health.interval_secs);
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = state.health_wake.notified() => {}
-            _ = stop.changed() => return,
+        if !pause(interval, &state.health_wake, &mut stop).await {
+            return;
         }
     }
 }
@@ -91,29 +112,20 @@ pub async fn observation(state: Arc<RouterState>) {
         };
         let interval = crate::config::duration(secs);
         if applied.needs_observation() {
-            let polls: Vec<_> = applied
-                .targets
-                .backends
-                .iter()
-                .map(|b| {
-                    let (state, applied, b) = (state.clone(), applied.clone(), b.clone());
-                    tokio::spawn(async move {
-                        let key = applied.config.api_key.as_deref();
-                        if let Some(obs) = health::observe(&state.client, key, &b, interval).await {
-                            state.applied.load().publish(&b, &obs);
-                        }
-                    })
-                })
-                .collect();
-            for p in polls {
-                let _ = p.await;
-            }
+            each_backend(&applied, |b| {
+                let (state, applied) = (state.clone(), applied.clone());
+                async move {
+                    let key = applied.config.api_key.as_deref();
+                    if let Some(obs) = health::observe(&state.client, key, &b, interval).await {
+                        state.applied.load().publish(&b, &obs);
+                    }
+                }
+            })
+            .await;
             state.applied.load().observed();
         }
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = state.observe_wake.notified() => {}
-            _ = stop.changed() => return,
+        if !pause(interval, &state.observe_wake, &mut stop).await {
+            return;
         }
     }
 }

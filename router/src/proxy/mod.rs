@@ -288,7 +288,7 @@ pub async fn forward<H: Hold>(
         });
         let relay = Relay::new(
             body,
-            sse,
+            sse.then(|| relay::ErrorEvent::for_route(out.route)),
             sse && out.filter_usage_chunk,
             out.route == "/v1/responses" && status.is_success(),
             Some(deadline),

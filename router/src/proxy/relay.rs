@@ -4,8 +4,9 @@
 //! dropped when the router, not the client, asked for it); JSON bodies keep a bounded tail in
 //! which the final `usage` object is found. Nothing is buffered beyond the current SSE event.
 //! When the body ends, fails or is dropped (client gone), the [`Finish`] hook runs exactly once.
-//! An upstream that goes silent after its first byte for longer than the idle timeout ends the
-//! stream as a failure of that upstream (an SSE error event for streams, a cut otherwise).
+//! A stream that cannot end normally — the upstream failed or went silent for longer than the
+//! idle timeout after its first byte, or the request deadline passed — ends with an error event
+//! in its API's shape, so a client never takes a cut stream for a finished one; a JSON body is cut.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -67,10 +68,53 @@ pub trait Finish: Send + 'static {
 const TAIL: usize = 16 * 1024;
 const MAX_EVENT: usize = 4 * 1024 * 1024;
 
+/// The shape of the error event that ends a failed stream: each API's clients (the OpenAI and
+/// Anthropic SDKs) raise it as an error rather than treating the stream as complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorEvent {
+    /// Chat and completions: `data: {"error": {...}}`, as vLLM ends a failed stream.
+    OpenAi,
+    /// Anthropic Messages: `event: error` with `{"type": "error", "error": {...}}`.
+    Anthropic,
+    /// Responses: `event: error` with `{"type": "error", "code", "message"}`.
+    Responses,
+}
+
+impl ErrorEvent {
+    /// The shape for a request to `route`.
+    pub fn for_route(route: &str) -> Self {
+        match route {
+            "/v1/messages" => ErrorEvent::Anthropic,
+            "/v1/responses" => ErrorEvent::Responses,
+            _ => ErrorEvent::OpenAi,
+        }
+    }
+
+    /// The event that ends the stream, `code` naming why.
+    pub fn render(self, code: &str, message: &str) -> Bytes {
+        let text = match self {
+            ErrorEvent::OpenAi => format!(
+                "data: {}\n\n",
+                serde_json::json!({"error": {"message": message, "type": "upstream_error", "code": code}})
+            ),
+            ErrorEvent::Anthropic => format!(
+                "event: error\ndata: {}\n\n",
+                serde_json::json!({"type": "error", "error": {"type": "api_error", "message": message}})
+            ),
+            ErrorEvent::Responses => format!(
+                "event: error\ndata: {}\n\n",
+                serde_json::json!({"type": "error", "code": code, "message": message, "param": null})
+            ),
+        };
+        Bytes::from(text)
+    }
+}
+
 enum Tap {
     Sse {
         pending: BytesMut,
         filter: bool,
+        errors: ErrorEvent,
     },
     /// The last chunks of a JSON body (shared, not copied), at least `TAIL` bytes when available.
     Json {
@@ -113,19 +157,21 @@ pub enum RelayError {
 }
 
 impl Relay {
+    /// `sse`: the body is an event stream whose failures end with this error event.
     pub fn new(
         inner: Incoming,
-        sse: bool,
+        sse: Option<ErrorEvent>,
         filter_usage_chunk: bool,
         capture_id: bool,
         deadline: Option<tokio::time::Instant>,
         idle: Option<std::time::Duration>,
         finish: Box<dyn Finish>,
     ) -> Self {
-        let tap = if sse {
+        let tap = if let Some(errors) = sse {
             Tap::Sse {
                 pending: BytesMut::new(),
                 filter: filter_usage_chunk,
+                errors,
             }
         } else {
             Tap::Json {
@@ -165,23 +211,41 @@ impl Relay {
         t.as_mut().poll(cx).is_ready()
     }
 
-    /// Ends the relay on the idle timeout: an upstream failure, told to a stream's client as an
-    /// OpenAI-style error event (then the stream ends), to others as a cut.
-    fn end_idle(&mut self) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
-        let idle = self.idle.unwrap_or_default();
-        self.end(End::UpstreamError);
-        if !matches!(self.tap, Tap::Sse { .. }) {
-            return Poll::Ready(Some(Err(RelayError::Idle(idle))));
-        }
-        // Then the stream ends: `finish` is taken, so the next poll returns the end.
-        let event = serde_json::json!({"error": {
-            "message": format!("the model server sent nothing for {} s; the stream was ended", idle.as_secs_f64()),
-            "type": "upstream_error",
-            "code": "upstream_idle_timeout",
-        }});
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!(
-            "data: {event}\n\n"
-        ))))))
+    /// Ends the relay on `error`: a stream's client gets what is left of the event in progress
+    /// dropped, then an error event in its API's shape, then the end (`finish` is taken, so the
+    /// next poll returns it); any other body is cut.
+    fn fail(
+        &mut self,
+        end: End,
+        error: RelayError,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        self.end(end);
+        let Tap::Sse {
+            errors, pending, ..
+        } = &mut self.tap
+        else {
+            return Poll::Ready(Some(Err(error)));
+        };
+        // An event cut half-way is not passed on; the error event starts on a clean line.
+        pending.clear();
+        let code = match &error {
+            RelayError::Upstream(_) => "upstream_disconnected",
+            RelayError::Deadline => "request_timeout",
+            RelayError::Idle(_) => "upstream_idle_timeout",
+        };
+        let message = match &error {
+            RelayError::Idle(d) => format!(
+                "the model server sent nothing for {} s; the stream was ended",
+                d.as_secs_f64()
+            ),
+            RelayError::Upstream(e) => {
+                format!("the model server's stream broke off ({e}); the output is incomplete")
+            }
+            RelayError::Deadline => {
+                "the request timeout passed while streaming; the output is incomplete".to_string()
+            }
+        };
+        Poll::Ready(Some(Ok(Frame::data(errors.render(code, &message)))))
     }
 
     fn end(&mut self, end: End) {
@@ -232,7 +296,9 @@ impl Relay {
                 }
                 chunk
             }
-            Tap::Sse { pending, filter } => {
+            Tap::Sse {
+                pending, filter, ..
+            } => {
                 let filter = *filter;
                 pending.extend_from_slice(&chunk);
                 let mut out = if filter {
@@ -241,8 +307,8 @@ impl Relay {
                     BytesMut::new()
                 };
                 let mut consumed = 0;
-                while let Some(pos) = memchr::memmem::find(&pending[consumed..], b"\n\n") {
-                    let event = &pending[consumed..consumed + pos + 2];
+                while let Some(len) = event_len(&pending[consumed..]) {
+                    let event = &pending[consumed..consumed + len];
                     if self.capture_id && self.response_id.is_none() {
                         self.response_id = super::stored::id_in_event(event);
                     }
@@ -260,7 +326,7 @@ impl Relay {
                     if filter && !is_usage_chunk {
                         out.extend_from_slice(event);
                     }
-                    consumed += pos + 2;
+                    consumed += len;
                 }
                 let _ = pending.split_to(consumed);
                 if pending.len() > MAX_EVENT {
@@ -279,6 +345,25 @@ impl Relay {
             }
         }
     }
+}
+
+/// The length of the first complete SSE event in `buf`, up to and including the blank line
+/// that ends it: lines end with LF or CRLF (the event-stream format allows both).
+pub(crate) fn event_len(buf: &[u8]) -> Option<usize> {
+    let mut from = 0;
+    while let Some(i) = memchr::memchr(b'\n', &buf[from..]).map(|i| from + i) {
+        // The line this newline ends is empty when the byte before it (a CR aside) ends a line.
+        let line_start = if i > 0 && buf[i - 1] == b'\r' {
+            i - 1
+        } else {
+            i
+        };
+        if line_start > 0 && buf[line_start - 1] == b'\n' {
+            return Some(i + 1);
+        }
+        from = i + 1;
+    }
+    None
 }
 
 /// The usage of an SSE event, and whether the event is a usage-only chunk (`choices: []`).
@@ -348,22 +433,21 @@ impl HttpBody for Relay {
         if let Some(t) = &mut this.timer
             && t.as_mut().poll(cx).is_ready()
         {
-            this.end(End::Abandoned);
-            return Poll::Ready(Some(Err(RelayError::Deadline)));
+            return this.fail(End::Abandoned, RelayError::Deadline);
         }
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => {
                     if this.idle_expired(cx) {
-                        return this.end_idle();
+                        let idle = this.idle.unwrap_or_default();
+                        return this.fail(End::UpstreamError, RelayError::Idle(idle));
                     }
                     if this.timer.is_none()
                         && let Some(d) = this.deadline
                     {
                         let mut t = Box::pin(tokio::time::sleep_until(d));
                         if t.as_mut().poll(cx).is_ready() {
-                            this.end(End::Abandoned);
-                            return Poll::Ready(Some(Err(RelayError::Deadline)));
+                            return this.fail(End::Abandoned, RelayError::Deadline);
                         }
                         this.timer = Some(t);
                     }
@@ -373,6 +457,7 @@ impl HttpBody for Relay {
                     if let Tap::Sse {
                         pending,
                         filter: true,
+                        ..
                     } = &mut this.tap
                         && !pending.is_empty()
                     {
@@ -383,8 +468,7 @@ impl HttpBody for Relay {
                     return Poll::Ready(None);
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    this.end(End::UpstreamError);
-                    return Poll::Ready(Some(Err(RelayError::Upstream(e))));
+                    return this.fail(End::UpstreamError, RelayError::Upstream(e));
                 }
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
@@ -398,6 +482,7 @@ impl HttpBody for Relay {
                             if let Tap::Sse {
                                 pending,
                                 filter: true,
+                                ..
                             } = &mut this.tap
                                 && !pending.is_empty()
                             {
@@ -439,6 +524,58 @@ impl Drop for Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_end_at_a_blank_line_of_lf_or_crlf() {
+        assert_eq!(event_len(b"data: 1\n\ndata: 2\n\n"), Some(9));
+        assert_eq!(event_len(b"data: 1\r\n\r\ndata: 2"), Some(11));
+        assert_eq!(event_len(b"event: e\r\ndata: 1\r\n\n"), Some(20));
+        assert_eq!(event_len(b"data: 1\r\ndata: 2\r\n"), None);
+        assert_eq!(event_len(b"data: 1\n"), None);
+        assert_eq!(event_len(b""), None);
+        let (u, only) =
+            sse_usage(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\r\n\r\n")
+                .expect("usage in a CRLF event");
+        assert_eq!((u.prompt_tokens, only), (3, true));
+    }
+
+    #[test]
+    fn error_events_take_each_apis_shape() {
+        let data = |b: Bytes| {
+            let text = String::from_utf8(b.to_vec()).expect("utf-8");
+            assert!(text.ends_with("\n\n"), "{text}");
+            let line = text
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .expect("data");
+            (
+                text.clone(),
+                serde_json::from_str::<serde_json::Value>(line).expect("json"),
+            )
+        };
+        let (_, v) = data(ErrorEvent::OpenAi.render("c", "m"));
+        assert_eq!(
+            (v["error"]["code"].as_str(), v["error"]["message"].as_str()),
+            (Some("c"), Some("m"))
+        );
+        let (t, v) = data(ErrorEvent::Anthropic.render("c", "m"));
+        assert!(t.starts_with("event: error\n"));
+        assert_eq!(
+            (v["type"].as_str(), v["error"]["type"].as_str()),
+            (Some("error"), Some("api_error"))
+        );
+        let (t, v) = data(ErrorEvent::Responses.render("c", "m"));
+        assert!(t.starts_with("event: error\n"));
+        assert_eq!(
+            (v["type"].as_str(), v["code"].as_str()),
+            (Some("error"), Some("c"))
+        );
+        assert_eq!(ErrorEvent::for_route("/v1/messages"), ErrorEvent::Anthropic);
+        assert_eq!(
+            ErrorEvent::for_route("/v1/chat/completions"),
+            ErrorEvent::OpenAi
+        );
+    }
 
     #[test]
     fn finds_usage_at_the_end_of_json() {

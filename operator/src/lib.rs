@@ -14,6 +14,7 @@ pub mod crd;
 pub mod discover;
 pub mod fence;
 pub mod fetch;
+pub mod fuzz;
 pub mod objects;
 pub mod plan;
 pub mod render;

@@ -63,6 +63,39 @@ pub fn metrics(data: &[u8]) {
     }
 }
 
+/// One sample as a reference parser reads it: name, labels, value.
+pub type ReferenceSample = (String, Vec<(String, String)>, f64);
+
+/// [`metrics`], and differentially: where `reference` (a strict Prometheus text parser; the
+/// fuzz target and the corpus replay pass `openmetrics-parser`) accepts the exposition, every
+/// gauge, counter and untyped sample it reads is read by the router's scanner too, with the same
+/// value and the same label values (those without escapes, which the scanner keeps raw).
+pub fn metrics_against(data: &[u8], reference: impl Fn(&str) -> Option<Vec<ReferenceSample>>) {
+    metrics(data);
+    let text = String::from_utf8_lossy(data);
+    let Some(expected) = reference(&text) else {
+        return;
+    };
+    let ours: Vec<_> = crate::observe::scrape::samples(&text).collect();
+    let mut used = vec![false; ours.len()];
+    let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+    for (name, labels, value) in &expected {
+        let found = ours.iter().enumerate().position(|(i, s)| {
+            !used[i]
+                && s.name == name
+                && same(s.value, *value)
+                && labels
+                    .iter()
+                    .filter(|(_, v)| !v.contains('\\'))
+                    .all(|(k, v)| s.label(k) == Some(v.as_str()))
+        });
+        match found {
+            Some(i) => used[i] = true,
+            None => panic!("the reference read {name} {labels:?} {value}; the scanner did not"),
+        }
+    }
+}
+
 /// A config file: a file that parses and validates round-trips through its own serialization,
 /// and its hash does not depend on the order of the fields it was written in.
 pub fn config(data: &[u8]) {
@@ -78,11 +111,21 @@ pub fn config(data: &[u8]) {
     assert_eq!(again.hash(), cfg.hash());
 }
 
-/// A streamed response's events and a JSON body's tail: usage is read or not, never a panic,
-/// and a usage that is read has its token counts.
+/// A streamed response's events (split as the relay splits them) and a JSON body's tail: usage
+/// is read or not, never a panic.
 pub fn usage(data: &[u8]) {
     let _ = crate::proxy::relay::sse_usage(data);
     let _ = crate::proxy::relay::usage_in_json_tail(data);
+    // The stream split into events as the relay splits it (LF or CRLF lines).
+    let mut rest = data;
+    while let Some(n) = crate::proxy::relay::event_len(rest) {
+        assert!(
+            n > 0 && n <= rest.len() && rest[n - 1] == b'\n',
+            "{n} of {rest:?}"
+        );
+        let _ = crate::proxy::relay::sse_usage(&rest[..n]);
+        rest = &rest[n..];
+    }
 }
 
 /// Another replica's quota-use document (`/peers/usage`), read twice as successive reads of
@@ -108,23 +151,25 @@ pub fn peer_usage(data: &[u8]) {
 }
 
 /// The Program scheduler under an arbitrary event sequence decoded from `data` (arrivals with
-/// any identity values, completions with any usage, cancels, observations, ticks): its ledger
-/// invariants hold after every event.
+/// any identity values, completions with any usage, cancels, observations, ticks, hand-overs
+/// and adoptions, tuning reloads, target-set changes and availability): its ledger invariants
+/// hold after every event.
 pub fn scheduler(data: &[u8]) {
-    use crate::program::scheduler::{Arrival, Decision, Observation, Scheduler, Usage};
+    use crate::program::scheduler::{Arrival, Decision, HandedOver, Observation, Scheduler, Usage};
     let cfg = crate::config::ProgramSchedulingConfig {
         token_capacity_per_dp_rank: Some(4096),
         global_queue: data.first().is_some_and(|b| b & 1 == 1),
         ..Default::default()
     };
-    let mut s = Scheduler::new(cfg, vec!["r0".into(), "r1".into(), "r2".into()]);
+    let mut s = Scheduler::new(cfg.clone(), vec!["r0".into(), "r1".into(), "r2".into()]);
+    let mut handed: Vec<HandedOver> = Vec::new();
     let mut now = 0.0;
     let mut next = 1u64;
     let mut running: Vec<u64> = Vec::new();
     let mut waiting: Vec<u64> = Vec::new();
     let word = |c: &[u8], i: usize| u64::from(c.get(i).copied().unwrap_or(0));
     for c in data.get(1..).unwrap_or_default().chunks(4) {
-        let out = match c[0] % 6 {
+        let out = match c[0] % 11 {
             0 | 1 => {
                 let mut identity = crate::program::identity::Identity {
                     program_id: format!("p{}", word(c, 1) % 8),
@@ -173,7 +218,46 @@ pub fn scheduler(data: &[u8]) {
                     kv_usage: word(c, 1) as f64 / 200.0,
                     token_capacity: (word(c, 2) % 2 == 0).then(|| word(c, 3) << 20),
                 };
-                s.on_observation(now, (word(c, 1) % 3) as usize, o)
+                s.on_observation(now, word(c, 1) as usize % s.num_ranks(), o)
+            }
+            5 => {
+                let key = ("m".to_string(), format!("p{}", word(c, 1) % 8));
+                let (given, out) = s.hand_over(now, &key);
+                handed.extend(given);
+                out
+            }
+            6 => {
+                let h = handed.pop().unwrap_or_else(|| HandedOver {
+                    model: "m".into(),
+                    program_id: format!("p{}", word(c, 1) % 8),
+                    root: format!("p{}", word(c, 1) % 8),
+                    target: format!("r{}", word(c, 2) % 4),
+                    context_tokens: word(c, 3) << (word(c, 2) % 40),
+                    idle_seconds: word(c, 3) as f64 / 8.0,
+                    finished: word(c, 2) % 3 == 0,
+                });
+                s.adopt(now, &[h]);
+                Vec::new()
+            }
+            7 => {
+                let tuned = crate::config::ProgramSchedulingConfig {
+                    token_capacity_per_dp_rank: Some((word(c, 1) + 1) << (word(c, 2) % 16)),
+                    max_retained_requests: (word(c, 3) % 64) as u32,
+                    hash_virtual_nodes: (word(c, 2) % 200) as u32 + 1,
+                    ..cfg.clone()
+                };
+                s.reconfigure(now, &tuned).unwrap_or_default()
+            }
+            8 => {
+                let ids: Vec<String> = (0..4)
+                    .filter(|i| word(c, 1) >> i & 1 == 1)
+                    .map(|i| format!("r{i}"))
+                    .collect();
+                s.retarget(now, ids)
+            }
+            9 => {
+                s.set_available(word(c, 1) as usize % 4, word(c, 2) % 2 == 0);
+                Vec::new()
             }
             _ => {
                 now += word(c, 1) as f64 / 4.0;
@@ -195,6 +279,136 @@ pub fn scheduler(data: &[u8]) {
     }
 }
 
+/// The command line: `data` split at NUL bytes into arguments. Parsing never panics; a hint
+/// is looked up for every argument (as a failed parse does); a command line that yields a
+/// configuration yields a valid one that round-trips through the file format.
+pub fn cli(data: &[u8]) {
+    use clap::FromArgMatches;
+    let args: Vec<String> = std::iter::once("program-router".to_string())
+        .chain(
+            data.split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned()),
+        )
+        .collect();
+    for a in &args[1..] {
+        let _ = crate::cli::migrate::vllm_router_hint(a.split('=').next().unwrap_or(a));
+        let _ = crate::cli::migrate::policy_hint(a);
+    }
+    // Built once: building the command (every flag's help with its default) costs more than
+    // parsing.
+    static COMMAND: std::sync::OnceLock<clap::Command> = std::sync::OnceLock::new();
+    let command = COMMAND.get_or_init(crate::cli::command).clone();
+    let Ok(matches) = command.try_get_matches_from(&args) else {
+        return;
+    };
+    let Ok(cli) = crate::cli::Cli::from_arg_matches(&matches) else {
+        return;
+    };
+    // A file named on the command line is not read here: the `config` target covers files.
+    if cli.flags.config.is_some() {
+        return;
+    }
+    let Ok(cfg) = cli.flags.effective(None) else {
+        return;
+    };
+    let json = serde_json::to_vec(&cfg).expect("a config serializes");
+    let again = crate::config::flags::parse_config(&json).expect("an effective config parses");
+    assert_eq!(again, cfg);
+    assert!(again.validate().is_ok(), "an effective config validates");
+}
+
+/// Payloads of the peer plane, from `data` as one JSON document: a hand-over answer
+/// (`program`), an adopt body (`programs`, taken by a scheduler whose invariants then hold, and
+/// whose adopted Programs take their next request), and a member list (`revision`, `members`)
+/// — refused unsigned, and when signed with the peer secret adopted only as a valid
+/// configuration with the list's revision.
+pub fn peers(data: &[u8]) {
+    use crate::config::peers::{PeerMember, PeersConfig};
+    use crate::program::scheduler::{Arrival, HandedOver, Scheduler};
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let _ = serde_json::from_value::<Option<HandedOver>>(doc["program"].clone());
+    if let Ok(programs) = serde_json::from_value::<Vec<HandedOver>>(doc["programs"].clone()) {
+        let cfg = crate::config::ProgramSchedulingConfig {
+            token_capacity_per_dp_rank: Some(4096),
+            ..Default::default()
+        };
+        let mut s = Scheduler::new(cfg, vec!["r0".into(), "r1".into()]);
+        let taken = s.adopt(0.0, &programs);
+        assert!(taken <= programs.len());
+        if let Err(e) = s.check_invariants() {
+            panic!("after adopting {programs:?}: {e}");
+        }
+        for (i, h) in programs.iter().enumerate().take(16) {
+            let identity = crate::program::identity::Identity {
+                program_id: h.program_id.clone(),
+                ..Default::default()
+            };
+            let arrival = Arrival {
+                ticket: i as u64 + 1,
+                model: h.model.clone(),
+                identity,
+                prompt_tokens: h.context_tokens.min(1 << 20),
+                tenant: None,
+                prefix: Vec::new(),
+            };
+            let _ = s.on_arrival(1.0 + i as f64, arrival);
+            if let Err(e) = s.check_invariants() {
+                panic!("after a request of adopted {h:?}: {e}");
+            }
+        }
+    }
+    const SECRET: &str = "fuzz-peer-secret-0123456789abcdef0123456789";
+    let Ok(key) = crate::peers::PeerKey::new(SECRET) else {
+        return;
+    };
+    let me = PeerMember {
+        name: "a".into(),
+        url: "http://127.0.0.1:1".into(),
+    };
+    let mut current = crate::config::RouterConfig {
+        workers: vec![crate::config::WorkerConfig {
+            url: "http://127.0.0.1:2".into(),
+            dp_rank: None,
+        }],
+        ..Default::default()
+    };
+    let peers_cfg = PeersConfig {
+        self_name: Some("a".into()),
+        members: vec![me],
+        revision: Some(1),
+        ..Default::default()
+    };
+    current.peers = Some(peers_cfg.clone());
+    let peers = crate::peers::Peers::new(&peers_cfg, None, Some(std::sync::Arc::new(key)));
+    let unsigned = crate::peers::gossip::adoptable(&current, Some(&peers), &doc);
+    if doc.get("signature").is_none() {
+        assert!(unsigned.is_err(), "an unsigned list is refused");
+    }
+    let (Some(revision), Ok(members)) = (
+        doc["revision"].as_u64(),
+        serde_json::from_value::<Vec<PeerMember>>(doc["members"].clone()),
+    ) else {
+        return;
+    };
+    let Some(signature) = crate::peers::gossip::sign(SECRET, revision, &members) else {
+        return;
+    };
+    let signed =
+        serde_json::json!({"revision": revision, "members": members, "signature": signature});
+    match crate::peers::gossip::adoptable(&current, Some(&peers), &signed) {
+        Ok(Some(cfg)) => {
+            assert!(revision > 1);
+            assert!(cfg.validate().is_ok(), "an adopted list validates");
+            let p = cfg.peers.as_ref().expect("peers stay");
+            assert_eq!((p.revision, &p.members), (Some(revision), &members));
+        }
+        Ok(None) => assert!(revision <= 1, "a newer signed list is adopted or refused"),
+        Err(_) => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +425,8 @@ mod tests {
             usage(input);
             peer_usage(input);
             scheduler(input);
+            cli(input);
+            peers(input);
         }
         peer_usage(br#"{"epoch":"e","age_secs":1,"tenants":{"t":[3,100],"u":[-1,"x"]}}"#);
         scheduler(&[
@@ -220,5 +436,9 @@ mod tests {
         metrics(b"vllm:num_requests_running{engine=\"0\"} NaN\nvllm:kv_cache_usage_perc 0.5\n");
         config(br#"{"workers":[{"url":"http://127.0.0.1:9"}]}"#);
         usage(br#"data: {"usage":{"prompt_tokens":3,"completion_tokens":2}}"#);
+        cli(b"--worker-urls\0http://127.0.0.1:9\0--policy\0cache_aware");
+        cli(b"--policy\0power_of_two");
+        peers(br#"{"programs":[{"model":"m","program_id":"p","root":"p","target":"r1","context_tokens":900,"idle_seconds":2.5}]}"#);
+        peers(br#"{"revision":7,"members":[{"name":"a","url":"http://127.0.0.1:1"},{"name":"b","url":"http://127.0.0.1:3"}]}"#);
     }
 }

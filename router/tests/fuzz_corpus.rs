@@ -24,13 +24,18 @@ fn replay(target: &str, f: Target) -> usize {
 #[test]
 fn every_corpus_input_passes_its_target() {
     use program_router::fuzz;
-    let targets: [(&str, Target); 7] = [
+    fn metrics(data: &[u8]) {
+        fuzz::metrics_against(data, testkit::reference_samples)
+    }
+    let targets: [(&str, Target); 9] = [
         ("request", fuzz::request),
         ("identity", fuzz::identity),
-        ("metrics", fuzz::metrics),
+        ("metrics", metrics),
         ("config", fuzz::config),
+        ("cli", fuzz::cli),
         ("usage", fuzz::usage),
         ("peer_usage", fuzz::peer_usage),
+        ("peers", fuzz::peers),
         ("scheduler", fuzz::scheduler),
     ];
     for (name, f) in targets {

@@ -111,3 +111,32 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)], required: b
         None => 0.0,
     }
 }
+
+/// One sample as the reference parser read it: name, labels, value.
+pub type ReferenceSample = (String, Vec<(String, String)>, f64);
+
+/// The gauge, counter and untyped samples of `text` as `openmetrics-parser` reads a Prometheus
+/// exposition, or `None` when it refuses the text: the reference the router's scanner is
+/// checked against (`program_router::fuzz::metrics_against`).
+pub fn reference_samples(text: &str) -> Option<Vec<ReferenceSample>> {
+    use openmetrics_parser::{PrometheusValue, prometheus::parse_prometheus};
+    let exp = parse_prometheus(text).ok()?;
+    let mut out = Vec::new();
+    for (name, fam) in &exp.families {
+        for s in fam.iter_samples() {
+            let value = match &s.value {
+                PrometheusValue::Gauge(n) | PrometheusValue::Unknown(n) => n.as_f64(),
+                PrometheusValue::Counter(c) => c.value.as_f64(),
+                _ => continue,
+            };
+            let labels = s
+                .get_labelset()
+                .ok()?
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            out.push((name.clone(), labels, value));
+        }
+    }
+    Some(out)
+}

@@ -255,10 +255,7 @@ pub fn scheduler(data: &[u8]) {
                     .collect();
                 s.retarget(now, ids)
             }
-            9 => {
-                s.set_available(word(c, 1) as usize % 4, word(c, 2) % 2 == 0);
-                Vec::new()
-            }
+            9 => s.set_available(now, word(c, 1) as usize % 4, word(c, 2) % 2 == 0),
             _ => {
                 now += word(c, 1) as f64 / 4.0;
                 s.on_tick(now)

@@ -194,6 +194,18 @@ pub async fn forward(
     crate::net::headers::copy_end_to_end(&parts.headers, &mut headers);
     parts.headers = headers;
     let body = body.map_err(|e| Box::new(e) as BoxError).boxed_unsync();
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    // A replica killed mid-stream: the client gets an error event, not a cut.
+    let body = if sse {
+        let errors = crate::proxy::relay::ErrorEvent::for_route(h.path_and_query.path());
+        crate::proxy::relay::EndsWithEvent::new(body, errors).boxed_unsync()
+    } else {
+        body
+    };
     Ok(Response::from_parts(parts, body))
 }
 

@@ -483,11 +483,14 @@ impl ProgramRuntime {
         self.freshness(&mut g, rank, true);
     }
 
-    /// Marks target `id` reachable or not, for new Programs' binding.
+    /// Marks target `id` reachable or not: new Programs bind to reachable ones, and the
+    /// Programs of one that became unreachable move (see `Scheduler::set_available`).
     pub fn set_available(&self, id: &str, available: bool) {
         let mut g = self.lock();
         if let Some(rank) = g.layout.ids.iter().position(|x| x == id) {
-            g.sched.set_available(rank, available);
+            let now = self.now();
+            let ds = g.sched.set_available(now, rank, available);
+            self.deliver(&mut g, ds, None);
         }
     }
 

@@ -90,6 +90,22 @@ impl ErrorEvent {
         }
     }
 
+    /// Whether `event` ends a stream of this API normally: `[DONE]`, `message_stop`, a final
+    /// `response.*` event, or an error event the model server sent itself.
+    fn is_terminal(self, event: &[u8]) -> bool {
+        let has = |needle: &[u8]| memchr::memmem::find(event, needle).is_some();
+        match self {
+            ErrorEvent::OpenAi => sse_data(event) == Some("[DONE]"),
+            ErrorEvent::Anthropic => has(b"message_stop") || event.starts_with(b"event: error"),
+            ErrorEvent::Responses => {
+                has(b"response.completed")
+                    || has(b"response.incomplete")
+                    || has(b"response.failed")
+                    || event.starts_with(b"event: error")
+            }
+        }
+    }
+
     /// The event that ends the stream, `code` naming why.
     pub fn render(self, code: &str, message: &str) -> Bytes {
         let text = match self {
@@ -115,6 +131,8 @@ enum Tap {
         pending: BytesMut,
         filter: bool,
         errors: ErrorEvent,
+        /// The stream's last event was seen (see [`ErrorEvent::is_terminal`]).
+        terminated: bool,
     },
     /// The last chunks of a JSON body (shared, not copied), at least `TAIL` bytes when available.
     Json {
@@ -154,6 +172,8 @@ pub enum RelayError {
     Deadline,
     #[error("the upstream sent nothing for {0:?}")]
     Idle(std::time::Duration),
+    #[error("the upstream ended the stream without its last event")]
+    Incomplete,
 }
 
 impl Relay {
@@ -172,6 +192,7 @@ impl Relay {
                 pending: BytesMut::new(),
                 filter: filter_usage_chunk,
                 errors,
+                terminated: false,
             }
         } else {
             Tap::Json {
@@ -221,17 +242,28 @@ impl Relay {
     ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
         self.end(end);
         let Tap::Sse {
-            errors, pending, ..
+            errors,
+            pending,
+            filter,
+            ..
         } = &mut self.tap
         else {
             return Poll::Ready(Some(Err(error)));
         };
-        // An event cut half-way is not passed on; the error event starts on a clean line.
+        // The error event starts after a blank line: an event cut half-way was either held
+        // back (filtering) and is dropped, or already passed on and is ended here.
+        let lead: &[u8] = if !*filter && !pending.is_empty() {
+            b"\n\n"
+        } else {
+            b""
+        };
         pending.clear();
+        let errors = *errors;
         let code = match &error {
             RelayError::Upstream(_) => "upstream_disconnected",
             RelayError::Deadline => "request_timeout",
             RelayError::Idle(_) => "upstream_idle_timeout",
+            RelayError::Incomplete => "upstream_incomplete",
         };
         let message = match &error {
             RelayError::Idle(d) => format!(
@@ -244,8 +276,29 @@ impl Relay {
             RelayError::Deadline => {
                 "the request timeout passed while streaming; the output is incomplete".to_string()
             }
+            RelayError::Incomplete => {
+                "the model server ended the stream before its last event; the output is incomplete"
+                    .to_string()
+            }
         };
-        Poll::Ready(Some(Ok(Frame::data(errors.render(code, &message)))))
+        let event = errors.render(code, &message);
+        let event = if lead.is_empty() {
+            event
+        } else {
+            Bytes::from([lead, &event[..]].concat())
+        };
+        Poll::Ready(Some(Ok(Frame::data(event))))
+    }
+
+    /// An event stream that ended without its last event (the upstream closed it early).
+    fn unterminated(&self) -> bool {
+        matches!(
+            self.tap,
+            Tap::Sse {
+                terminated: false,
+                ..
+            }
+        )
     }
 
     fn end(&mut self, end: End) {
@@ -297,7 +350,10 @@ impl Relay {
                 chunk
             }
             Tap::Sse {
-                pending, filter, ..
+                pending,
+                filter,
+                errors,
+                terminated,
             } => {
                 let filter = *filter;
                 pending.extend_from_slice(&chunk);
@@ -309,6 +365,9 @@ impl Relay {
                 let mut consumed = 0;
                 while let Some(len) = event_len(&pending[consumed..]) {
                     let event = &pending[consumed..consumed + len];
+                    if !*terminated && errors.is_terminal(event) {
+                        *terminated = true;
+                    }
                     if self.capture_id && self.response_id.is_none() {
                         self.response_id = super::stored::id_in_event(event);
                     }
@@ -344,6 +403,60 @@ impl Relay {
                 if filter { out.freeze() } else { chunk }
             }
         }
+    }
+}
+
+/// An event stream relayed as it is (another router replica's answer): when it breaks off, it
+/// ends with an error event in its API's shape instead of a cut, as [`Relay`] ends its own.
+pub struct EndsWithEvent {
+    inner: crate::net::body::Body,
+    errors: ErrorEvent,
+    done: bool,
+}
+
+impl EndsWithEvent {
+    pub fn new(inner: crate::net::body::Body, errors: ErrorEvent) -> Self {
+        EndsWithEvent {
+            inner,
+            errors,
+            done: false,
+        }
+    }
+}
+
+impl HttpBody for EndsWithEvent {
+    type Data = Bytes;
+    type Error = crate::net::body::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                self.done = true;
+                let event = self.errors.render(
+                    "upstream_disconnected",
+                    &format!("the stream broke off ({e}); the output is incomplete"),
+                );
+                // Ends whatever line was cut before the error event begins.
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from(
+                    [&b"\n\n"[..], &event[..]].concat(),
+                )))))
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -464,6 +577,9 @@ impl HttpBody for Relay {
                         let rest = pending.split().freeze();
                         return Poll::Ready(Some(Ok(Frame::data(rest))));
                     }
+                    if this.unterminated() {
+                        return this.fail(End::UpstreamError, RelayError::Incomplete);
+                    }
                     this.end(End::Complete);
                     return Poll::Ready(None);
                 }
@@ -491,7 +607,18 @@ impl HttpBody for Relay {
                                 pending.clear();
                                 out = all.freeze();
                             }
-                            this.end(End::Complete);
+                            if this.unterminated() {
+                                let mut all = BytesMut::from(&out[..]);
+                                if let Poll::Ready(Some(Ok(f))) =
+                                    this.fail(End::UpstreamError, RelayError::Incomplete)
+                                    && let Ok(event) = f.into_data()
+                                {
+                                    all.extend_from_slice(&event);
+                                }
+                                out = all.freeze();
+                            } else {
+                                this.end(End::Complete);
+                            }
                         }
                         if out.is_empty() {
                             if this.finish.is_none() {

@@ -15,11 +15,73 @@ impl Scheduler {
         self.ranks.iter().map(|r| r.available || !any).collect()
     }
 
-    /// Marks `rank` reachable or not (health checks, breaker); only new bindings change.
-    pub fn set_available(&mut self, rank: Rank, available: bool) {
-        if let Some(r) = self.ranks.get_mut(rank) {
-            r.available = available;
+    /// Marks `rank` reachable or not (health checks, breaker). New Programs bind only to
+    /// reachable ranks; when `rank` becomes unreachable, its Programs with nothing in flight
+    /// move to reachable ones at once (their KV went with the engine, or cannot be used), with
+    /// their retained requests, and the others when their last request there ends or their
+    /// next one arrives.
+    pub fn set_available(&mut self, now: f64, rank: Rank, available: bool) -> Vec<Decision> {
+        let mut out = Vec::new();
+        let Some(r) = self.ranks.get_mut(rank) else {
+            return out;
+        };
+        let lost = r.available && !available;
+        r.available = available;
+        if lost {
+            let mut members: Vec<usize> = self.ranks[rank].members.iter().copied().collect();
+            members.sort_unstable();
+            let mut homes: Vec<Rank> = members
+                .into_iter()
+                .filter_map(|slot| self.rehome(slot, now))
+                .collect();
+            homes.sort_unstable();
+            homes.dedup();
+            for home in homes {
+                self.pump(home, now, &mut out);
+            }
         }
+        out
+    }
+
+    /// Moves Program `slot` off its rank when that rank cannot be reached and another can, and
+    /// nothing of it is in flight: paused as when its rank is removed (`target_removed`; its
+    /// reservation there freed), bound afresh, its retained requests queued at the new home
+    /// with their place. Returns the new home.
+    pub(super) fn rehome(&mut self, slot: usize, now: f64) -> Option<Rank> {
+        let p = self.programs.get(slot)?.as_ref()?;
+        let old = p.rank;
+        if self.ranks[old].available || p.in_flight > 0 || !self.ranks.iter().any(|r| r.available) {
+            return None;
+        }
+        self.pause(slot, PauseReason::TargetRemoved, now);
+        let (name, finished) = (
+            self.program(slot).key.1.clone(),
+            self.program(slot).finished,
+        );
+        let home = self.bind(&name, &[]);
+        let r = &mut self.ranks[old];
+        r.members.remove(&slot);
+        if finished {
+            r.finished = r.finished.saturating_sub(1);
+        }
+        let r = &mut self.ranks[home];
+        r.members.insert(slot);
+        if finished {
+            r.finished += 1;
+        }
+        let p = self.program_mut(slot);
+        p.rank = home;
+        p.fresh_start = true;
+        p.shared_prefix = 0;
+        p.generation += 1;
+        p.placement = "target_removed";
+        let ranks = &mut self.ranks;
+        for q in self.retained.values_mut().filter(|q| q.program == slot) {
+            ranks[q.rank].queue.remove(&q.key);
+            q.rank = home;
+            ranks[home].queue.insert(q.key);
+        }
+        Some(home)
     }
 
     /// Initial home rank of a new Program (`chain`: its prompt's blocks, for `cache_aware`).

@@ -4,8 +4,20 @@
 use super::*;
 
 impl Scheduler {
-    /// A dispatched request finished with `usage` (`None` if the backend reported none).
+    /// A dispatched request finished with `usage` (`None` if the backend reported none). A
+    /// Program whose rank became unreachable moves once its last request there ended.
     pub fn on_complete(&mut self, now: f64, ticket: Ticket, usage: Option<Usage>) -> Vec<Decision> {
+        let slot = self.in_flight.get(&ticket).map(|f| f.program);
+        let mut out = self.complete(now, ticket, usage);
+        if let Some(slot) = slot
+            && let Some(home) = self.rehome(slot, now)
+        {
+            self.pump(home, now, &mut out);
+        }
+        out
+    }
+
+    fn complete(&mut self, now: f64, ticket: Ticket, usage: Option<Usage>) -> Vec<Decision> {
         let usage = usage.map(Usage::bounded);
         let mut out = Vec::new();
         let Some(f) = self.in_flight.remove(&ticket) else {

@@ -28,8 +28,12 @@ impl Scheduler {
             return reject(RejectReason::PoolFull);
         }
         let key = (a.model.clone(), a.identity.program_id.clone());
-        let slot = match self.index.get(&key) {
-            Some(s) => *s,
+        let slot = match self.index.get(&key).copied() {
+            Some(s) => {
+                // Bound to a rank that cannot be reached: it moves before it asks again.
+                self.rehome(s, now);
+                s
+            }
             None => {
                 if !self.make_room() {
                     self.notes.push(Note::Shed {

@@ -140,7 +140,8 @@ pub enum PauseReason {
     SegmentYield,
     CapacityRepair,
     Cancelled,
-    /// Its rank left the target set; it was re-homed and resumes through admission.
+    /// Its rank left the target set or could no longer be reached; it was re-homed and
+    /// resumes through admission.
     TargetRemoved,
     /// Another router replica took it over (`peers`), or handed it here.
     HandedOver,

@@ -386,16 +386,54 @@ fn new_programs_bind_only_to_available_ranks() {
             ..cfg()
         };
         let mut s = sched(c, 3);
-        s.set_available(0, false);
-        s.set_available(2, false);
+        s.set_available(0.0, 0, false);
+        s.set_available(0.0, 2, false);
         for i in 0..12u32 {
             let name = format!("p{i}");
             s.on_arrival(f64::from(i), arrival(u64::from(i) + 1, &name, 10));
             assert_eq!(find(&s, &name).rank, 1, "{strategy:?} {name}");
         }
-        s.set_available(1, false);
+        s.set_available(20.0, 1, false);
         s.on_arrival(20.0, arrival(100, "q", 10));
         assert!(find(&s, "q").rank < 3, "{strategy:?}");
         s.check_invariants().expect("ledger");
     }
+}
+
+#[test]
+fn programs_of_a_rank_that_cannot_be_reached_move_to_one_that_can() {
+    let c = ProgramSchedulingConfig {
+        binding_strategy: BindingStrategy::ProgramRoundRobin,
+        token_capacity_per_dp_rank: Some(1000),
+        ..cfg()
+    };
+    let mut s = sched(c, 2);
+    // Everything binds to rank 0 while rank 1 is down.
+    s.set_available(0.0, 1, false);
+    for (t, name) in [(1, "idle"), (2, "busy"), (3, "waiting")] {
+        s.on_arrival(0.0, arrival(t, name, 300));
+        assert_eq!(find(&s, name).rank, 0);
+    }
+    s.on_complete(1.0, 1, usage(300, 10));
+    // A request of "waiting" beyond rank 0's capacity is retained there.
+    s.on_complete(1.0, 3, usage(300, 10));
+    let held = s.on_arrival(1.5, arrival(4, "waiting", 900));
+    assert!(dispatched(&held).is_empty(), "{held:?}");
+    assert_eq!(s.retained_requests(), 1);
+    s.set_available(2.0, 1, true);
+    // Rank 0 goes down: idle and waiting Programs move at once, the retained request with
+    // them (and is admitted there); the one with a request in flight moves when it ends.
+    let moved = s.set_available(3.0, 0, false);
+    assert_eq!(find(&s, "idle").rank, 1);
+    assert_eq!(find(&s, "waiting").rank, 1);
+    assert_eq!(dispatch_rank(&moved, 4), Some(1), "{moved:?}");
+    assert_eq!(find(&s, "busy").rank, 0);
+    s.check_invariants().expect("ledger");
+    s.on_complete(4.0, 2, None);
+    assert_eq!(find(&s, "busy").rank, 1);
+    s.check_invariants().expect("ledger");
+    // Nothing moves while no rank can be reached.
+    s.set_available(5.0, 1, false);
+    assert_eq!(find(&s, "idle").rank, 1);
+    s.check_invariants().expect("ledger");
 }

@@ -73,7 +73,12 @@ pub type ReferenceSample = (String, Vec<(String, String)>, f64);
 pub fn metrics_against(data: &[u8], reference: impl Fn(&str) -> Option<Vec<ReferenceSample>>) {
     metrics(data);
     let text = String::from_utf8_lossy(data);
-    let Some(expected) = reference(&text) else {
+    // Lines end at LF (CRLF too, for the scanner); a lone CR is no line end in the exposition
+    // format, but the reference parser splits lines at it. Such text is not compared.
+    let lone_cr = text
+        .match_indices('\r')
+        .any(|(i, _)| text.as_bytes().get(i + 1) != Some(&b'\n'));
+    let Some(expected) = reference(&text).filter(|_| !lone_cr) else {
         return;
     };
     let ours: Vec<_> = crate::observe::scrape::samples(&text).collect();

@@ -377,7 +377,8 @@ pub struct ProgramSchedulingParams {
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxRetainedRequests must be at least 1"))]
     pub max_retained_requests: Option<i64>,
     /// Extension: Programs each router holds at once; a new one takes the place of the idle
-    /// Program that waited longest, else gets 429 `program_capacity` (default 100000).
+    /// Programs that waited longest (the oldest 1% of the cap at once), else gets 429
+    /// `program_capacity` (default 100000).
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxPrograms must be at least 1"))]
     pub max_programs: Option<i64>,
     pub prefill_cost_model: Option<PrefillCostModelParams>,

@@ -191,9 +191,9 @@ pub struct ProgramSchedulingConfig {
     /// 429 `request_pool_full` (each holds its body in memory while it waits).
     pub max_retained_requests: u32,
     /// Extension: Programs the scheduler holds at once (client-chosen ids, kept for the paused
-    /// retention). A new Program beyond it takes the place of the idle Program that waited
-    /// longest; with none idle it is refused with 429 `program_capacity`. Hand-overs from
-    /// other replicas obey it too.
+    /// retention). A new Program beyond it takes the place of the idle Programs that waited
+    /// longest (the oldest 1% of the cap leave at once); with none idle it is refused with 429
+    /// `program_capacity`. Hand-overs from other replicas obey it too.
     pub max_programs: u32,
     pub prefill_cost_model: PrefillCostModel,
     pub decode_throughput_model: DecodeThroughputModel,

@@ -8,9 +8,10 @@
 mod crd_rules;
 mod harness;
 mod leader;
+mod outage;
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use harness::kubelet::Kubelet;

@@ -165,6 +165,14 @@ impl Kubelet {
             .expect("worker status");
     }
 
+    /// Stops a worker's simulator as if its process died; the Pod stays as it was (no API call:
+    /// works while the API server is down).
+    pub async fn kill_worker_process(&self, name: &str) {
+        if let Some(w) = self.workers.lock().await.get_mut(name) {
+            w.sim.stop();
+        }
+    }
+
     /// Deletes a worker Pod and stops its simulator.
     pub async fn delete_worker(&self, name: &str) {
         self.pods()

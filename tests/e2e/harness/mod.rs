@@ -121,6 +121,17 @@ impl ControlPlane {
         }
     }
 
+    /// Freezes (SIGSTOP) or resumes (SIGCONT) the API server and etcd: an outage in which
+    /// connections are accepted by the kernel and then hang, as with an unreachable server.
+    pub fn freeze(&self, frozen: bool) {
+        let sig = if frozen { "-STOP" } else { "-CONT" };
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} control plane");
+    }
+
     pub async fn client(&self) -> Client {
         let kc = Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
         let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())

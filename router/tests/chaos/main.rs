@@ -5,12 +5,14 @@
 //!
 //!   cargo test -p program-router --test chaos                 # every scenario (CI)
 //!   cargo test -p program-router --test chaos -- reload       # the scenarios whose name matches
+//!   cargo test --release -p program-router --test chaos -- soak   # the 20-minute soak
 //!
 //! Set `CHAOS_REPORT=<file>` to append the table rows for docs/reliability.md.
 
 mod client;
 mod procs;
 mod scenarios;
+mod soak;
 
 use std::future::Future;
 use std::path::Path;
@@ -27,7 +29,7 @@ fn main() -> ExitCode {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let all: [(&str, Scenario); 6] = [
+    let all: [(&str, Scenario); 7] = [
         ("sigterm_drains_200_streams", |d| {
             Box::pin(scenarios::sigterm_drains_200_streams(d))
         }),
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
         ("router_replica_killed", |d| {
             Box::pin(scenarios::router_replica_killed(d))
         }),
+        ("soak", |d| Box::pin(soak::soak(d))),
     ];
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -53,7 +56,9 @@ fn main() -> ExitCode {
     let mut failed = Vec::new();
     let mut ran = 0;
     for (name, run) in all {
-        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+        // The soak runs for twenty minutes: only when named.
+        let named = filters.iter().any(|f| name.contains(f.as_str()));
+        if (!filters.is_empty() || name == "soak") && !named {
             continue;
         }
         ran += 1;
@@ -92,7 +97,9 @@ fn main() -> ExitCode {
                 .open(path)
                 .and_then(|mut f| std::io::Write::write_all(&mut f, row.as_bytes()));
         }
-        let healthy = !r.recovery.contains("DIED") && !r.recovery.contains("not recovered");
+        let healthy = !["DIED", "not recovered", "EXCEEDED"]
+            .iter()
+            .any(|bad| r.recovery.contains(bad));
         if std::env::var_os("CHAOS_KEEP").is_some() {
             println!("    logs kept in {}", dir.keep().display());
             continue;

@@ -377,7 +377,9 @@ impl Relay {
                                 self.usage = Some(u);
                                 no_choices
                             }
-                            None => false,
+                            // A usage chunk whose counts do not parse (negative, beyond u64)
+                            // is still the chunk the client did not ask for.
+                            None => usage_only_chunk(event),
                         }
                     } else {
                         false
@@ -499,6 +501,15 @@ pub(crate) fn sse_usage(event: &[u8]) -> Option<(TokenUsage, bool)> {
     let c: Chunk = serde_json::from_str(sse_data(event)?).ok()?;
     let usage = c.usage.or(c.response.and_then(|r| r.usage))?;
     Some((usage, c.choices.is_none_or(|v| v.is_empty())))
+}
+
+/// Whether `event` is a usage chunk (`"choices": []` and a `usage` key), whatever its usage holds.
+fn usage_only_chunk(event: &[u8]) -> bool {
+    sse_data(event)
+        .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .is_some_and(|v| {
+            v.get("usage").is_some() && v["choices"].as_array().is_some_and(|c| c.is_empty())
+        })
 }
 
 /// The data of one SSE event (its first `data:` line).
@@ -664,6 +675,12 @@ mod tests {
             sse_usage(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\r\n\r\n")
                 .expect("usage in a CRLF event");
         assert_eq!((u.prompt_tokens, only), (3, true));
+        // A usage chunk with counts that do not parse is still recognized (and filtered).
+        let bad = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":-5}}\r\n\r\n";
+        assert!(sse_usage(bad).is_none() && usage_only_chunk(bad));
+        assert!(!usage_only_chunk(
+            b"data: {\"choices\":[{\"delta\":{}}],\"usage\":null}\n\n"
+        ));
     }
 
     #[test]

@@ -444,12 +444,12 @@ pub async fn reload_storm(dir: &Path) -> Report {
     let ok = program_router::observe::scrape::sum(
         &m,
         "vllm_router_config_reloads_total",
-        &[("result", "success")],
+        &[("result", "applied")],
     );
     let bad = program_router::observe::scrape::sum(
         &m,
         "vllm_router_config_reloads_total",
-        &[("result", "error")],
+        &[("result", "rejected")],
     );
     let final_ok = client::send(&c, &url, &chat(None, "t", 10, 2), Duration::from_secs(10)).await
         == client::Outcome::Completed;
@@ -459,7 +459,12 @@ pub async fn reload_storm(dir: &Path) -> Report {
         fault: "valid and invalid config files alternating every 200 ms for 8 s".into(),
         tally,
         recovery: format!(
-            "reloads applied {ok}, refused {bad}; serving after the storm: {final_ok}"
+            "reloads applied {ok}, rejected {bad}; serving after the storm: {final_ok}{}",
+            if ok > 0.0 && bad > 0.0 && final_ok {
+                ""
+            } else {
+                " (not recovered)"
+            }
         ),
         notes: vec![],
     }

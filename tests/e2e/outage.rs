@@ -161,10 +161,10 @@ fn routers_keep_serving_through_an_api_server_outage_and_the_operator_converges_
         for c in clients {
             let _ = c.await;
         }
-        let t = tally.lock().unwrap_or_else(|p| p.into_inner());
+        let t = std::mem::take(&mut *tally.lock().unwrap_or_else(|p| p.into_inner()));
         eprintln!(
             "api-server outage {:.0} s: accepted {} completed {} errored {} lost {}; \
-             completed during the outage {served_during}; converged {:.1} s after it ended",
+             completed by the end of the outage {served_during}; converged {:.1} s after it ended",
             outage.as_secs_f64(),
             t.completed + t.errored + t.lost,
             t.completed,

@@ -300,6 +300,14 @@ impl RouterState {
         self.at_plan(|p| p.queues_close).await
     }
 
+    /// Whether the listeners have stopped accepting (see [`RouterState::begin_shutdown`]).
+    pub fn accepting_has_stopped(&self) -> bool {
+        self.drain
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| tokio::time::Instant::now() >= p.accept_stop)
+    }
+
     /// Resolves when the listeners stop accepting (see [`RouterState::begin_shutdown`]).
     pub async fn accepting_stopped(&self) {
         self.at_plan(|p| p.accept_stop).await

@@ -4,7 +4,9 @@
 //! closed as soon as it is accepted, and counted), the time to send the first bytes and each
 //! request's headers, HTTP/2 keep-alive pings, the idle timeout (no new request for that long
 //! closes the connection gracefully: requests in progress finish first) and the graceful close
-//! when the listener stops accepting. The drain waits for every connection of the listener.
+//! when the listener stops accepting — except for a connection taken from the listen backlog
+//! after that, whose one request is served before it closes. The drain waits for every
+//! connection of the listener.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -30,7 +32,14 @@ pub const MAX_PEER_CONNECTIONS: usize = 1024;
 #[derive(Default)]
 struct Activity {
     last_ms: AtomicU64,
+    /// Requests that arrived on the connection.
+    requests: AtomicU64,
 }
+
+/// How long a connection that has not delivered its first request yet may still do so after
+/// the listener stopped accepting: its client connected before that, and its request is on the
+/// wire (closing it would reset a request the client already sent).
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 
 /// Serves one accepted connection on `plane` until it closes; `open` is its place among the
 /// listener's connections, `hold` anything else held as long as the connection (a shard's
@@ -43,6 +52,9 @@ pub(super) async fn serve<H: Send + 'static>(
     hold: H,
 ) {
     crate::net::tune(&stream);
+    // Taken from the listen backlog after the listener stopped accepting: its client connected
+    // before that and has sent (or is sending) a request, which is served; then it closes.
+    let late = state.accepting_has_stopped();
     let remote = stream.peer_addr().ok().map(|a| a.ip());
     // Read per connection, so a reload applies to the connections accepted after it.
     let limits = state.applied.load().config.limits.clone();
@@ -55,19 +67,24 @@ pub(super) async fn serve<H: Send + 'static>(
         // go when the listeners stop).
         let mut first = [0u8; 1];
         tokio::select! {
+            biased;
             // `peek` waits for a byte without taking it (`readable` may wake early).
             r = tokio::time::timeout(t, stream.peek(&mut first)) => if r.is_err() {
                 tracing::debug!("client sent nothing within the header timeout; closed");
                 return;
             },
-            _ = state.accepting_stopped() => return,
+            _ = async {
+                state.accepting_stopped().await;
+                tokio::time::sleep(FIRST_REQUEST_GRACE).await;
+            }, if !late => return,
         }
     }
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
+        .header_read_timeout(header_timeout)
+        .keep_alive(!late);
     if let Some(every) = limits
         .http2_keep_alive_interval_secs
         .map(crate::config::duration)
@@ -88,6 +105,7 @@ pub(super) async fn serve<H: Send + 'static>(
             let ms = u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX);
             seen.last_ms.store(ms, Ordering::Relaxed);
         }
+        seen.requests.fetch_add(1, Ordering::Relaxed);
         let st = st.clone();
         async move {
             use futures_util::FutureExt;
@@ -113,6 +131,8 @@ pub(super) async fn serve<H: Send + 'static>(
         .into_owned();
     tokio::pin!(conn);
     let mut closing = false;
+    // Set when the listener stopped before this connection's first request arrived.
+    let mut close_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             r = conn.as_mut() => {
@@ -121,7 +141,19 @@ pub(super) async fn serve<H: Send + 'static>(
                 }
                 break;
             }
-            _ = state.accepting_stopped(), if !closing => {
+            _ = state.accepting_stopped(), if !closing && !late && close_at.is_none() => {
+                if activity.requests.load(Ordering::Relaxed) == 0 {
+                    close_at = Some(tokio::time::Instant::now() + FIRST_REQUEST_GRACE);
+                } else {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+            _ = async {
+                if let Some(at) = close_at {
+                    tokio::time::sleep_until(at).await;
+                }
+            }, if !closing && close_at.is_some() => {
                 conn.as_mut().graceful_shutdown();
                 closing = true;
             }

@@ -141,12 +141,34 @@ async fn accept_loop(
             _ = &mut shutdown => break,
         }
     }
+    // Connections the kernel completed before the listener closes (its backlog) belong to
+    // clients that sent, or are sending, a request: they are served like those in progress
+    // rather than reset when the listener closes.
+    let mut backlog = 0;
+    if let Ok(std_listener) = listener.into_std() {
+        while let Ok((stream, _)) = std_listener.accept() {
+            let Ok(stream) = stream
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpStream::from_std(stream))
+            else {
+                continue;
+            };
+            backlog += 1;
+            serve(stream, None);
+        }
+    }
+    if backlog > 0 {
+        tracing::info!(
+            listener = listener_label,
+            connections = backlog,
+            "served the connections waiting in the listen backlog"
+        );
+    }
     if let Some(h) = handoff.as_mut() {
         for (stream, live) in h.close() {
             serve(stream, Some(live));
         }
     }
-    drop(listener);
     // serve_api fixed the drain's timeline before any accept loop stops.
     let deadline = state
         .drain_deadline()

@@ -229,6 +229,38 @@ async fn drain_finishes_requests_in_flight_and_turns_readiness_off() {
 }
 
 #[tokio::test]
+async fn a_connection_whose_request_is_on_the_wire_when_the_listener_stops_is_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = sim(&["--time-scale", "10"]).await;
+    let mut r = router(workers(&[s.base()], 1)).await;
+    // A request in flight keeps the drain going.
+    let url = r.url(CHAT);
+    let c = client();
+    let inflight = tokio::spawn(async move { post(&c, &url, &chat("drain", 40)).await });
+    // A client connected before the listener stops, and sends its request just after.
+    let mut raw = tokio::net::TcpStream::connect(r.server.addr)
+        .await
+        .expect("connect");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    r.server.stop();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(r.state.is_draining());
+    let body = chat("late", 2);
+    let req = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    raw.write_all(req.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(inflight.await.expect("join").status, 200);
+    r.server.stopped().await;
+}
+
+#[tokio::test]
 async fn a_shutdown_delay_keeps_serving_with_readiness_off_before_the_drain() {
     let s = sim(&[]).await;
     let mut cfg = workers(&[s.base()], 1);

@@ -60,7 +60,15 @@ pub struct Context {
     pub(crate) peer_secrets: Mutex<std::collections::HashSet<String>>,
     /// Router image prefixes a resource may name (`--allowed-router-images`); empty: any.
     pub allowed_images: Vec<String>,
+    /// The router image of a resource that names none (`--router-image`).
+    pub router_image: String,
 }
+
+/// The router image of this operator's version: what `--router-image` defaults to.
+pub const DEFAULT_ROUTER_IMAGE: &str = concat!(
+    "ghcr.io/program-scheduling/program-router:",
+    env!("CARGO_PKG_VERSION")
+);
 
 impl Context {
     pub fn new(client: Client, metrics: Arc<Metrics>, instance: String) -> Self {
@@ -76,6 +84,7 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             peer_secrets: Mutex::new(std::collections::HashSet::new()),
             allowed_images: Vec::new(),
+            router_image: DEFAULT_ROUTER_IMAGE.into(),
         }
     }
 }

@@ -139,8 +139,11 @@ pub struct DataParallelSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RouterSpec {
-    #[serde(default = "d::image")]
-    pub image: String,
+    /// The router image. Absent: the operator's own router image (`--router-image`; the chart
+    /// sets it to the program-router image of its appVersion), so that routers and the
+    /// operator that renders their config are one version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     #[serde(default = "d::replicas")]
     #[x_kube(validation = kube::core::Rule::new("self >= 0").message("router.replicas must not be negative"))]
     pub replicas: i32,
@@ -241,9 +244,6 @@ impl Default for NetworkPolicySpec {
 
 /// Defaults of [`RouterSpec`], per field so that a partial `router:` is complete.
 mod d {
-    pub fn image() -> String {
-        "ghcr.io/program-scheduling/program-router:latest".into()
-    }
     pub fn replicas() -> i32 {
         2
     }
@@ -279,7 +279,7 @@ mod d {
 impl Default for RouterSpec {
     fn default() -> Self {
         RouterSpec {
-            image: d::image(),
+            image: None,
             replicas: d::replicas(),
             resources: None,
             port: d::port(),

@@ -49,6 +49,10 @@ struct Cli {
     /// operator).
     #[arg(long, env = "ALLOWED_ROUTER_IMAGES", value_delimiter = ',')]
     allowed_router_images: Vec<String>,
+    /// The router image of a ProgramScheduling that names none (the chart sets the
+    /// program-router image of its appVersion). Default: this operator's version.
+    #[arg(long, env = "ROUTER_IMAGE", default_value = program_operator::controller::DEFAULT_ROUTER_IMAGE)]
+    router_image: String,
     #[arg(long, value_enum, default_value = "json")]
     log_format: LogFormat,
     /// Log filter (tracing `EnvFilter` syntax).
@@ -94,6 +98,13 @@ async fn run(cli: Cli) -> Result<(), String> {
     };
     let me = identity(&cli);
     let mut ctx = Context::new(client.clone(), metrics.clone(), me.clone());
+    if cli.router_image.trim().is_empty() || cli.router_image.ends_with(":latest") {
+        return Err(format!(
+            "--router-image: {:?} must name a version (a tag other than latest, or a digest)",
+            cli.router_image
+        ));
+    }
+    ctx.router_image = cli.router_image.clone();
     ctx.allowed_images = cli
         .allowed_router_images
         .iter()

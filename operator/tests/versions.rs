@@ -15,7 +15,11 @@ fn crates_chart_and_images_share_one_version() {
     let chart: serde_yaml::Value =
         serde_yaml::from_str(&read("charts/program-scheduling/Chart.yaml")).expect("Chart.yaml");
     assert_eq!(chart["version"].as_str(), Some(version), "chart version");
-    assert_eq!(chart["appVersion"].as_str(), Some(version), "chart appVersion");
+    assert_eq!(
+        chart["appVersion"].as_str(),
+        Some(version),
+        "chart appVersion"
+    );
     for krate in [
         "router",
         "operator",

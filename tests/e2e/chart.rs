@@ -159,6 +159,28 @@ fn chart_installs_with_least_privilege_runs_the_example_and_upgrades_cleanly() {
             assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
             assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
             assert_eq!(deploy["spec"]["replicas"], 2);
+            // Routers default to the program-router image of the chart's appVersion.
+            let app_version = env!("CARGO_PKG_VERSION");
+            let args = c["args"].to_string();
+            assert!(
+                args.contains(&format!(
+                    "--router-image=ghcr.io/program-scheduling/program-router:{app_version}"
+                )),
+                "{args}"
+            );
+            // No image reference anywhere in the chart, the CRD or the examples ends in :latest.
+            let everything = [
+                cp.helm(&["template", RELEASE, &chart, "--kube-version", "1.37.2"])
+                    .expect_ok("template"),
+                std::fs::read_to_string(crds_dir().join("programscheduling.yaml"))
+                    .expect("crd"),
+                std::fs::read_to_string(chart_dir().join("examples/minimal.yaml"))
+                    .expect("example"),
+                std::fs::read_to_string(chart_dir().join("examples/production.yaml"))
+                    .expect("example"),
+            ]
+            .concat();
+            assert!(!everything.contains(":latest"), "an image pinned to :latest");
 
             // Least privilege, as the API server's authorizer sees it.
             let op = format!("{NS}:{FULLNAME}");

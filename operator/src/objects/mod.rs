@@ -205,7 +205,7 @@ pub fn restart_hash(config: &RouterConfig) -> String {
     )
 }
 
-pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
+pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig, image: &str) -> Value {
     let r = &ps.spec.router;
     let name = router_name(ps);
     let mut args = vec![
@@ -268,7 +268,7 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig) -> Value {
     }
     let mut container = json!({
         "name": "router",
-        "image": r.image,
+        "image": image,
         "args": args,
         "env": env,
         "ports": ports,

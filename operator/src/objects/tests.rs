@@ -5,6 +5,9 @@ use crate::crd::{ProgramSchedulingSpec, RouterSpec};
 use k8s_openapi::api::core::v1::SecretKeySelector;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+/// The image the plan resolved for these resources.
+const IMAGE: &str = "registry.example/program-router:1.2.3";
+
 fn ps(router: RouterSpec) -> ProgramScheduling {
     let mut p = ProgramScheduling::new(
         "agents",
@@ -58,7 +61,7 @@ fn every_object_is_a_valid_owned_kind_controlled_by_the_resource() {
     let objs = [
         (service_account(&p), "ServiceAccount"),
         (config_map(&p, &file), "ConfigMap"),
-        (deployment(&p, &cfg), "Deployment"),
+        (deployment(&p, &cfg, IMAGE), "Deployment"),
         (service(&p), "Service"),
         (pod_disruption_budget(&p), "PodDisruptionBudget"),
     ];
@@ -91,9 +94,10 @@ fn every_object_is_a_valid_owned_kind_controlled_by_the_resource() {
     });
     assert_eq!(service(&sticky)["spec"]["sessionAffinity"], "ClientIP");
     let _: PodDisruptionBudget = typed(pod_disruption_budget(&p));
-    let d: Deployment = typed(deployment(&p, &cfg));
+    let d: Deployment = typed(deployment(&p, &cfg, IMAGE));
     let pod = d.spec.template.spec.expect("pod");
     let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some(IMAGE));
     let sc = c.security_context.as_ref().expect("hardened");
     assert_eq!(sc.read_only_root_filesystem, Some(true));
     assert_eq!(sc.allow_privilege_escalation, Some(false));
@@ -126,7 +130,7 @@ fn named_client_keys_are_a_secret_volume_the_router_reads_by_its_flag() {
         extra_args: vec!["--log-level=debug".into()],
         ..Default::default()
     });
-    let plain: Deployment = typed(deployment(&p, &cfg));
+    let plain: Deployment = typed(deployment(&p, &cfg, IMAGE));
     let pod = plain.spec.template.spec.expect("pod");
     assert_eq!(pod.volumes.as_ref().map(Vec::len), Some(1), "config only");
     assert_eq!(
@@ -137,7 +141,7 @@ fn named_client_keys_are_a_secret_volume_the_router_reads_by_its_flag() {
     p.spec.client_api_keys_secret = Some(k8s_openapi::api::core::v1::LocalObjectReference {
         name: "team-keys".into(),
     });
-    let d: Deployment = typed(deployment(&p, &cfg));
+    let d: Deployment = typed(deployment(&p, &cfg, IMAGE));
     let pod = d.spec.template.spec.expect("pod");
     let vol = secret_volume(&pod, "client-keys");
     assert_eq!(vol.secret_name.as_deref(), Some("team-keys"));
@@ -200,7 +204,7 @@ fn only_listener_changes_restart_router_pods() {
     });
     let mut cold = a.clone();
     cold.port = 9999;
-    let tmpl = |c: &RouterConfig| deployment(&p, c)["spec"]["template"].clone();
+    let tmpl = |c: &RouterConfig| deployment(&p, c, IMAGE)["spec"]["template"].clone();
     assert_eq!(tmpl(&a), tmpl(&hot), "hot fields travel through the file");
     assert_ne!(tmpl(&a), tmpl(&cold));
 }
@@ -225,7 +229,7 @@ fn the_peer_secret_is_owned_random_and_mounted_only_with_a_peer_listener() {
     );
 
     let cfg = crate::render::render(&p.spec, Vec::new(), &[]).expect("renders");
-    let d: Deployment = typed(deployment(&p, &cfg));
+    let d: Deployment = typed(deployment(&p, &cfg, IMAGE));
     let pod = d.spec.template.spec.expect("pod");
     let secret = secret_volume(&pod, "peer-secret");
     assert_eq!(secret.secret_name.as_deref(), Some("agents-router-peer"));
@@ -255,7 +259,7 @@ fn the_peer_secret_is_owned_random_and_mounted_only_with_a_peer_listener() {
         ..Default::default()
     });
     let cfg = crate::render::render(&off.spec, Vec::new(), &[]).expect("renders");
-    let text = deployment(&off, &cfg).to_string();
+    let text = deployment(&off, &cfg, IMAGE).to_string();
     assert!(
         !text.contains("peer-secret") && !text.contains("\"peer\""),
         "{text}"
@@ -322,7 +326,7 @@ fn the_network_policy_opens_each_port_to_its_callers_only() {
 fn content_ignores_only_the_servers_bookkeeping() {
     let p = ps(RouterSpec::default());
     let cfg = RouterConfig::default();
-    let a: Deployment = typed(deployment(&p, &cfg));
+    let a: Deployment = typed(deployment(&p, &cfg, IMAGE));
     let mut b = a.clone();
     b.metadata.resource_version = Some("42".into());
     b.metadata.generation = Some(7);
@@ -339,7 +343,7 @@ fn content_ignores_only_the_servers_bookkeeping() {
 fn router_pods_get_default_resources_unless_the_spec_gives_some() {
     let resources = |p: &ProgramScheduling| {
         let cfg = crate::render::render(&p.spec, Vec::new(), &[]).expect("renders");
-        let d: Deployment = typed(deployment(p, &cfg));
+        let d: Deployment = typed(deployment(p, &cfg, IMAGE));
         let pod = d.spec.template.spec.expect("pod");
         pod.containers[0].resources.clone().expect("resources")
     };
@@ -365,7 +369,7 @@ fn router_pods_get_default_resources_unless_the_spec_gives_some() {
 fn the_grace_period_covers_the_shutdown_delay_and_the_drain() {
     let p = ps(RouterSpec::default());
     let cfg = crate::render::render(&p.spec, Vec::new(), &[]).expect("renders");
-    let d = deployment(&p, &cfg);
+    let d = deployment(&p, &cfg, IMAGE);
     let grace = d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         .as_f64()
         .expect("grace");
@@ -386,12 +390,12 @@ fn applied_hash_changes_with_content_and_reads_back() {
         ..Default::default()
     });
     let cfg = RouterConfig::default();
-    let (da, db) = (deployment(&a, &cfg), deployment(&b, &cfg));
+    let (da, db) = (deployment(&a, &cfg, IMAGE), deployment(&b, &cfg, IMAGE));
     assert_ne!(
         da["metadata"]["annotations"][APPLIED_HASH],
         db["metadata"]["annotations"][APPLIED_HASH]
     );
-    assert_eq!(da, deployment(&a, &cfg), "deterministic");
+    assert_eq!(da, deployment(&a, &cfg, IMAGE), "deterministic");
     let live: Deployment = typed(da.clone());
     assert_eq!(
         applied_hash(&live),

@@ -35,6 +35,8 @@ pub struct Observed {
     pub network_policy: bool,
     /// Router image prefixes a resource may name (`--allowed-router-images`); empty: any.
     pub allowed_images: Vec<String>,
+    /// The router image of a resource that names none (`--router-image`).
+    pub router_image: String,
     /// Now, in milliseconds since the Unix epoch (numbers the member list).
     pub now_ms: u64,
     /// Now (condition transition times).
@@ -103,7 +105,8 @@ pub fn plan(ps: &ProgramScheduling, obs: &Observed) -> Result<Plan, serde_json::
         (Ok(cfg), Some(file)) => {
             objects.push(Desired::ConfigMap(objects::config_map(ps, file)));
             peer_secret = cfg.peer_port.is_some();
-            objects.push(Desired::Deployment(objects::deployment(ps, cfg)));
+            let image = router_image(ps, obs);
+            objects.push(Desired::Deployment(objects::deployment(ps, cfg, &image)));
             if ps.spec.router.network_policy.enabled {
                 objects.push(Desired::NetworkPolicy(objects::network_policy(ps, cfg)));
             } else {
@@ -212,6 +215,15 @@ fn workers(
     Ok((ready, targets))
 }
 
+/// The image the routers of `ps` run: the one it names, else the operator's.
+fn router_image(ps: &ProgramScheduling, obs: &Observed) -> String {
+    ps.spec
+        .router
+        .image
+        .clone()
+        .unwrap_or_else(|| obs.router_image.clone())
+}
+
 /// The router config for `targets` and the router pods `peers`, its member list numbered
 /// against the one the ConfigMap holds now (so routers can tell which of two lists is newer).
 fn config(
@@ -220,7 +232,7 @@ fn config(
     targets: &[program_router::config::WorkerConfig],
     peers: &[(String, String)],
 ) -> Result<RouterConfig, String> {
-    crate::render::check_image(&ps.spec.router.image, &obs.allowed_images)
+    crate::render::check_image(&router_image(ps, obs), &obs.allowed_images)
         .and_then(|()| render(&ps.spec, targets.to_vec(), peers))
         .map(|mut cfg| {
             let previous = obs

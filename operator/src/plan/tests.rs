@@ -67,6 +67,7 @@ fn observed() -> Observed {
         deployment: None,
         network_policy: false,
         allowed_images: Vec::new(),
+        router_image: crate::controller::DEFAULT_ROUTER_IMAGE.into(),
         now_ms: 1_000,
         now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     }
@@ -255,4 +256,36 @@ fn peer_forwarding_creates_the_peer_secret_and_lists_ready_router_pods() {
         "{file}"
     );
     assert_eq!(condition(&p, "ProgramAffinity").1, "NotUsed");
+}
+
+#[test]
+fn routers_run_the_operators_router_image_unless_the_resource_names_one() {
+    let image_of = |p: &Plan| {
+        p.objects
+            .iter()
+            .find_map(|d| match d {
+                Desired::Deployment(v) => v["spec"]["template"]["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .map(str::to_string),
+                _ => None,
+            })
+            .expect("a Deployment")
+    };
+    let obs = observed();
+    let p = plan(&ps(RouterSpec::default()), &obs).expect("plan");
+    assert_eq!(image_of(&p), crate::controller::DEFAULT_ROUTER_IMAGE);
+    assert!(!image_of(&p).ends_with(":latest"));
+    let named = ps(RouterSpec {
+        image: Some("registry.example/program-router:9.9.9".into()),
+        ..Default::default()
+    });
+    assert_eq!(
+        image_of(&plan(&named, &obs).expect("plan")),
+        "registry.example/program-router:9.9.9"
+    );
+    // The allow-list applies to the operator's own image too.
+    let mut strict = observed();
+    strict.allowed_images = vec!["registry.example/".into()];
+    let refused = plan(&ps(RouterSpec::default()), &strict).expect("plan");
+    assert!(refused.render_error.is_some());
 }

@@ -389,7 +389,7 @@ mod tests {
         assert_eq!(
             r,
             RouterSpec {
-                image: "example/router:1".into(),
+                image: Some("example/router:1".into()),
                 ..Default::default()
             }
         );

@@ -166,11 +166,11 @@ impl Scheduler {
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
-                self.programs[s] = Some(p);
+                self.programs[s] = Some(Box::new(p));
                 s
             }
             None => {
-                self.programs.push(Some(p));
+                self.programs.push(Some(Box::new(p)));
                 self.programs.len() - 1
             }
         };
@@ -257,6 +257,10 @@ impl Scheduler {
         }
         self.index.remove(&p.key);
         self.free_slots.push(slot);
+        // After a burst of Programs the index gives its memory back (a quarter full at most).
+        if self.index.capacity() > 4096 && self.index.len() * 4 < self.index.capacity() {
+            self.index.shrink_to(self.index.len() * 2);
+        }
         p.rank
     }
 }

@@ -526,7 +526,7 @@ pub enum Note {
 pub struct Scheduler {
     pub(crate) cfg: ProgramSchedulingConfig,
     pub(crate) ranks: Vec<RankState>,
-    pub(crate) programs: Vec<Option<Program>>,
+    pub(crate) programs: Vec<Option<Box<Program>>>,
     free_slots: Vec<usize>,
     index: FxHashMap<(String, String), usize>,
     retained: FxHashMap<Ticket, Retained>,

@@ -135,7 +135,7 @@ impl Scheduler {
     fn still_idle(&self, t: &Timer) -> Option<&Program> {
         self.programs
             .get(t.id as usize)
-            .and_then(Option::as_ref)
+            .and_then(Option::as_deref)
             .filter(|p| p.timer_gen == t.generation && self.is_idle(p))
     }
 

@@ -78,11 +78,14 @@ pub fn metrics_against(data: &[u8], reference: impl Fn(&str) -> Option<Vec<Refer
     let lone_cr = text
         .match_indices('\r')
         .any(|(i, _)| text.as_bytes().get(i + 1) != Some(&b'\n'));
-    let Some(expected) = reference(&text).filter(|_| !lone_cr) else {
+    // Quoted (UTF-8) metric and label names, `{"name"} 1` or `m{"label"="v"}`, are newer
+    // syntax the scanner does not read: no vLLM series uses them. Text that may hold them is
+    // not compared.
+    let quoted_names = text.contains("{\"") || text.contains(",\"");
+    let Some(expected) = reference(&text).filter(|_| !lone_cr && !quoted_names) else {
         return;
     };
-    // Quoted (UTF-8) metric names, `{"name"} 1`, are newer syntax the scanner does not read:
-    // no vLLM series uses one. Only names in the classic character set are compared.
+    // Only names in the classic character set are compared.
     let classic = |n: &str| {
         let mut c = n.chars();
         c.next()

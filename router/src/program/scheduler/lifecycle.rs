@@ -252,6 +252,9 @@ impl Scheduler {
         self.retired_gen = self.retired_gen.max(p.timer_gen);
         let r = &mut self.ranks[p.rank];
         r.members.remove(&slot);
+        if r.members.capacity() > 4096 && r.members.len() * 4 < r.members.capacity() {
+            r.members.shrink_to(r.members.len() * 2);
+        }
         if p.finished {
             r.finished = r.finished.saturating_sub(1);
         }

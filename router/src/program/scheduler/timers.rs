@@ -48,6 +48,10 @@ impl Scheduler {
     pub fn on_tick(&mut self, now: f64) -> Vec<Decision> {
         let mut out = Vec::new();
         let mut pumps: Vec<Rank> = Vec::new();
+        // After a burst of Programs the heap gives its memory back (a quarter full at most).
+        if self.timers.capacity() > 4096 && self.timers.len() * 4 < self.timers.capacity() {
+            self.timers.shrink_to(self.timers.len() * 2);
+        }
         while let Some(Reverse(t)) = self.timers.peek().copied() {
             if t.at_us > us(now) {
                 break;

@@ -23,7 +23,17 @@ started=$(date +%s)
 k8s=$(go list -m -f '{{.Version}}' k8s.io/kubernetes)
 minor=$(echo "$k8s" | cut -d. -f2)
 pkg=k8s.io/component-base/version
-go build -ldflags "-X $pkg.gitVersion=$k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" -o "$out.tmp" .
+go build -ldflags "-X $pkg.gitVersion=$k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" -o "$out.tmp" . &
+build=$!
+# A cold build is long and go build is silent: say every half minute that it is still going.
+while kill -0 "$build" 2>/dev/null; do
+  for _ in 1 2 3 4 5 6; do
+    sleep 5
+    kill -0 "$build" 2>/dev/null || break 2
+  done
+  echo "build-control-plane: still building ($(( $(date +%s) - started )) s)" >&2
+done
+wait "$build"
 mv "$out.tmp" "$out"
 echo "$want" > "$out.sha256"
 echo "build-control-plane: built in $(( $(date +%s) - started )) s" >&2

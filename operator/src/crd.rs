@@ -26,6 +26,7 @@ pub const DP_START_ANNOTATION: &str = "scheduling.program-router.dev/data-parall
     namespaced,
     shortname = "psched",
     status = "ProgramSchedulingStatus",
+    doc = "A fleet of program-router replicas in front of the vLLM worker pods that `spec.workerSelector` selects: the operator discovers the pods' data-parallel ranks, renders the routers' configuration (policy, Program scheduling for agentic sessions, fair multi-tenant queueing, peer forwarding) and runs the routers as a Deployment behind a Service; status tells whether they serve the current configuration.",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Ranks","type":"integer","jsonPath":".status.ranks"}"#,
     printcolumn = r#"{"name":"Routers","type":"integer","jsonPath":".status.readyRouters"}"#,
@@ -72,34 +73,59 @@ pub struct ProgramSchedulingSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct FairnessParams {
+    /// Where a request's tenant comes from: `header` (the `tenantHeader` request header; default),
+    /// `api_key` (a hash of the client's bearer key; the key is never kept) or `user` (the body's
+    /// `user` field).
     #[x_kube(validation = kube::core::Rule::new("self in ['header', 'api_key', 'user']")
         .message("fairness.tenantSource must be header, api_key or user"))]
     pub tenant_source: Option<String>,
+    /// Request header that names the tenant when `tenantSource` is `header` (default
+    /// `x-tenant-id`).
     pub tenant_header: Option<String>,
+    /// Tenant of requests that name none (default `default`).
     pub default_tenant: Option<String>,
+    /// How queued tenants take turns: `vtc` (default; the tenant that has been served the fewest
+    /// weighted tokens goes next) or `round_robin` (one request per tenant in turn).
     #[x_kube(validation = kube::core::Rule::new("self in ['vtc', 'round_robin']")
         .message("fairness.discipline must be vtc or round_robin"))]
     pub discipline: Option<String>,
-    /// Highest priority first.
+    /// Priority classes, highest priority first (default: `interactive`, `standard`, `batch`). A
+    /// request waits in its class's queue while the backends are saturated for that class.
     pub classes: Option<Vec<PriorityClassParams>>,
+    /// Request header that names the request's priority class (default `x-priority-class`).
     pub class_header: Option<String>,
+    /// Class of requests that name none and whose tenant has no `tenantClasses` entry (default
+    /// `standard`); must be one of `classes`.
     pub default_class: Option<String>,
+    /// Tenant → its default class (tenant names are matched exactly).
     pub tenant_classes: Option<std::collections::BTreeMap<String, String>>,
     /// Highest class a request may name (403 above it) unless its tenant has its own entry.
     pub max_class: Option<String>,
     /// Tenant → highest class its requests may name.
     pub tenant_max_classes: Option<std::collections::BTreeMap<String, String>>,
+    /// Tenant → share weight (> 0; default 1): a weight-2 tenant is served twice the weighted
+    /// tokens of a weight-1 tenant while both wait.
     pub tenant_weights: Option<std::collections::BTreeMap<String, f64>>,
     /// Tenant → quota (requests and tokens per minute); more gets 429 with Retry-After.
     pub tenant_rate_limits: Option<std::collections::BTreeMap<String, RateLimitParams>>,
     /// Quota of tenants without their own entry.
     pub default_rate_limit: Option<RateLimitParams>,
+    /// Weight of one prompt token in a tenant's served total (default 1.0).
     pub input_weight: Option<f64>,
+    /// Weight of one generated token in a tenant's served total (default 2.0).
     pub output_weight: Option<f64>,
+    /// Most requests one tenant may have waiting per class (≥ 1; default 256); one more gets
+    /// 429 with `Retry-After`.
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("fairness.maxQueuePerTenant must be at least 1"))]
     pub max_queue_per_tenant: Option<u32>,
+    /// Longest a request waits in a fair queue, in seconds (default 120); then 504
+    /// `queue_timeout`.
     pub queue_timeout_seconds: Option<f64>,
+    /// Backend metrics older than this many seconds count as saturated, so nothing is sent on
+    /// stale data (default 5).
     pub metrics_max_age_seconds: Option<f64>,
+    /// Tenants with a queue-depth and served-tokens series of their own (default 10); the others
+    /// are summed as `other`.
     pub metrics_top_tenants: Option<u32>,
 }
 
@@ -107,8 +133,10 @@ pub struct FairnessParams {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, KubeSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct RateLimitParams {
+    /// Requests per minute (> 0; absent: unlimited).
     #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("requestsPerMinute must be positive"))]
     pub requests_per_minute: Option<f64>,
+    /// Prompt plus generated tokens per minute (> 0; absent: unlimited).
     #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("tokensPerMinute must be positive"))]
     pub tokens_per_minute: Option<f64>,
 }
@@ -116,9 +144,16 @@ pub struct RateLimitParams {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PriorityClassParams {
+    /// The class's name, as requests give it in `classHeader`.
     pub name: String,
+    /// Send this class's requests only while a backend reports fewer waiting requests than this
+    /// (`vllm:num_requests_waiting`; default 1).
     pub max_waiting_requests: Option<u32>,
+    /// Send only while every backend with fresh metrics reports an empty waiting queue (for
+    /// batch work; default false).
     pub only_when_idle: Option<bool>,
+    /// Hold this class's requests while a backend's recent time per output token exceeds this many
+    /// seconds (default: no limit).
     pub max_tpot_seconds: Option<f64>,
 }
 
@@ -144,6 +179,8 @@ pub struct RouterSpec {
     /// operator that renders their config are one version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Router replicas (≥ 0; default 2). With Program scheduling and `peerForwarding`, replicas
+    /// forward each Program to the replica that owns it.
     #[serde(default = "d::replicas")]
     #[x_kube(validation = kube::core::Rule::new("self >= 0").message("router.replicas must not be negative"))]
     pub replicas: i32,
@@ -152,8 +189,10 @@ pub struct RouterSpec {
     /// BestEffort; given: used as is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Port of the routers' OpenAI API (default 8080; a change restarts the router pods).
     #[serde(default = "d::port")]
     pub port: i32,
+    /// Port of the routers' Prometheus metrics (default 9090; a change restarts the router pods).
     #[serde(default = "d::metrics_port")]
     pub metrics_port: i32,
     /// Request-level policy for requests without Program identity.
@@ -313,13 +352,25 @@ impl Default for RouterSpec {
     "!has(self.forceResumeTimeoutSeconds) || !has(self.queueTimeoutSeconds) || self.forceResumeTimeoutSeconds <= self.queueTimeoutSeconds"
 ).message("programScheduling.forceResumeTimeoutSeconds must not exceed queueTimeoutSeconds"))]
 pub struct ProgramSchedulingParams {
+    /// Which requests are Program requests: `vllm_xargs.agentic_context` (default; only requests
+    /// carrying that object) or `auto` (also `agent_hint` and the session headers of Claude Code,
+    /// Codex and other agent frameworks; see docs/program-scheduling.md).
     #[x_kube(validation = kube::core::Rule::new("self in ['vllm_xargs.agentic_context', 'auto']")
         .message("programSchedulingEnableKey must be vllm_xargs.agentic_context or auto"))]
     pub program_scheduling_enable_key: Option<String>,
+    /// Keep Programs on their bound rank but skip admission, pauses and resumes (default false):
+    /// an A/B switch that isolates the effect of affinity alone.
     pub binding_only: Option<bool>,
+    /// Let a paused Program resume on another rank when its own is full and the other passes
+    /// the headroom checks (default true); false keeps every Program on its bound rank.
     pub global_queue: Option<bool>,
+    /// Order of resumes on a rank among equally urgent Programs: `mru` (default; the most
+    /// recently active first, whose KV is most likely still cached) or `fcfs`.
     #[x_kube(validation = kube::core::Rule::new("self in ['mru', 'fcfs']").message("resumeOrder must be mru or fcfs"))]
     pub resume_order: Option<String>,
+    /// How much free KV a rank needs before a Program moves to it: the source rank's free
+    /// capacity plus this multiple of the Program's context (≥ 0; default 3.0). Higher moves
+    /// less. No effect with `globalQueue: false`.
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("crossRankHeadroomRatio must be >= 0"))]
     pub cross_rank_headroom_ratio: Option<f64>,
     /// Extension: queue wait before a cross-rank move, as a multiple of the move's cost (the
@@ -327,30 +378,70 @@ pub struct ProgramSchedulingParams {
     /// 16 or more DP ranks, 0 below.
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("crossRankMinWaitRatio must be >= 0"))]
     pub cross_rank_min_wait_ratio: Option<f64>,
+    /// Home rank of a new Program: `least_program_count` (default; the rank with the fewest
+    /// live Programs), `consistent_hash`, `program_round_robin`, `reasoning_token_balance` (needs
+    /// `tokenCapacityPerDpRank`) or `cache_aware` (follows a rank that holds the prompt's prefix).
     #[x_kube(validation = kube::core::Rule::new(
         "self in ['consistent_hash', 'program_round_robin', 'least_program_count', 'reasoning_token_balance', 'cache_aware']"
     ).message("bindingStrategy is not a known strategy"))]
     pub binding_strategy: Option<String>,
+    /// Points per rank on the `consistent_hash` ring (1–10000; default 160); ignored by the
+    /// other strategies.
     pub hash_virtual_nodes: Option<u32>,
+    /// KV-cache capacity of one DP rank, in tokens (> 0). Absent: read from each backend's
+    /// `vllm:cache_config_info`, else Programs are limited by count only
+    /// (`maxActiveProgramsPerTarget`).
     #[x_kube(validation = kube::core::Rule::new("self > 0").message("tokenCapacityPerDpRank must be > 0"))]
     pub token_capacity_per_dp_rank: Option<u64>,
+    /// Most Programs active at once on one rank (default 64): the capacity guard without a token
+    /// capacity, and a count guard beside it; a forced resume may exceed it.
     pub max_active_programs_per_target: Option<u32>,
+    /// Seconds between backend metric reads and scheduling rounds (> 0; default 1.0); also how
+    /// long an observation counts as fresh.
     #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("metricsIntervalSeconds must be > 0"))]
     pub metrics_interval_seconds: Option<f64>,
+    /// A rank whose vLLM reports this many waiting requests admits and resumes nothing more
+    /// until it drops (default 1; 0 turns the check off).
     pub admission_waiting_request_threshold: Option<u32>,
+    /// Longest a request waits in the RequestPool, in seconds (default 600); then 504. A
+    /// request's own deadline can only shorten it.
     pub queue_timeout_seconds: Option<f64>,
+    /// A waiting Program is resumed regardless of capacity after at most this many seconds
+    /// (default 300; ≤ `queueTimeoutSeconds`), sooner when the rank's queued work is short.
     pub force_resume_timeout_seconds: Option<f64>,
+    /// A paused Program with nothing waiting is forgotten after this many seconds (default
+    /// 1800); its next request binds it afresh.
     pub paused_retention_ttl_seconds: Option<f64>,
+    /// How long, in seconds, an observation of a prefix shared between Programs counts before the
+    /// rank's statistics are mature, and whenever they cannot say (default 100).
     pub shared_prefix_freshness_warmup_seconds: Option<f64>,
+    /// Once statistics are mature, a shared-prefix observation lasts as long as the rank takes to
+    /// turn over its whole KV cache this many times (default 2.0). Higher trusts older
+    /// observations.
     pub shared_prefix_freshness_kv_turnovers: Option<f64>,
+    /// Tokens reserved for a request's output when it gives no `expected_output_length`
+    /// (default 100); counted in admission and in the rank's occupancy.
     pub decode_buffer_tokens: Option<u64>,
+    /// Longest a finished request's Program keeps its KV reserved while it runs a tool, in
+    /// seconds (default 10); the automatic TTL picks up to this, a request's
+    /// `kv_retention_ttl_seconds` overrides it.
     pub max_acting_ttl_seconds: Option<f64>,
+    /// Fraction of the token capacity above which running Programs are paused to repair
+    /// occupancy (> 0, ≥ `lowWatermarkRatio`; default 1.0).
     #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("highWatermarkRatio must be > 0"))]
     pub high_watermark_ratio: Option<f64>,
+    /// Fraction of the token capacity that admission and resumes fill up to, and that repair
+    /// brings occupancy back to (> 0; default 1.0). Lower leaves KV headroom free.
     #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("lowWatermarkRatio must be > 0"))]
     pub low_watermark_ratio: Option<f64>,
+    /// Most rounds a Program is served back to back before it yields to waiting Programs on its
+    /// rank (default 14); a Program that yielded resumes behind the others once.
     pub max_segment_rounds: Option<u32>,
+    /// Samples in the rolling windows of request growth and tool intervals (1–100000; default
+    /// 100); until a window is full its estimate is off (no growth reserve, no automatic TTL).
     pub stats_window_size: Option<u32>,
+    /// Admit a request past the growth reserve when the modelled decode batch gain outweighs
+    /// the cost (default true); never past the capacity or the Program count.
     pub enable_batch_gain_admission: Option<bool>,
     /// Extension: `rank` (each rank's own tool-interval window, the spec) or `pooled`.
     #[x_kube(validation = kube::core::Rule::new("self in ['rank', 'pooled']").message("ttlEvidence must be rank or pooled"))]
@@ -381,7 +472,11 @@ pub struct ProgramSchedulingParams {
     /// `program_capacity` (default 100000).
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxPrograms must be at least 1"))]
     pub max_programs: Option<i64>,
+    /// Cost of a cold prefill, for the TTL and batch-gain decisions. Fit it with
+    /// `program-router calibrate`; omitted coefficients take reference values (Calibrated=False).
     pub prefill_cost_model: Option<PrefillCostModelParams>,
+    /// Time of one decode step, for the TTL and batch-gain decisions. Fit it with
+    /// `program-router calibrate`; omitted coefficients take reference values.
     pub decode_throughput_model: Option<DecodeThroughputModelParams>,
 }
 
@@ -421,9 +516,14 @@ impl ProgramSchedulingParams {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PrefillCostModelParams {
+    /// Fixed part of a cold prefill, in seconds.
     pub intercept_seconds: Option<f64>,
+    /// Seconds per 1,000 uncached prompt tokens.
     pub linear_seconds_per_1k_tokens: Option<f64>,
+    /// Seconds per (1,000 uncached prompt tokens)², for long prompts.
     pub quadratic_seconds_per_1k_tokens_squared: Option<f64>,
+    /// Share of decode throughput kept while a prefill runs in the same batch (0–1; default
+    /// 0.15); lower makes a cache miss cost more.
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0 && self <= 1.0").message("decodeThroughputAlpha must be within [0, 1]"))]
     pub decode_throughput_alpha: Option<f64>,
 }
@@ -431,8 +531,11 @@ pub struct PrefillCostModelParams {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct DecodeThroughputModelParams {
+    /// Fixed part of one decode step, in seconds.
     pub fixed_step_seconds: Option<f64>,
+    /// Seconds added to a decode step per request in the batch.
     pub batch_step_seconds_per_request: Option<f64>,
+    /// Seconds added to a decode step per context token in the batch.
     pub context_step_seconds_per_token: Option<f64>,
 }
 
@@ -440,8 +543,11 @@ pub struct DecodeThroughputModelParams {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProgramSchedulingStatus {
+    /// The `metadata.generation` this status describes.
     pub observed_generation: Option<i64>,
     #[serde(default)]
+    /// Ready, WorkersDiscovered, ConfigApplied, RouterAvailable, BackendsObserved, Calibrated and
+    /// ProgramAffinity, each with a reason and message (docs/operator.md).
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
     /// DP ranks currently routed to.

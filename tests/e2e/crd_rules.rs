@@ -17,6 +17,20 @@ spec:
 "#;
         cp.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], Some(good))
             .expect_ok("a valid resource is accepted");
+        // `kubectl explain` serves the descriptions (operator/tests/crds.rs checks that every
+        // field has one): the resource's and a few deep fields'.
+        for (path, says) in [
+            ("psched", "vLLM worker pods"),
+            ("psched.spec.programScheduling.maxActingTtlSeconds", "tool"),
+            ("psched.spec.fairness.classes.onlyWhenIdle", "waiting queue"),
+            ("psched.spec.router.image", "--router-image"),
+            ("psched.status.observedGeneration", "generation"),
+        ] {
+            let out = cp.kubectl(&["explain", path]).expect_ok("kubectl explain");
+            // kubectl wraps the text at its own width.
+            let flat = out.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert!(flat.contains(says), "kubectl explain {path}:\n{out}");
+        }
         for (bad, message) in [
             (
                 "programScheduling: {lowWatermarkRatio: 0.9, highWatermarkRatio: 0.5}",

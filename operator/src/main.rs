@@ -77,6 +77,12 @@ fn identity(cli: &Cli) -> String {
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
+    if cli.router_image.trim().is_empty() || cli.router_image.ends_with(":latest") {
+        return Err(format!(
+            "--router-image: {:?} must name a version (a tag other than latest, or a digest)",
+            cli.router_image
+        ));
+    }
     let metrics = Metrics::new().map_err(|e| format!("metrics: {e}"))?;
     let listener = telemetry::bind(cli.listen)
         .await
@@ -98,12 +104,6 @@ async fn run(cli: Cli) -> Result<(), String> {
     };
     let me = identity(&cli);
     let mut ctx = Context::new(client.clone(), metrics.clone(), me.clone());
-    if cli.router_image.trim().is_empty() || cli.router_image.ends_with(":latest") {
-        return Err(format!(
-            "--router-image: {:?} must name a version (a tag other than latest, or a digest)",
-            cli.router_image
-        ));
-    }
     ctx.router_image = cli.router_image.clone();
     ctx.allowed_images = cli
         .allowed_router_images

@@ -147,7 +147,7 @@ fn every_ready_false_reason_the_operator_emits_is_classified() {
         ("Pending", "Progressing"),
         ("StatusUnreachable", "Progressing"),
         ("Unavailable", "Progressing"),
-        ("ScaledToZero", "Degraded"),
+        ("ScaledToZero", "Suspended"),
         ("DiscoveryFailed", "Degraded"),
         ("InvalidSpec", "Degraded"),
     ] {

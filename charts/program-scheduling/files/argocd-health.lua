@@ -2,6 +2,7 @@
 -- Progressing: the operator has not reported on the current generation, Ready is absent/Unknown,
 --              or Ready=False for a reason that resolves by itself (a rollout in progress).
 -- Healthy:     Ready=True.
+-- Suspended:   Ready=False because router.replicas is 0 (scaled to zero on purpose).
 -- Degraded:    Ready=False for a failure reason (bad spec, no workers, no healthy backends...).
 local hs = {}
 local status = obj.status
@@ -46,7 +47,9 @@ local settling = {
   StatusUnreachable = true,
   Unavailable = true,
 }
-if settling[ready.reason] then
+if ready.reason == "ScaledToZero" then
+  hs.status = "Suspended"
+elseif settling[ready.reason] then
   hs.status = "Progressing"
 else
   hs.status = "Degraded"

@@ -174,12 +174,14 @@ fn chart_installs_with_least_privilege_runs_the_example_and_upgrades_cleanly() {
                     .expect_ok("template"),
                 std::fs::read_to_string(crds_dir().join("programscheduling.yaml"))
                     .expect("crd"),
-                std::fs::read_to_string(chart_dir().join("examples/minimal.yaml"))
-                    .expect("example"),
-                std::fs::read_to_string(chart_dir().join("examples/production.yaml"))
-                    .expect("example"),
             ]
-            .concat();
+            .into_iter()
+            .chain(
+                std::fs::read_dir(chart_dir().join("examples"))
+                    .expect("examples")
+                    .map(|e| std::fs::read_to_string(e.expect("entry").path()).expect("example")),
+            )
+            .collect::<String>();
             assert!(!everything.contains(":latest"), "an image pinned to :latest");
 
             // Least privilege, as the API server's authorizer sees it.
@@ -269,19 +271,21 @@ fn chart_installs_with_least_privilege_runs_the_example_and_upgrades_cleanly() {
             assert!(example.contains("replicas: 1"), "{example}");
             cp.kubectl_stdin(&["apply", "-n", "team-a", "-f", "-"], Some(&example))
                 .expect_ok("apply the minimal example");
-            // The production example passes the real API server's schema, CEL rules and strict
-            // field validation (a server-side dry run: it names workers this test does not run).
-            let production = chart_dir().join("examples/production.yaml");
-            cp.kubectl(&[
-                "apply",
-                "--dry-run=server",
-                "--validate=strict",
-                "-n",
-                "team-a",
-                "-f",
-                production.to_str().expect("utf-8 path"),
-            ])
-            .expect_ok("server-side dry run of the production example");
+            // Every other example passes the real API server's schema, CEL rules and strict
+            // field validation (a server-side dry run: they name workers this test does not run).
+            for example in ["production.yaml", "agents.yaml", "fairness.yaml"] {
+                let path = chart_dir().join("examples").join(example);
+                cp.kubectl(&[
+                    "apply",
+                    "--dry-run=server",
+                    "--validate=strict",
+                    "-n",
+                    "team-a",
+                    "-f",
+                    path.to_str().expect("utf-8 path"),
+                ])
+                .expect_ok(example);
+            }
             let api: Api<ProgramScheduling> = Api::namespaced(client.clone(), "team-a");
             let ready = wait_for(Duration::from_secs(90), || async {
                 let ps = api.get("agents").await.ok()?;

@@ -134,6 +134,7 @@ pub fn usage(data: &[u8]) {
     let _ = crate::proxy::relay::sse_usage(data);
     let _ = crate::proxy::relay::usage_in_json_tail(data);
     // The stream split into events as the relay splits it (LF or CRLF lines).
+    let mut whole = Vec::new();
     let mut rest = data;
     while let Some(n) = crate::proxy::relay::event_len(rest) {
         assert!(
@@ -141,8 +142,28 @@ pub fn usage(data: &[u8]) {
             "{n} of {rest:?}"
         );
         let _ = crate::proxy::relay::sse_usage(&rest[..n]);
+        whole.push(&rest[..n]);
         rest = &rest[n..];
     }
+    // Arriving in chunks (sizes taken from the bytes themselves), the same stream splits into
+    // the same events, and no byte is lost or doubled.
+    let mut splitter = crate::proxy::relay::SseSplitter::default();
+    let mut events = Vec::new();
+    let (mut at, mut k) = (0, 0);
+    while at < data.len() {
+        let end = (at + 1 + usize::from(data[k % data.len()] % 64)).min(data.len());
+        k += 1;
+        splitter.push(&data[at..end]);
+        while let Some(e) = splitter.next_event() {
+            events.push(e);
+        }
+        at = end;
+    }
+    assert_eq!(events.len(), whole.len(), "chunked and whole splits differ");
+    for (a, b) in events.iter().zip(&whole) {
+        assert_eq!(&a[..], *b);
+    }
+    assert_eq!(splitter.rest(), rest);
 }
 
 /// Another replica's quota-use document (`/peers/usage`), read twice as successive reads of

@@ -128,7 +128,7 @@ impl ErrorEvent {
 
 enum Tap {
     Sse {
-        pending: BytesMut,
+        pending: SseSplitter,
         filter: bool,
         errors: ErrorEvent,
         /// The stream's last event was seen (see [`ErrorEvent::is_terminal`]).
@@ -189,7 +189,7 @@ impl Relay {
     ) -> Self {
         let tap = if let Some(errors) = sse {
             Tap::Sse {
-                pending: BytesMut::new(),
+                pending: SseSplitter::default(),
                 filter: filter_usage_chunk,
                 errors,
                 terminated: false,
@@ -252,7 +252,7 @@ impl Relay {
         };
         // The error event starts after a blank line: an event cut half-way was either held
         // back (filtering) and is dropped, or already passed on and is ended here.
-        let lead: &[u8] = if !*filter && !pending.is_empty() {
+        let lead: &[u8] = if !*filter && !pending.rest().is_empty() {
             b"\n\n"
         } else {
             b""
@@ -356,15 +356,14 @@ impl Relay {
                 terminated,
             } => {
                 let filter = *filter;
-                pending.extend_from_slice(&chunk);
+                pending.push(&chunk);
                 let mut out = if filter {
                     BytesMut::with_capacity(chunk.len())
                 } else {
                     BytesMut::new()
                 };
-                let mut consumed = 0;
-                while let Some(len) = event_len(&pending[consumed..]) {
-                    let event = &pending[consumed..consumed + len];
+                while let Some(event) = pending.next_event() {
+                    let event = &event[..];
                     if !*terminated && errors.is_terminal(event) {
                         *terminated = true;
                     }
@@ -387,13 +386,11 @@ impl Relay {
                     if filter && !is_usage_chunk {
                         out.extend_from_slice(event);
                     }
-                    consumed += len;
                 }
-                let _ = pending.split_to(consumed);
-                if pending.len() > MAX_EVENT {
+                if pending.rest().len() > MAX_EVENT {
                     // Not SSE as we know it: stop inspecting, keep relaying.
                     if filter {
-                        out.extend_from_slice(pending);
+                        out.extend_from_slice(pending.rest());
                     }
                     pending.clear();
                     self.tap = Tap::Json {
@@ -462,11 +459,60 @@ impl HttpBody for EndsWithEvent {
     }
 }
 
+/// Splits an event stream into its events as chunks arrive, remembering how far it searched so
+/// that a long event is scanned once, not once per chunk.
+#[derive(Default)]
+pub(crate) struct SseSplitter {
+    pending: BytesMut,
+    /// Where in `pending` no event end was found (the search resumes a few bytes before it: a
+    /// CRLF blank line spans up to three bytes).
+    scanned: usize,
+}
+
+impl SseSplitter {
+    pub(crate) fn push(&mut self, chunk: &[u8]) {
+        self.pending.extend_from_slice(chunk);
+    }
+
+    /// The next complete event (with its blank line), taken out of the buffer.
+    pub(crate) fn next_event(&mut self) -> Option<Bytes> {
+        match event_len_from(&self.pending, self.scanned.saturating_sub(3)) {
+            Some(len) => {
+                self.scanned = 0;
+                Some(self.pending.split_to(len).freeze())
+            }
+            None => {
+                self.scanned = self.pending.len();
+                None
+            }
+        }
+    }
+
+    /// What arrived after the last complete event.
+    pub(crate) fn rest(&self) -> &[u8] {
+        &self.pending
+    }
+
+    pub(crate) fn take_rest(&mut self) -> Bytes {
+        self.scanned = 0;
+        self.pending.split().freeze()
+    }
+
+    fn clear(&mut self) {
+        self.scanned = 0;
+        self.pending.clear();
+    }
+}
+
 /// The length of the first complete SSE event in `buf`, up to and including the blank line
 /// that ends it: lines end with LF or CRLF (the event-stream format allows both).
 pub(crate) fn event_len(buf: &[u8]) -> Option<usize> {
-    let mut from = 0;
-    while let Some(i) = memchr::memchr(b'\n', &buf[from..]).map(|i| from + i) {
+    event_len_from(buf, 0)
+}
+
+/// [`event_len`], with no event end before `from`.
+fn event_len_from(buf: &[u8], mut from: usize) -> Option<usize> {
+    while let Some(i) = memchr::memchr(b'\n', buf.get(from..)?).map(|i| from + i) {
         // The line this newline ends is empty when the byte before it (a CR aside) ends a line.
         let line_start = if i > 0 && buf[i - 1] == b'\r' {
             i - 1
@@ -583,9 +629,9 @@ impl HttpBody for Relay {
                         filter: true,
                         ..
                     } = &mut this.tap
-                        && !pending.is_empty()
+                        && !pending.rest().is_empty()
                     {
-                        let rest = pending.split().freeze();
+                        let rest = pending.take_rest();
                         return Poll::Ready(Some(Ok(Frame::data(rest))));
                     }
                     if this.unterminated() {
@@ -611,11 +657,10 @@ impl HttpBody for Relay {
                                 filter: true,
                                 ..
                             } = &mut this.tap
-                                && !pending.is_empty()
+                                && !pending.rest().is_empty()
                             {
                                 let mut all = BytesMut::from(&out[..]);
-                                all.extend_from_slice(pending);
-                                pending.clear();
+                                all.extend_from_slice(&pending.take_rest());
                                 out = all.freeze();
                             }
                             if this.unterminated() {
@@ -681,6 +726,38 @@ mod tests {
         assert!(!usage_only_chunk(
             b"data: {\"choices\":[{\"delta\":{}}],\"usage\":null}\n\n"
         ));
+    }
+
+    #[test]
+    fn a_stream_in_any_chunks_splits_into_the_same_events_scanning_each_byte_once() {
+        let stream = b"data: 1\r\n\r\ndata: 2\n\nevent: e\r\ndata: 3\r\n\ndata: 4";
+        for size in 1..stream.len() {
+            let mut s = SseSplitter::default();
+            let mut events = Vec::new();
+            for chunk in stream.chunks(size) {
+                s.push(chunk);
+                while let Some(e) = s.next_event() {
+                    events.push(e);
+                }
+            }
+            let events: Vec<&[u8]> = events.iter().map(|e| &e[..]).collect();
+            assert_eq!(
+                events,
+                [
+                    &b"data: 1\r\n\r\n"[..],
+                    b"data: 2\n\n",
+                    b"event: e\r\ndata: 3\r\n\n"
+                ],
+                "{size}"
+            );
+            assert_eq!(s.rest(), b"data: 4");
+        }
+        // A long event is searched once: after a chunk with no end, the search resumes where it
+        // stopped (less the three bytes a CRLF blank line may span).
+        let mut s = SseSplitter::default();
+        s.push(&[b'x'; 1000]);
+        assert!(s.next_event().is_none());
+        assert_eq!(s.scanned, 1000);
     }
 
     #[test]

@@ -49,11 +49,18 @@ pub async fn soak(dir: &Path) -> Report {
         .collect();
     let (port, mport) = (procs::free_port(), procs::free_port());
     let mut cfg = procs::config(&sims.iter().collect::<Vec<_>>(), port, mport);
-    cfg.program_scheduling = Some(ProgramSchedulingConfig {
-        paused_retention_ttl_seconds: retention,
-        ..Default::default()
-    });
-    cfg.fairness = Some(FairnessConfig::default());
+    // SOAK_FEATURES=program,fairness (the default) turns features on; a subset tells which one
+    // holds memory.
+    let features = std::env::var("SOAK_FEATURES").unwrap_or_else(|_| "program,fairness".into());
+    if features.contains("program") {
+        cfg.program_scheduling = Some(ProgramSchedulingConfig {
+            paused_retention_ttl_seconds: retention,
+            ..Default::default()
+        });
+    }
+    if features.contains("fairness") {
+        cfg.fairness = Some(FairnessConfig::default());
+    }
     let file = procs::write_config(dir, "router", &cfg);
     let router = procs::router(dir, "router", &file, &[]);
     let pid = router.pid();

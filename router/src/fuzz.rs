@@ -131,23 +131,23 @@ pub fn config(data: &[u8]) {
 /// A streamed response's events (split as the relay splits them) and a JSON body's tail: usage
 /// is read or not, never a panic.
 pub fn usage(data: &[u8]) {
-    let _ = crate::proxy::relay::sse_usage(data);
+    let _ = crate::proxy::sse::sse_usage(data);
     let _ = crate::proxy::relay::usage_in_json_tail(data);
     // The stream split into events as the relay splits it (LF or CRLF lines).
     let mut whole = Vec::new();
     let mut rest = data;
-    while let Some(n) = crate::proxy::relay::event_len(rest) {
+    while let Some(n) = crate::proxy::sse::event_len(rest) {
         assert!(
             n > 0 && n <= rest.len() && rest[n - 1] == b'\n',
             "{n} of {rest:?}"
         );
-        let _ = crate::proxy::relay::sse_usage(&rest[..n]);
+        let _ = crate::proxy::sse::sse_usage(&rest[..n]);
         whole.push(&rest[..n]);
         rest = &rest[n..];
     }
     // Arriving in chunks (sizes taken from the bytes themselves), the same stream splits into
     // the same events, and no byte is lost or doubled.
-    let mut splitter = crate::proxy::relay::SseSplitter::default();
+    let mut splitter = crate::proxy::sse::SseSplitter::default();
     let mut events = Vec::new();
     let (mut at, mut k) = (0, 0);
     while at < data.len() {

@@ -201,8 +201,8 @@ pub async fn forward(
         .is_some_and(|v| v.starts_with("text/event-stream"));
     // A replica killed mid-stream: the client gets an error event, not a cut.
     let body = if sse {
-        let errors = crate::proxy::relay::ErrorEvent::for_route(h.path_and_query.path());
-        crate::proxy::relay::EndsWithEvent::new(body, errors).boxed_unsync()
+        let errors = crate::proxy::sse::ErrorEvent::for_route(h.path_and_query.path());
+        crate::proxy::sse::EndsWithEvent::new(body, errors).boxed_unsync()
     } else {
         body
     };

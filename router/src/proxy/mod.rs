@@ -8,6 +8,7 @@
 
 pub mod relay;
 pub mod request;
+pub mod sse;
 pub mod stored;
 pub mod upstream;
 
@@ -288,7 +289,7 @@ pub async fn forward<H: Hold>(
         });
         let relay = Relay::new(
             body,
-            sse.then(|| relay::ErrorEvent::for_route(out.route)),
+            sse.then(|| sse::ErrorEvent::for_route(out.route)),
             sse && out.filter_usage_chunk,
             out.route == "/v1/responses" && status.is_success(),
             Some(deadline),

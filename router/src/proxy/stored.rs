@@ -117,7 +117,7 @@ pub fn id_in_event(event: &[u8]) -> Option<String> {
         id: String,
     }
     memchr::memmem::find(event, b"\"response\"")?;
-    serde_json::from_str::<Event>(super::relay::sse_data(event)?)
+    serde_json::from_str::<Event>(super::sse::sse_data(event)?)
         .ok()
         .map(|e| e.response.id)
         .filter(|id| !id.is_empty())

@@ -38,7 +38,8 @@ impl ErrorEvent {
     pub(super) fn is_terminal(self, event: &[u8]) -> bool {
         let has = |needle: &[u8]| memchr::memmem::find(event, needle).is_some();
         match self {
-            ErrorEvent::OpenAi => sse_data(event) == Some("[DONE]"),
+            // A byte search first: this runs on every event of every stream.
+            ErrorEvent::OpenAi => has(b"[DONE]") && sse_data(event) == Some("[DONE]"),
             ErrorEvent::Anthropic => has(b"message_stop") || event.starts_with(b"event: error"),
             ErrorEvent::Responses => {
                 has(b"response.completed")

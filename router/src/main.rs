@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::FromArgMatches;
 use program_router::cli::{Cli, Command, ConfigCommand};
-use program_router::config::{LogFormat, RouterConfig};
+use program_router::config::RouterConfig;
 
 /// mimalloc: the proxy allocates and frees small buffers on every request; glibc malloc cost
 /// a visible share of the router's CPU under load, mimalloc's thread-local free lists far less.
@@ -85,15 +85,7 @@ async fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    let filter = tracing_subscriber::EnvFilter::try_new(&config.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let sub = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match config.log_format {
-        LogFormat::Json => sub.json().init(),
-        LogFormat::Text => sub.init(),
-    }
+    program_router::observe::log::install(&config.log_level, config.log_format);
     if let Some(ps) = &config.program_scheduling {
         warn_reference_calibration(ps, &cli.flags);
     }

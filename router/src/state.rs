@@ -542,6 +542,7 @@ impl RouterState {
                 "peer_secret_file",
                 config.peer_secret_file == prev.config.peer_secret_file,
             ),
+            ("log_format", config.log_format == prev.config.log_format),
         ] {
             if !same {
                 return Err(ConfigError::new(
@@ -559,6 +560,10 @@ impl RouterState {
             Some(_) => None,
             None => Some(None),
         };
+        if config.log_level != prev.config.log_level {
+            crate::observe::log::set_level(&config.log_level)
+                .map_err(|e| ConfigError::new("log_level", e))?;
+        }
         if let Some(d) = new_dir {
             self.client_dir.store(d);
         }

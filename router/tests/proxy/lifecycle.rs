@@ -386,3 +386,66 @@ async fn status_reports_config_targets_and_observations() {
         );
     }
 }
+
+/// The binary's log filter follows a reloaded `log_level` at once; a new `log_format` is refused
+/// (the subscriber's format is fixed at start) and the applied configuration stays.
+#[tokio::test]
+async fn a_reloaded_log_level_applies_at_once_and_a_new_log_format_is_refused() {
+    let s = sim(&["--instant"]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("router.json");
+    let api = free_port();
+    let base = json!({
+        "host": "127.0.0.1", "port": api, "prometheus_port": null,
+        "workers": [{"url": s.base()}], "log_format": "json",
+    });
+    let write = |changes: serde_json::Value| {
+        let mut cfg = base.clone();
+        for (k, v) in changes.as_object().expect("object") {
+            cfg[k] = v.clone();
+        }
+        let tmp = dir.path().join("router.json.tmp");
+        std::fs::write(&tmp, cfg.to_string()).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+        cfg
+    };
+    write(json!({"log_level": "warn"}));
+    let child = start_binary(&["--config".into(), path.display().to_string()]);
+    let c = client();
+    let status = |c: &HttpClient| {
+        let c = c.clone();
+        async move {
+            get(&c, &format!("http://127.0.0.1:{api}/status"))
+                .await
+                .json()
+        }
+    };
+    let applied = |policy: &'static str| {
+        let c = c.clone();
+        move || {
+            let c = c.clone();
+            async move { status(&c).await["config"]["policy"] == policy }
+        }
+    };
+    // Applied at `warn`: the reload's info line is filtered out.
+    write(json!({"log_level": "warn", "policy": {"kind": "random"}}));
+    assert!(eventually(5.0, applied("random")).await, "first reload");
+    // Applied with `info`: the new filter already holds for this reload's own line.
+    write(json!({"log_level": "info", "policy": {"kind": "round_robin"}}));
+    assert!(
+        eventually(5.0, applied("round_robin")).await,
+        "second reload"
+    );
+    write(json!({"log_level": "info", "log_format": "text", "policy": {"kind": "random"}}));
+    let refused = eventually(5.0, || async {
+        status(&c).await["last_reload_error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("log_format"))
+    })
+    .await;
+    assert!(refused, "{}", status(&c).await);
+    assert_eq!(status(&c).await["config"]["policy"], "round_robin");
+    let log = stop_binary(child);
+    assert_eq!(log.matches("configuration reloaded").count(), 1, "{log}");
+    assert!(log.contains("configuration reload rejected"), "{log}");
+}

@@ -1,0 +1,44 @@
+//! The process's log subscriber: installed once by the binary, with a filter that a reloaded
+//! configuration's `log_level` replaces in place (no restart to turn on `debug` while a problem
+//! is happening). Library users that never install it (tests, embedders) reload as a no-op.
+
+use std::sync::OnceLock;
+
+use tracing_subscriber::{EnvFilter, Registry, layer::SubscriberExt, reload};
+
+use crate::config::LogFormat;
+
+static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
+
+/// Installs the global subscriber (stderr, `format`) filtered by `level`; an invalid filter falls
+/// back to `info` (the configuration was validated before, so only a defect gets there).
+pub fn install(level: &str, format: LogFormat) {
+    let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, handle) = reload::Layer::new(filter);
+    let registry = tracing_subscriber::registry().with(filter);
+    let installed = match format {
+        LogFormat::Json => tracing::subscriber::set_global_default(
+            registry.with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            ),
+        ),
+        LogFormat::Text => tracing::subscriber::set_global_default(
+            registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)),
+        ),
+    };
+    if installed.is_ok() {
+        let _ = FILTER.set(handle);
+    }
+}
+
+/// Replaces the installed filter with `level` (a `tracing` filter the config validation
+/// accepted); nothing to do when no subscriber was installed by [`install`].
+pub fn set_level(level: &str) -> Result<(), String> {
+    let Some(handle) = FILTER.get() else {
+        return Ok(());
+    };
+    let filter = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+    handle.reload(filter).map_err(|e| e.to_string())
+}

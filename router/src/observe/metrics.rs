@@ -37,6 +37,8 @@ pub struct Metrics {
     /// Request bytes held in memory (set when scraped), and requests refused for the budget.
     pub buffered_bytes: IntGauge,
     pub buffered_bytes_shed: IntCounter,
+    /// Requests held before any backend has them, by model and stage.
+    pub backlog: super::backlog::Backlog,
     routes: Vec<(&'static str, RouteMetrics)>,
 }
 
@@ -220,6 +222,7 @@ impl Metrics {
                 ),
                 &["listener"]
             )?)?,
+            backlog: super::backlog::Backlog::new(&registry)?,
             routes: Vec::new(),
             registry,
         }

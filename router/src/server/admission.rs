@@ -149,6 +149,7 @@ pub(super) async fn program_admission(
     ),
     ApiError,
 > {
+    use crate::observe::backlog::Stage;
     use crate::program::runtime::{Admission, Placement};
     let Some(ps) = &applied.config.program_scheduling else {
         return Ok((None, None));
@@ -174,17 +175,20 @@ pub(super) async fn program_admission(
     let placement = match admission {
         Admission::Now(p) => p,
         // Returning early drops `ticket`, which takes the request out of the RequestPool.
-        Admission::Wait(rx) => tokio::select! {
-            biased;
-            p = rx => p.map_err(|_| {
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "reconfigured",
-                    "Program scheduling was reconfigured while the request waited; retry",
-                )
-            })?,
-            _ = state.queues_closed() => return Err(shutting_down()),
-        },
+        Admission::Wait(rx) => {
+            let _held = state.metrics.backlog.hold(Some(model), Stage::Program);
+            tokio::select! {
+                biased;
+                p = rx => p.map_err(|_| {
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "reconfigured",
+                        "Program scheduling was reconfigured while the request waited; retry",
+                    )
+                })?,
+                _ = state.queues_closed() => return Err(shutting_down()),
+            }
+        }
     };
     match placement {
         Placement::Target(id) => Ok((Some(id), Some(ticket))),

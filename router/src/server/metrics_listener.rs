@@ -96,6 +96,7 @@ fn answer(st: &RouterState, req: &Request<Incoming>) -> Response<Body> {
     m.concurrency_limit.set(i64::from(max));
     m.concurrency_in_progress.set(i64::from(busy));
     m.concurrency_waiting.set(i64::from(waiting));
+    m.backlog.set_unread(i64::from(waiting));
     for (listener, c) in [("api", &st.api_connections), ("peer", &st.peer_connections)] {
         m.connections_open
             .with_label_values(&[listener])

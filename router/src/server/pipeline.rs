@@ -435,6 +435,9 @@ impl<'a> Generation<'a> {
         match (&a.applied.fair, tenant, scheduled) {
             (Some(f), Some(tenant), false) => {
                 let n = self.prompt.len();
+                let model = self.peeked.model.as_deref();
+                let _held =
+                    (state.metrics.backlog).hold(model, crate::observe::backlog::Stage::Fair);
                 Ok(Some(
                     fair_admission(state, f, &a.parts.headers, tenant, n).await?,
                 ))

@@ -317,5 +317,6 @@ async fn cache_aware_follows_a_growing_conversation() {
     );
 }
 
+mod exported;
 mod lifecycle;
 mod streams_and_errors;

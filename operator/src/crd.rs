@@ -6,11 +6,15 @@
 //! The router's own `ProgramSchedulingConfig` stays the source of truth for defaults and
 //! validation; `crate::render::mapping` converts.
 
-use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements, SecretKeySelector};
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, ResourceRequirements, SecretKeySelector, Toleration,
+    TopologySpreadConstraint,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Annotation giving a worker pod's DP size when its container args do not.
 pub const DP_SIZE_ANNOTATION: &str = "scheduling.program-router.dev/data-parallel-size";
@@ -30,7 +34,12 @@ pub const DP_START_ANNOTATION: &str = "scheduling.program-router.dev/data-parall
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Ranks","type":"integer","jsonPath":".status.ranks"}"#,
     printcolumn = r#"{"name":"Routers","type":"integer","jsonPath":".status.readyRouters"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    scale(
+        spec_replicas_path = ".spec.router.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ProgramSchedulingSpec {
@@ -76,23 +85,26 @@ pub struct FairnessParams {
     /// Where a request's tenant comes from: `header` (the `tenantHeader` request header; default),
     /// `api_key` (a hash of the client's bearer key; the key is never kept) or `user` (the body's
     /// `user` field).
-    #[x_kube(validation = kube::core::Rule::new("self in ['header', 'api_key', 'user']")
-        .message("fairness.tenantSource must be header, api_key or user"))]
+    #[schemars(extend("enum" = ["header", "api_key", "user"]))]
+    #[schemars(extend("default" = "header"))]
     pub tenant_source: Option<String>,
     /// Request header that names the tenant when `tenantSource` is `header` (default
     /// `x-tenant-id`).
+    #[schemars(extend("default" = "x-tenant-id"))]
     pub tenant_header: Option<String>,
     /// Tenant of requests that name none (default `default`).
+    #[schemars(extend("default" = "default"))]
     pub default_tenant: Option<String>,
     /// How queued tenants take turns: `vtc` (default; the tenant that has been served the fewest
     /// weighted tokens goes next) or `round_robin` (one request per tenant in turn).
-    #[x_kube(validation = kube::core::Rule::new("self in ['vtc', 'round_robin']")
-        .message("fairness.discipline must be vtc or round_robin"))]
+    #[schemars(extend("enum" = ["vtc", "round_robin"]))]
+    #[schemars(extend("default" = "vtc"))]
     pub discipline: Option<String>,
     /// Priority classes, highest priority first (default: `interactive`, `standard`, `batch`). A
     /// request waits in its class's queue while the backends are saturated for that class.
     pub classes: Option<Vec<PriorityClassParams>>,
     /// Request header that names the request's priority class (default `x-priority-class`).
+    #[schemars(extend("default" = "x-priority-class"))]
     pub class_header: Option<String>,
     /// Class of requests that name none and whose tenant has no `tenantClasses` entry (default
     /// `standard`); must be one of `classes`.
@@ -197,14 +209,11 @@ pub struct RouterSpec {
     pub metrics_port: i32,
     /// Request-level policy for requests without Program identity.
     #[serde(default = "d::policy")]
-    #[x_kube(validation = kube::core::Rule::new(
-        "self in ['round_robin', 'random', 'consistent_hash', 'power_of_two', 'cache_aware']"
-    ).message("router.policy must be round_robin, random, consistent_hash, power_of_two or cache_aware"))]
+    #[schemars(extend("enum" = ["round_robin", "random", "consistent_hash", "power_of_two", "cache_aware"]))]
     pub policy: String,
     /// Service type of the router Service.
     #[serde(default = "d::service_type")]
-    #[x_kube(validation = kube::core::Rule::new("self in ['ClusterIP', 'NodePort', 'LoadBalancer']")
-        .message("router.serviceType must be ClusterIP, NodePort or LoadBalancer"))]
+    #[schemars(extend("enum" = ["ClusterIP", "NodePort", "LoadBalancer"]))]
     pub service_type: String,
     /// Extra command-line arguments for program-router.
     #[serde(default)]
@@ -212,8 +221,7 @@ pub struct RouterSpec {
     /// Service session affinity: `ClientIP` keeps a client on one router replica, so one
     /// scheduler sees all of a Program's requests when each agent is one client.
     #[serde(default = "d::session_affinity")]
-    #[x_kube(validation = kube::core::Rule::new("self in ['None', 'ClientIP']")
-        .message("router.sessionAffinity must be None or ClientIP"))]
+    #[schemars(extend("enum" = ["None", "ClientIP"]))]
     pub session_affinity: String,
     /// Most proxied requests one router replica holds at once (vllm-router's
     /// --max-concurrent-requests); absent = no cap. Applied without a restart.
@@ -252,6 +260,79 @@ pub struct RouterSpec {
     /// NetworkPolicies.
     #[serde(default)]
     pub network_policy: NetworkPolicySpec,
+    /// What the routers log: `error`, `warn`, `info` (default: starts, stops, configuration
+    /// changes, errors), `debug` or `trace`. Applied without a restart.
+    #[serde(default)]
+    pub log_level: LogLevel,
+    /// Secrets in this namespace holding the registry credentials to pull `image`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Node labels a router pod's node must carry (the pod's `nodeSelector`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the router pods tolerate (the pod's `tolerations`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Node and pod (anti-)affinity of the router pods. Absent: the scheduler places them freely;
+    /// set a pod anti-affinity on `app.kubernetes.io/instance` to keep replicas on different
+    /// nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// How router pods spread over zones or nodes (the pod's `topologySpreadConstraints`; a
+    /// constraint without `labelSelector` gets this resource's router pod labels).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// PriorityClass of the router pods; absent: the cluster's default. Routers sit in front of
+    /// every request, so a class above the workloads that call them keeps them from preemption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// Extra annotations on the router pods (e.g. for a service mesh or a log shipper). A change
+    /// restarts the router pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = kube::core::Rule::new("self.all(k, !k.startsWith('scheduling.program-router.dev/'))")
+        .message("router.podAnnotations must not set the operator's scheduling.program-router.dev/ annotations"))]
+    pub pod_annotations: BTreeMap<String, String>,
+    /// Extra labels on the router pods. The operator's own `app.kubernetes.io/name`, `instance`,
+    /// `component` and `managed-by` labels select the pods and cannot be set here. A change
+    /// restarts the router pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = kube::core::Rule::new(
+        "self.all(k, !(k in ['app.kubernetes.io/name', 'app.kubernetes.io/instance', 'app.kubernetes.io/component', 'app.kubernetes.io/managed-by']))"
+    ).message("router.podLabels must not set app.kubernetes.io/name, instance, component or managed-by (they select the router pods)"))]
+    pub pod_labels: BTreeMap<String, String>,
+    /// Extra annotations on the router Service (e.g. a cloud load balancer's settings with
+    /// `serviceType: LoadBalancer`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = kube::core::Rule::new("self.all(k, !k.startsWith('scheduling.program-router.dev/'))")
+        .message("router.serviceAnnotations must not set the operator's scheduling.program-router.dev/ annotations"))]
+    pub service_annotations: BTreeMap<String, String>,
+}
+
+/// `router.logLevel`: the least severe level the routers log.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    /// The router's `log_level` filter.
+    pub fn filter(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
 }
 
 /// `router.networkPolicy`.
@@ -334,6 +415,16 @@ impl Default for RouterSpec {
             peer_port: d::peer_port(),
             peer_hand_over: d::peer_hand_over(),
             network_policy: NetworkPolicySpec::default(),
+            log_level: LogLevel::default(),
+            image_pull_secrets: Vec::new(),
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            affinity: None,
+            topology_spread_constraints: Vec::new(),
+            priority_class_name: None,
+            pod_annotations: BTreeMap::new(),
+            pod_labels: BTreeMap::new(),
+            service_annotations: BTreeMap::new(),
         }
     }
 }
@@ -355,8 +446,8 @@ pub struct ProgramSchedulingParams {
     /// Which requests are Program requests: `vllm_xargs.agentic_context` (default; only requests
     /// carrying that object) or `auto` (also `agent_hint` and the session headers of Claude Code,
     /// Codex and other agent frameworks; see docs/program-scheduling.md).
-    #[x_kube(validation = kube::core::Rule::new("self in ['vllm_xargs.agentic_context', 'auto']")
-        .message("programSchedulingEnableKey must be vllm_xargs.agentic_context or auto"))]
+    #[schemars(extend("enum" = ["vllm_xargs.agentic_context", "auto"]))]
+    #[schemars(extend("default" = "vllm_xargs.agentic_context"))]
     pub program_scheduling_enable_key: Option<String>,
     /// Keep Programs on their bound rank but skip admission, pauses and resumes (default false):
     /// an A/B switch that isolates the effect of affinity alone.
@@ -366,7 +457,7 @@ pub struct ProgramSchedulingParams {
     pub global_queue: Option<bool>,
     /// Order of resumes on a rank among equally urgent Programs: `mru` (default; the most
     /// recently active first, whose KV is most likely still cached) or `fcfs`.
-    #[x_kube(validation = kube::core::Rule::new("self in ['mru', 'fcfs']").message("resumeOrder must be mru or fcfs"))]
+    #[schemars(extend("enum" = ["mru", "fcfs"]))]
     pub resume_order: Option<String>,
     /// How much free KV a rank needs before a Program moves to it: the source rank's free
     /// capacity plus this multiple of the Program's context (≥ 0; default 3.0). Higher moves
@@ -381,9 +472,7 @@ pub struct ProgramSchedulingParams {
     /// Home rank of a new Program: `least_program_count` (default; the rank with the fewest
     /// live Programs), `consistent_hash`, `program_round_robin`, `reasoning_token_balance` (needs
     /// `tokenCapacityPerDpRank`) or `cache_aware` (follows a rank that holds the prompt's prefix).
-    #[x_kube(validation = kube::core::Rule::new(
-        "self in ['consistent_hash', 'program_round_robin', 'least_program_count', 'reasoning_token_balance', 'cache_aware']"
-    ).message("bindingStrategy is not a known strategy"))]
+    #[schemars(extend("enum" = ["consistent_hash", "program_round_robin", "least_program_count", "reasoning_token_balance", "cache_aware"]))]
     pub binding_strategy: Option<String>,
     /// Points per rank on the `consistent_hash` ring (1–10000; default 160); ignored by the
     /// other strategies.
@@ -444,7 +533,7 @@ pub struct ProgramSchedulingParams {
     /// the cost (default true); never past the capacity or the Program count.
     pub enable_batch_gain_admission: Option<bool>,
     /// Extension: `rank` (each rank's own tool-interval window, the spec) or `pooled`.
-    #[x_kube(validation = kube::core::Rule::new("self in ['rank', 'pooled']").message("ttlEvidence must be rank or pooled"))]
+    #[schemars(extend("enum" = ["rank", "pooled"]))]
     pub ttl_evidence: Option<String>,
     /// Extension: samples before the automatic TTL acts (1..=statsWindowSize).
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("ttlMinSamples must be at least 1"))]
@@ -552,8 +641,16 @@ pub struct ProgramSchedulingStatus {
     pub conditions: Vec<Condition>,
     /// DP ranks currently routed to.
     pub ranks: Option<i32>,
-    /// Router replicas that report the current config.
+    /// Router pods that are Ready (the Deployment's ready replicas).
     pub ready_routers: Option<i32>,
+    /// Router pods that exist (the Deployment's replicas): the scale subresource's current
+    /// replicas, which a HorizontalPodAutoscaler compares with `spec.router.replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Label selector of the router pods (`key=value,...`), which a HorizontalPodAutoscaler uses
+    /// to find their CPU and memory use through the scale subresource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
     /// Hash of the rendered router config.
     pub config_hash: Option<String>,
 }

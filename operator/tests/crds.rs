@@ -91,3 +91,89 @@ fn kubectl_explain_describes_every_field_and_the_resource() {
         "the resource says what it does: {top}"
     );
 }
+
+/// Every `default` the schema declares under `path`, as (path from the spec, value).
+fn schema_defaults(
+    schema: &serde_json::Value,
+    path: &[String],
+    out: &mut Vec<(Vec<String>, serde_json::Value)>,
+) {
+    let Some(props) = schema.get("properties").and_then(|p| p.as_object()) else {
+        return;
+    };
+    for (name, field) in props {
+        let mut at = path.to_vec();
+        at.push(name.clone());
+        if let Some(d) = field.get("default") {
+            out.push((at.clone(), d.clone()));
+        }
+        schema_defaults(field, &at, out);
+    }
+}
+
+/// A spec with `at` set to `value` (its parent objects created empty).
+fn spec_with(at: &[String], value: Option<&serde_json::Value>) -> serde_json::Value {
+    let mut spec = serde_json::json!({ "workerSelector": {} });
+    let mut cur = &mut spec;
+    for key in &at[..at.len() - 1] {
+        if cur.get(key).is_none() {
+            cur[key] = serde_json::json!({});
+        }
+        cur = &mut cur[key];
+    }
+    if let Some(v) = value {
+        cur[&at[at.len() - 1]] = v.clone();
+    }
+    spec
+}
+
+/// What the API server fills in (a schema default) is what the operator does with the field
+/// left out: the same router config and the same owned objects.
+#[test]
+fn every_schema_default_is_the_default_the_operator_applies() {
+    use program_operator::crd::{ProgramScheduling, ProgramSchedulingSpec};
+    let y = program_operator::crd_yaml().expect("crd");
+    let v: serde_json::Value = serde_yaml::from_str(&y).expect("yaml");
+    let spec = &v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let mut defaults = Vec::new();
+    schema_defaults(spec, &[], &mut defaults);
+    let names: Vec<String> = defaults.iter().map(|(p, _)| p.join(".")).collect();
+    for expected in [
+        "router.policy",
+        "router.logLevel",
+        "fairness.tenantSource",
+        "fairness.discipline",
+        "programScheduling.programSchedulingEnableKey",
+    ] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} has a schema default: {names:?}"
+        );
+    }
+    let worker = program_router::config::WorkerConfig {
+        url: "http://10.0.0.1:8000".into(),
+        dp_rank: Some(0),
+    };
+    let outcome = |spec: serde_json::Value| {
+        let spec: ProgramSchedulingSpec =
+            serde_json::from_value(spec.clone()).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        let mut ps = ProgramScheduling::new("agents", spec.clone());
+        ps.metadata.namespace = Some("ml".into());
+        ps.metadata.uid = Some("uid-1".into());
+        let cfg =
+            program_operator::render::render(&spec, vec![worker.clone()], &[]).expect("renders");
+        let objects = [
+            program_operator::objects::deployment(&ps, &cfg, "program-router:1.0.0"),
+            program_operator::objects::service(&ps),
+        ];
+        (cfg, objects)
+    };
+    for (at, value) in &defaults {
+        assert_eq!(
+            outcome(spec_with(at, Some(value))),
+            outcome(spec_with(at, None)),
+            "{}: the schema's default {value} is not what the operator does without it",
+            at.join(".")
+        );
+    }
+}

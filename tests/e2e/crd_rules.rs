@@ -25,6 +25,15 @@ spec:
             ("psched.spec.fairness.classes.onlyWhenIdle", "waiting queue"),
             ("psched.spec.router.image", "--router-image"),
             ("psched.status.observedGeneration", "generation"),
+            // Allowed values are a schema enum, which explain lists.
+            (
+                "psched.spec.router.policy",
+                "ENUM: round_robin random consistent_hash",
+            ),
+            (
+                "psched.spec.router.logLevel",
+                "ENUM: error warn info debug trace",
+            ),
         ] {
             let out = cp.kubectl(&["explain", path]).expect_ok("kubectl explain");
             // kubectl wraps the text at its own width.
@@ -42,12 +51,24 @@ spec:
             ),
             (
                 "router: {policy: fastest}",
-                "router.policy must be round_robin",
+                "spec.router.policy: Unsupported value: \"fastest\": supported values: \"round_robin\"",
+            ),
+            (
+                "router: {logLevel: verbose}",
+                "spec.router.logLevel: Unsupported value: \"verbose\"",
+            ),
+            (
+                "router: {podLabels: {app.kubernetes.io/instance: other}}",
+                "router.podLabels must not set app.kubernetes.io/name",
+            ),
+            (
+                "router: {podAnnotations: {scheduling.program-router.dev/restart-hash: x}}",
+                "router.podAnnotations must not set the operator's",
             ),
             ("workerPort: 70000", "workerPort must be a TCP port"),
             (
                 "router: {sessionAffinity: Sticky}",
-                "router.sessionAffinity must be None or ClientIP",
+                "spec.router.sessionAffinity: Unsupported value: \"Sticky\"",
             ),
             (
                 "fairness: {defaultRateLimit: {tokensPerMinute: 0}}",
@@ -63,11 +84,11 @@ spec:
             ),
             (
                 "fairness: {discipline: lottery}",
-                "fairness.discipline must be vtc or round_robin",
+                "spec.fairness.discipline: Unsupported value: \"lottery\"",
             ),
             (
                 "programScheduling: {resumeOrder: lifo}",
-                "resumeOrder must be mru or fcfs",
+                "spec.programScheduling.resumeOrder: Unsupported value: \"lifo\"",
             ),
             (
                 "programScheduling: {forceResumeWorkloadFactor: -1}",
@@ -94,6 +115,15 @@ spec:
                 out.stderr
             );
         }
+        let (fields, missing) = undescribed_in_explain(&cp);
+        assert!(
+            fields > 150,
+            "kubectl explain --recursive listed {fields} fields"
+        );
+        assert!(
+            missing.is_empty(),
+            "fields kubectl explain shows without a description: {missing:?}"
+        );
         let printed = cp
             .kubectl(&[
                 "get",
@@ -105,4 +135,96 @@ spec:
             .expect_ok("short name");
         assert!(printed.contains("psched"), "{printed}");
     });
+}
+
+/// Walks every field `kubectl explain psched --recursive` lists and looks up the description the
+/// API server publishes for it (what `kubectl explain <field>` prints): (fields, undescribed).
+fn undescribed_in_explain(cp: &ControlPlane) -> (usize, Vec<String>) {
+    let tree = cp
+        .kubectl(&["explain", "psched", "--recursive"])
+        .expect_ok("kubectl explain --recursive");
+    let doc = cp
+        .kubectl(&[
+            "get",
+            "--raw",
+            "/openapi/v3/apis/scheduling.program-router.dev/v1alpha1",
+        ])
+        .expect_ok("the published OpenAPI v3 document");
+    let doc: serde_json::Value = serde_json::from_str(&doc).expect("json");
+    let schemas = &doc["components"]["schemas"];
+    let root = &schemas["dev.program-router.scheduling.v1alpha1.ProgramScheduling"];
+    assert!(root.is_object(), "the resource's schema is published");
+    let deref = |s: &serde_json::Value| deref_schema(schemas, s);
+    // What explain descends into below a field: its items' or values' object.
+    let inner = |s: serde_json::Value| -> serde_json::Value {
+        let s = deref(&s);
+        for k in ["items", "additionalProperties"] {
+            if s.get(k)
+                .is_some_and(|i| deref(i).get("properties").is_some())
+            {
+                return deref(&s[k]);
+            }
+        }
+        s
+    };
+    let mut stack: Vec<(String, serde_json::Value)> = Vec::new();
+    let (mut fields, mut missing) = (0, Vec::new());
+    let mut in_fields = false;
+    for line in tree.lines() {
+        if line.starts_with("FIELDS:") {
+            in_fields = true;
+            continue;
+        }
+        let Some((name, _kind)) = line.trim_start().split_once('\t') else {
+            continue;
+        };
+        if !in_fields || name.is_empty() {
+            continue;
+        }
+        let depth = (line.len() - line.trim_start().len()) / 2 - 1;
+        stack.truncate(depth);
+        let parent = match stack.last() {
+            Some((_, s)) => inner(s.clone()),
+            None => root.clone(),
+        };
+        let field = deref(&parent["properties"][name]);
+        let path: Vec<&str> = stack
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .chain([name])
+            .collect();
+        fields += 1;
+        if field["description"]
+            .as_str()
+            .is_none_or(|d| d.trim().is_empty())
+        {
+            missing.push(path.join("."));
+        }
+        stack.push((name.to_string(), field));
+    }
+    (fields, missing)
+}
+
+/// A field's own schema in a published OpenAPI document: `$ref` (also inside `allOf`) followed,
+/// the field's own keys (its description) kept over the referenced type's.
+fn deref_schema<'a>(
+    schemas: &'a serde_json::Value,
+    mut s: &'a serde_json::Value,
+) -> serde_json::Value {
+    let mut merged = serde_json::Map::new();
+    for _ in 0..8 {
+        if let Some(o) = s.as_object() {
+            for (k, v) in o {
+                merged.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        let r = s["$ref"]
+            .as_str()
+            .or_else(|| s["allOf"][0]["$ref"].as_str());
+        match r.and_then(|r| r.strip_prefix("#/components/schemas/")) {
+            Some(name) => s = &schemas[name],
+            None => break,
+        }
+    }
+    serde_json::Value::Object(merged)
 }

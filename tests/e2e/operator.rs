@@ -9,6 +9,7 @@ mod crd_rules;
 mod harness;
 mod leader;
 mod outage;
+mod scaling;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -237,7 +237,6 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig, image: &str) ->
     }
     args.extend(r.extra_args.iter().map(|a| json!(a)));
     let mut env = vec![
-        json!({"name": "RUST_LOG", "value": "info"}),
         // The pod's name among the config's `peers.members` (set on every pod, so that turning
         // Program scheduling on or scaling past one replica does not restart the routers).
         json!({
@@ -302,6 +301,52 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig, image: &str) ->
         // that an operator upgrade does not restart routers that do not use one.
         pod_security["fsGroup"] = json!(65532);
     }
+    let mut pod_labels = json!(r.pod_labels);
+    let mut pod_annotations = json!(r.pod_annotations);
+    // The operator's own keys win (the CRD's rules already refuse them in the spec).
+    merge(&mut pod_labels, labels(ps));
+    merge(
+        &mut pod_annotations,
+        json!({ RESTART_HASH: restart_hash(config) }),
+    );
+    let mut pod = json!({
+        "serviceAccountName": name,
+        "automountServiceAccountToken": false,
+        "terminationGracePeriodSeconds": grace_seconds(config),
+        "securityContext": pod_security,
+        "containers": [container],
+        "volumes": volumes,
+    });
+    // Only what is set, so that routers of a spec without these fields keep their pod template.
+    if !r.image_pull_secrets.is_empty() {
+        pod["imagePullSecrets"] = json!(r.image_pull_secrets);
+    }
+    if !r.node_selector.is_empty() {
+        pod["nodeSelector"] = json!(r.node_selector);
+    }
+    if !r.tolerations.is_empty() {
+        pod["tolerations"] = json!(r.tolerations);
+    }
+    if let Some(a) = &r.affinity {
+        pod["affinity"] = json!(a);
+    }
+    if !r.topology_spread_constraints.is_empty() {
+        let constraints: Vec<Value> = r
+            .topology_spread_constraints
+            .iter()
+            .map(|c| {
+                let mut c = json!(c);
+                if c.get("labelSelector").is_none_or(Value::is_null) {
+                    c["labelSelector"] = json!({ "matchLabels": selector_labels(ps) });
+                }
+                c
+            })
+            .collect();
+        pod["topologySpreadConstraints"] = json!(constraints);
+    }
+    if let Some(p) = &r.priority_class_name {
+        pod["priorityClassName"] = json!(p);
+    }
     stamped(json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -314,21 +359,18 @@ pub fn deployment(ps: &ProgramScheduling, config: &RouterConfig, image: &str) ->
                 "rollingUpdate": { "maxUnavailable": 0, "maxSurge": 1 },
             },
             "template": {
-                "metadata": {
-                    "labels": labels(ps),
-                    "annotations": { RESTART_HASH: restart_hash(config) },
-                },
-                "spec": {
-                    "serviceAccountName": name,
-                    "automountServiceAccountToken": false,
-                    "terminationGracePeriodSeconds": grace_seconds(config),
-                    "securityContext": pod_security,
-                    "containers": [container],
-                    "volumes": volumes,
-                },
+                "metadata": { "labels": pod_labels, "annotations": pod_annotations },
+                "spec": pod,
             },
         },
     }))
+}
+
+/// Sets every key of the object `over` in the object `into`.
+fn merge(into: &mut Value, over: Value) {
+    if let (Some(into), Value::Object(over)) = (into.as_object_mut(), over) {
+        into.extend(over);
+    }
 }
 
 /// Router container resources when the spec gives none: Burstable, never BestEffort (the first
@@ -351,10 +393,14 @@ fn grace_seconds(config: &RouterConfig) -> u64 {
 
 pub fn service(ps: &ProgramScheduling) -> Value {
     let r = &ps.spec.router;
+    let mut m = meta(ps);
+    if !r.service_annotations.is_empty() {
+        m["annotations"] = json!(r.service_annotations);
+    }
     stamped(json!({
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": meta(ps),
+        "metadata": m,
         "spec": {
             "type": r.service_type,
             "sessionAffinity": r.session_affinity,

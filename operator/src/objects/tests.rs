@@ -402,3 +402,104 @@ fn applied_hash_changes_with_content_and_reads_back() {
         da["metadata"]["annotations"][APPLIED_HASH].as_str()
     );
 }
+
+#[test]
+fn router_pod_knobs_reach_the_pod_and_the_operators_labels_still_select_it() {
+    let spec: RouterSpec = serde_json::from_value(json!({
+        "imagePullSecrets": [{"name": "registry"}],
+        "nodeSelector": {"pool": "routers"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "routers", "effect": "NoSchedule"}],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100,
+            "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "agents"}}}}]}},
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"},
+            {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+             "labelSelector": {"matchLabels": {"team": "ml"}}},
+        ],
+        "priorityClassName": "gateway-critical",
+        "podAnnotations": {"sidecar.istio.io/inject": "false"},
+        "podLabels": {"team": "ml"},
+        "serviceAnnotations": {"service.beta.kubernetes.io/aws-load-balancer-internal": "true"},
+        "logLevel": "debug",
+    }))
+    .expect("a valid router spec");
+    let p = ps(spec);
+    let cfg = RouterConfig::default();
+    let d: Deployment = typed(deployment(&p, &cfg, IMAGE));
+    let template = d.spec.template;
+    let pod = template.spec.expect("pod spec");
+    assert_eq!(
+        pod.image_pull_secrets.expect("pull secrets")[0].name,
+        "registry"
+    );
+    assert_eq!(pod.node_selector.expect("node selector")["pool"], "routers");
+    assert_eq!(
+        pod.tolerations.expect("tolerations")[0].key.as_deref(),
+        Some("dedicated")
+    );
+    assert!(pod.affinity.expect("affinity").pod_anti_affinity.is_some());
+    assert_eq!(pod.priority_class_name.as_deref(), Some("gateway-critical"));
+    let spread = pod.topology_spread_constraints.expect("spread");
+    // A constraint without a selector counts this resource's router pods; a given one is kept.
+    let selector = |i: usize| {
+        spread[i]
+            .label_selector
+            .clone()
+            .and_then(|s| s.match_labels)
+            .expect("selector")
+    };
+    assert_eq!(selector(0)["app.kubernetes.io/instance"], "agents");
+    assert_eq!(selector(0)["app.kubernetes.io/component"], "router");
+    assert_eq!(selector(1).get("team").map(String::as_str), Some("ml"));
+    let meta = template.metadata.expect("pod metadata");
+    let labels = meta.labels.expect("labels");
+    assert_eq!(labels["team"], "ml");
+    for (k, v) in selector_labels(&p).as_object().expect("labels") {
+        assert_eq!(labels.get(k).map(String::as_str), v.as_str(), "{k}");
+    }
+    let annotations = meta.annotations.expect("annotations");
+    assert_eq!(annotations["sidecar.istio.io/inject"], "false");
+    assert!(annotations.contains_key(RESTART_HASH));
+    let svc: Service = typed(service(&p));
+    let svc_annotations = svc.metadata.annotations.expect("service annotations");
+    assert_eq!(
+        svc_annotations["service.beta.kubernetes.io/aws-load-balancer-internal"],
+        "true"
+    );
+    assert!(svc_annotations.contains_key(APPLIED_HASH));
+}
+
+#[test]
+fn a_spec_without_pod_knobs_renders_none_of_them() {
+    // Routers of an older spec keep their pod template (and are not restarted) on upgrade.
+    let p = ps(RouterSpec::default());
+    let d = deployment(&p, &RouterConfig::default(), IMAGE);
+    let pod = &d["spec"]["template"]["spec"];
+    for key in [
+        "imagePullSecrets",
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "topologySpreadConstraints",
+        "priorityClassName",
+    ] {
+        assert!(pod.get(key).is_none(), "{key}: {}", pod[key]);
+    }
+    let annotations = d["spec"]["template"]["metadata"]["annotations"]
+        .as_object()
+        .expect("annotations");
+    assert_eq!(
+        annotations.keys().collect::<Vec<_>>(),
+        vec![RESTART_HASH],
+        "only the restart hash"
+    );
+    let svc = service(&p);
+    assert_eq!(
+        svc["metadata"]["annotations"]
+            .as_object()
+            .map(|a| a.keys().cloned().collect::<Vec<_>>()),
+        Some(vec![APPLIED_HASH.to_string()])
+    );
+}

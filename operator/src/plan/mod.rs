@@ -173,6 +173,8 @@ pub fn plan(ps: &ProgramScheduling, obs: &Observed) -> Result<Plan, serde_json::
             .ok()
             .map(|(_, t)| i32::try_from(t.len()).unwrap_or(i32::MAX)),
         ready_routers: Some(ready_routers),
+        replicas: Some(deployment_status.and_then(|s| s.replicas).unwrap_or(0)),
+        selector: Some(objects::router_pod_selector(ps)),
         config_hash: desired_hash,
     };
     let requeue = requeue(&status, render_error.is_some());

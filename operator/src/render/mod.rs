@@ -59,6 +59,7 @@ pub fn render(
         prometheus_port: Some(port(spec.router.metrics_port, "router.metricsPort")?),
         workers,
         log_format: program_router::config::LogFormat::Json,
+        log_level: spec.router.log_level.filter().into(),
         ..Default::default()
     };
     cfg.policy.kind = policy(&spec.router.policy)?;
@@ -219,6 +220,28 @@ mod tests {
         assert!(
             c.api_key.is_none(),
             "secrets never enter the rendered config"
+        );
+    }
+
+    #[test]
+    fn the_log_level_reaches_the_config_and_restarts_no_pod() {
+        let at = |level: crate::crd::LogLevel| {
+            let router = RouterSpec {
+                log_level: level,
+                ..Default::default()
+            };
+            render(&spec(router, None), vec![w(0)], &[]).expect("valid")
+        };
+        let (info, debug) = (at(Default::default()), at(crate::crd::LogLevel::Debug));
+        assert_eq!(
+            (info.log_level.as_str(), debug.log_level.as_str()),
+            ("info", "debug")
+        );
+        debug.validate().expect("the router accepts the filter");
+        assert_eq!(
+            crate::objects::restart_hash(&info),
+            crate::objects::restart_hash(&debug),
+            "the routers apply a new level on reload"
         );
     }
 

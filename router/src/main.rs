@@ -85,7 +85,10 @@ async fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    program_router::observe::log::install(&config.log_level, config.log_format);
+    program_router::observe::log::install(
+        &config.log_level,
+        config.log_format == program_router::config::LogFormat::Json,
+    );
     if let Some(ps) = &config.program_scheduling {
         warn_reference_calibration(ps, &cli.flags);
     }

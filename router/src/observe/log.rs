@@ -6,27 +6,26 @@ use std::sync::OnceLock;
 
 use tracing_subscriber::{EnvFilter, Registry, layer::SubscriberExt, reload};
 
-use crate::config::LogFormat;
-
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
-/// Installs the global subscriber (stderr, `format`) filtered by `level`; an invalid filter falls
+/// Installs the global subscriber (stderr, JSON lines when `json`, else text) filtered by `level`; an invalid filter falls
 /// back to `info` (the configuration was validated before, so only a defect gets there).
-pub fn install(level: &str, format: LogFormat) {
+pub fn install(level: &str, json: bool) {
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = reload::Layer::new(filter);
     let registry = tracing_subscriber::registry().with(filter);
-    let installed = match format {
-        LogFormat::Json => tracing::subscriber::set_global_default(
+    let installed = if json {
+        tracing::subscriber::set_global_default(
             registry.with(
                 tracing_subscriber::fmt::layer()
                     .json()
                     .with_writer(std::io::stderr),
             ),
-        ),
-        LogFormat::Text => tracing::subscriber::set_global_default(
+        )
+    } else {
+        tracing::subscriber::set_global_default(
             registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)),
-        ),
+        )
     };
     if installed.is_ok() {
         let _ = FILTER.set(handle);

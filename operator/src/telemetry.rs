@@ -67,6 +67,15 @@ impl Metrics {
             "program_operator_leader",
             "1 while this replica is the active controller",
         )?;
+        // Every reason from the start, so rates and alerts see 0 rather than no series.
+        for reason in [
+            "api_status",
+            "api_transport",
+            "serialization",
+            "no_namespace",
+        ] {
+            errors.with_label_values(&[reason]);
+        }
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(errors.clone()))?;

@@ -81,6 +81,15 @@ where
     Ok(m)
 }
 
+/// `counter` with a series at 0 for each value of its one label: a rate, a dashboard panel or
+/// an alert then sees 0 instead of no series until the first event.
+pub fn with_zeros(counter: IntCounterVec, values: &[&str]) -> IntCounterVec {
+    for v in values {
+        counter.with_label_values(&[v]);
+    }
+    counter
+}
+
 /// vllm-router's buckets for `vllm_router_generate_duration_seconds`.
 const GENERATE_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0,
@@ -177,13 +186,13 @@ impl Metrics {
                 )
                 .buckets(DURATION_BUCKETS.to_vec())
             )?)?,
-            config_reloads: register(&registry, IntCounterVec::new(
+            config_reloads: register(&registry, with_zeros(IntCounterVec::new(
                 Opts::new(
                     "vllm_router_config_reloads_total",
                     "Configuration reloads by result."
                 ),
                 &["result"]
-            )?)?,
+            )?, &["applied", "rejected"]))?,
             concurrency_limit: register(&registry, IntGauge::new(
                 "program_router_concurrency_limit",
                 "The cap on proxied requests in progress (limits.max_concurrent_requests); 0: none."

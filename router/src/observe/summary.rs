@@ -61,6 +61,15 @@ impl SummaryVec {
         s.count += 1;
     }
 
+    /// Gives label value `value` a series (count 0) if it has none, so that its family is
+    /// exported before the first sample.
+    pub fn touch(&self, value: &str) {
+        let mut g = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        if g.len() < MAX_SERIES && !g.contains_key(value) {
+            g.insert(value.to_string(), Series::default());
+        }
+    }
+
     /// Forgets label value `value` (a target that left).
     pub fn remove(&self, value: &str) {
         let mut g = self.series.lock().unwrap_or_else(|p| p.into_inner());

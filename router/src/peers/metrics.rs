@@ -3,7 +3,7 @@
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
-use crate::observe::metrics::register;
+use crate::observe::metrics::{register, with_zeros};
 
 #[derive(Clone)]
 pub struct PeerMetrics {
@@ -24,41 +24,50 @@ impl PeerMetrics {
         Ok(PeerMetrics {
             forwards: register(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        "program_router_peer_forwards_total",
-                        "Program requests forwarded to the replica that owns them (forwarded), \
+                with_zeros(
+                    IntCounterVec::new(
+                        Opts::new(
+                            "program_router_peer_forwards_total",
+                            "Program requests forwarded to the replica that owns them (forwarded), \
                      passed to the next owner because the owner was unreachable or shutting down \
                      (unreachable), sent again because the owner closed the connection without \
                      answering (closed), failed on the way (failed), or received from another \
                      replica (received).",
-                    ),
-                    &["outcome"],
-                )?,
+                        ),
+                        &["outcome"],
+                    )?,
+                    &["forwarded", "unreachable", "closed", "failed", "received"],
+                ),
             )?,
             usage_reads: register(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        "program_router_peer_usage_reads_total",
-                        "Reads of the other router replicas' quota use (once a second per replica \
+                with_zeros(
+                    IntCounterVec::new(
+                        Opts::new(
+                            "program_router_peer_usage_reads_total",
+                            "Reads of the other router replicas' quota use (once a second per replica \
                      while quotas are configured), by outcome (ok, error).",
-                    ),
-                    &["outcome"],
-                )?,
+                        ),
+                        &["outcome"],
+                    )?,
+                    &["ok", "error"],
+                ),
             )?,
             handovers: register(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        "program_router_peer_handovers_total",
-                        "Programs handed between router replicas so that they keep their rank when \
+                with_zeros(
+                    IntCounterVec::new(
+                        Opts::new(
+                            "program_router_peer_handovers_total",
+                            "Programs handed between router replicas so that they keep their rank when \
                      their owner changes: taken from another replica on first sight (claimed), \
                      given to a replica that asked (given), given to the next owner while \
                      shutting down (pushed), or taken from a replica shutting down (adopted).",
-                    ),
-                    &["event"],
-                )?,
+                        ),
+                        &["event"],
+                    )?,
+                    &["claimed", "given", "pushed", "adopted"],
+                ),
             )?,
             auth_failures: register(
                 registry,
@@ -70,15 +79,18 @@ impl PeerMetrics {
             )?,
             member_lists: register(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        "program_router_peer_member_lists_total",
-                        "Member lists read from another router replica that told of a newer revision \
+                with_zeros(
+                    IntCounterVec::new(
+                        Opts::new(
+                            "program_router_peer_member_lists_total",
+                            "Member lists read from another router replica that told of a newer revision \
                      than the one in force: applied (adopted), no longer newer when read (stale), \
                      or unreadable or invalid (error).",
-                    ),
-                    &["outcome"],
-                )?,
+                        ),
+                        &["outcome"],
+                    )?,
+                    &["adopted", "stale", "error"],
+                ),
             )?,
         })
     }

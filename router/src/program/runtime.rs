@@ -56,6 +56,7 @@ impl Layout {
         let gauges = ids
             .iter()
             .map(|id| {
+                metrics.queue_wait.touch(id);
                 [
                     metrics.queue_size.with_label_values(&[id]),
                     metrics.active_programs.with_label_values(&[id]),

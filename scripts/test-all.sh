@@ -45,7 +45,17 @@ export PATH="$venv/bin:$PATH"
 step "cargo deny (bans, licenses, sources; deny.toml)"
 # Advisories need the RustSec database from the network: `cargo deny check advisories` where
 # there is one (docs/security.md).
-cargo-deny check bans licenses sources
+# Installed (pinned) beside the other test tools when the machine has none.
+deny=$(command -v cargo-deny || true)
+if [ -z "$deny" ]; then
+  tools="$HOME/.cache/progsched/tools"
+  if [ ! -x "$tools/bin/cargo-deny" ]; then
+    echo "installing cargo-deny 0.20.2 into $tools (a few minutes, once per machine)"
+    cargo install --locked --quiet --root "$tools" cargo-deny@0.20.2
+  fi
+  deny="$tools/bin/cargo-deny"
+fi
+"$deny" check bans licenses sources
 
 step "control plane (Go: etcd + kube-apiserver + kube-controller-manager)"
 PROGSCHED_CONTROL_PLANE=$(scripts/build-control-plane.sh)
@@ -54,6 +64,10 @@ export PROGSCHED_CONTROL_PLANE
 step "helm (Go modules, pinned)"
 PROGSCHED_HELM=$(scripts/build-helm.sh)
 export PROGSCHED_HELM
+
+step "prometheus-operator CRDs (Go module proxy, pinned)"
+PROGSCHED_MONITORING_CRDS=$(scripts/monitoring-crds.sh)
+export PROGSCHED_MONITORING_CRDS
 
 step "cargo build (binaries used by the Python suites and the compare test)"
 cargo build --workspace --locked --bins

@@ -5,6 +5,7 @@
 //! that keeps the CRD.
 
 mod harness;
+mod monitoring;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,5 +1,7 @@
-//! Every router series that something we ship queries (the chart's examples: autoscaling queries
-//! today) is exported by a running router, so a renamed series cannot silently blank a query.
+//! Every router series that something we ship queries (the chart's alerts, dashboard and autoscaling
+//! examples) is exported by a running router after a little traffic, so a renamed series cannot
+//! silently blank a query. The chart e2e checks the same against live router pods, the operator and
+//! a simulator, parsing the PromQL.
 
 use super::*;
 
@@ -48,7 +50,12 @@ async fn every_router_series_the_chart_queries_is_exported() {
     cfg.limits.max_concurrent_requests = Some(8);
     let r = router(cfg).await;
     let c = client();
+    // A request through the fair queue, a Program's turn, and an error.
     assert_eq!(post(&c, &r.url(CHAT), &chat("hello", 2)).await.status, 200);
+    let mut turn: serde_json::Value = serde_json::from_str(&chat("turn", 2)).expect("json");
+    turn["vllm_xargs"] = json!({"agentic_context": {"program_id": "p1"}});
+    assert_eq!(post(&c, &r.url(CHAT), &turn.to_string()).await.status, 200);
+    assert_eq!(post(&c, &r.url(CHAT), "{not json").await.status, 400);
     let scrape = get(&c, &format!("http://{}/metrics", r.metrics_addr))
         .await
         .text();
@@ -56,7 +63,7 @@ async fn every_router_series_the_chart_queries_is_exported() {
     let chart =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/program-scheduling");
     let mut queried = 0;
-    for dir in ["examples", "templates", "files"] {
+    for dir in ["examples", "templates", "files", "dashboards"] {
         for entry in std::fs::read_dir(chart.join(dir)).expect("chart directory") {
             let path = entry.expect("entry").path();
             let text = std::fs::read_to_string(&path).expect("text file");

@@ -44,6 +44,15 @@ impl Drop for Scratch {
     }
 }
 
+/// prometheus-operator's CRDs (`scripts/monitoring-crds.sh`, which `scripts/test-all.sh` runs).
+pub fn monitoring_crds() -> PathBuf {
+    required_binary(
+        "PROGSCHED_MONITORING_CRDS",
+        None,
+        "run scripts/monitoring-crds.sh (or scripts/test-all.sh) and export its output",
+    )
+}
+
 fn required_binary(var: &str, fallback: Option<&str>, hint: &str) -> PathBuf {
     if let Ok(p) = std::env::var(var) {
         let p = PathBuf::from(p);

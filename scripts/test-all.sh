@@ -65,9 +65,10 @@ step "helm (Go modules, pinned)"
 PROGSCHED_HELM=$(scripts/build-helm.sh)
 export PROGSCHED_HELM
 
-step "prometheus-operator CRDs (Go module proxy, pinned)"
-PROGSCHED_MONITORING_CRDS=$(scripts/monitoring-crds.sh)
-export PROGSCHED_MONITORING_CRDS
+step "prometheus-operator and Gateway API CRDs (Go module proxy, pinned)"
+PROGSCHED_MONITORING_CRDS=$(scripts/third-party-crds.sh monitoring)
+PROGSCHED_GATEWAY_CRDS=$(scripts/third-party-crds.sh gateway)
+export PROGSCHED_MONITORING_CRDS PROGSCHED_GATEWAY_CRDS
 
 step "cargo build (binaries used by the Python suites and the compare test)"
 cargo build --workspace --locked --bins

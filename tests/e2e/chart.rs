@@ -273,8 +273,22 @@ fn chart_installs_with_least_privilege_runs_the_example_and_upgrades_cleanly() {
             cp.kubectl_stdin(&["apply", "-n", "team-a", "-f", "-"], Some(&example))
                 .expect_ok("apply the minimal example");
             // Every other example passes the real API server's schema, CEL rules and strict
-            // field validation (a server-side dry run: they name workers this test does not run).
-            for example in ["production.yaml", "agents.yaml", "fairness.yaml"] {
+            // field validation (a server-side dry run: they name workers this test does not run);
+            // the HTTPRoute against Gateway API's own CRDs.
+            let gateway = harness::gateway_crds();
+            for kind in ["gateways", "httproutes"] {
+                let file = gateway.join(format!("gateway.networking.k8s.io_{kind}.yaml"));
+                cp.kubectl(&["apply", "--server-side", "-f", file.to_str().expect("utf-8 path")])
+                    .expect_ok(kind);
+                cp.kubectl(&[
+                    "wait",
+                    "--for=condition=Established",
+                    &format!("crd/{kind}.gateway.networking.k8s.io"),
+                    "--timeout=60s",
+                ])
+                .expect_ok("Gateway API CRD established");
+            }
+            for example in ["production.yaml", "agents.yaml", "fairness.yaml", "httproute.yaml"] {
                 let path = chart_dir().join("examples").join(example);
                 cp.kubectl(&[
                     "apply",

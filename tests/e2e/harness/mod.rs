@@ -44,12 +44,22 @@ impl Drop for Scratch {
     }
 }
 
-/// prometheus-operator's CRDs (`scripts/monitoring-crds.sh`, which `scripts/test-all.sh` runs).
+/// prometheus-operator's CRDs (`scripts/third-party-crds.sh monitoring`, which
+/// `scripts/test-all.sh` runs).
 pub fn monitoring_crds() -> PathBuf {
     required_binary(
         "PROGSCHED_MONITORING_CRDS",
         None,
-        "run scripts/monitoring-crds.sh (or scripts/test-all.sh) and export its output",
+        "export PROGSCHED_MONITORING_CRDS=$(scripts/third-party-crds.sh monitoring) (scripts/test-all.sh does)",
+    )
+}
+
+/// Gateway API's CRDs (`scripts/third-party-crds.sh gateway`).
+pub fn gateway_crds() -> PathBuf {
+    required_binary(
+        "PROGSCHED_GATEWAY_CRDS",
+        None,
+        "export PROGSCHED_GATEWAY_CRDS=$(scripts/third-party-crds.sh gateway) (scripts/test-all.sh does)",
     )
 }
 

@@ -264,6 +264,10 @@ pub struct RouterSpec {
     /// changes, errors), `debug` or `trace`. Applied without a restart.
     #[serde(default)]
     pub log_level: LogLevel,
+    /// One `info` log line per request when its response ends (request id, path, status, tenant,
+    /// Program, backend, queue wait, tokens, duration); default true. Applied without a restart.
+    #[serde(default = "d::access_log")]
+    pub access_log: bool,
     /// Secrets in this namespace holding the registry credentials to pull `image`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<LocalObjectReference>,
@@ -394,6 +398,9 @@ mod d {
     pub fn network_policy_enabled() -> bool {
         true
     }
+    pub fn access_log() -> bool {
+        true
+    }
 }
 
 impl Default for RouterSpec {
@@ -416,6 +423,7 @@ impl Default for RouterSpec {
             peer_hand_over: d::peer_hand_over(),
             network_policy: NetworkPolicySpec::default(),
             log_level: LogLevel::default(),
+            access_log: d::access_log(),
             image_pull_secrets: Vec::new(),
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),

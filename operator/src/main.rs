@@ -10,7 +10,6 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use program_operator::controller::{self, Context, Scope};
 use program_operator::telemetry::{self, Metrics};
-use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -60,13 +59,12 @@ struct Cli {
     log_level: String,
 }
 
+/// The router's subscriber: routers and operator write one JSON log shape.
 fn init_logs(cli: &Cli) {
-    let filter = EnvFilter::try_new(&cli.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt().with_env_filter(filter);
-    match cli.log_format {
-        LogFormat::Json => b.json().flatten_event(true).init(),
-        LogFormat::Text => b.init(),
-    }
+    program_router::observe::log::install(
+        &cli.log_level,
+        matches!(cli.log_format, LogFormat::Json),
+    );
 }
 
 fn identity(cli: &Cli) -> String {

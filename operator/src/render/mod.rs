@@ -60,6 +60,7 @@ pub fn render(
         workers,
         log_format: program_router::config::LogFormat::Json,
         log_level: spec.router.log_level.filter().into(),
+        access_log: spec.router.access_log,
         ..Default::default()
     };
     cfg.policy.kind = policy(&spec.router.policy)?;

@@ -206,6 +206,9 @@ pub struct Flags {
     /// Log line format. [config: log_format]
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// No access-log line per request. [config: access_log]
+    #[arg(long)]
+    pub no_access_log: bool,
     /// Turn on Program scheduling (every field defaulted unless the JSON below overrides it).
     #[arg(long)]
     pub enable_program_scheduling: bool,
@@ -346,6 +349,9 @@ impl Flags {
             c.log_level = l.filter().into();
         }
         set!(self.log_format => c.log_format);
+        if self.no_access_log {
+            c.access_log = false;
+        }
         match (
             &self.program_scheduling_config_json,
             self.enable_program_scheduling,

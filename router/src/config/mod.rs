@@ -349,6 +349,9 @@ pub struct RouterConfig {
     pub peers: Option<peers::PeersConfig>,
     pub log_level: String,
     pub log_format: LogFormat,
+    /// One `info` line per request when its response ends (target `access`: request id, route,
+    /// status, tenant, Program, target, queue wait, tokens, duration). Applied on reload.
+    pub access_log: bool,
 }
 
 /// More I/O threads than this is a typo, not a machine.
@@ -387,6 +390,7 @@ impl Default for RouterConfig {
             peers: None,
             log_level: "info".into(),
             log_format: LogFormat::default(),
+            access_log: true,
         }
     }
 }

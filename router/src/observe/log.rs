@@ -1,6 +1,9 @@
-//! The process's log subscriber: installed once by the binary, with a filter that a reloaded
-//! configuration's `log_level` replaces in place (no restart to turn on `debug` while a problem
-//! is happening). Library users that never install it (tests, embedders) reload as a no-op.
+//! The process's log subscriber, for the router and the operator alike. One JSON shape: an object
+//! per line with `timestamp`, `level`, `target` (the module) and `fields` (`message` and the
+//! event's own, which may include a `target` of their own), on stderr. Installed once by a
+//! binary, with a filter that a reloaded configuration's `log_level` replaces in place (no
+//! restart to turn on `debug` while a problem is happening). Library users that never install it
+//! (tests, embedders) reload as a no-op.
 
 use std::sync::OnceLock;
 

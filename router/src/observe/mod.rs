@@ -1,5 +1,6 @@
 //! Observation: the router's own metrics and what it reads from backends' `/metrics`.
 
+pub mod access;
 pub mod backlog;
 pub mod log;
 pub mod metrics;

@@ -5,15 +5,12 @@
 //! requests in progress held until it ends — and the owner's refusal while it shuts down, which
 //! the sender answers by serving the request itself.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Body as HttpBody, Frame, SizeHint};
 
 use super::{Member, PeerClient, Peers};
 use crate::error::ApiError;
@@ -207,37 +204,4 @@ pub async fn forward(
         body
     };
     Ok(Response::from_parts(parts, body))
-}
-
-/// A response body that keeps `T` (a place among the requests in progress) until the body ends
-/// or is dropped.
-pub struct Holding<T> {
-    inner: Body,
-    _held: T,
-}
-
-impl<T> Holding<T> {
-    pub fn new(inner: Body, held: T) -> Self {
-        Holding { inner, _held: held }
-    }
-}
-
-impl<T: Unpin> HttpBody for Holding<T> {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }

@@ -29,7 +29,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use crate::config::peers::PeersConfig;
 
 pub use exchange::{USAGE_INTERVAL, member_diagnostics, response_home, usage_document};
-pub use forward::{ForwardError, Handoff, Holding, decline, forward};
+pub use forward::{ForwardError, Handoff, decline, forward};
 pub use key::{PEER_KEY, PeerKey};
 
 /// Marks a request forwarded by a peer (its value names the sender); such a request is served

@@ -69,14 +69,24 @@ pub struct Route<'a> {
 /// What the caller holds for a request until its response ends (a place, body bytes, a queue
 /// seat, a Program ticket, a quota charge), told how it ended.
 pub trait Hold: Send + 'static {
-    /// `complete`: the response ran to its end with a success status; `usage`: what the backend
-    /// reported, when it did.
-    fn end(self, complete: bool, usage: Option<TokenUsage>);
+    /// How the response ended (see [`Ended`]).
+    fn end(self, ended: Ended<'_>);
+}
+
+/// How a relayed response ended, told to its [`Hold`].
+pub struct Ended<'a> {
+    /// The response ran to its end with a success status.
+    pub complete: bool,
+    /// What the backend reported, when it did.
+    pub usage: Option<TokenUsage>,
+    /// The target that served it (its id, `url@rank`).
+    pub target: &'a str,
+    pub ending: crate::observe::access::Ending,
 }
 
 /// Nothing held.
 impl Hold for () {
-    fn end(self, _: bool, _: Option<TokenUsage>) {}
+    fn end(self, _: Ended<'_>) {}
 }
 
 /// One request to forward, with what its caller holds until the response ends.
@@ -322,10 +332,20 @@ struct Completion<H: Hold> {
 impl<H: Hold> Finish for Completion<H> {
     fn finish(mut self: Box<Self>, end: End, tapped: Tapped) {
         let usage = tapped.usage;
-        if let Some(hold) = self.hold.take() {
-            hold.end(end == End::Complete && self.status.is_success(), usage);
-        }
         let target = self.guard.target();
+        if let Some(hold) = self.hold.take() {
+            use crate::observe::access::Ending;
+            hold.end(Ended {
+                complete: end == End::Complete && self.status.is_success(),
+                usage,
+                target: &target.id,
+                ending: match end {
+                    End::Complete => Ending::Complete,
+                    End::Abandoned => Ending::Abandoned,
+                    End::UpstreamError => Ending::UpstreamError,
+                },
+            });
+        }
         if let (End::Complete, Some(id), true) =
             (end, &tapped.response_id, self.status.is_success())
         {

@@ -245,10 +245,32 @@ async fn handle(
         // A sender with a newer member list: this replica reads it.
         peers.hear(sender, req.headers(), remote);
     }
+    // The access log's record of this request (written when the response body is gone); not
+    // for the probes and /status, which the kubelet and the operator call every few seconds.
+    let probe = matches!(
+        route_label(req.method(), &path),
+        "/health" | "/readiness" | "/status"
+    );
+    let access = (state.applied.load().config.access_log && !probe).then(|| {
+        crate::observe::access::Access::new(
+            received,
+            request_id.to_str().unwrap_or("-"),
+            req.method().as_str(),
+            &path,
+        )
+    });
     async move {
         let route = route_label(req.method(), &path);
         state.metrics.route(route).requests.inc();
-        let mut resp = match pipeline::dispatch(&state, req, route, &request_id, received).await {
+        let dispatched =
+            pipeline::dispatch(&state, req, route, &request_id, received, access.as_ref()).await;
+        if let Some(a) = &access {
+            match &dispatched {
+                Ok(r) => a.answered(r.status().as_u16(), None),
+                Err(e) => a.answered(e.status.as_u16(), Some(e.code)),
+            }
+        }
+        let mut resp = match dispatched {
             Ok(r) => r,
             Err(e) => {
                 state.metrics.request_errors.with_label_values(&[route, e.code]).inc();
@@ -278,7 +300,10 @@ async fn handle(
                     .insert(crate::peers::gossip::REVISION.clone(), r);
             }
         }
-        resp
+        match access {
+            Some(a) => resp.map(|b| http_body_util::BodyExt::boxed_unsync(crate::net::body::Holding::new(b, a))),
+            None => resp,
+        }
     }
     .instrument(span)
     .await

@@ -311,7 +311,7 @@ pub(super) async fn all_replicas(
 /// `resp` with `place` (a place among the requests in progress) held until its body ends.
 fn hold(resp: Response<Body>, place: Option<crate::limit::Place>) -> Response<Body> {
     match place {
-        Some(p) => resp.map(|b| crate::peers::Holding::new(b, p).boxed_unsync()),
+        Some(p) => resp.map(|b| crate::net::body::Holding::new(b, p).boxed_unsync()),
         None => resp,
     }
 }

@@ -20,6 +20,7 @@ use super::{GENERATE_ROUTES, VLLM_ROUTES, local, peering, takes_stream_options};
 use crate::applied::Applied;
 use crate::error::ApiError;
 use crate::net::body::Body;
+use crate::observe::access::Access;
 use crate::policies::RequestInfo;
 use crate::program::identity::Identity;
 use crate::proxy::request::{self, Outgoing, Peeked};
@@ -33,23 +34,30 @@ pub(super) async fn dispatch(
     route: &'static str,
     request_id: &HeaderValue,
     received: Instant,
+    access: Option<&Arc<Access>>,
 ) -> Result<Response<Body>, ApiError> {
     let req = match local::answer(state, req).await {
         Ok(answer) => return answer,
         Err(req) => req,
     };
     let generate = proxied_route(req.method(), req.uri().path())?;
-    let admitted = Admitted::admit(state, req, route, request_id, received).await?;
+    let admitted = Admitted::admit(state, req, route, request_id, received, access).await?;
     if !generate {
         return admitted.pass_through(state).await;
     }
     let mut g = Generation::peek(admitted)?;
     let stored_home = g.stored_home(state).await;
     let identity = g.identity(stored_home)?;
+    if let (Some(a), Some(id)) = (access, &identity) {
+        a.program(&id.program_id);
+    }
     if let Some(answered) = g.owner_replica(state, identity.as_ref()).await {
         return answered;
     }
     let tenant = g.tenant();
+    if let (Some(a), Some(t)) = (access, &tenant) {
+        a.tenant(t);
+    }
     let rate = g.quota(tenant.as_deref())?;
     let outgoing = g.rewrite()?;
     let (pin, ticket) = g
@@ -101,6 +109,8 @@ struct Admitted<'a> {
     path_and_query: http::uri::PathAndQuery,
     body: Bytes,
     held: Option<crate::limit::BodyBytes>,
+    /// The request's access-log record, when the access log is on.
+    access: Option<Arc<Access>>,
 }
 
 impl<'a> Admitted<'a> {
@@ -112,6 +122,7 @@ impl<'a> Admitted<'a> {
         route: &'static str,
         request_id: &'a HeaderValue,
         received: Instant,
+        access: Option<&Arc<Access>>,
     ) -> Result<Self, ApiError> {
         let applied = state.applied.load_full();
         let dir = state.client_dir.load_full();
@@ -120,10 +131,14 @@ impl<'a> Admitted<'a> {
             Some(l) => {
                 let limits = &applied.config.limits;
                 let wait = crate::config::duration(limits.queue_timeout_secs);
-                Some(
-                    l.enter(limits.queue_size, wait, state.queues_closed())
-                        .await?,
-                )
+                let started = Instant::now();
+                let place = l
+                    .enter(limits.queue_size, wait, state.queues_closed())
+                    .await;
+                if let Some(a) = access {
+                    a.queued(started.elapsed());
+                }
+                Some(place?)
             }
             None => None,
         };
@@ -145,6 +160,7 @@ impl<'a> Admitted<'a> {
             path_and_query,
             body,
             held,
+            access: access.cloned(),
         })
     }
 
@@ -186,6 +202,7 @@ async fn send(
         parts,
         path_and_query,
         held,
+        access,
         ..
     } = a;
     let info = RequestInfo {
@@ -198,6 +215,7 @@ async fn send(
         rate: placed.rate,
         _place: place,
         _bytes: held,
+        access,
     };
     proxy::forward(
         &state.forwarder,
@@ -229,10 +247,18 @@ struct Held {
     /// Freed when the response ended.
     _place: Option<crate::limit::Place>,
     _bytes: Option<crate::limit::BodyBytes>,
+    access: Option<Arc<Access>>,
 }
 
 impl proxy::Hold for Held {
-    fn end(mut self, complete: bool, usage: Option<proxy::TokenUsage>) {
+    fn end(mut self, ended: proxy::Ended<'_>) {
+        let proxy::Ended {
+            complete, usage, ..
+        } = ended;
+        if let Some(a) = self.access.take() {
+            let tokens = usage.map(|u| (u.prompt_tokens, u.completion_tokens, u.cached_tokens()));
+            a.upstream(ended.target, ended.ending, tokens);
+        }
         if let Some(ticket) = self.ticket.take()
             && complete
         {
@@ -337,7 +363,9 @@ impl<'a> Generation<'a> {
             peering::Owner::Answered(r) => {
                 // The body stays held (in the budget) until the owner's answer ends.
                 let held = a.held.take();
-                Some(r.map(|resp| resp.map(|b| crate::peers::Holding::new(b, held).boxed_unsync())))
+                Some(r.map(|resp| {
+                    resp.map(|b| crate::net::body::Holding::new(b, held).boxed_unsync())
+                }))
             }
             peering::Owner::Here(place) => {
                 // Another replica may have held it before the member list changed.
@@ -411,7 +439,12 @@ impl<'a> Generation<'a> {
             prompt: &self.prompt,
             tenant,
         };
-        let (placed, ticket) = program_admission(state, &rt, applied, req).await?;
+        let started = Instant::now();
+        let admitted = program_admission(state, &rt, applied, req).await;
+        if let Some(a) = &self.admitted.access {
+            a.queued(started.elapsed());
+        }
+        let (placed, ticket) = admitted?;
         let Some(target) = placed else {
             return Ok((None, ticket));
         };
@@ -438,9 +471,12 @@ impl<'a> Generation<'a> {
                 let model = self.peeked.model.as_deref();
                 let _held =
                     (state.metrics.backlog).hold(model, crate::observe::backlog::Stage::Fair);
-                Ok(Some(
-                    fair_admission(state, f, &a.parts.headers, tenant, n).await?,
-                ))
+                let started = Instant::now();
+                let permit = fair_admission(state, f, &a.parts.headers, tenant, n).await;
+                if let Some(access) = &a.access {
+                    access.queued(started.elapsed());
+                }
+                Ok(Some(permit?))
             }
             _ => Ok(None),
         }

@@ -317,6 +317,7 @@ async fn cache_aware_follows_a_growing_conversation() {
     );
 }
 
+mod access_log;
 mod exported;
 mod lifecycle;
 mod streams_and_errors;

@@ -1,0 +1,125 @@
+//! The access log of the binary: one JSON line per request when its response ends, with the
+//! tenant, Program, backend, queue wait, status, tokens and duration; none for probes and
+//! /status; no key in it; off after a reload that says `access_log: false`.
+
+use super::*;
+
+/// The access lines of a JSON log.
+fn access_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"] == "access")
+        .map(|v| v["fields"].clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn every_request_gets_one_access_line_when_its_response_ends() {
+    let s = sim(&["--instant"]).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("router.json");
+    let api = free_port();
+    let key = "ck-4f1d9a7c2e8b6035";
+    let config = |access_log: bool| {
+        json!({
+            "host": "127.0.0.1", "port": api, "prometheus_port": null,
+            "workers": [{"url": s.base()}], "log_format": "json",
+            "client_api_keys": [key], "access_log": access_log,
+            "program_scheduling": {}, "fairness": {},
+        })
+    };
+    let write = |cfg: serde_json::Value| {
+        let tmp = dir.path().join("router.json.tmp");
+        std::fs::write(&tmp, cfg.to_string()).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+    };
+    write(config(true));
+    let child = start_binary(&["--config".into(), path.display().to_string()]);
+    let c = client();
+    let url = format!("http://127.0.0.1:{api}{CHAT}");
+    let auth = format!("Bearer {key}");
+    let mut turn: serde_json::Value = serde_json::from_str(&chat("turn", 3)).expect("json");
+    turn["vllm_xargs"] = json!({"agentic_context": {"program_id": "agent-7"}});
+    turn["stream"] = json!(true);
+    let r = send(
+        &c,
+        "POST",
+        &url,
+        &turn.to_string(),
+        &[
+            ("authorization", &auth),
+            ("x-tenant-id", "acme"),
+            ("x-request-id", "req-1"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("[DONE]"));
+    let refused = send(
+        &c,
+        "POST",
+        &url,
+        &chat("no key", 1),
+        &[("x-request-id", "req-2")],
+    )
+    .await;
+    assert_eq!(refused.status, 401);
+
+    // Switched off by a reload: no line for what follows.
+    write(config(false));
+    let off = eventually(5.0, || async {
+        let st = get(&c, &format!("http://127.0.0.1:{api}/status"))
+            .await
+            .json();
+        st["last_reload_error"].is_null() && st["config"]["generation"].as_u64() > Some(1)
+    })
+    .await;
+    assert!(off, "the reload applied");
+    let quiet = send(
+        &c,
+        "POST",
+        &url,
+        &chat("quiet", 1),
+        &[("authorization", &auth), ("x-request-id", "req-3")],
+    )
+    .await;
+    assert_eq!(quiet.status, 200);
+
+    let log = stop_binary(child);
+    let lines = access_lines(&log);
+    let by_id = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l["request_id"] == id)
+            .unwrap_or_else(|| panic!("no access line for {id}:\n{log}"))
+            .clone()
+    };
+    let ok = by_id("req-1");
+    assert_eq!(ok["status"], 200, "{ok}");
+    assert_eq!(ok["method"], "POST");
+    assert_eq!(ok["path"], CHAT);
+    assert_eq!(ok["tenant"], "acme");
+    // Scoped to the client key's name, as the scheduler and /scheduling/diagnostics know it.
+    assert_eq!(ok["program"], "key-0/agent-7");
+    assert_eq!(ok["backend"], s.base(), "{ok}");
+    assert_eq!(ok["end"], "complete");
+    assert!(ok["prompt_tokens"].as_u64() > Some(0), "{ok}");
+    assert_eq!(ok["completion_tokens"], 3, "{ok}");
+    assert!(
+        ok["duration_ms"].as_f64() >= ok["queue_wait_ms"].as_f64(),
+        "{ok}"
+    );
+    let no = by_id("req-2");
+    assert_eq!(
+        (no["status"].as_u64(), no["error"].as_str()),
+        (Some(401), Some("invalid_api_key")),
+        "{no}"
+    );
+    assert!(no.get("backend").is_none(), "{no}");
+    assert!(
+        lines.iter().all(|l| l["request_id"] != "req-3"),
+        "a line after access_log: false"
+    );
+    assert_eq!(lines.len(), 2, "one line per request: {lines:?}");
+    assert!(!log.contains(key), "the log holds the client key");
+}

@@ -62,6 +62,8 @@ pub struct Context {
     pub allowed_images: Vec<String>,
     /// The router image of a resource that names none (`--router-image`).
     pub router_image: String,
+    /// Tracing of resources without `router.tracing` (`--router-otlp-traces-endpoint`).
+    pub router_tracing: Option<crate::crd::TracingSpec>,
 }
 
 /// The router image of this operator's version: what `--router-image` defaults to.
@@ -85,6 +87,7 @@ impl Context {
             peer_secrets: Mutex::new(std::collections::HashSet::new()),
             allowed_images: Vec::new(),
             router_image: DEFAULT_ROUTER_IMAGE.into(),
+            router_tracing: None,
         }
     }
 }

@@ -268,6 +268,12 @@ pub struct RouterSpec {
     /// Program, backend, queue wait, tokens, duration); default true. Applied without a restart.
     #[serde(default = "d::access_log")]
     pub access_log: bool,
+    /// OpenTelemetry traces of the routers' requests (vllm-router's `--enable-trace`,
+    /// `--otlp-traces-endpoint`, `--otel-sampling-ratio`). Absent: the operator's default
+    /// (`--router-otlp-traces-endpoint`; none unless the chart's `routerTracing` sets one). A
+    /// change restarts the router pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingSpec>,
     /// Secrets in this namespace holding the registry credentials to pull `image`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<LocalObjectReference>,
@@ -310,6 +316,27 @@ pub struct RouterSpec {
     #[x_kube(validation = kube::core::Rule::new("self.all(k, !k.startsWith('scheduling.program-router.dev/'))")
         .message("router.serviceAnnotations must not set the operator's scheduling.program-router.dev/ annotations"))]
     pub service_annotations: BTreeMap<String, String>,
+}
+
+/// `router.tracing`: where the routers export request spans.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TracingSpec {
+    /// Export traces (default true); false turns off the operator's default too.
+    #[serde(default = "d::tracing_enabled")]
+    pub enabled: bool,
+    /// The OTLP/gRPC collector, an `http://` URL, e.g. `http://otel-collector.monitoring:4317`.
+    /// Required when enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self.startsWith('http://')")
+        .message("router.tracing.otlpTracesEndpoint must be an http:// URL of an OTLP/gRPC collector"))]
+    pub otlp_traces_endpoint: Option<String>,
+    /// Share of the traces that start at the routers that are exported, 0 to 1 (default 1); a
+    /// client's sampled `traceparent` is always followed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0 && self <= 1.0")
+        .message("router.tracing.samplingRatio must be within 0 and 1"))]
+    pub sampling_ratio: Option<f64>,
 }
 
 /// `router.logLevel`: the least severe level the routers log.
@@ -401,6 +428,9 @@ mod d {
     pub fn access_log() -> bool {
         true
     }
+    pub fn tracing_enabled() -> bool {
+        true
+    }
 }
 
 impl Default for RouterSpec {
@@ -424,6 +454,7 @@ impl Default for RouterSpec {
             network_policy: NetworkPolicySpec::default(),
             log_level: LogLevel::default(),
             access_log: d::access_log(),
+            tracing: None,
             image_pull_secrets: Vec::new(),
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),

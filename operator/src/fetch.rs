@@ -73,6 +73,7 @@ pub async fn fetch(ctx: &Context, ps: &ProgramScheduling, ns: &str) -> Result<Ob
         network_policy,
         allowed_images: ctx.allowed_images.clone(),
         router_image: ctx.router_image.clone(),
+        router_tracing: ctx.router_tracing.clone(),
         now_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),

@@ -52,6 +52,13 @@ struct Cli {
     /// program-router image of its appVersion). Default: this operator's version.
     #[arg(long, env = "ROUTER_IMAGE", default_value = program_operator::controller::DEFAULT_ROUTER_IMAGE)]
     router_image: String,
+    /// The OTLP/gRPC collector the routers of a ProgramScheduling without `router.tracing`
+    /// export traces to (an http:// URL); unset: no traces unless a resource asks.
+    #[arg(long, env = "ROUTER_OTLP_TRACES_ENDPOINT")]
+    router_otlp_traces_endpoint: Option<String>,
+    /// Share of the traces starting at those routers that are exported, 0 to 1.
+    #[arg(long, env = "ROUTER_OTEL_SAMPLING_RATIO", default_value_t = 1.0)]
+    router_otel_sampling_ratio: f64,
     #[arg(long, value_enum, default_value = "json")]
     log_format: LogFormat,
     /// Log filter (tracing `EnvFilter` syntax).
@@ -61,9 +68,11 @@ struct Cli {
 
 /// The router's subscriber: routers and operator write one JSON log shape.
 fn init_logs(cli: &Cli) {
-    program_router::observe::log::install(
+    // No traces: the operator serves no requests.
+    let _ = program_router::observe::log::install(
         &cli.log_level,
         matches!(cli.log_format, LogFormat::Json),
+        None,
     );
 }
 
@@ -79,6 +88,20 @@ async fn run(cli: Cli) -> Result<(), String> {
         return Err(format!(
             "--router-image: {:?} must name a version (a tag other than latest, or a digest)",
             cli.router_image
+        ));
+    }
+    if let Some(e) = &cli.router_otlp_traces_endpoint
+        && !e.trim().is_empty()
+        && !e.starts_with("http://")
+    {
+        return Err(format!(
+            "--router-otlp-traces-endpoint: {e:?} must be an http:// URL of an OTLP/gRPC collector"
+        ));
+    }
+    if !(0.0..=1.0).contains(&cli.router_otel_sampling_ratio) {
+        return Err(format!(
+            "--router-otel-sampling-ratio: {} must be within 0 and 1",
+            cli.router_otel_sampling_ratio
         ));
     }
     let metrics = Metrics::new().map_err(|e| format!("metrics: {e}"))?;
@@ -103,6 +126,15 @@ async fn run(cli: Cli) -> Result<(), String> {
     let me = identity(&cli);
     let mut ctx = Context::new(client.clone(), metrics.clone(), me.clone());
     ctx.router_image = cli.router_image.clone();
+    ctx.router_tracing = cli
+        .router_otlp_traces_endpoint
+        .clone()
+        .filter(|e| !e.trim().is_empty())
+        .map(|endpoint| program_operator::crd::TracingSpec {
+            enabled: true,
+            otlp_traces_endpoint: Some(endpoint),
+            sampling_ratio: Some(cli.router_otel_sampling_ratio),
+        });
     ctx.allowed_images = cli
         .allowed_router_images
         .iter()

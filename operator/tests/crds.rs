@@ -160,13 +160,14 @@ fn every_schema_default_is_the_default_the_operator_applies() {
         let mut ps = ProgramScheduling::new("agents", spec.clone());
         ps.metadata.namespace = Some("ml".into());
         ps.metadata.uid = Some("uid-1".into());
+        // A default beside a required field left out renders the same error either way.
         let cfg =
-            program_operator::render::render(&spec, vec![worker.clone()], &[]).expect("renders");
+            program_operator::render::render(&spec, vec![worker.clone()], &[]).map_err(|e| e.0)?;
         let objects = [
             program_operator::objects::deployment(&ps, &cfg, "program-router:1.0.0"),
             program_operator::objects::service(&ps),
         ];
-        (cfg, objects)
+        Ok::<_, String>((cfg, objects))
     };
     for (at, value) in &defaults {
         assert_eq!(

@@ -85,10 +85,26 @@ async fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    program_router::observe::log::install(
+    let trace = config
+        .enable_trace
+        .then(|| program_router::observe::trace::Settings {
+            endpoint: config
+                .otlp_traces_endpoint
+                .clone()
+                .unwrap_or_else(|| program_router::config::DEFAULT_OTLP_TRACES_ENDPOINT.into()),
+            sampling_ratio: config.otel_sampling_ratio,
+        });
+    let exporter = match program_router::observe::log::install(
         &config.log_level,
         config.log_format == program_router::config::LogFormat::Json,
-    );
+        trace.as_ref(),
+    ) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("program-router: tracing: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Some(ps) = &config.program_scheduling {
         warn_reference_calibration(ps, &cli.flags);
     }
@@ -123,7 +139,12 @@ async fn main() -> ExitCode {
         "program-router listening"
     );
     println!("listening on http://{}", bound.api_addr);
-    if let Err(e) = bound.serve(program_router::run::shutdown_signal()).await {
+    let served = bound.serve(program_router::run::shutdown_signal()).await;
+    // Spans still queued go to the collector before the process ends.
+    if let Some(e) = exporter {
+        e.shutdown();
+    }
+    if let Err(e) = served {
         eprintln!("program-router: stopped after an internal error: {e}");
         // EX_SOFTWARE: the orchestrator restarts it with fresh state.
         return ExitCode::from(70);

@@ -543,6 +543,18 @@ impl RouterState {
                 config.peer_secret_file == prev.config.peer_secret_file,
             ),
             ("log_format", config.log_format == prev.config.log_format),
+            (
+                "enable_trace",
+                config.enable_trace == prev.config.enable_trace,
+            ),
+            (
+                "otlp_traces_endpoint",
+                config.otlp_traces_endpoint == prev.config.otlp_traces_endpoint,
+            ),
+            (
+                "otel_sampling_ratio",
+                config.otel_sampling_ratio == prev.config.otel_sampling_ratio,
+            ),
         ] {
             if !same {
                 return Err(ConfigError::new(

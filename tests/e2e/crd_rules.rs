@@ -54,6 +54,14 @@ spec:
                 "spec.router.policy: Unsupported value: \"fastest\": supported values: \"round_robin\"",
             ),
             (
+                "router: {tracing: {otlpTracesEndpoint: 'grpc://collector:4317'}}",
+                "router.tracing.otlpTracesEndpoint must be an http:// URL",
+            ),
+            (
+                "router: {tracing: {otlpTracesEndpoint: 'http://collector:4317', samplingRatio: 2}}",
+                "router.tracing.samplingRatio must be within 0 and 1",
+            ),
+            (
                 "router: {logLevel: verbose}",
                 "spec.router.logLevel: Unsupported value: \"verbose\"",
             ),

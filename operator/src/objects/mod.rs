@@ -7,7 +7,8 @@
 //! content: the controller compares it with the live object and sends no write when they match.
 //! The Deployment's pod template carries `scheduling.program-router.dev/restart-hash`, a hash of
 //! only the settings the router cannot take through hot reload (listeners), so editing anything
-//! else updates the ConfigMap without restarting a router pod.
+//! else updates the ConfigMap without restarting a router pod (tracing settings, which the
+//! router reads at start, are part of that hash).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
@@ -197,6 +198,15 @@ pub fn restart_hash(config: &RouterConfig) -> String {
             json!(config.peer_host),
             json!(config.peer_port),
             json!(config.peer_secret_file),
+        ]);
+    }
+    // Only with tracing on, so that routers without it keep their hash across upgrades.
+    if config.enable_trace
+        && let Some(k) = key.as_array_mut()
+    {
+        k.extend([
+            json!(config.otlp_traces_endpoint),
+            json!(config.otel_sampling_ratio),
         ]);
     }
     format!(

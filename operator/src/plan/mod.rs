@@ -37,6 +37,8 @@ pub struct Observed {
     pub allowed_images: Vec<String>,
     /// The router image of a resource that names none (`--router-image`).
     pub router_image: String,
+    /// The operator's tracing default for resources without `router.tracing`.
+    pub router_tracing: Option<crate::crd::TracingSpec>,
     /// Now, in milliseconds since the Unix epoch (numbers the member list).
     pub now_ms: u64,
     /// Now (condition transition times).
@@ -236,6 +238,12 @@ fn config(
 ) -> Result<RouterConfig, String> {
     crate::render::check_image(&router_image(ps, obs), &obs.allowed_images)
         .and_then(|()| render(&ps.spec, targets.to_vec(), peers))
+        .and_then(
+            |mut cfg| match (&ps.spec.router.tracing, &obs.router_tracing) {
+                (None, Some(default)) => crate::render::tracing(&mut cfg, default).map(|()| cfg),
+                _ => Ok(cfg),
+            },
+        )
         .map(|mut cfg| {
             let previous = obs
                 .config_map

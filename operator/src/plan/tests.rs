@@ -68,6 +68,7 @@ fn observed() -> Observed {
         network_policy: false,
         allowed_images: Vec::new(),
         router_image: crate::controller::DEFAULT_ROUTER_IMAGE.into(),
+        router_tracing: None,
         now_ms: 1_000,
         now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     }
@@ -288,4 +289,105 @@ fn routers_run_the_operators_router_image_unless_the_resource_names_one() {
     strict.allowed_images = vec!["registry.example/".into()];
     let refused = plan(&ps(RouterSpec::default()), &strict).expect("plan");
     assert!(refused.render_error.is_some());
+}
+
+#[test]
+fn routers_trace_to_the_operators_collector_unless_the_resource_says_otherwise() {
+    use crate::crd::TracingSpec;
+    let rendered = |p: &Plan| -> (RouterConfig, String) {
+        let cm = p
+            .objects
+            .iter()
+            .find_map(|d| match d {
+                Desired::ConfigMap(v) => v["data"][objects::CONFIG_KEY].as_str().map(String::from),
+                _ => None,
+            })
+            .expect("a ConfigMap");
+        let restart = p
+            .objects
+            .iter()
+            .find_map(|d| match d {
+                Desired::Deployment(v) => v["spec"]["template"]["metadata"]["annotations"]
+                    [objects::RESTART_HASH]
+                    .as_str()
+                    .map(String::from),
+                _ => None,
+            })
+            .expect("a Deployment");
+        (serde_json::from_str(&cm).expect("config"), restart)
+    };
+    let plain = observed();
+    let (off, off_hash) = rendered(&plan(&ps(RouterSpec::default()), &plain).expect("plan"));
+    assert!(!off.enable_trace);
+    let mut traced = observed();
+    traced.router_tracing = Some(TracingSpec {
+        enabled: true,
+        otlp_traces_endpoint: Some("http://otel.monitoring:4317".into()),
+        sampling_ratio: Some(0.25),
+    });
+    let (on, on_hash) = rendered(&plan(&ps(RouterSpec::default()), &traced).expect("plan"));
+    assert!(on.enable_trace);
+    assert_eq!(
+        on.otlp_traces_endpoint.as_deref(),
+        Some("http://otel.monitoring:4317")
+    );
+    assert_eq!(on.otel_sampling_ratio, 0.25);
+    assert_ne!(
+        off_hash, on_hash,
+        "the routers read tracing at start: a change restarts them"
+    );
+    // The resource's own setting wins, including turning it off.
+    let own = |t: TracingSpec| {
+        ps(RouterSpec {
+            tracing: Some(t),
+            ..Default::default()
+        })
+    };
+    let (mine, _) = rendered(
+        &plan(
+            &own(TracingSpec {
+                enabled: true,
+                otlp_traces_endpoint: Some("http://mine:4317".into()),
+                sampling_ratio: None,
+            }),
+            &traced,
+        )
+        .expect("plan"),
+    );
+    assert_eq!(
+        mine.otlp_traces_endpoint.as_deref(),
+        Some("http://mine:4317")
+    );
+    assert_eq!(mine.otel_sampling_ratio, 1.0);
+    let (none, none_hash) = rendered(
+        &plan(
+            &own(TracingSpec {
+                enabled: false,
+                otlp_traces_endpoint: None,
+                sampling_ratio: None,
+            }),
+            &traced,
+        )
+        .expect("plan"),
+    );
+    assert!(!none.enable_trace);
+    assert_eq!(none_hash, off_hash);
+    // Enabled without a collector is a spec error, reported, not rendered.
+    let missing = plan(
+        &own(TracingSpec {
+            enabled: true,
+            otlp_traces_endpoint: None,
+            sampling_ratio: None,
+        }),
+        &plain,
+    )
+    .expect("plan");
+    assert!(
+        missing
+            .render_error
+            .as_deref()
+            .is_some_and(|e| e.contains("otlpTracesEndpoint")),
+        "{:?}",
+        missing.render_error
+    );
 }

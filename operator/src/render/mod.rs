@@ -40,6 +40,26 @@ pub fn check_image(image: &str, allowed: &[String]) -> Result<(), RenderError> {
     )))
 }
 
+/// Sets the routers' OpenTelemetry export from `t` (the resource's `router.tracing`, or the
+/// operator's default for resources without one).
+pub fn tracing(cfg: &mut RouterConfig, t: &crate::crd::TracingSpec) -> Result<(), RenderError> {
+    if !t.enabled {
+        return Ok(());
+    }
+    let Some(endpoint) = &t.otlp_traces_endpoint else {
+        return Err(RenderError(
+            "router.tracing.otlpTracesEndpoint: required when tracing is enabled".into(),
+        ));
+    };
+    cfg.enable_trace = true;
+    cfg.otlp_traces_endpoint = Some(endpoint.clone());
+    if let Some(r) = t.sampling_ratio {
+        cfg.otel_sampling_ratio = r;
+    }
+    cfg.validate()
+        .map_err(|e| RenderError(format!("router.tracing: {e}")))
+}
+
 /// Seconds a router keeps serving, not ready, after SIGTERM before it drains.
 pub const SHUTDOWN_DELAY_SECS: f64 = 5.0;
 
@@ -91,6 +111,9 @@ pub fn render(
             )));
         }
         cfg.limits.queue_timeout_secs = t;
+    }
+    if let Some(t) = &spec.router.tracing {
+        tracing(&mut cfg, t)?;
     }
     if let Some(ps) = &spec.program_scheduling {
         cfg.program_scheduling = Some(ps.to_router().map_err(RenderError)?);

@@ -79,15 +79,6 @@ const VLLM_ROUTER_ONLY: &[(&[&str], &str)] = &[
          Program scheduling keeps a Program's KV on its rank across tool calls",
     ),
     (
-        &[
-            "--enable-trace",
-            "--otlp-traces-endpoint",
-            "--otel-sampling-ratio",
-        ],
-        "OpenTelemetry tracing is not built yet: each request's id (x-request-id, passed to \
-         vLLM) ties the router's log lines to the engine's, and the metrics cover each stage",
-    ),
-    (
         &["--api-key-validation-urls"],
         "client keys are checked by the router itself: --client-api-keys, or \
          client_api_keys_dir (one file per key, e.g. a mounted Secret; docs/security.md)",
@@ -170,11 +161,7 @@ mod tests {
         let listed = include_str!("../../../tests/reference/vllm-router-0.1.17-flags.txt");
         let flags: Vec<&str> = listed.lines().filter(|l| l.starts_with("--")).collect();
         assert!(flags.len() > 60, "{flags:?}");
-        let named = [
-            "--enable-trace",
-            "--otlp-traces-endpoint",
-            "--api-key-validation-urls",
-        ];
+        let named = ["--api-key-validation-urls"];
         let mut bare = Vec::new();
         for f in flags
             .iter()

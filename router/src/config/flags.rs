@@ -209,6 +209,15 @@ pub struct Flags {
     /// No access-log line per request. [config: access_log]
     #[arg(long)]
     pub no_access_log: bool,
+    /// Export OpenTelemetry traces over OTLP/gRPC. [config: enable_trace]
+    #[arg(long)]
+    pub enable_trace: bool,
+    /// OTLP/gRPC collector for traces (default http://localhost:4317). [config: otlp_traces_endpoint]
+    #[arg(long)]
+    pub otlp_traces_endpoint: Option<String>,
+    /// Share of traces started here that are exported, 0..=1. [config: otel_sampling_ratio]
+    #[arg(long)]
+    pub otel_sampling_ratio: Option<f64>,
     /// Turn on Program scheduling (every field defaulted unless the JSON below overrides it).
     #[arg(long)]
     pub enable_program_scheduling: bool,
@@ -352,6 +361,13 @@ impl Flags {
         if self.no_access_log {
             c.access_log = false;
         }
+        if self.enable_trace {
+            c.enable_trace = true;
+        }
+        if let Some(e) = &self.otlp_traces_endpoint {
+            c.otlp_traces_endpoint = Some(e.clone());
+        }
+        set!(self.otel_sampling_ratio => c.otel_sampling_ratio);
         match (
             &self.program_scheduling_config_json,
             self.enable_program_scheduling,

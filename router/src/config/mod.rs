@@ -352,7 +352,20 @@ pub struct RouterConfig {
     /// One `info` line per request when its response ends (target `access`: request id, route,
     /// status, tenant, Program, target, queue wait, tokens, duration). Applied on reload.
     pub access_log: bool,
+    /// Export OpenTelemetry traces of requests (vllm-router's `--enable-trace`): spans for
+    /// admission, queue waits, each upstream attempt and the relay, continuing the client's W3C
+    /// `traceparent` and passing each attempt's own to the backend. Needs a restart to change.
+    pub enable_trace: bool,
+    /// The OTLP/gRPC collector traces go to; `null` = `http://localhost:4317`, as vllm-router.
+    /// Needs a restart to change.
+    pub otlp_traces_endpoint: Option<String>,
+    /// Share (0..=1) of the traces that start at the router that are exported; a client's
+    /// sampled `traceparent` is always followed. Needs a restart to change.
+    pub otel_sampling_ratio: f64,
 }
+
+/// The collector traces go to when `otlp_traces_endpoint` is unset (vllm-router's default).
+pub const DEFAULT_OTLP_TRACES_ENDPOINT: &str = "http://localhost:4317";
 
 /// More I/O threads than this is a typo, not a machine.
 pub const MAX_IO_THREADS: u32 = 1024;
@@ -391,6 +404,9 @@ impl Default for RouterConfig {
             log_level: "info".into(),
             log_format: LogFormat::default(),
             access_log: true,
+            enable_trace: false,
+            otlp_traces_endpoint: None,
+            otel_sampling_ratio: 1.0,
         }
     }
 }

@@ -240,6 +240,25 @@ impl RouterConfig {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log_level)
             .map_err(|e| ConfigError::new("log_level", e.to_string()))?;
+        if !(0.0..=1.0).contains(&self.otel_sampling_ratio) {
+            return Err(ConfigError::new(
+                "otel_sampling_ratio",
+                format!("must be within 0..=1 ({})", self.otel_sampling_ratio),
+            ));
+        }
+        if let Some(e) = &self.otlp_traces_endpoint {
+            let uri: http::Uri = e
+                .parse()
+                .map_err(|err| ConfigError::new("otlp_traces_endpoint", format!("{e:?}: {err}")))?;
+            if !matches!(uri.scheme_str(), Some("http")) || uri.host().is_none() {
+                return Err(ConfigError::new(
+                    "otlp_traces_endpoint",
+                    format!(
+                        "{e:?}: an http:// URL of an OTLP/gRPC collector, e.g. http://otel-collector:4317"
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 }

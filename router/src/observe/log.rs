@@ -7,32 +7,43 @@
 
 use std::sync::OnceLock;
 
-use tracing_subscriber::{EnvFilter, Registry, layer::SubscriberExt, reload};
+use tracing_subscriber::{EnvFilter, Layer, Registry, layer::SubscriberExt, reload};
 
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
-/// Installs the global subscriber (stderr, JSON lines when `json`, else text) filtered by `level`; an invalid filter falls
-/// back to `info` (the configuration was validated before, so only a defect gets there).
-pub fn install(level: &str, json: bool) {
+/// Installs the global subscriber: the log (stderr, JSON lines when `json`, else text) filtered
+/// by `level`, and with `trace` the OpenTelemetry exporter, whose handle the caller shuts down at
+/// exit. An invalid filter falls back to `info` (the configuration was validated before, so only
+/// a defect gets there).
+pub fn install(
+    level: &str,
+    json: bool,
+    trace: Option<&super::trace::Settings>,
+) -> Result<Option<super::trace::Exporter>, String> {
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = reload::Layer::new(filter);
-    let registry = tracing_subscriber::registry().with(filter);
-    let installed = if json {
-        tracing::subscriber::set_global_default(
-            registry.with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_writer(std::io::stderr),
-            ),
-        )
+    let log = if json {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .boxed()
     } else {
-        tracing::subscriber::set_global_default(
-            registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)),
-        )
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed()
     };
-    if installed.is_ok() {
+    let registry = tracing_subscriber::registry().with(log.with_filter(filter));
+    let (otel, exporter) = match trace {
+        Some(settings) => {
+            let (layer, exporter) = super::trace::layer(settings)?;
+            (Some(layer), Some(exporter))
+        }
+        None => (None, None),
+    };
+    if tracing::subscriber::set_global_default(registry.with(otel)).is_ok() {
         let _ = FILTER.set(handle);
     }
+    Ok(exporter)
 }
 
 /// Replaces the installed filter with `level` (a `tracing` filter the config validation

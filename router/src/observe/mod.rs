@@ -6,3 +6,4 @@ pub mod log;
 pub mod metrics;
 pub mod scrape;
 pub mod summary;
+pub mod trace;

@@ -20,6 +20,7 @@ use http::header;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use rand::Rng;
+use tracing::Instrument;
 
 use crate::config::RouterConfig;
 use crate::error::ApiError;
@@ -215,14 +216,41 @@ pub async fn forward<H: Hold>(
         };
         tried.push(Arc::as_ptr(&target) as usize);
         let guard = target.begin();
-        let req = upstream_request(applied, &target, &out)?;
+        let mut req = upstream_request(applied, &target, &out)?;
+        // This attempt's span; the backend's spans become its children.
+        let span = crate::observe::trace::attempt(&target.id, attempt);
+        if !span.is_none() {
+            crate::observe::trace::inject(&span, req.headers_mut());
+        }
         let sent = Instant::now();
         let pool = fw.pools.get(&target.backend.addr);
         let result = tokio::time::timeout_at(
             deadline,
             pool.send(&target.backend.addr, CONNECT_TIMEOUT, req),
         )
+        .instrument(span.clone())
         .await;
+        match &result {
+            Ok(Ok((resp, _))) => {
+                span.record("http.response.status_code", resp.status().as_u16());
+                if resp.status().is_server_error() {
+                    span.record("otel.status_code", "ERROR");
+                }
+            }
+            Ok(Err(SendError::Connect(_))) => {
+                span.record("error.type", "connect");
+                span.record("otel.status_code", "ERROR");
+            }
+            Ok(Err(_)) => {
+                span.record("error.type", "send");
+                span.record("otel.status_code", "ERROR");
+            }
+            Err(_) => {
+                span.record("error.type", "timeout");
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        drop(span);
         let (resp, conn) = match result {
             Err(_) => {
                 target.record_outcome(false);
@@ -288,6 +316,7 @@ pub async fn forward<H: Hold>(
         }
         parts.headers.insert("x-request-id", out.request_id.clone());
         let finish = Box::new(Completion {
+            span: crate::observe::trace::relay(),
             guard,
             conn: Some((conn, pool)),
             hold: out.hold.take(),
@@ -318,6 +347,8 @@ pub async fn forward<H: Hold>(
 
 /// Runs when a relayed response ends: breaker, metrics, request duration.
 struct Completion<H: Hold> {
+    /// The relay's trace span (none without tracing), ended with the response.
+    span: tracing::Span,
     guard: InFlight,
     /// The upstream connection, returned to its backend's pool when the body was read to the end.
     conn: Option<(upstream::Sender, Arc<upstream::ConnPool>)>,
@@ -332,6 +363,16 @@ struct Completion<H: Hold> {
 impl<H: Hold> Finish for Completion<H> {
     fn finish(mut self: Box<Self>, end: End, tapped: Tapped) {
         let usage = tapped.usage;
+        if !self.span.is_none() {
+            self.span
+                .record("program_router.end", format!("{end:?}").as_str());
+            if let Some(u) = usage {
+                self.span
+                    .record("gen_ai.usage.input_tokens", u.prompt_tokens);
+                self.span
+                    .record("gen_ai.usage.output_tokens", u.completion_tokens);
+            }
+        }
         let target = self.guard.target();
         if let Some(hold) = self.hold.take() {
             use crate::observe::access::Ending;

@@ -234,8 +234,17 @@ async fn handle(
             HeaderValue::from_str(&state.request_id()).unwrap_or(HeaderValue::from_static("pr"))
         });
     let path = req.uri().path().to_string();
-    let span =
-        tracing::info_span!("request", id = ?request_id, method = %req.method(), path = %path);
+    // The request's trace span (when tracing is on), and under it the span of its log lines,
+    // in which every span of the request path starts.
+    let trace = crate::observe::trace::request(
+        req.method(),
+        route_label(req.method(), &path),
+        &path,
+        req.headers(),
+    );
+    let span = tracing::info_span!(parent: &trace, "request", id = ?request_id, method = %req.method(), path = %path);
+    // Entered outside the log span, so that spans start under it at any log level.
+    let traced = trace.clone();
     // A request from another replica gets this replica's name on its answer (`peers`).
     let from_peer = req.headers().contains_key(&crate::peers::FORWARDED_BY);
     if let Some(sender) = req.headers().get(&crate::peers::FORWARDED_BY)
@@ -263,12 +272,25 @@ async fn handle(
         let route = route_label(req.method(), &path);
         state.metrics.route(route).requests.inc();
         let dispatched =
-            pipeline::dispatch(&state, req, route, &request_id, received, access.as_ref()).await;
+            pipeline::dispatch(&state, req, route, &request_id, received, access.as_ref(), &trace)
+                .await;
         if let Some(a) = &access {
             match &dispatched {
                 Ok(r) => a.answered(r.status().as_u16(), None),
                 Err(e) => a.answered(e.status.as_u16(), Some(e.code)),
             }
+        }
+        let status = match &dispatched {
+            Ok(r) => r.status(),
+            Err(e) => {
+                trace.record("program_router.error", e.code);
+                e.status
+            }
+        };
+        trace.record("http.response.status_code", status.as_u16());
+        trace.record("program_router.request_id", request_id.to_str().unwrap_or("-"));
+        if status.is_server_error() {
+            trace.record("otel.status_code", "ERROR");
         }
         let mut resp = match dispatched {
             Ok(r) => r,
@@ -300,12 +322,20 @@ async fn handle(
                     .insert(crate::peers::gossip::REVISION.clone(), r);
             }
         }
-        match access {
-            Some(a) => resp.map(|b| http_body_util::BodyExt::boxed_unsync(crate::net::body::Holding::new(b, a))),
-            None => resp,
+        // The access record and the request's span last as long as the response body.
+        if access.is_some() || !trace.is_none() {
+            resp.map(|b| {
+                http_body_util::BodyExt::boxed_unsync(crate::net::body::Holding::new(
+                    b,
+                    (access, trace),
+                ))
+            })
+        } else {
+            resp
         }
     }
     .instrument(span)
+    .instrument(traced)
     .await
 }
 

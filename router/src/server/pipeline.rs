@@ -26,6 +26,7 @@ use crate::program::identity::Identity;
 use crate::proxy::request::{self, Outgoing, Peeked};
 use crate::proxy::{self, Outbound};
 use crate::state::RouterState;
+use tracing::Instrument;
 
 /// Serves one request: the router's own routes, else the proxied pipeline.
 pub(super) async fn dispatch(
@@ -35,13 +36,16 @@ pub(super) async fn dispatch(
     request_id: &HeaderValue,
     received: Instant,
     access: Option<&Arc<Access>>,
+    trace: &tracing::Span,
 ) -> Result<Response<Body>, ApiError> {
     let req = match local::answer(state, req).await {
         Ok(answer) => return answer,
         Err(req) => req,
     };
     let generate = proxied_route(req.method(), req.uri().path())?;
-    let admitted = Admitted::admit(state, req, route, request_id, received, access).await?;
+    let admitted = Admitted::admit(state, req, route, request_id, received, access)
+        .instrument(crate::observe::trace::admission())
+        .await?;
     if !generate {
         return admitted.pass_through(state).await;
     }
@@ -51,12 +55,21 @@ pub(super) async fn dispatch(
     if let (Some(a), Some(id)) = (access, &identity) {
         a.program(&id.program_id);
     }
+    if let Some(id) = &identity {
+        trace.record("program_router.program", id.program_id.as_str());
+    }
+    if let Some(m) = &g.peeked.model {
+        trace.record("gen_ai.request.model", m.as_str());
+    }
     if let Some(answered) = g.owner_replica(state, identity.as_ref()).await {
         return answered;
     }
     let tenant = g.tenant();
     if let (Some(a), Some(t)) = (access, &tenant) {
         a.tenant(t);
+    }
+    if let Some(t) = &tenant {
+        trace.record("program_router.tenant", t.as_str());
     }
     let rate = g.quota(tenant.as_deref())?;
     let outgoing = g.rewrite()?;
@@ -134,6 +147,7 @@ impl<'a> Admitted<'a> {
                 let started = Instant::now();
                 let place = l
                     .enter(limits.queue_size, wait, state.queues_closed())
+                    .instrument(crate::observe::trace::queue_wait("concurrency"))
                     .await;
                 if let Some(a) = access {
                     a.queued(started.elapsed());
@@ -440,7 +454,9 @@ impl<'a> Generation<'a> {
             tenant,
         };
         let started = Instant::now();
-        let admitted = program_admission(state, &rt, applied, req).await;
+        let admitted = program_admission(state, &rt, applied, req)
+            .instrument(crate::observe::trace::queue_wait("program"))
+            .await;
         if let Some(a) = &self.admitted.access {
             a.queued(started.elapsed());
         }
@@ -472,7 +488,9 @@ impl<'a> Generation<'a> {
                 let _held =
                     (state.metrics.backlog).hold(model, crate::observe::backlog::Stage::Fair);
                 let started = Instant::now();
-                let permit = fair_admission(state, f, &a.parts.headers, tenant, n).await;
+                let permit = fair_admission(state, f, &a.parts.headers, tenant, n)
+                    .instrument(crate::observe::trace::queue_wait("fair"))
+                    .await;
                 if let Some(access) = &a.access {
                     access.queued(started.elapsed());
                 }

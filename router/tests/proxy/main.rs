@@ -321,3 +321,4 @@ mod access_log;
 mod exported;
 mod lifecycle;
 mod streams_and_errors;
+mod traces;

@@ -225,6 +225,7 @@ async fn run(cli: Cli) -> Result<(), String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let _flush = program_router::observe::log_writer::FlushOnExit;
     init_logs(&cli);
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,

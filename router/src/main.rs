@@ -94,6 +94,7 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|| program_router::config::DEFAULT_OTLP_TRACES_ENDPOINT.into()),
             sampling_ratio: config.otel_sampling_ratio,
         });
+    let _flush = program_router::observe::log_writer::FlushOnExit;
     let exporter = match program_router::observe::log::install(
         &config.log_level,
         config.log_format == program_router::config::LogFormat::Json,

@@ -1,6 +1,7 @@
 //! The process's log subscriber, for the router and the operator alike. One JSON shape: an object
 //! per line with `timestamp`, `level`, `target` (the module) and `fields` (`message` and the
-//! event's own, which may include a `target` of their own), on stderr. Installed once by a
+//! event's own, which may include a `target` of their own), on stderr through a writer thread
+//! (`log_writer`). Installed once by a
 //! binary, with a filter that a reloaded configuration's `log_level` replaces in place (no
 //! restart to turn on `debug` while a problem is happening). Library users that never install it
 //! (tests, embedders) reload as a no-op.
@@ -25,11 +26,11 @@ pub fn install(
     let log = if json {
         tracing_subscriber::fmt::layer()
             .json()
-            .with_writer(std::io::stderr)
+            .with_writer(super::log_writer::Buffered)
             .boxed()
     } else {
         tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
+            .with_writer(super::log_writer::Buffered)
             .boxed()
     };
     let registry = tracing_subscriber::registry().with(log.with_filter(filter));

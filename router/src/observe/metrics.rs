@@ -39,6 +39,9 @@ pub struct Metrics {
     pub buffered_bytes_shed: IntCounter,
     /// Requests held before any backend has them, by model and stage.
     pub backlog: super::backlog::Backlog,
+    /// Log lines dropped because the log writer's queue was full (brought up to date when
+    /// scraped).
+    pub log_lines_dropped: IntCounter,
     routes: Vec<(&'static str, RouteMetrics)>,
 }
 
@@ -232,6 +235,11 @@ impl Metrics {
                 &["listener"]
             )?)?,
             backlog: super::backlog::Backlog::new(&registry)?,
+            log_lines_dropped: register(&registry, IntCounter::new(
+                "program_router_log_lines_dropped_total",
+                "Log lines (access lines included) dropped because 4 MiB of lines were already \
+                 waiting for the log writer: stderr is slower than the router logs."
+            )?)?,
             routes: Vec::new(),
             registry,
         }

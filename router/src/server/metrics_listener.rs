@@ -97,6 +97,9 @@ fn answer(st: &RouterState, req: &Request<Incoming>) -> Response<Body> {
     m.concurrency_in_progress.set(i64::from(busy));
     m.concurrency_waiting.set(i64::from(waiting));
     m.backlog.set_unread(i64::from(waiting));
+    let dropped = crate::observe::log_writer::dropped();
+    m.log_lines_dropped
+        .inc_by(dropped.saturating_sub(m.log_lines_dropped.get()));
     for (listener, c) in [("api", &st.api_connections), ("peer", &st.peer_connections)] {
         m.connections_open
             .with_label_values(&[listener])

@@ -241,8 +241,19 @@ pub fn start_binary(args: &[String]) -> std::process::Child {
     child
 }
 
-/// Kills `child` and returns what it wrote to stderr (its log).
+/// Stops `child` (SIGTERM, so that it drains and writes out its buffered log; SIGKILL after 10 s)
+/// and returns what it wrote to stderr (its log).
 pub fn stop_binary(mut child: std::process::Child) -> String {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let _ = child.kill();
     let _ = child.wait();
     let mut log = String::new();

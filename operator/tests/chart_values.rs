@@ -31,20 +31,26 @@ fn keys(schema: &Value, prefix: &str, out: &mut Vec<(String, String)>) {
     }
 }
 
+/// The chart's values.schema.json and values.yaml.
+fn schema_and_values() -> (Value, Value) {
+    let schema = serde_json::from_str(
+        &std::fs::read_to_string(format!("{CHART}/values.schema.json")).expect("schema"),
+    )
+    .expect("json");
+    let values = serde_yaml::from_str(
+        &std::fs::read_to_string(format!("{CHART}/values.yaml")).expect("values"),
+    )
+    .expect("yaml");
+    (schema, values)
+}
+
 fn at<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
     key.split('.').try_fold(v, |v, k| v.get(k))
 }
 
 #[test]
 fn the_chart_readme_documents_every_value_with_its_schema_description_and_default() {
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(format!("{CHART}/values.schema.json")).expect("schema"),
-    )
-    .expect("json");
-    let values: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(format!("{CHART}/values.yaml")).expect("values"),
-    )
-    .expect("yaml");
+    let (schema, values) = schema_and_values();
     let mut documented = Vec::new();
     keys(&schema, "", &mut documented);
     assert!(documented.len() > 40, "{} keys", documented.len());
@@ -75,14 +81,7 @@ fn the_chart_readme_documents_every_value_with_its_schema_description_and_defaul
 /// files from drifting where the schema is permissive).
 #[test]
 fn every_value_in_values_yaml_is_in_the_schema() {
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(format!("{CHART}/values.schema.json")).expect("schema"),
-    )
-    .expect("json");
-    let values: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(format!("{CHART}/values.yaml")).expect("values"),
-    )
-    .expect("yaml");
+    let (schema, values) = schema_and_values();
     fn walk(values: &Value, schema: &Value, path: &str) {
         let (Some(vals), Some(props)) = (
             values.as_object(),

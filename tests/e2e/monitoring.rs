@@ -59,251 +59,246 @@ fn anchor(heading: &str) -> String {
 
 #[test]
 fn monitoring_objects_pass_the_real_crds_and_query_only_exported_series() {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(async {
-            let cp = ControlPlane::start();
-            let crds = harness::monitoring_crds();
-            for kind in ["podmonitors", "servicemonitors", "prometheusrules"] {
-                let file = crds.join(format!("monitoring.coreos.com_{kind}.yaml"));
-                cp.kubectl(&[
-                    "apply",
-                    "--server-side",
-                    "-f",
-                    file.to_str().expect("utf-8"),
-                ])
-                .expect_ok(kind);
-                cp.kubectl(&[
-                    "wait",
-                    "--for=condition=Established",
-                    &format!("crd/{kind}.monitoring.coreos.com"),
-                    "--timeout=60s",
-                ])
-                .expect_ok("CRD established");
-            }
-            let team = "team-a";
-            for ns in [NS, team] {
-                cp.kubectl(&["create", "namespace", ns])
-                    .expect_ok("namespace");
-            }
-            let chart = chart();
-            cp.helm(&[
-                "install",
-                RELEASE,
-                &chart,
-                "-n",
-                NS,
-                "--set",
-                "image.tag=e2e",
-                "--set",
-                "metrics.serviceMonitor.enabled=true",
-                "--set",
-                "metrics.routerPodMonitor.enabled=true",
-                "--set",
-                "metrics.prometheusRule.enabled=true",
-                "--set",
-                "metrics.dashboard.enabled=true",
+    run(async {
+        let cp = ControlPlane::start();
+        let crds = harness::monitoring_crds();
+        for kind in ["podmonitors", "servicemonitors", "prometheusrules"] {
+            let file = crds.join(format!("monitoring.coreos.com_{kind}.yaml"));
+            cp.kubectl(&[
+                "apply",
+                "--server-side",
+                "-f",
+                file.to_str().expect("utf-8"),
             ])
-            .expect_ok("helm install with the monitoring objects");
-            let get_json = |kind: &str, name: &str| -> serde_json::Value {
-                let out = cp
-                    .kubectl(&["get", kind, name, "-n", NS, "-o", "json"])
-                    .expect_ok(kind);
-                serde_json::from_str(&out).expect("json")
-            };
-            get_json("servicemonitor", FULLNAME);
-            let pod_monitor = get_json("podmonitor", &format!("{FULLNAME}-routers"));
-            let rule = get_json("prometheusrule", FULLNAME);
-            let dashboard = get_json("configmap", &format!("{FULLNAME}-dashboard"));
-            assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+            .expect_ok(kind);
+            cp.kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                &format!("crd/{kind}.monitoring.coreos.com"),
+                "--timeout=60s",
+            ])
+            .expect_ok("CRD established");
+        }
+        let team = "team-a";
+        for ns in [NS, team] {
+            cp.kubectl(&["create", "namespace", ns])
+                .expect_ok("namespace");
+        }
+        let chart = chart();
+        cp.helm(&[
+            "install",
+            RELEASE,
+            &chart,
+            "-n",
+            NS,
+            "--set",
+            "image.tag=e2e",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.routerPodMonitor.enabled=true",
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            "metrics.dashboard.enabled=true",
+        ])
+        .expect_ok("helm install with the monitoring objects");
+        let get_json = |kind: &str, name: &str| -> serde_json::Value {
+            let out = cp
+                .kubectl(&["get", kind, name, "-n", NS, "-o", "json"])
+                .expect_ok(kind);
+            serde_json::from_str(&out).expect("json")
+        };
+        get_json("servicemonitor", FULLNAME);
+        let pod_monitor = get_json("podmonitor", &format!("{FULLNAME}-routers"));
+        let rule = get_json("prometheusrule", FULLNAME);
+        let dashboard = get_json("configmap", &format!("{FULLNAME}-dashboard"));
+        assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
 
-            // The binaries the queries are about, running: an operator, two router pods with
-            // Program scheduling and fairness, and a vLLM simulator.
-            let scratch = Scratch::new("monitoring");
-            let op = Operator::start(&cp, &scratch.0, &["--namespace", team]);
-            let client = cp.client().await;
-            let kubelet = Kubelet::new(client.clone(), team, scratch.0.clone());
-            let routers_task = kubelet.run_routers();
-            let worker_port = free_port();
-            let worker = kubelet
-                .add_worker(
-                    "vllm-0",
-                    BTreeMap::from([("app".to_string(), "vllm".to_string())]),
-                    worker_port,
-                    2,
-                    0,
-                )
-                .await;
-            let (manifest, router_port) = harness::fleet_manifest(
-                team,
+        // The binaries the queries are about, running: an operator, two router pods with
+        // Program scheduling and fairness, and a vLLM simulator.
+        let scratch = Scratch::new("monitoring");
+        let op = Operator::start(&cp, &scratch.0, &["--namespace", team]);
+        let client = cp.client().await;
+        let kubelet = Kubelet::new(client.clone(), team, scratch.0.clone());
+        let routers_task = kubelet.run_routers();
+        let worker_port = free_port();
+        let worker = kubelet
+            .add_worker(
+                "vllm-0",
+                BTreeMap::from([("app".to_string(), "vllm".to_string())]),
                 worker_port,
                 2,
-                "  programScheduling: {}\n  fairness: {}\n",
-            );
-            cp.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))
-                .expect_ok("apply the fleet");
-            let api: Api<ProgramScheduling> = Api::namespaced(client.clone(), team);
-            let ready = wait_for(Duration::from_secs(90), || async {
-                let ps = api.get("fleet").await.ok()?;
-                let s = ps.status.as_ref()?;
-                let ready = s
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                (ready && s.ready_routers == Some(2)).then_some(ps)
-            })
+                0,
+            )
             .await;
-            let Some(ps) = ready else {
-                panic!("fleet not Ready:\n{}", op.log_tail());
-            };
-            let metrics_port = ps.spec.router.metrics_port;
+        let (manifest, router_port) = harness::fleet_manifest(
+            team,
+            worker_port,
+            2,
+            "  programScheduling: {}\n  fairness: {}\n",
+        );
+        cp.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))
+            .expect_ok("apply the fleet");
+        let api: Api<ProgramScheduling> = Api::namespaced(client.clone(), team);
+        let ready = wait_for(Duration::from_secs(90), || async {
+            let ps = api.get("fleet").await.ok()?;
+            let s = ps.status.as_ref()?;
+            let ready = s
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            (ready && s.ready_routers == Some(2)).then_some(ps)
+        })
+        .await;
+        let Some(ps) = ready else {
+            panic!("fleet not Ready:\n{}", op.log_tail());
+        };
+        let metrics_port = ps.spec.router.metrics_port;
 
-            // Traffic that makes each family appear: Programs over both replicas (forwards,
-            // RequestPool, transitions), tenants through the fair queue, an error.
-            let routers = kubelet.routers().await;
-            let c = testkit::client();
-            for turn in 0..2 {
-                for i in 0..6 {
-                    let ip = &routers[(i + turn) % 2].1;
-                    let body = serde_json::json!({"model": "sim-model", "max_tokens": 2,
+        // Traffic that makes each family appear: Programs over both replicas (forwards,
+        // RequestPool, transitions), tenants through the fair queue, an error.
+        let routers = kubelet.routers().await;
+        let c = testkit::client();
+        for turn in 0..2 {
+            for i in 0..6 {
+                let ip = &routers[(i + turn) % 2].1;
+                let body = serde_json::json!({"model": "sim-model", "max_tokens": 2,
                         "messages": [{"role": "user", "content": format!("turn {turn}")}],
                         "vllm_xargs": {"agentic_context": {"program_id": format!("agent-{i}")}}})
-                    .to_string();
-                    let url = format!("http://{ip}:{router_port}/v1/chat/completions");
-                    let r = testkit::send(&c, "POST", &url, &body, &[("x-tenant-id", "t1")]).await;
-                    assert_eq!(r.status, 200, "{}", r.text());
-                }
+                .to_string();
+                let url = format!("http://{ip}:{router_port}/v1/chat/completions");
+                let r = testkit::send(&c, "POST", &url, &body, &[("x-tenant-id", "t1")]).await;
+                assert_eq!(r.status, 200, "{}", r.text());
             }
-            let plain = serde_json::json!({"model": "sim-model", "max_tokens": 2,
+        }
+        let plain = serde_json::json!({"model": "sim-model", "max_tokens": 2,
                 "messages": [{"role": "user", "content": "hello"}]})
-            .to_string();
-            let url = format!("http://{}:{router_port}/v1/chat/completions", routers[0].1);
-            let r = testkit::send(&c, "POST", &url, &plain, &[("x-tenant-id", "t2")]).await;
-            assert_eq!(r.status, 200, "{}", r.text());
-            let r = testkit::send(&c, "POST", &url, "{not json", &[]).await;
-            assert_eq!(r.status, 400, "{}", r.text());
+        .to_string();
+        let url = format!("http://{}:{router_port}/v1/chat/completions", routers[0].1);
+        let r = testkit::send(&c, "POST", &url, &plain, &[("x-tenant-id", "t2")]).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let r = testkit::send(&c, "POST", &url, "{not json", &[]).await;
+        assert_eq!(r.status, 400, "{}", r.text());
 
-            let mut have = BTreeSet::from(["up".to_string()]);
-            for (_, ip) in &routers {
-                let text = testkit::get(&c, &format!("http://{ip}:{metrics_port}/metrics"))
-                    .await
-                    .text();
-                exported(&text, &mut have);
-            }
-            exported(&testkit::get(&c, &op.metrics_url).await.text(), &mut have);
-            exported(
-                &testkit::get(&c, &format!("http://{worker}:{worker_port}/metrics"))
-                    .await
-                    .text(),
-                &mut have,
-            );
+        let mut have = BTreeSet::from(["up".to_string()]);
+        for (_, ip) in &routers {
+            let text = testkit::get(&c, &format!("http://{ip}:{metrics_port}/metrics"))
+                .await
+                .text();
+            exported(&text, &mut have);
+        }
+        exported(&testkit::get(&c, &op.metrics_url).await.text(), &mut have);
+        exported(
+            &testkit::get(&c, &format!("http://{worker}:{worker_port}/metrics"))
+                .await
+                .text(),
+            &mut have,
+        );
 
-            // Every query of the alerts and the dashboard.
-            let mut queries: Vec<(String, String)> = Vec::new();
-            let ops = std::fs::read_to_string(chart_dir().join("../../docs/operations.md"))
-                .expect("docs/operations.md");
-            let anchors: BTreeSet<String> = ops
-                .lines()
-                .filter_map(|l| l.strip_prefix("### ").or_else(|| l.strip_prefix("## ")))
-                .map(anchor)
-                .collect();
-            let mut alerts = 0;
-            for group in rule["spec"]["groups"].as_array().expect("groups") {
-                for r in group["rules"].as_array().expect("rules") {
-                    let name = r["alert"].as_str().expect("alert name").to_string();
-                    let runbook = r["annotations"]["runbook_url"].as_str().unwrap_or_default();
-                    let (page, section) = runbook.split_once('#').unwrap_or_default();
-                    assert!(
-                        page.ends_with("docs/operations.md") && anchors.contains(section),
-                        "{name}: runbook {runbook:?} is not a section of docs/operations.md"
-                    );
-                    queries.push((name, r["expr"].as_str().expect("expr").to_string()));
-                    alerts += 1;
-                }
-            }
-            assert!(alerts >= 7, "{alerts} alerts");
-            let board: serde_json::Value = serde_json::from_str(
-                dashboard["data"]["program-scheduling.json"]
-                    .as_str()
-                    .expect("dashboard json"),
-            )
-            .expect("the dashboard is JSON");
-            for panel in board["panels"].as_array().expect("panels") {
-                for t in panel["targets"].as_array().into_iter().flatten() {
-                    let title = panel["title"].as_str().unwrap_or_default().to_string();
-                    queries.push((title, t["expr"].as_str().expect("expr").to_string()));
-                }
-            }
-            for v in board["templating"]["list"].as_array().expect("variables") {
-                if let Some(q) = v["query"]["query"].as_str()
-                    && let Some(inner) = q.strip_prefix("label_values(")
-                {
-                    let series = inner.split([',', '{']).next().unwrap_or_default().trim();
-                    queries.push((format!("variable {}", v["name"]), series.to_string()));
-                }
-            }
-            let mut names = 0;
-            for (what, expr) in &queries {
-                // Grafana's variables, as Grafana substitutes them.
-                let promql = expr
-                    .replace("$__rate_interval", "1m")
-                    .replace("$namespace", ".*")
-                    .replace("$pod", ".*");
-                let parsed = promql_parser::parser::parse(&promql)
-                    .unwrap_or_else(|e| panic!("{what}: {expr:?} is not PromQL: {e}"));
-                let mut used = BTreeSet::new();
-                selected(&parsed, &mut used);
-                assert!(!used.is_empty(), "{what}: {expr:?} selects no series");
-                for name in used {
-                    names += 1;
-                    assert!(
-                        have.contains(&name),
-                        "{what} queries {name}, which no running binary exports"
-                    );
-                }
-            }
-            assert!(names > 40, "{names} series checked");
-
-            // The PodMonitor selects exactly the router pods, on a port they have.
-            let labels: Vec<String> = pod_monitor["spec"]["selector"]["matchLabels"]
-                .as_object()
-                .expect("matchLabels")
-                .iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                .collect();
-            let pods = cp
-                .kubectl(&[
-                    "get",
-                    "pods",
-                    "-n",
-                    team,
-                    "-l",
-                    &labels.join(","),
-                    "-o",
-                    "json",
-                ])
-                .expect_ok("pods the PodMonitor selects");
-            let pods: serde_json::Value = serde_json::from_str(&pods).expect("json");
-            let pods = pods["items"].as_array().expect("items");
-            assert_eq!(pods.len(), 2, "the two router pods, not the worker");
-            let port = pod_monitor["spec"]["podMetricsEndpoints"][0]["port"].clone();
-            for p in pods {
-                let ports = &p["spec"]["containers"][0]["ports"];
+        // Every query of the alerts and the dashboard.
+        let mut queries: Vec<(String, String)> = Vec::new();
+        let ops = std::fs::read_to_string(chart_dir().join("../../docs/operations.md"))
+            .expect("docs/operations.md");
+        let anchors: BTreeSet<String> = ops
+            .lines()
+            .filter_map(|l| l.strip_prefix("### ").or_else(|| l.strip_prefix("## ")))
+            .map(anchor)
+            .collect();
+        let mut alerts = 0;
+        for group in rule["spec"]["groups"].as_array().expect("groups") {
+            for r in group["rules"].as_array().expect("rules") {
+                let name = r["alert"].as_str().expect("alert name").to_string();
+                let runbook = r["annotations"]["runbook_url"].as_str().unwrap_or_default();
+                let (page, section) = runbook.split_once('#').unwrap_or_default();
                 assert!(
-                    ports
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|q| q["name"] == port),
-                    "{port} on {ports}"
+                    page.ends_with("docs/operations.md") && anchors.contains(section),
+                    "{name}: runbook {runbook:?} is not a section of docs/operations.md"
+                );
+                queries.push((name, r["expr"].as_str().expect("expr").to_string()));
+                alerts += 1;
+            }
+        }
+        assert!(alerts >= 7, "{alerts} alerts");
+        let board: serde_json::Value = serde_json::from_str(
+            dashboard["data"]["program-scheduling.json"]
+                .as_str()
+                .expect("dashboard json"),
+        )
+        .expect("the dashboard is JSON");
+        for panel in board["panels"].as_array().expect("panels") {
+            for t in panel["targets"].as_array().into_iter().flatten() {
+                let title = panel["title"].as_str().unwrap_or_default().to_string();
+                queries.push((title, t["expr"].as_str().expect("expr").to_string()));
+            }
+        }
+        for v in board["templating"]["list"].as_array().expect("variables") {
+            if let Some(q) = v["query"]["query"].as_str()
+                && let Some(inner) = q.strip_prefix("label_values(")
+            {
+                let series = inner.split([',', '{']).next().unwrap_or_default().trim();
+                queries.push((format!("variable {}", v["name"]), series.to_string()));
+            }
+        }
+        let mut names = 0;
+        for (what, expr) in &queries {
+            // Grafana's variables, as Grafana substitutes them.
+            let promql = expr
+                .replace("$__rate_interval", "1m")
+                .replace("$namespace", ".*")
+                .replace("$pod", ".*");
+            let parsed = promql_parser::parser::parse(&promql)
+                .unwrap_or_else(|e| panic!("{what}: {expr:?} is not PromQL: {e}"));
+            let mut used = BTreeSet::new();
+            selected(&parsed, &mut used);
+            assert!(!used.is_empty(), "{what}: {expr:?} selects no series");
+            for name in used {
+                names += 1;
+                assert!(
+                    have.contains(&name),
+                    "{what} queries {name}, which no running binary exports"
                 );
             }
+        }
+        assert!(names > 40, "{names} series checked");
 
-            routers_task.abort();
-            kubelet.shutdown().await;
-            op.stop();
-        });
+        // The PodMonitor selects exactly the router pods, on a port they have.
+        let labels: Vec<String> = pod_monitor["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .expect("matchLabels")
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+            .collect();
+        let pods = cp
+            .kubectl(&[
+                "get",
+                "pods",
+                "-n",
+                team,
+                "-l",
+                &labels.join(","),
+                "-o",
+                "json",
+            ])
+            .expect_ok("pods the PodMonitor selects");
+        let pods: serde_json::Value = serde_json::from_str(&pods).expect("json");
+        let pods = pods["items"].as_array().expect("items");
+        assert_eq!(pods.len(), 2, "the two router pods, not the worker");
+        let port = pod_monitor["spec"]["podMetricsEndpoints"][0]["port"].clone();
+        for p in pods {
+            let ports = &p["spec"]["containers"][0]["ports"];
+            assert!(
+                ports
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|q| q["name"] == port),
+                "{port} on {ports}"
+            );
+        }
+
+        routers_task.abort();
+        kubelet.shutdown().await;
+        op.stop();
+    });
 }

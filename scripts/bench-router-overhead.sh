@@ -3,8 +3,11 @@
 #   1. vllm-sim directly (--instant: steps take no time),
 #   2. program-router in front of it (default: one I/O thread per core; also with one I/O
 #      thread, and on the shared work-stealing runtime),
-#   3. vllm-router 0.1.17 (PyPI) in front of it.
-# Prints req/s, p50/p99 latency, ratios and the routers' peak RSS. Loopback only; every process
+#   3. vllm-router 0.1.17 (PyPI) in front of it,
+#   4. nginx in front of it (reverse proxy with upstream keep-alive, one worker per core, no
+#      access log, as the routers run at --log-level warn): the physical anchor of a proxy on
+#      this machine.
+# Prints req/s, p50/p99 latency, ratios and the proxies' peak RSS. Loopback only; every process
 # started here is stopped at the end.
 #
 # Env: DURATION (default 10s), CONNS (64), PROGSCHED_VENV (venv with vllm-router), CARGO_TARGET_DIR,
@@ -26,6 +29,7 @@ if [ "${PIN:-0}" = 1 ]; then
   load=(taskset -c 0) router=(taskset -c 1)
 fi
 [ -x "$venv/bin/vllm-router" ] || { echo "vllm-router not found in $venv (pip install vllm-router==0.1.17)" >&2; exit 1; }
+command -v nginx >/dev/null || { echo "nginx is required for the anchor row (apt-get install nginx-light)" >&2; exit 1; }
 cargo build --release --locked -q -p vllm-sim -p program-router
 
 . scripts/bench-lib.sh
@@ -58,9 +62,40 @@ vr_port=$(free_port); vr_prom=$(free_port)
   --policy "$POLICY" --prometheus-host 127.0.0.1 --prometheus-port "$vr_prom" --log-level warning >/dev/null 2>&1 & vr_pid=$!; pids+=($vr_pid)
 wait_up "http://127.0.0.1:$vr_port/health"
 
-cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+# nginx: a master and one worker per core, in a scratch prefix.
+ng_port=$(free_port); ng_dir=$(mktemp -d)
+cat > "$ng_dir/nginx.conf" <<NGINX
+worker_processes auto;
+daemon off;
+pid $ng_dir/nginx.pid;
+error_log stderr warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $ng_dir/body;
+  proxy_temp_path $ng_dir/proxy;
+  fastcgi_temp_path $ng_dir/fastcgi;
+  uwsgi_temp_path $ng_dir/uwsgi;
+  scgi_temp_path $ng_dir/scgi;
+  upstream sim { server 127.0.0.1:$sim_port; keepalive 256; }
+  server {
+    listen 127.0.0.1:$ng_port;
+    location / {
+      proxy_pass http://sim;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+}
+NGINX
+"${router[@]}" nginx -p "$ng_dir" -c "$ng_dir/nginx.conf" -e stderr >/dev/null 2>&1 & ng_pid=$!; pids+=($ng_pid)
+wait_up "http://127.0.0.1:$ng_port/health"
+ng_pids="$ng_pid $(pgrep -P "$ng_pid" | tr '\n' ' ')"
 
-run() { # name url pid
+cpu_ticks() { local t=0 p; for p in $1; do t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat"))); done; echo "$t"; }
+peak_rss() { local k=0 p; for p in $1; do k=$((k + $(awk '/VmHWM/ {print $2}' "/proc/$p/status"))); done; awk -v k="$k" 'BEGIN {printf "%.0f MiB", k/1024}'; }
+
+run() { # name url "pid..." (the proxy's processes)
   local out rps p50 p99 rss n c0 c1 cpu
   [ -n "$3" ] && c0=$(cpu_ticks "$3")
   out=$("${load[@]}" wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$lua" "$2/v1/chat/completions")
@@ -71,7 +106,7 @@ run() { # name url pid
   rss="-"; cpu="-"
   n=$(echo "$out" | awk '/requests in/ {print $1}')
   if [ -n "$3" ]; then
-    rss=$(awk '/VmHWM/ {printf "%.0f MiB", $2/1024}' "/proc/$3/status")
+    rss=$(peak_rss "$3")
     c1=$(cpu_ticks "$3")
     cpu=$(awk -v t=$((c1 - c0)) -v n="$n" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
   fi
@@ -81,10 +116,10 @@ run() { # name url pid
 to_ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v/1000 } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v } else { sub(/s$/,"",v); print v*1000 } }'; }
 
 # Warm up each path, then measure.
-for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$p1_port" "http://127.0.0.1:$p0_port" "http://127.0.0.1:$vr_port"; do
+for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$p1_port" "http://127.0.0.1:$p0_port" "http://127.0.0.1:$vr_port" "http://127.0.0.1:$ng_port"; do
   "${load[@]}" wrk -t1 -c"$CONNS" -d2s -s "$lua" "$u/v1/chat/completions" >/dev/null
 done
-results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run program-router-shared-rt "http://127.0.0.1:$p0_port" "$p0_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; } )
+results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run program-router-shared-rt "http://127.0.0.1:$p0_port" "$p0_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; run nginx "http://127.0.0.1:$ng_port" "$ng_pids"; } )
 echo "both routers --policy $POLICY; PIN=${PIN:-0}; wrk -c$CONNS for $DURATION per path"
 printf 'path\treq/s\tp50\tp99\trouter CPU us/req\tpeak RSS\n%s\n' "$results" | column -t -s $'\t'
 d=$(echo "$results" | awk -F'\t' '$1=="direct" {print $2}')
@@ -96,9 +131,13 @@ pc=$(echo "$results" | awk -F'\t' '$1=="program-router" {print $5}')
 vc=$(echo "$results" | awk -F'\t' '$1=="vllm-router" {print $5}')
 p1=$(echo "$results" | awk -F'\t' '$1=="program-router-1-thread" {print $2}')
 p1p99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="program-router-1-thread" {print $4}')")
-awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc="$vc" -v p1="$p1" -v p1p="$p1p99" 'BEGIN {
+n=$(echo "$results" | awk -F'\t' '$1=="nginx" {print $2}')
+np99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="nginx" {print $4}')")
+awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc="$vc" -v p1="$p1" -v p1p="$p1p99" -v n="$n" -v np="$np99" 'BEGIN {
   printf "\nprogram-router / vllm-router CPU per request: %.2fx\n", pc/vc;
   printf "program-router / vllm-router throughput: %.2fx (1 thread: %.2fx)\n", p/v, p1/v;
   printf "program-router / direct throughput:      %.2fx (1 thread: %.2fx)\n", p/d, p1/d;
-  printf "program-router / vllm-router p99:        %.2fx (1 thread: %.2fx)\n", pp/vp, p1p/vp }'
-rm -f "$lua"
+  printf "program-router / vllm-router p99:        %.2fx (1 thread: %.2fx)\n", pp/vp, p1p/vp;
+  printf "program-router / nginx throughput:       %.2fx (1 thread: %.2fx)\n", p/n, p1/n;
+  printf "program-router / nginx p99:              %.2fx (1 thread: %.2fx)\n", pp/np, p1p/np }'
+rm -rf "$lua" "$ng_dir"

@@ -234,14 +234,10 @@ async fn handle(
             HeaderValue::from_str(&state.request_id()).unwrap_or(HeaderValue::from_static("pr"))
         });
     let path = req.uri().path().to_string();
+    let route = route_label(req.method(), &path);
     // The request's trace span (when tracing is on), and under it the span of its log lines,
     // in which every span of the request path starts.
-    let trace = crate::observe::trace::request(
-        req.method(),
-        route_label(req.method(), &path),
-        &path,
-        req.headers(),
-    );
+    let trace = crate::observe::trace::request(req.method(), route, &path, req.headers());
     let span = tracing::info_span!(parent: &trace, "request", id = ?request_id, method = %req.method(), path = %path);
     // Entered outside the log span, so that spans start under it at any log level.
     let traced = trace.clone();
@@ -256,10 +252,7 @@ async fn handle(
     }
     // The access log's record of this request (written when the response body is gone); not
     // for the probes and /status, which the kubelet and the operator call every few seconds.
-    let probe = matches!(
-        route_label(req.method(), &path),
-        "/health" | "/readiness" | "/status"
-    );
+    let probe = matches!(route, "/health" | "/readiness" | "/status");
     let access = (state.applied.load().config.access_log && !probe).then(|| {
         crate::observe::access::Access::new(
             received,
@@ -269,7 +262,6 @@ async fn handle(
         )
     });
     async move {
-        let route = route_label(req.method(), &path);
         state.metrics.route(route).requests.inc();
         let dispatched =
             pipeline::dispatch(&state, req, route, &request_id, received, access.as_ref(), &trace)

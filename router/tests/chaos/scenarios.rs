@@ -72,15 +72,22 @@ pub async fn sigterm_drains_200_streams(dir: &Path) -> Report {
         })
         .collect();
     let tasks = client::launch(&c, &format!("{base}{CHAT}"), load, Duration::from_secs(120));
-    // SIGTERM once requests wait in both places (or after 10 s, whatever is held then).
+    // SIGTERM once the 200 streams are connected and requests wait in both places (or after
+    // 10 s, whatever is held then). A client still connecting as the listener closes is the
+    // other race, the one a shutdown delay covers (the operator sets 5 s; here it is 0).
     let metrics_url = format!("http://127.0.0.1:{mport}/metrics");
-    let (mut pooled, mut queued) = (0.0, 0.0);
+    let (mut pooled, mut queued, mut open) = (0.0, 0.0, 0.0);
     let until = Instant::now() + Duration::from_secs(10);
     while Instant::now() < until {
         let m = client::get_text(&c, &metrics_url).await;
         pooled = client::metric(&m, "vllm_router_agent_aware_rank_queue_size");
         queued = client::metric(&m, "program_router_fair_queue_depth");
-        if pooled > 0.0 && queued > 0.0 {
+        open = program_router::observe::scrape::sum(
+            &m,
+            "program_router_connections_open",
+            &[("listener", "api")],
+        );
+        if pooled > 0.0 && queued > 0.0 && open >= 200.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -91,7 +98,7 @@ pub async fn sigterm_drains_200_streams(dir: &Path) -> Report {
     let exit = router.wait_exit(Duration::from_secs(100));
     let drained = signalled.elapsed();
     let mut notes = vec![format!(
-        "at SIGTERM: {pooled} requests in the RequestPool, {queued} in fair queues"
+        "at SIGTERM: {open} client connections, {pooled} requests in the RequestPool, {queued} in fair queues"
     )];
     match exit {
         Ok(code) => notes.push(format!("router exit code {code:?}")),

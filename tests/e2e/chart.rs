@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use harness::kubelet::Kubelet;
-use harness::{ControlPlane, Operator, Scratch, chart_dir, crds_dir, free_port, wait_for};
+use harness::{ControlPlane, Operator, Scratch, chart_dir, crds_dir, free_port, run, wait_for};
 use kube::api::Api;
 use program_operator::crd::ProgramScheduling;
 
@@ -21,16 +21,6 @@ const FULLNAME: &str = "ps-program-scheduling";
 
 fn chart() -> String {
     chart_dir().to_str().expect("path").to_string()
-}
-
-/// Runs `f` on a two-thread runtime (the chart tests' kubelet and operator run beside it).
-fn run<F: std::future::Future<Output = ()>>(f: F) {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(f);
 }
 
 #[test]
@@ -368,24 +358,11 @@ fn chart_installs_with_least_privilege_runs_the_example_and_upgrades_cleanly() {
         // Every other example passes the real API server's schema, CEL rules and strict
         // field validation (a server-side dry run: they name workers this test does not run);
         // the HTTPRoute against Gateway API's own CRDs.
-        let gateway = harness::gateway_crds();
-        for kind in ["gateways", "httproutes"] {
-            let file = gateway.join(format!("gateway.networking.k8s.io_{kind}.yaml"));
-            cp.kubectl(&[
-                "apply",
-                "--server-side",
-                "-f",
-                file.to_str().expect("utf-8 path"),
-            ])
-            .expect_ok(kind);
-            cp.kubectl(&[
-                "wait",
-                "--for=condition=Established",
-                &format!("crd/{kind}.gateway.networking.k8s.io"),
-                "--timeout=60s",
-            ])
-            .expect_ok("Gateway API CRD established");
-        }
+        cp.install_crd_files(
+            &harness::gateway_crds(),
+            "gateway.networking.k8s.io",
+            &["gateways", "httproutes"],
+        );
         for example in [
             "production.yaml",
             "agents.yaml",

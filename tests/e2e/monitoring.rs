@@ -61,24 +61,11 @@ fn anchor(heading: &str) -> String {
 fn monitoring_objects_pass_the_real_crds_and_query_only_exported_series() {
     run(async {
         let cp = ControlPlane::start();
-        let crds = harness::monitoring_crds();
-        for kind in ["podmonitors", "servicemonitors", "prometheusrules"] {
-            let file = crds.join(format!("monitoring.coreos.com_{kind}.yaml"));
-            cp.kubectl(&[
-                "apply",
-                "--server-side",
-                "-f",
-                file.to_str().expect("utf-8"),
-            ])
-            .expect_ok(kind);
-            cp.kubectl(&[
-                "wait",
-                "--for=condition=Established",
-                &format!("crd/{kind}.monitoring.coreos.com"),
-                "--timeout=60s",
-            ])
-            .expect_ok("CRD established");
-        }
+        cp.install_crd_files(
+            &harness::monitoring_crds(),
+            "monitoring.coreos.com",
+            &["podmonitors", "servicemonitors", "prometheusrules"],
+        );
         let team = "team-a";
         for ns in [NS, team] {
             cp.kubectl(&["create", "namespace", ns])

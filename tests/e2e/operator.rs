@@ -12,11 +12,11 @@ mod outage;
 mod scaling;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use harness::kubelet::Kubelet;
-use harness::{ControlPlane, Operator, Scratch, free_port, wait_for};
+use harness::{ControlPlane, Operator, Scratch, free_port, run, wait_for};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -24,18 +24,6 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, Resource};
 use program_operator::crd::ProgramScheduling;
 use serde_json::json;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn run<F: std::future::Future<Output = ()>>(f: F) {
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(f);
-}
 
 fn condition(ps: &ProgramScheduling, t: &str) -> Option<(String, String)> {
     ps.status

@@ -8,25 +8,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use harness::kubelet::Kubelet;
-use harness::{ControlPlane, Operator, Scratch, free_port, wait_for};
+use harness::{ControlPlane, Operator, Scratch, free_port, run, wait_for};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, Patch, PatchParams};
 use program_operator::crd::ProgramScheduling;
-
-/// One control plane at a time (two machines' worth of cores would be needed otherwise).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn run<F: std::future::Future<Output = ()>>(f: F) {
-    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(f);
-}
 
 /// A TCP relay on a loopback port to `target` (`host:port`); sending `true` on the returned
 /// channel stops it accepting and cuts every connection through it (a network partition).

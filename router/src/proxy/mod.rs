@@ -157,6 +157,36 @@ fn upstream_request<H: Hold>(
         .map_err(|e| ApiError::upstream(format!("cannot build request: {e}")))
 }
 
+/// Records how an upstream attempt ended on its span (the caller skips this without tracing).
+fn record_attempt<T>(
+    span: &tracing::Span,
+    result: &Result<
+        Result<(Response<hyper::body::Incoming>, T), SendError>,
+        tokio::time::error::Elapsed,
+    >,
+) {
+    match result {
+        Ok(Ok((resp, _))) => {
+            span.record("http.response.status_code", resp.status().as_u16());
+            if resp.status().is_server_error() {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        Ok(Err(SendError::Connect(_))) => {
+            span.record("error.type", "connect");
+            span.record("otel.status_code", "ERROR");
+        }
+        Ok(Err(_)) => {
+            span.record("error.type", "send");
+            span.record("otel.status_code", "ERROR");
+        }
+        Err(_) => {
+            span.record("error.type", "timeout");
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+}
+
 fn backoff(cfg: &crate::config::RetryConfig, attempt: u32) -> Duration {
     let base = cfg.initial_backoff_ms as f64
         * cfg
@@ -230,25 +260,8 @@ pub async fn forward<H: Hold>(
         )
         .instrument(span.clone())
         .await;
-        match &result {
-            Ok(Ok((resp, _))) => {
-                span.record("http.response.status_code", resp.status().as_u16());
-                if resp.status().is_server_error() {
-                    span.record("otel.status_code", "ERROR");
-                }
-            }
-            Ok(Err(SendError::Connect(_))) => {
-                span.record("error.type", "connect");
-                span.record("otel.status_code", "ERROR");
-            }
-            Ok(Err(_)) => {
-                span.record("error.type", "send");
-                span.record("otel.status_code", "ERROR");
-            }
-            Err(_) => {
-                span.record("error.type", "timeout");
-                span.record("otel.status_code", "ERROR");
-            }
+        if !span.is_none() {
+            record_attempt(&span, &result);
         }
         drop(span);
         let (resp, conn) = match result {

@@ -44,6 +44,22 @@ impl Drop for Scratch {
     }
 }
 
+/// One control plane at a time in a test binary (two machines' worth of cores would be needed
+/// otherwise).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs a test's body on a two-thread runtime (its kubelet, operator and clients run beside the
+/// control plane), one test at a time.
+pub fn run<F: std::future::Future<Output = ()>>(f: F) {
+    let _guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f);
+}
+
 /// prometheus-operator's CRDs (`scripts/third-party-crds.sh monitoring`, which
 /// `scripts/test-all.sh` runs).
 pub fn monitoring_crds() -> PathBuf {
@@ -215,22 +231,44 @@ impl ControlPlane {
 impl ControlPlane {
     /// `kubectl apply --server-side -f crds/` and wait until the API serves the kind.
     pub fn install_crds(&self) {
-        let dir = crds_dir();
-        self.kubectl(&[
-            "apply",
-            "--server-side",
-            "--field-manager=e2e",
-            "-f",
-            dir.to_str().expect("path"),
-        ])
-        .expect_ok("kubectl apply crds/");
+        self.install_crd_files(&crds_dir(), "scheduling.program-router.dev", &[]);
+        self.wait_established("programschedulings.scheduling.program-router.dev");
+    }
+
+    /// Applies another project's CRDs of `group` from `dir` (its `<group>_<plural>.yaml` files,
+    /// `plurals` of them; none: the whole directory) and waits until the API serves each.
+    pub fn install_crd_files(&self, dir: &Path, group: &str, plurals: &[&str]) {
+        let files: Vec<PathBuf> = if plurals.is_empty() {
+            vec![dir.to_path_buf()]
+        } else {
+            plurals
+                .iter()
+                .map(|p| dir.join(format!("{group}_{p}.yaml")))
+                .collect()
+        };
+        for f in &files {
+            self.kubectl(&[
+                "apply",
+                "--server-side",
+                "--field-manager=e2e",
+                "-f",
+                f.to_str().expect("utf-8 path"),
+            ])
+            .expect_ok(&format!("kubectl apply {}", f.display()));
+        }
+        for p in plurals {
+            self.wait_established(&format!("{p}.{group}"));
+        }
+    }
+
+    fn wait_established(&self, crd: &str) {
         self.kubectl(&[
             "wait",
             "--for=condition=Established",
             "--timeout=60s",
-            "crd/programschedulings.scheduling.program-router.dev",
+            &format!("crd/{crd}"),
         ])
-        .expect_ok("CRD established");
+        .expect_ok(&format!("{crd} established"));
     }
 
     /// Creates a namespace and waits for its default ServiceAccount (which the ServiceAccount

@@ -127,14 +127,15 @@ fn split_sample(line: &str) -> Option<Sample<'_>> {
     })
 }
 
-/// The value of label `key` in `a="x",b="y"` (values without escaped quotes, as vLLM emits).
+/// The value of label `key` in `a="x",b="y"`, raw: an escaped value (`\"`, `\\`, `\n`,
+/// which vLLM never emits) is returned as written, and the labels after it still read.
 fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     let mut rest = labels;
     while !rest.is_empty() {
         let eq = rest.find('=')?;
         let k = rest[..eq].trim().trim_start_matches(',').trim();
         let after = rest[eq + 1..].trim_start().strip_prefix('"')?;
-        let close = after.find('"')?;
+        let close = closing_quote(after)?;
         if k == key {
             return Some(&after[..close]);
         }
@@ -143,9 +144,32 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     None
 }
 
+/// Where the quoted value that `s` starts inside ends: the first `"` not escaped by a backslash.
+fn closing_quote(s: &str) -> Option<usize> {
+    let mut escaped = false;
+    for (i, b) in s.bytes().enumerate() {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' => escaped = true,
+            b'"' => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_escaped_label_value_does_not_hide_the_labels_after_it() {
+        let line = r#"m{a="x\\\"y",b="16",c="q\\"} 1"#;
+        let s = samples(line).next().expect("a sample");
+        assert_eq!(s.label("a"), Some(r#"x\\\"y"#));
+        assert_eq!(s.label("b"), Some("16"));
+        assert_eq!(s.label("c"), Some(r#"q\\"#));
+    }
 
     #[test]
     fn reads_per_engine_series_and_capacity() {

@@ -153,6 +153,43 @@ pub(crate) enum Cmd {
         #[arg(long)]
         html: Option<PathBuf>,
     },
+    /// Every workload family × KV pressure × seed in virtual time: consistent hashing against
+    /// Program scheduling, each above the cell's floor (hashing with KV nothing fills), with the
+    /// goals each cell is held to and an HTML heat map.
+    Matrix {
+        /// Families (default: all eight).
+        #[arg(long, value_delimiter = ',')]
+        families: Vec<progbench::families::Family>,
+        /// Pressure levels (default: all four).
+        #[arg(long, value_delimiter = ',')]
+        pressures: Vec<progbench::matrix::Pressure>,
+        /// Seeds to run (overrides --half).
+        #[arg(long, value_delimiter = ',')]
+        seeds: Vec<u64>,
+        /// Seed half: `report` (even seeds, held out from choosing defaults) or `tuning` (odd).
+        #[arg(long, value_enum, default_value = "report")]
+        half: progbench::matrix::Half,
+        /// A CI-sized run: one seed of the chosen half, each family at a quarter of its size.
+        #[arg(long)]
+        quick: bool,
+        /// Each family's Programs × this (its arrival rate unchanged).
+        #[arg(long)]
+        scale: Option<f64>,
+        #[arg(long, default_value_t = 4)]
+        ranks: usize,
+        /// Program scheduling overrides (the router's program_scheduling JSON).
+        #[arg(long, default_value = "{}")]
+        program_config: String,
+        /// Worker threads (default: the machine's cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Every run's figures and every cell as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// The heat map (default: progbench-matrix.html in the temp folder).
+        #[arg(long)]
+        html: Option<PathBuf>,
+    },
     /// Replay a workload through the scheduler core and simulated ranks in virtual time, side by
     /// side for each mode.
     Sim {
@@ -196,6 +233,10 @@ pub(crate) enum Cmd {
 pub(crate) struct WorkloadArgs {
     #[arg(long, value_enum, default_value_t = Preset::SweAgent)]
     pub(crate) preset: Preset,
+    /// A `matrix` family at its full size instead (replaces --preset, --programs, --rate and
+    /// --arrivals; --seed still applies).
+    #[arg(long, value_enum)]
+    pub(crate) family: Option<progbench::families::Family>,
     #[arg(long, default_value_t = 200)]
     pub(crate) programs: u32,
     /// Program arrivals per second (Poisson).
@@ -221,7 +262,18 @@ pub(crate) enum ArrivalArg {
 }
 
 impl WorkloadArgs {
+    /// What the report calls the workload.
+    pub(crate) fn label(&self) -> String {
+        match self.family {
+            Some(f) => format!("family {}", f.name()),
+            None => format!("{:?}", self.preset),
+        }
+    }
+
     pub(crate) fn turns(&self) -> Vec<workload::Turn> {
+        if let Some(f) = self.family {
+            return f.generate(1.0, self.seed);
+        }
         let arrivals = match self.arrivals {
             ArrivalArg::Poisson => workload::Arrivals::Poisson,
             ArrivalArg::Bursty => workload::Arrivals::Bursty {

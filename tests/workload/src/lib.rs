@@ -7,8 +7,11 @@
 pub mod compare;
 pub mod des;
 pub mod fairness;
+pub mod families;
 pub mod fleet;
 pub mod kv_bound;
+pub mod matrix;
+pub mod matrix_report;
 pub mod oracle;
 pub mod replay;
 pub mod replay_cmd;

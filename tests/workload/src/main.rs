@@ -11,6 +11,7 @@ use program_router::config::ProgramSchedulingConfig;
 use vllm_sim::engine::EngineParams;
 
 mod args;
+mod matrix_cmd;
 mod tables;
 
 use args::*;
@@ -21,6 +22,7 @@ use tables::*;
 fn demo_workload() -> WorkloadArgs {
     WorkloadArgs {
         preset: Preset::SweAgent,
+        family: None,
         programs: 30,
         rate: 0.15,
         seed: 1,
@@ -138,6 +140,15 @@ fn main() -> ExitCode {
         return match rt.block_on(work) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("progbench: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    if matches!(cli.cmd, Cmd::Matrix { .. }) {
+        return match matrix_cmd::matrix(cli.cmd) {
+            Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("progbench: {e}");
                 ExitCode::from(2)
@@ -440,11 +451,11 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         None => "no Program scheduling run, no calibration".into(),
     };
     let header = format!(
-        "{} Programs ({:?}, seed {}), {} servers × {} DP ranks × {} KV blocks, {}× time\n\
+        "{} Programs ({}, seed {}), {} servers × {} DP ranks × {} KV blocks, {}× time\n\
          oracle: H* = {:.1}% token hit, JCT* = {:.1} s mean; times are the workload's seconds\n\
          {calibrated}",
         program_count(&turns),
-        w.preset,
+        w.label(),
         w.seed,
         servers,
         dp,
@@ -547,9 +558,11 @@ fn load_turns(
 
 fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
-        Cmd::Compare { .. } | Cmd::Fairness { .. } | Cmd::Demo { .. } | Cmd::Replay { .. } => {
-            Ok(())
-        }
+        Cmd::Compare { .. }
+        | Cmd::Fairness { .. }
+        | Cmd::Demo { .. }
+        | Cmd::Replay { .. }
+        | Cmd::Matrix { .. } => Ok(()),
         Cmd::Gen { w, out } => {
             let turns = w.turns();
             std::fs::write(&out, workload::to_jsonl(&turns))
@@ -633,9 +646,9 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-report.html"));
             let header = format!(
-                "{} Programs ({:?}), {} ranks × {} KV blocks\noracle: H* = {:.1}% token hit, JCT* = {:.1} s mean",
+                "{} Programs ({}), {} ranks × {} KV blocks\noracle: H* = {:.1}% token hit, JCT* = {:.1} s mean",
                 program_count(&turns),
-                w.preset,
+                w.label(),
                 ranks,
                 num_gpu_blocks,
                 oracle.token_hit * 100.0,

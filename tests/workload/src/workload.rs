@@ -83,9 +83,17 @@ pub struct Shape {
     pub append_sigma: f64,
     pub output_median: f64,
     pub output_sigma: f64,
-    /// (probability, median seconds, sigma) of each tool-gap component.
-    pub gaps: [(f64, f64, f64); 3],
+    pub gaps: Gaps,
     pub gap_cap: f64,
+}
+
+/// How long the tool call (or the human) between two turns takes, before `gap_cap`.
+#[derive(Debug, Clone, Copy)]
+pub enum Gaps {
+    /// A mixture of lognormals: (probability, median seconds, sigma) of each component.
+    Mixture([(f64, f64, f64); 3]),
+    /// Pareto with this minimum (seconds) and tail index: the heavier the smaller `alpha`.
+    Pareto { min: f64, alpha: f64 },
 }
 
 impl Preset {
@@ -102,7 +110,7 @@ impl Preset {
                 append_sigma: 0.8,
                 output_median: 120.0,
                 output_sigma: 0.9,
-                gaps: [(0.75, 0.8, 0.6), (0.2, 4.0, 0.5), (0.05, 20.0, 0.4)],
+                gaps: Gaps::Mixture([(0.75, 0.8, 0.6), (0.2, 4.0, 0.5), (0.05, 20.0, 0.4)]),
                 gap_cap: 30.0,
             },
             Preset::Chat => Shape {
@@ -114,7 +122,7 @@ impl Preset {
                 append_sigma: 0.7,
                 output_median: 250.0,
                 output_sigma: 0.6,
-                gaps: [(0.5, 15.0, 0.5), (0.4, 40.0, 0.4), (0.1, 90.0, 0.3)],
+                gaps: Gaps::Mixture([(0.5, 15.0, 0.5), (0.4, 40.0, 0.4), (0.1, 90.0, 0.3)]),
                 gap_cap: 120.0,
             },
             Preset::LongTools => Shape {
@@ -126,17 +134,41 @@ impl Preset {
                 append_sigma: 0.7,
                 output_median: 100.0,
                 output_sigma: 0.8,
-                gaps: [(0.5, 25.0, 0.3), (0.4, 45.0, 0.3), (0.1, 60.0, 0.2)],
+                gaps: Gaps::Mixture([(0.5, 25.0, 0.3), (0.4, 45.0, 0.3), (0.1, 60.0, 0.2)]),
                 gap_cap: 60.0,
             },
         }
     }
 }
 
-fn lognormal(rng: &mut StdRng, median: f64, sigma: f64) -> f64 {
+pub(crate) fn lognormal(rng: &mut StdRng, median: f64, sigma: f64) -> f64 {
     LogNormal::new(median.ln(), sigma)
         .map(|d| d.sample(rng))
         .unwrap_or(median)
+}
+
+/// One draw of a tool gap, uncapped.
+fn gap(rng: &mut StdRng, gaps: Gaps) -> f64 {
+    match gaps {
+        Gaps::Mixture(components) => {
+            let u: f64 = rng.random();
+            let mut acc = 0.0;
+            let mut g = components[2];
+            for c in components {
+                acc += c.0;
+                if u < acc {
+                    g = c;
+                    break;
+                }
+            }
+            lognormal(rng, g.1, g.2)
+        }
+        Gaps::Pareto { min, alpha } => {
+            // Inverse CDF; 1 − u is in (0, 1], so the power is finite.
+            let u: f64 = rng.random();
+            min / (1.0 - u).powf(1.0 / alpha.max(1e-3))
+        }
+    }
 }
 
 /// Generates `programs` Programs arriving as a Poisson process of `rate` per second.
@@ -155,6 +187,37 @@ pub enum Arrivals {
     Bursty { mean_size: f64, spacing: f64 },
 }
 
+/// `n` ascending arrival times in bursts: burst starts are Poisson at `rate / mean_size`, a
+/// burst brings a geometric number of arrivals (mean `mean_size`) spaced by exponential gaps of
+/// mean `spacing` seconds.
+pub(crate) fn burst_times(
+    n: usize,
+    rate: f64,
+    seed: u64,
+    mean_size: f64,
+    spacing: f64,
+) -> Vec<f64> {
+    let exp =
+        |r: f64| Exp::new(r.max(1e-9)).unwrap_or_else(|_| Exp::new(1.0).expect("rate 1 is valid"));
+    let mut r2 = StdRng::seed_from_u64(seed);
+    let size = mean_size.max(1.0);
+    let (starts, within) = (exp(rate / size), exp(1.0 / spacing.max(1e-6)));
+    let mut out = Vec::with_capacity(n);
+    let mut t = 0.0;
+    while out.len() < n {
+        t += starts.sample(&mut r2);
+        let mut at = t;
+        out.push(at);
+        // Geometric size with mean `size`: continue with probability 1 − 1/size.
+        while out.len() < n && r2.random::<f64>() < 1.0 - 1.0 / size {
+            at += within.sample(&mut r2);
+            out.push(at);
+        }
+    }
+    out.sort_by(f64::total_cmp);
+    out
+}
+
 /// Like [`generate`] with an arrival pattern.
 pub fn generate_with(
     preset: Preset,
@@ -170,25 +233,13 @@ pub fn generate_with(
     // gaps) are the same as with Poisson arrivals for the same seed.
     let bursty: Option<Vec<f64>> = match arrivals {
         Arrivals::Poisson => None,
-        Arrivals::Bursty { mean_size, spacing } => {
-            let mut r2 = StdRng::seed_from_u64(seed ^ 0x6275_7273_7479);
-            let size = mean_size.max(1.0);
-            let (starts, within) = (exp(rate / size), exp(1.0 / spacing.max(1e-6)));
-            let mut out = Vec::with_capacity(programs as usize);
-            let mut t = 0.0;
-            while out.len() < programs as usize {
-                t += starts.sample(&mut r2);
-                let mut at = t;
-                out.push(at);
-                // Geometric size with mean `size`: continue with probability 1 − 1/size.
-                while out.len() < programs as usize && r2.random::<f64>() < 1.0 - 1.0 / size {
-                    at += within.sample(&mut r2);
-                    out.push(at);
-                }
-            }
-            out.sort_by(f64::total_cmp);
-            Some(out)
-        }
+        Arrivals::Bursty { mean_size, spacing } => Some(burst_times(
+            programs as usize,
+            rate,
+            seed ^ 0x6275_7273_7479,
+            mean_size,
+            spacing,
+        )),
     };
     let inter = exp(rate);
     let mut t = 0.0;
@@ -261,16 +312,16 @@ pub fn generate_with(
 }
 
 /// Where a generated Program starts.
-struct Root<'a> {
-    program_id: &'a str,
-    task: u32,
-    turns: u32,
-    arrival: f64,
-    system_prompt: u32,
+pub(crate) struct Root<'a> {
+    pub(crate) program_id: &'a str,
+    pub(crate) task: u32,
+    pub(crate) turns: u32,
+    pub(crate) arrival: f64,
+    pub(crate) system_prompt: u32,
 }
 
 /// Appends one Program's turns; `parent` = (parent id, the step it spawns after, blocks).
-fn push_program(
+pub(crate) fn push_program(
     out: &mut Vec<Turn>,
     rng: &mut StdRng,
     s: &Shape,
@@ -296,17 +347,7 @@ fn push_program(
             let gap = if step + 1 == turns {
                 0.0
             } else {
-                let u: f64 = rng.random();
-                let mut acc = 0.0;
-                let mut g = s.gaps[2];
-                for c in s.gaps {
-                    acc += c.0;
-                    if u < acc {
-                        g = c;
-                        break;
-                    }
-                }
-                lognormal(rng, g.1, g.2).min(s.gap_cap)
+                gap(rng, s.gaps).min(s.gap_cap)
             };
             out.push(Turn {
                 program_id: program_id.to_string(),

@@ -1,0 +1,123 @@
+//! `progbench matrix --quick`, the CI-sized matrix: every family × pressure cell is run, held to
+//! its goals and written to the table, the JSON and the heat map.
+
+use std::process::Command;
+
+fn progbench(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
+        .args(args)
+        .output()
+        .expect("run progbench");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_quick_matrix_runs_every_cell_against_its_floor() {
+    let dir = std::env::temp_dir().join(format!("progbench-matrix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (json, html) = (dir.join("m.json"), dir.join("m.html"));
+    let (ok, out, err) = progbench(&[
+        "matrix",
+        "--quick",
+        "--json",
+        json.to_str().expect("utf-8"),
+        "--html",
+        html.to_str().expect("utf-8"),
+    ]);
+    assert!(ok, "{out}\n{err}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json written")).expect("json");
+    let cells = doc["cells"].as_array().expect("cells");
+    let runs = doc["runs"].as_array().expect("runs");
+    // 8 families × 4 pressures, one seed of the report half.
+    assert_eq!(cells.len(), 32, "{out}");
+    assert_eq!(runs.len(), 32);
+    for r in runs {
+        assert_eq!(r["seed"], 2, "--quick runs the report half's first seed");
+        let floor = r["floor"]["mean_jct"].as_f64().expect("floor");
+        let hash = r["hash"]["mean_jct"].as_f64().expect("hash");
+        assert!(
+            floor > 0.0 && hash >= floor * 0.999,
+            "hashing above its own floor: {r}"
+        );
+        assert_eq!(
+            r["floor"]["preemptions"], 0,
+            "the floor's KV never fills: {r}"
+        );
+        // Every Program ends the same way in both modes: the workload decides truncation.
+        assert_eq!(
+            r["hash"]["programs_truncated"],
+            r["program"]["programs_truncated"]
+        );
+        assert_eq!(r["program"]["queue_timeouts"], 0, "{r}");
+    }
+    for c in cells {
+        let goals = c["goals"].as_array().expect("goals");
+        let want = match c["pressure"].as_str() {
+            Some("none") => 1,
+            Some("moderate") => 2,
+            _ => 3,
+        };
+        assert_eq!(goals.len(), want, "{c}");
+        let line = out
+            .lines()
+            .find(|l| {
+                l.split_whitespace().next().map(|f| f.trim_end_matches('*')) == c["family"].as_str()
+                    && l.split_whitespace().nth(1) == c["pressure"].as_str()
+            })
+            .unwrap_or_else(|| panic!("no table line for {c}"));
+        let missed = goals.iter().any(|g| g["met"] == false);
+        assert_eq!(line.contains("NOT MET"), missed, "{line}");
+    }
+    // Pressure is what the name says: more pressure, less KV.
+    let blocks = |f: &str, p: &str| {
+        runs.iter()
+            .find(|r| r["family"] == f && r["pressure"] == p)
+            .and_then(|r| r["blocks_per_rank"].as_u64())
+            .expect("run")
+    };
+    assert!(blocks("coding", "none") > blocks("coding", "moderate"));
+    assert!(blocks("coding", "moderate") > blocks("coding", "heavy"));
+    for summary in [
+        "excess ≤ 0.5× hashing's: met in",
+        "mean never worse than hashing: met in",
+    ] {
+        assert!(out.contains(summary), "{out}");
+    }
+    let page = std::fs::read_to_string(&html).expect("html written");
+    for f in [
+        "coding",
+        "shared-prompt",
+        "heavy-gaps",
+        "short-many",
+        "long-few",
+        "subagents",
+        "bursty",
+        "mixed-chat",
+    ] {
+        assert!(page.contains(&format!("<th>{f}")), "{f} in the heat map");
+    }
+    assert_eq!(page.matches("<table>").count(), 4, "four grids");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn matrix_refuses_bad_settings_by_name() {
+    for (args, flag) in [
+        (vec!["matrix", "--scale", "0"], "--scale"),
+        (vec!["matrix", "--ranks", "0"], "--ranks"),
+        (
+            vec!["matrix", "--program-config", "{\"nope\":1}"],
+            "--program-config",
+        ),
+        (vec!["matrix", "--families", "nope"], "--families"),
+    ] {
+        let (ok, _, err) = progbench(&args);
+        assert!(!ok, "{args:?}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
+}

@@ -494,8 +494,9 @@ pub struct ProgramSchedulingParams {
     /// Let a paused Program resume on another rank when its own is full and the other passes
     /// the headroom checks (default true); false keeps every Program on its bound rank.
     pub global_queue: Option<bool>,
-    /// Order of resumes on a rank among equally urgent Programs: `mru` (default; the most
-    /// recently active first, whose KV is most likely still cached) or `fcfs`.
+    /// Order of resumes on a rank among equally urgent Programs: `mru` (default; Programs that
+    /// have run go first, latest first, as their KV is the likeliest to be cached, and new
+    /// Programs follow oldest first) or `fcfs`.
     #[schemars(extend("enum" = ["mru", "fcfs"]))]
     pub resume_order: Option<String>,
     /// How much free KV a rank needs before a Program moves to it: the source rank's free

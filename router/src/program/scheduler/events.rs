@@ -148,9 +148,14 @@ impl Scheduler {
             a.identity.expected_output_length,
             now,
         );
+        // Work in progress first: a Program that has run (or a subagent its parent waits on)
+        // resumes most recent arrival first (MRU); a new root Program waits behind them, FCFS
+        // among its peers (LIFO over new Programs starves the oldest under sustained load).
+        let started = self.program(slot).last_complete.is_some()
+            || a.identity.parent_program_id.is_some() && a.identity.blocks_parent;
         let order = match self.cfg.resume_order {
-            ResumeOrder::Fcfs => self.arrivals,
-            ResumeOrder::Mru => -self.arrivals,
+            ResumeOrder::Mru if started => -self.arrivals.max(1),
+            ResumeOrder::Mru | ResumeOrder::Fcfs => self.arrivals,
         };
         // Start-time fair queueing over tenants: a request's tag is where its tenant's previous
         // request ends in virtual service (or the current virtual time, for a tenant that was

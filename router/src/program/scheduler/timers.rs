@@ -65,6 +65,8 @@ impl Scheduler {
                     {
                         let old = r.key;
                         r.key.not_forced = false;
+                        // Forced requests go oldest first: MRU among them would starve again.
+                        r.key.order = r.arrival as i64;
                         let (rank, new) = (r.rank, r.key);
                         self.ranks[rank].queue.remove(&old);
                         self.ranks[rank].queue.insert(new);

@@ -107,10 +107,12 @@ fn a_demand_larger_than_the_rank_runs_at_its_force_deadline() {
 }
 
 #[test]
-fn resume_order_priority_then_mru_or_fcfs() {
+fn resume_order_priority_then_work_in_progress_mru_then_new_programs_fcfs() {
     for (order, want) in [
-        (ResumeOrder::Mru, [4, 3, 2]),
-        (ResumeOrder::Fcfs, [4, 2, 3]),
+        // Priority first; then Programs that have run, and a subagent its parent waits on,
+        // latest arrival first; then new root Programs oldest first.
+        (ResumeOrder::Mru, [9, 8, 7, 5, 4, 6]),
+        (ResumeOrder::Fcfs, [9, 4, 5, 6, 7, 8]),
     ] {
         let c = ProgramSchedulingConfig {
             resume_order: order,
@@ -118,21 +120,59 @@ fn resume_order_priority_then_mru_or_fcfs() {
             ..cfg()
         };
         let mut s = sched(c, 1);
-        s.on_arrival(0.0, arrival(1, "a", 10));
-        s.on_arrival(1.0, arrival(2, "b", 10));
-        s.on_arrival(2.0, arrival(3, "c", 10));
-        s.on_arrival(3.0, with(arrival(4, "d", 10), |i| i.priority = 5));
+        // r1 and r2 run once and pause (no TTL before the statistics window fills).
+        assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "r1", 10))), [1]);
+        assert!(dispatched(&s.on_complete(1.0, 1, usage(10, 1))).is_empty());
+        assert_eq!(dispatched(&s.on_arrival(1.5, arrival(2, "r2", 10))), [2]);
+        assert!(dispatched(&s.on_complete(2.0, 2, usage(10, 1))).is_empty());
+        // "a" takes the only slot; everything after it waits.
+        assert_eq!(dispatched(&s.on_arrival(3.0, arrival(3, "a", 10))), [3]);
+        s.on_arrival(4.0, arrival(4, "n1", 10));
+        s.on_arrival(5.0, arrival(5, "r1", 10));
+        s.on_arrival(6.0, arrival(6, "n2", 10));
+        s.on_arrival(7.0, arrival(7, "r2", 10));
+        s.on_arrival(
+            8.0,
+            with(arrival(8, "sub", 10), |i| {
+                i.parent_program_id = Some("a".into());
+                i.blocks_parent = true;
+            }),
+        );
+        s.on_arrival(9.0, with(arrival(9, "p", 10), |i| i.priority = 5));
         let mut got = Vec::new();
-        let mut next = 1;
-        for t in 0..3 {
+        let mut next = 3;
+        for t in 0..6 {
             let d = s.on_complete(10.0 + f64::from(t), next, usage(10, 1));
             let ids = dispatched(&d);
-            assert_eq!(ids.len(), 1);
+            assert_eq!(ids.len(), 1, "{order:?} {d:?}");
             next = ids[0];
             got.push(next);
         }
         assert_eq!(got, want, "{order:?}");
     }
+}
+
+#[test]
+fn forced_requests_resume_oldest_first() {
+    let c = ProgramSchedulingConfig {
+        max_active_programs_per_target: 1,
+        force_resume_timeout_seconds: 5.0,
+        token_capacity_per_dp_rank: Some(100),
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    // b and c have run, so MRU orders them newest first until they are forced.
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "b", 60))), [1]);
+    assert!(dispatched(&s.on_complete(0.5, 1, usage(60, 1))).is_empty());
+    assert_eq!(dispatched(&s.on_arrival(0.6, arrival(2, "c", 60))), [2]);
+    assert!(dispatched(&s.on_complete(0.8, 2, usage(60, 1))).is_empty());
+    assert_eq!(dispatched(&s.on_arrival(1.0, arrival(3, "a", 60))), [3]);
+    s.on_arrival(1.5, arrival(4, "b", 62));
+    s.on_arrival(2.0, arrival(5, "c", 62));
+    // Both forced (deadlines 6.5 and 7) but the rank holds "a" and fits one of them at a time.
+    assert!(dispatched(&s.on_tick(8.0)).is_empty());
+    assert_eq!(dispatched(&s.on_complete(9.0, 3, usage(60, 1))), [4]);
+    assert_eq!(dispatched(&s.on_complete(10.0, 4, usage(62, 1))), [5]);
 }
 
 #[test]

@@ -144,12 +144,13 @@ pub(crate) enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
-    /// The README demo: a small side-by-side comparison over HTTP on fresh simulators (program-router
-    /// with and without Program scheduling, and vllm-router 0.1.17 when installed), then the same
-    /// workload in virtual time with the HTML report. About 1.5 minutes; needs the release
+    /// The README demo: coding-agent sessions at a moderate and a heavy KV pressure, two seeds
+    /// each, over HTTP on fresh simulators — program-router's Program scheduling against
+    /// vllm-router 0.1.17's (when installed) and consistent hashing — then the same points in
+    /// virtual time over five seeds; prints a verdict first. About 2 minutes; needs the release
     /// binaries of program-router and vllm-sim next to progbench.
     Demo {
-        /// Where to write the HTML report (default: progbench-report.html in the temp folder).
+        /// Where to write the HTML report (default: progbench-demo.html in the temp folder).
         #[arg(long)]
         html: Option<PathBuf>,
     },

@@ -16,4 +16,5 @@ pub mod oracle;
 pub mod replay;
 pub mod replay_cmd;
 pub mod report;
+pub mod verdict;
 pub mod workload;

@@ -11,109 +11,23 @@ use program_router::config::ProgramSchedulingConfig;
 use vllm_sim::engine::EngineParams;
 
 mod args;
+mod demo;
 mod matrix_cmd;
 mod tables;
 
 use args::*;
 use tables::*;
 
-/// The demo's workload: 30 coding-agent sessions on 1 server × 2 DP ranks whose KV holds about
-/// 60 % of what consistent hashing would need (its token hit ≈ 60 %).
-fn demo_workload() -> WorkloadArgs {
-    WorkloadArgs {
-        preset: Preset::SweAgent,
-        family: None,
-        programs: 30,
-        rate: 0.15,
-        seed: 1,
-        arrivals: ArrivalArg::Poisson,
-        burst_size: 8.0,
-        burst_spacing: 1.0,
-    }
-}
-
-const DEMO_BLOCKS: usize = 6144;
-
-async fn demo() -> Result<bool, String> {
-    let dir = bin_dir()?;
-    for b in ["program-router", "vllm-sim"] {
-        if !dir.join(b).exists() {
-            return Err(format!(
-                "{b} is not built next to progbench in {}: run `cargo build --release -p progbench \
-                 -p program-router -p vllm-sim` first",
-                dir.display()
-            ));
-        }
-    }
-    let vllm_router = progbench::compare::venv_vllm_router();
-    let mut variants = vec![
-        progbench::compare::Variant::PrHash,
-        progbench::compare::Variant::PrProgram,
-    ];
-    match &vllm_router {
-        Some(_) => variants.extend([
-            progbench::compare::Variant::VrHash,
-            progbench::compare::Variant::VrProgram,
-        ]),
-        None => eprintln!(
-            "note: vllm-router 0.1.17 not found in $PROGSCHED_VENV (default ~/.cache/progsched/venv); \
-             `python3 -m venv ~/.cache/progsched/venv && ~/.cache/progsched/venv/bin/pip install \
-             vllm-router==0.1.17` adds it to the comparison"
-        ),
-    }
-    eprintln!("HTTP, 40 simulated seconds per wall second, one run per router ...");
-    compare(Cmd::Compare {
-        w: demo_workload(),
-        variants,
-        servers: 1,
-        dp: 2,
-        num_gpu_blocks: DEMO_BLOCKS,
-        max_model_len: 32768,
-        time_scale: 40.0,
-        limit_secs: 100.0,
-        program_config: "{}".into(),
-        member_skew_secs: 60.0,
-        member_skew_seed: 1,
-        vllm_router,
-        json: None,
-        html: None,
-    })
-    .await
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Cmd::Demo { html } = cli.cmd {
-        let ok = match tokio::runtime::Runtime::new()
+        return match tokio::runtime::Runtime::new()
             .map_err(|e| e.to_string())
-            .and_then(|rt| rt.block_on(demo()))
+            .and_then(|rt| rt.block_on(demo::demo(html)))
         {
-            Ok(ok) => ok,
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
             Err(e) => {
-                eprintln!("progbench: {e}");
-                return ExitCode::from(2);
-            }
-        };
-        println!("\nThe same workload in virtual time (scheduler core + engine model, no HTTP):");
-        let sim = Cli {
-            cmd: Cmd::Sim {
-                w: demo_workload(),
-                input: None,
-                ranks: 2,
-                num_gpu_blocks: DEMO_BLOCKS,
-                max_model_len: 32768,
-                modes: vec!["hash".into(), "program".into()],
-                program_config: "{}".into(),
-                client_retention_ttl: None,
-                headers_only_clients: false,
-                json: None,
-                html,
-            },
-        };
-        return match (run(sim), ok) {
-            (Ok(()), true) => ExitCode::SUCCESS,
-            (Ok(()), false) => ExitCode::from(1),
-            (Err(e), _) => {
                 eprintln!("progbench: {e}");
                 ExitCode::from(2)
             }

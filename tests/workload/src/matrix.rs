@@ -165,6 +165,30 @@ fn unbounded_blocks(turns: &[Turn], engine: &EngineParams) -> usize {
     tokens.div_ceil(engine.block_size) + engine.max_model_len.div_ceil(engine.block_size)
 }
 
+/// The floor of `turns` on `ranks` ranks shaped like `base` (consistent hashing, KV nothing
+/// fills) and the live KV demand at p90 on its timeline, in tokens.
+pub fn floor(turns: &[Turn], ranks: usize, base: &EngineParams) -> (Report, f64) {
+    let engine = EngineParams {
+        num_gpu_blocks: unbounded_blocks(turns, base),
+        ..base.clone()
+    };
+    let floor = des::run(turns, ranks, &engine, &Mode::ConsistentHash);
+    let demand = floor.kv_demand_p90 * (engine.token_capacity() * ranks) as f64;
+    (floor, demand)
+}
+
+/// KV blocks per rank that put `demand_tokens` at `pressure`, but never fewer than one
+/// `max_model_len` context needs.
+pub fn blocks_at(
+    demand_tokens: f64,
+    ranks: usize,
+    base: &EngineParams,
+    pressure: Pressure,
+) -> usize {
+    ((demand_tokens / pressure.demand() / (ranks * base.block_size) as f64).round() as usize)
+        .max(base.max_model_len.div_ceil(base.block_size))
+}
+
 /// Every pressure level of one (family, seed) pair: the floor once, then both modes per level.
 pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
     let turns = family.generate(setup.scale, seed);
@@ -172,23 +196,13 @@ pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
         max_model_len: setup.max_model_len,
         ..EngineParams::default()
     };
-    let floor_engine = EngineParams {
-        num_gpu_blocks: unbounded_blocks(&turns, &base),
-        ..base.clone()
-    };
-    let floor = des::run(&turns, setup.ranks, &floor_engine, &Mode::ConsistentHash);
-    // Live contexts at p90 on the floor's timeline, in tokens.
-    let demand_tokens = floor.kv_demand_p90 * (floor_engine.token_capacity() * setup.ranks) as f64;
-    let min_blocks = base.max_model_len.div_ceil(base.block_size);
+    let (floor, demand_tokens) = self::floor(&turns, setup.ranks, &base);
     let program_mode = Mode::Program(Box::new(setup.program.clone()));
     setup
         .pressures
         .iter()
         .map(|&pressure| {
-            let blocks =
-                ((demand_tokens / pressure.demand() / (setup.ranks * base.block_size) as f64)
-                    .round() as usize)
-                    .max(min_blocks);
+            let blocks = blocks_at(demand_tokens, setup.ranks, &base, pressure);
             let engine = EngineParams {
                 num_gpu_blocks: blocks,
                 ..base.clone()

@@ -268,7 +268,7 @@ pub struct RunResult {
 
 impl RunResult {
     /// A run of `variant` that has measured nothing yet.
-    pub(crate) fn empty(variant: Variant) -> Self {
+    pub fn empty(variant: Variant) -> Self {
         RunResult {
             variant,
             ok: false,

@@ -67,6 +67,9 @@ pub struct Report {
     /// live Program's prefix cached).
     pub kv_demand_p90: f64,
     pub kv_demand_over_capacity: f64,
+    /// KV blocks held by running requests over the cluster's KV, mean over the run's samples
+    /// (cached blocks no request holds do not count, as in vLLM's `kv_cache_usage_perc`).
+    pub mean_kv_usage: f64,
     /// Where the reusable tokens of later turns were lost, in tokens.
     pub missed: MissedHit,
     /// The offline bound replayed on this run's own timeline (when each request was dispatched
@@ -725,6 +728,13 @@ pub fn run_with(
         kv_demand_p90: percentile(&demand, 0.9),
         kv_demand_over_capacity: demand.iter().filter(|d| **d > 1.0).count() as f64
             / demand.len().max(1) as f64,
+        mean_kv_usage: mean(
+            &kv_series
+                .iter()
+                .flatten()
+                .map(|(_, u)| *u)
+                .collect::<Vec<f64>>(),
+        ),
         missed,
         pooled_on_run,
         queue_timeouts: counters.queue_timeouts,

@@ -82,7 +82,11 @@ pub fn metrics_against(data: &[u8], reference: impl Fn(&str) -> Option<Vec<Refer
     // Quoted (UTF-8) metric and label names, `{"name"} 1` or `m{"label"="v"}`, are newer
     // syntax the scanner does not read: no vLLM series uses them. Text that may hold them is
     // not compared.
-    let quoted_names = text.contains("{\"") || text.contains(",\"");
+    let quoted_names = text.match_indices(['{', ',']).any(|(i, _)| {
+        text[i + 1..]
+            .trim_start_matches([' ', '\t'])
+            .starts_with('"')
+    });
     let Some(expected) = reference(&text).filter(|_| !lone_cr && !quoted_names) else {
         return;
     };

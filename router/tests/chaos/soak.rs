@@ -73,9 +73,6 @@ pub async fn soak(dir: &Path) -> Report {
     let _ = client::run_load(&c, &url, warm, 32, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let baseline = rss_mib(pid);
-    let next = Arc::new(AtomicUsize::new(0));
-    let start = Instant::now();
-    let per = Duration::from_secs(secs).as_secs_f64() / programs as f64;
     let peak = Arc::new(std::sync::Mutex::new(baseline));
     let sampler = {
         let peak = peak.clone();
@@ -89,40 +86,51 @@ pub async fn soak(dir: &Path) -> Report {
             }
         })
     };
-    let workers: Vec<_> = (0..32)
-        .map(|_| {
-            let (c, url, next) = (c.clone(), url.clone(), next.clone());
-            tokio::spawn(async move {
-                let mut t = Tally::default();
-                loop {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    if n >= programs {
-                        return t;
-                    }
-                    let due = start + Duration::from_secs_f64(per * n as f64);
-                    tokio::time::sleep_until(due.into()).await;
-                    let r = chat(
-                        Some(&format!("soak-{n}")),
-                        &format!("t{}", n % tenants),
-                        200,
-                        1,
-                    );
-                    t.add(client::send(&c, &url, &r, Duration::from_secs(30)).await);
-                }
-            })
-        })
-        .collect();
+    // SOAK_CYCLES > 1 repeats the load with new ids after each retention: memory kept after the
+    // first cycle that is reused by the next stays flat; a leak grows cycle by cycle.
+    let cycles = env("SOAK_CYCLES", 1).max(1);
     let mut tally = Tally::default();
-    for w in workers {
-        if let Ok(t) = w.await {
-            tally.merge(&t);
+    let (mut ran, mut at_end, mut after) = (Duration::ZERO, baseline, baseline);
+    let mut per_cycle = Vec::new();
+    for cycle in 0..cycles {
+        let next = Arc::new(AtomicUsize::new(0));
+        let start = Instant::now();
+        let per = Duration::from_secs(secs).as_secs_f64() / programs as f64;
+        let workers: Vec<_> = (0..32)
+            .map(|_| {
+                let (c, url, next) = (c.clone(), url.clone(), next.clone());
+                tokio::spawn(async move {
+                    let mut t = Tally::default();
+                    loop {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        if n >= programs {
+                            return t;
+                        }
+                        let due = start + Duration::from_secs_f64(per * n as f64);
+                        tokio::time::sleep_until(due.into()).await;
+                        let r = chat(
+                            Some(&format!("soak-{cycle}-{n}")),
+                            &format!("t{}", n % tenants),
+                            200,
+                            1,
+                        );
+                        t.add(client::send(&c, &url, &r, Duration::from_secs(30)).await);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            if let Ok(t) = w.await {
+                tally.merge(&t);
+            }
         }
+        ran += start.elapsed();
+        at_end = rss_mib(pid);
+        // The paused retention passes; every Program of the cycle is forgotten.
+        tokio::time::sleep(Duration::from_secs_f64(retention + 15.0)).await;
+        after = rss_mib(pid);
+        per_cycle.push(format!("{after:.0}"));
     }
-    let ran = start.elapsed();
-    let at_end = rss_mib(pid);
-    // The paused retention passes; every Program of the soak is forgotten.
-    tokio::time::sleep(Duration::from_secs_f64(retention + 15.0)).await;
-    let after = rss_mib(pid);
     sampler.abort();
     let peak = peak.lock().map(|p| p.max(at_end)).unwrap_or(at_end);
     let m = client::get_text(&c, &format!("http://127.0.0.1:{mport}/metrics")).await;
@@ -131,7 +139,8 @@ pub async fn soak(dir: &Path) -> Report {
     Report {
         name: "soak",
         load: format!(
-            "{programs} distinct Programs from {tenants} tenants over {:.0} s ({:.0} req/s)",
+            "{} distinct Programs from {tenants} tenants over {:.0} s ({:.0} req/s)",
+            programs as u64 * cycles,
             ran.as_secs_f64(),
             tally.accepted() as f64 / ran.as_secs_f64()
         ),
@@ -141,6 +150,12 @@ pub async fn soak(dir: &Path) -> Report {
             "RSS MiB: baseline {baseline:.0}, peak {peak:.0} (ceiling {CEILING_MIB:.0}{}), end of load {at_end:.0}, after the retention {after:.0}",
             if within { "" } else { " EXCEEDED" }
         ),
-        notes: vec![format!("active Programs after the retention: {held}")],
+        notes: vec![
+            format!("active Programs after the retention: {held}"),
+            format!(
+                "RSS MiB after each cycle's retention ({cycles} cycles): {}",
+                per_cycle.join(", ")
+            ),
+        ],
     }
 }

@@ -103,6 +103,10 @@ async fn connections_beyond_the_cap_are_closed_at_once_and_counted() {
     assert!(idle);
     let first = TcpStream::connect(r.server.addr).await.expect("connect");
     let _second = TcpStream::connect(r.server.addr).await.expect("connect");
+    // connect() returns once the kernel queued the connection; the I/O shards accept in their
+    // own time, so the third is the one over the cap only once both are held.
+    let held = eventually(5.0, || async { r.state.api_connections.count() == 2 }).await;
+    assert!(held, "both connections accepted");
     let mut third = TcpStream::connect(r.server.addr).await.expect("connect");
     assert!(closed_within(&mut third, 5.0).await, "over the cap");
     let c = client();

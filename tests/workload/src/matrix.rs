@@ -15,7 +15,7 @@ use vllm_sim::engine::EngineParams;
 
 use crate::des::{self, Mode, Report};
 use crate::families::Family;
-use crate::workload::{Turn, programs};
+use crate::workload::Turn;
 
 /// A KV pressure level: the floor's KV demand at p90 over the cell's KV capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
@@ -151,27 +151,13 @@ pub struct SeedRun {
     pub program: RunStats,
 }
 
-/// KV blocks (per rank) that no run of `turns` can fill: every Program's whole context at once,
-/// on any one rank.
-fn unbounded_blocks(turns: &[Turn], engine: &EngineParams) -> usize {
-    let tokens: usize = programs(turns)
-        .iter()
-        .map(|p| {
-            let t = p[0].system_tokens as usize
-                + p.iter()
-                    .map(|t| (t.append_tokens + t.output_tokens) as usize)
-                    .sum::<usize>();
-            t.min(engine.max_model_len)
-        })
-        .sum();
-    tokens.div_ceil(engine.block_size) + engine.max_model_len.div_ceil(engine.block_size)
-}
-
 /// The floor of `turns` on `ranks` ranks shaped like `base` (consistent hashing, KV nothing
 /// fills) and the live KV demand at p90 on its timeline, in tokens.
 pub fn floor(turns: &[Turn], ranks: usize, base: &EngineParams) -> (Report, f64) {
     let engine = EngineParams {
-        num_gpu_blocks: unbounded_blocks(turns, base),
+        // Every Program's whole context at once, on any one rank: nothing is ever evicted.
+        num_gpu_blocks: crate::oracle::blocks_for_no_kv_pressure(turns, base.block_size)
+            .max(base.max_model_len.div_ceil(base.block_size)),
         ..base.clone()
     };
     let floor = des::run(turns, ranks, &engine, &Mode::ConsistentHash);

@@ -154,7 +154,7 @@ impl Scheduler {
         let started = self.program(slot).last_complete.is_some()
             || a.identity.parent_program_id.is_some() && a.identity.blocks_parent;
         let order = match self.cfg.resume_order {
-            ResumeOrder::Mru if started => -self.arrivals.max(1),
+            ResumeOrder::Mru if started => -self.arrivals,
             ResumeOrder::Mru | ResumeOrder::Fcfs => self.arrivals,
         };
         // Start-time fair queueing over tenants: a request's tag is where its tenant's previous

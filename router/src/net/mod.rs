@@ -10,6 +10,7 @@
 pub mod body;
 pub mod client;
 pub mod headers;
+pub mod listen;
 
 use std::time::Duration;
 

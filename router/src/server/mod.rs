@@ -111,34 +111,45 @@ async fn accept_loop(
         };
         tokio::spawn(conn::serve(state.clone(), stream, plane, open, live));
     };
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((s, _)) => s,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                match &handoff {
-                    None => serve(stream, None),
-                    Some(h) => {
-                        if let Some((stream, live)) = h.place(stream) {
-                            serve(stream, Some(live));
+    {
+        // Before the loop ends, no new handshake starts and those under way complete and are
+        // served (crate::net::listen); the accept queue is drained below.
+        let listening = &listener;
+        let stopped = async move {
+            shutdown.await;
+            if crate::net::listen::refuse_new_handshakes(listening) {
+                tokio::time::sleep(crate::net::listen::HANDSHAKE_GRACE).await;
+            }
+        };
+        tokio::pin!(stopped);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let stream = match accepted {
+                        Ok((s, _)) => s,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    };
+                    match &handoff {
+                        None => serve(stream, None),
+                        Some(h) => {
+                            if let Some((stream, live)) = h.place(stream) {
+                                serve(stream, Some(live));
+                            }
                         }
                     }
                 }
+                Some((stream, live)) = async {
+                    match handoff.as_mut() {
+                        Some(h) => h.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => serve(stream, Some(live)),
+                () = &mut stopped => break,
             }
-            Some((stream, live)) = async {
-                match handoff.as_mut() {
-                    Some(h) => h.next().await,
-                    None => std::future::pending().await,
-                }
-            } => serve(stream, Some(live)),
-            _ = &mut shutdown => break,
         }
     }
     // Connections the kernel completed before the listener closes (its backlog) belong to

@@ -29,9 +29,12 @@ fn main() -> ExitCode {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let all: [(&str, Scenario); 7] = [
+    let all: [(&str, Scenario); 8] = [
         ("sigterm_drains_200_streams", |d| {
             Box::pin(scenarios::sigterm_drains_200_streams(d))
+        }),
+        ("sigterm_while_connecting", |d| {
+            Box::pin(scenarios::sigterm_while_connecting(d))
         }),
         ("sim_killed_midstream", |d| {
             Box::pin(scenarios::sim_killed_midstream(d))

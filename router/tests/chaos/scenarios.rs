@@ -117,6 +117,96 @@ pub async fn sigterm_drains_200_streams(dir: &Path) -> Report {
     }
 }
 
+/// SIGTERM while clients keep opening connections (no shutdown delay, the router's default):
+/// 64 clients send short streams, each on a new connection, before and after the signal, and a
+/// burst of 200 more connects as it goes out. A client connects and is served, or is refused
+/// (never accepted, safe to retry); none is reset after its connection was accepted.
+/// The burst is on its way, in every stage of connecting, when the signal goes out.
+const BURST_LEAD_MS: u64 = 3;
+
+pub async fn sigterm_while_connecting(dir: &Path) -> Report {
+    let a = procs::sim(dir, "sim-a", &["--time-scale", "20"]);
+    let (port, mport) = (procs::free_port(), procs::free_port());
+    let cfg = procs::config(&[&a], port, mport);
+    let file = procs::write_config(dir, "router", &cfg);
+    let mut router = procs::router(dir, "router", &file, &[]);
+    // No idle connection is kept: every request opens its own.
+    let c: client::HttpClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build_http();
+    let url = format!("{}{CHAT}", router.base);
+    let started = Instant::now();
+    let stop_at = started + Duration::from_secs(4);
+    let clients: Vec<_> = (0..64)
+        .map(|i| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut t = Tally::default();
+                let req = chat(None, &format!("t{}", i % 4), 200, 4);
+                while Instant::now() < stop_at {
+                    let o = client::send(&c, &url, &req, Duration::from_secs(20)).await;
+                    let refused = matches!(o, client::Outcome::NotAccepted(_));
+                    t.add(o);
+                    if refused {
+                        // The listener is gone: a real client retries elsewhere.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+                t
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // And a burst of 200 more connecting at once as the signal goes out.
+    let burst = client::launch(
+        &c,
+        &url,
+        (0..200)
+            .map(|i| chat(None, &format!("t{}", i % 4), 200, 4))
+            .collect(),
+        Duration::from_secs(20),
+    );
+    tokio::time::sleep(Duration::from_millis(BURST_LEAD_MS)).await;
+    let signalled = Instant::now();
+    router.signal("TERM");
+    let exited = tokio::task::spawn_blocking(move || {
+        let code = router.wait_exit(Duration::from_secs(30));
+        (code, signalled.elapsed())
+    });
+    let mut tally = client::collect(burst).await;
+    for task in clients {
+        match task.await {
+            Ok(t) => tally.merge(&t),
+            Err(e) => tally.add(client::Outcome::Lost(format!("client task: {e}"))),
+        }
+    }
+    let mut notes = vec![format!(
+        "SIGTERM {:.1} s into the load, {BURST_LEAD_MS} ms after a burst of 200 connections",
+        (signalled - started).as_secs_f64()
+    )];
+    let mut took = Duration::ZERO;
+    match exited.await {
+        Ok((Ok(code), t)) => {
+            took = t;
+            notes.push(format!("router exit code {code:?}"));
+        }
+        Ok((Err(e), _)) => notes.push(format!("router did not exit: {e}")),
+        Err(e) => notes.push(format!("router exit not observed: {e}")),
+    }
+    Report {
+        name: "sigterm_while_connecting",
+        load: "64 clients, each request on a new connection, and a burst of 200 at the signal".into(),
+        fault: "SIGTERM to the router (no shutdown delay)".into(),
+        tally,
+        recovery: format!(
+            "drained and exited {:.1} s after SIGTERM",
+            took.as_secs_f64()
+        ),
+        notes,
+    }
+}
+
 /// SIGKILL of one of two vllm-sim servers while 100 streams run on both: the streams on the
 /// killed server end with an error event; the others complete. Then each Program keeps sending:
 /// the time until every Program is served again is the recovery.

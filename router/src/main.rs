@@ -9,6 +9,9 @@ use program_router::config::RouterConfig;
 
 /// mimalloc: the proxy allocates and frees small buffers on every request; glibc malloc cost
 /// a visible share of the router's CPU under load, mimalloc's thread-local free lists far less.
+/// The `system-alloc` feature keeps the system allocator, for heap profilers (valgrind massif,
+/// heaptrack) that see only `malloc`.
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

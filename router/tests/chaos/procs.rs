@@ -114,8 +114,20 @@ pub fn write_config(dir: &Path, name: &str, config: &RouterConfig) -> PathBuf {
 }
 
 /// The program-router binary reading `config` (its own file, watched for reloads).
+/// `CHAOS_ROUTER_WRAPPER` (words split on spaces) runs it under a tool that keeps its stdout,
+/// such as `valgrind --tool=massif --massif-out-file=...`.
 pub fn router(dir: &Path, name: &str, config: &Path, extra: &[&str]) -> Proc {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_program-router"));
+    let bin = env!("CARGO_BIN_EXE_program-router");
+    let wrapper = std::env::var("CHAOS_ROUTER_WRAPPER").unwrap_or_default();
+    let mut words = wrapper.split_whitespace();
+    let mut cmd = match words.next() {
+        Some(tool) => {
+            let mut c = Command::new(tool);
+            c.args(words).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
     cmd.arg("--config").arg(config).args(extra);
     cmd.env("RUST_LOG", "info");
     start(cmd, dir, name)

@@ -196,7 +196,8 @@ pub async fn sigterm_while_connecting(dir: &Path) -> Report {
     }
     Report {
         name: "sigterm_while_connecting",
-        load: "64 clients, each request on a new connection, and a burst of 200 at the signal".into(),
+        load: "64 clients, each request on a new connection, and a burst of 200 at the signal"
+            .into(),
         fault: "SIGTERM to the router (no shutdown delay)".into(),
         tally,
         recovery: format!(

@@ -62,7 +62,10 @@ pub async fn soak(dir: &Path) -> Report {
         cfg.fairness = Some(FairnessConfig::default());
     }
     let file = procs::write_config(dir, "router", &cfg);
-    let router = procs::router(dir, "router", &file, &[]);
+    let mut router = procs::router(dir, "router", &file, &[]);
+    // Phase times from here line up with a heap profile's clock (CHAOS_ROUTER_WRAPPER).
+    let launched = Instant::now();
+    let mut phases = Vec::new();
     let pid = router.pid();
     let c = client::client();
     let url = format!("{}/v1/chat/completions", router.base);
@@ -73,6 +76,10 @@ pub async fn soak(dir: &Path) -> Report {
     let _ = client::run_load(&c, &url, warm, 32, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let baseline = rss_mib(pid);
+    phases.push(format!(
+        "baseline {:.0} s",
+        launched.elapsed().as_secs_f64()
+    ));
     let peak = Arc::new(std::sync::Mutex::new(baseline));
     let sampler = {
         let peak = peak.clone();
@@ -126,9 +133,17 @@ pub async fn soak(dir: &Path) -> Report {
         }
         ran += start.elapsed();
         at_end = rss_mib(pid);
+        phases.push(format!(
+            "end of load {:.0} s",
+            launched.elapsed().as_secs_f64()
+        ));
         // The paused retention passes; every Program of the cycle is forgotten.
         tokio::time::sleep(Duration::from_secs_f64(retention + 15.0)).await;
         after = rss_mib(pid);
+        phases.push(format!(
+            "after the retention {:.0} s",
+            launched.elapsed().as_secs_f64()
+        ));
         per_cycle.push(format!("{after:.0}"));
     }
     sampler.abort();
@@ -136,6 +151,12 @@ pub async fn soak(dir: &Path) -> Report {
     let m = client::get_text(&c, &format!("http://127.0.0.1:{mport}/metrics")).await;
     let held = client::metric(&m, "vllm_router_agent_aware_rank_active_programs");
     let within = peak < CEILING_MIB;
+    // A clean exit, which also lets a heap profiler write its profile.
+    router.signal("TERM");
+    let exit = match router.wait_exit(Duration::from_secs(60)) {
+        Ok(code) => format!("router exit code {code:?}"),
+        Err(e) => format!("router did not exit: {e}"),
+    };
     Report {
         name: "soak",
         load: format!(
@@ -156,6 +177,8 @@ pub async fn soak(dir: &Path) -> Report {
                 "RSS MiB after each cycle's retention ({cycles} cycles): {}",
                 per_cycle.join(", ")
             ),
+            format!("since the router started: {}", phases.join(", ")),
+            exit,
         ],
     }
 }

@@ -535,6 +535,8 @@ pub struct Scheduler {
     timers: BinaryHeap<Reverse<Timer>>,
     /// The heap size at which timers that can no longer act are swept out.
     timers_compact_at: usize,
+    /// The heap's length after its last sweep (a tick does not sweep it again unchanged).
+    timers_swept_len: usize,
     arrivals: i64,
     rr: usize,
     pub counters: Counters,
@@ -579,6 +581,7 @@ impl Scheduler {
             in_flight: FxHashMap::default(),
             timers: BinaryHeap::new(),
             timers_compact_at: timers::MIN_TIMER_SWEEP,
+            timers_swept_len: 0,
             arrivals: 0,
             rr: 0,
             counters: Counters::default(),

@@ -13,9 +13,7 @@ impl Scheduler {
         // doubled since it was last compacted, such timers are swept, so it stays proportional
         // to what is live rather than to the request rate.
         if self.timers.len() >= self.timers_compact_at {
-            let heap = std::mem::take(&mut self.timers);
-            self.timers = heap.into_iter().filter(|Reverse(t)| self.live(t)).collect();
-            self.timers_compact_at = (self.timers.len() * 2).max(MIN_TIMER_SWEEP);
+            self.sweep_timers();
         }
         self.timers.push(Reverse(Timer {
             at_us: us(at),
@@ -23,6 +21,14 @@ impl Scheduler {
             id,
             generation,
         }));
+    }
+
+    /// Drops every timer that can no longer act; the next push sweeps again at twice the rest.
+    fn sweep_timers(&mut self) {
+        let heap = std::mem::take(&mut self.timers);
+        self.timers = heap.into_iter().filter(|Reverse(t)| self.live(t)).collect();
+        self.timers_compact_at = (self.timers.len() * 2).max(MIN_TIMER_SWEEP);
+        self.timers_swept_len = self.timers.len();
     }
 
     /// Whether timer `t` can still act when it fires (what `on_tick` checks, without acting).
@@ -48,6 +54,15 @@ impl Scheduler {
     pub fn on_tick(&mut self, now: f64) -> Vec<Decision> {
         let mut out = Vec::new();
         let mut pumps: Vec<Rank> = Vec::new();
+        // Once a burst's Programs are gone no new timer triggers the sweep in `timer`: a tick
+        // sweeps when the heap holds more than twice what can still act (two per waiting
+        // request, three per Program) and has changed since it was last swept.
+        let can_act = 2 * self.retained.len() + 3 * self.index.len();
+        if self.timers.len() > 2 * can_act + MIN_TIMER_SWEEP
+            && self.timers.len() != self.timers_swept_len
+        {
+            self.sweep_timers();
+        }
         // After a burst of Programs the heap gives its memory back (a quarter full at most).
         if self.timers.capacity() > 4096 && self.timers.len() * 4 < self.timers.capacity() {
             self.timers.shrink_to(self.timers.len() * 2);

@@ -312,6 +312,37 @@ fn timers_of_requests_long_admitted_do_not_pile_up() {
     s.check_invariants().expect("ledger");
 }
 
+#[test]
+fn timers_of_a_burst_that_left_are_swept_without_new_arrivals() {
+    // A burst of short Programs, then silence: once the paused retention has forgotten them,
+    // the timers they left behind (queue timeouts far in the future) go with them on a tick,
+    // not when each would have fired.
+    let mut s = sched(
+        ProgramSchedulingConfig {
+            paused_retention_ttl_seconds: 5.0,
+            ..cfg()
+        },
+        2,
+    );
+    for i in 0..20_000u64 {
+        let t = i as f64 * 0.001;
+        s.on_arrival(t, arrival(i, &format!("p{i}"), 10));
+        s.on_complete(t, i, usage(10, 1));
+    }
+    let mut now = 20.0;
+    while now < 40.0 {
+        now += 0.5;
+        s.on_tick(now);
+    }
+    assert_eq!(s.programs.iter().flatten().count(), 0, "retention passed");
+    assert!(
+        s.pending_timers() <= 1024,
+        "{} timers pending with nothing left to act on",
+        s.pending_timers()
+    );
+    s.check_invariants().expect("ledger");
+}
+
 /// What may legitimately be pending: two per waiting request and a few per Program.
 fn timers_bound(s: &Scheduler) -> usize {
     (2 * s.retained_requests() + 3 * s.programs.iter().flatten().count()).max(1024)

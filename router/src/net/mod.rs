@@ -1,5 +1,6 @@
-//! The wire, shared by every layer: TCP settings, the body type of every response, which headers
-//! cross the router, and the pooled client of health checks and scrapes.
+//! The wire, shared by every layer: TCP settings, closing a listener (`listen`), the body type of
+//! every response, which headers cross the router, and the pooled client of health checks and
+//! scrapes.
 //!
 //! Owns TCP keep-alive here: a peer that vanished without closing (its node died, a NAT forgot
 //! the flow) otherwise holds a connection until a timeout far above it: a client's generation

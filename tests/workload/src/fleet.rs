@@ -273,9 +273,16 @@ impl Fleet {
             prom,
         };
         if !wait_ok(&format!("{}{}", r.url, self.health), READY_SECS) {
+            let exited = match r.child.try_wait() {
+                Ok(Some(status)) => format!("it exited ({status})"),
+                _ => "it was still running".to_string(),
+            };
             let _ = r.child.kill();
             let _ = r.child.wait();
-            return Err(format!("router replica {} did not become ready", r.name));
+            return Err(format!(
+                "router replica {} did not become ready on port {port}: {exited}",
+                r.name
+            ));
         }
         self.live.push(r);
         Ok(())

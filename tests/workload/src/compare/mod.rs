@@ -6,13 +6,15 @@
 //! from the simulators' own counters, and equal input/output token totals across runs checked — a
 //! run that cannot prove what it measured is reported as failed, not as a number.
 
+mod ports;
 mod procs;
 mod sample;
 
+pub(crate) use ports::free_port;
+use ports::sim_port;
 pub(crate) use procs::*;
 use sample::*;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -343,36 +345,6 @@ pub fn test_binaries() -> (PathBuf, Option<PathBuf>) {
         "vllm-router must be installed in CI (pip install vllm-router==0.1.17 into $PROGSCHED_VENV)"
     );
     (dir, vllm_router)
-}
-
-pub(crate) fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
-}
-
-/// First port tried for simulator `i` (below Linux's ephemeral range, away from the routers'
-/// and vLLM's defaults).
-const SIM_PORT_BASE: u16 = 28_700;
-
-/// The port for simulator `i`: the same one in every run when it is free. Hashing rings are
-/// keyed by worker URL, port included, so random ports would give every run (and every variant
-/// of one run) a different Program placement under consistent hashing: baselines that moved by
-/// ten points of hit between runs of the same workload.
-fn sim_port(i: usize) -> Result<u16, String> {
-    let Some(preferred) = u16::try_from(i)
-        .ok()
-        .and_then(|i| SIM_PORT_BASE.checked_add(i))
-    else {
-        return free_port();
-    };
-    if TcpListener::bind(("127.0.0.1", preferred)).is_ok() {
-        return Ok(preferred);
-    }
-    let p = free_port()?;
-    eprintln!(
-        "  simulator port {preferred} is taken; using {p} (hashing places Programs differently)"
-    );
-    Ok(p)
 }
 
 pub(crate) fn get(url: &str) -> Option<(u16, String)> {

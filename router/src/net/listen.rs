@@ -71,7 +71,18 @@ mod tests {
 
     #[test]
     fn a_refusing_listener_keeps_its_connections_and_starts_no_new_one() {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        refuses_on(TcpListener::bind("127.0.0.1:0").expect("bind"));
+    }
+
+    #[test]
+    fn the_filter_reads_the_tcp_header_over_ipv6_too() {
+        // Where the machine has no IPv6 loopback there is nothing to check.
+        if let Ok(l) = TcpListener::bind("[::1]:0") {
+            refuses_on(l);
+        }
+    }
+
+    fn refuses_on(l: TcpListener) {
         let addr = l.local_addr().expect("addr");
         let mut before = try_connect(addr).expect("connect before");
         let (mut accepted, _) = l.accept().expect("accept");

@@ -117,13 +117,13 @@ pub async fn sigterm_drains_200_streams(dir: &Path) -> Report {
     }
 }
 
+/// The burst is on its way, in every stage of connecting, when the signal goes out.
+const BURST_LEAD_MS: u64 = 3;
+
 /// SIGTERM while clients keep opening connections (no shutdown delay, the router's default):
 /// 64 clients send short streams, each on a new connection, before and after the signal, and a
 /// burst of 200 more connects as it goes out. A client connects and is served, or is refused
 /// (never accepted, safe to retry); none is reset after its connection was accepted.
-/// The burst is on its way, in every stage of connecting, when the signal goes out.
-const BURST_LEAD_MS: u64 = 3;
-
 pub async fn sigterm_while_connecting(dir: &Path) -> Report {
     let a = procs::sim(dir, "sim-a", &["--time-scale", "20"]);
     let (port, mport) = (procs::free_port(), procs::free_port());

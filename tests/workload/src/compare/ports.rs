@@ -4,9 +4,8 @@
 use std::net::TcpListener;
 
 /// Where [`free_port`] looks: below Linux's ephemeral range (32768–60999 by default), so no
-/// outgoing connection is given the port between the check here and the router binding it (the
-/// likely cause of a replica that never became ready in one CI run), and below the simulators'
-/// ports.
+/// outgoing connection is given the port between the check here and the router binding it, and
+/// below the simulators' ports.
 const FREE_PORTS: std::ops::Range<u16> = 20_000..28_000;
 
 /// Ports [`free_port`] has handed out in this process: several are chosen before any is bound.

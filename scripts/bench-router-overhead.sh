@@ -6,7 +6,12 @@
 #   3. vllm-router 0.1.17 (PyPI) in front of it,
 #   4. nginx in front of it (reverse proxy with upstream keep-alive, one worker per core, no
 #      access log, as the routers run at --log-level warn): the physical anchor of a proxy on
-#      this machine.
+#      this machine,
+#   5. the hyper bound (router/examples/bare_proxy.rs): the router's HTTP stack and threading
+#      with nothing of the router in it, served as the router serves (hyper-util's auto builder,
+#      per-request header timer: `hyper-bound`) and with hyper's plain HTTP/1 server
+#      (`hyper-bound-h1`). What program-router costs above the first is the router; what it
+#      costs above nginx is the stack.
 # Prints req/s, p50/p99 latency, ratios and the proxies' peak RSS. Loopback only; every process
 # started here is stopped at the end.
 #
@@ -31,6 +36,7 @@ fi
 [ -x "$venv/bin/vllm-router" ] || { echo "vllm-router not found in $venv (pip install vllm-router==0.1.17)" >&2; exit 1; }
 command -v nginx >/dev/null || { echo "nginx is required for the anchor row (apt-get install nginx-light)" >&2; exit 1; }
 cargo build --release --locked -q -p vllm-sim -p program-router
+cargo build --release --locked -q -p program-router --example bare_proxy
 
 . scripts/bench-lib.sh
 lua=$(chat_lua)
@@ -61,6 +67,13 @@ vr_port=$(free_port); vr_prom=$(free_port)
 "${router[@]}" "$venv/bin/vllm-router" --host 127.0.0.1 --port "$vr_port" --worker-urls "http://127.0.0.1:$sim_port" \
   --policy "$POLICY" --prometheus-host 127.0.0.1 --prometheus-port "$vr_prom" --log-level warning >/dev/null 2>&1 & vr_pid=$!; pids+=($vr_pid)
 wait_up "http://127.0.0.1:$vr_port/health"
+
+hb_port=$(free_port)
+"${router[@]}" "$target/release/examples/bare_proxy" "127.0.0.1:$hb_port" "127.0.0.1:$sim_port" --auto --header-timeout >/dev/null 2>&1 & hb_pid=$!; pids+=($hb_pid)
+wait_up "http://127.0.0.1:$hb_port/health"
+h1_port=$(free_port)
+"${router[@]}" "$target/release/examples/bare_proxy" "127.0.0.1:$h1_port" "127.0.0.1:$sim_port" >/dev/null 2>&1 & h1_pid=$!; pids+=($h1_pid)
+wait_up "http://127.0.0.1:$h1_port/health"
 
 # nginx: a master and one worker per core, in a scratch prefix.
 ng_port=$(free_port); ng_dir=$(mktemp -d)
@@ -116,10 +129,10 @@ run() { # name url "pid..." (the proxy's processes)
 to_ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v/1000 } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v } else { sub(/s$/,"",v); print v*1000 } }'; }
 
 # Warm up each path, then measure.
-for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$p1_port" "http://127.0.0.1:$p0_port" "http://127.0.0.1:$vr_port" "http://127.0.0.1:$ng_port"; do
+for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$p1_port" "http://127.0.0.1:$p0_port" "http://127.0.0.1:$vr_port" "http://127.0.0.1:$ng_port" "http://127.0.0.1:$hb_port" "http://127.0.0.1:$h1_port"; do
   "${load[@]}" wrk -t1 -c"$CONNS" -d2s -s "$lua" "$u/v1/chat/completions" >/dev/null
 done
-results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run program-router-shared-rt "http://127.0.0.1:$p0_port" "$p0_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; run nginx "http://127.0.0.1:$ng_port" "$ng_pids"; } )
+results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run program-router-shared-rt "http://127.0.0.1:$p0_port" "$p0_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; run nginx "http://127.0.0.1:$ng_port" "$ng_pids"; run hyper-bound "http://127.0.0.1:$hb_port" "$hb_pid"; run hyper-bound-h1 "http://127.0.0.1:$h1_port" "$h1_pid"; } )
 echo "both routers --policy $POLICY; PIN=${PIN:-0}; wrk -c$CONNS for $DURATION per path"
 printf 'path\treq/s\tp50\tp99\trouter CPU us/req\tpeak RSS\n%s\n' "$results" | column -t -s $'\t'
 d=$(echo "$results" | awk -F'\t' '$1=="direct" {print $2}')
@@ -133,11 +146,17 @@ p1=$(echo "$results" | awk -F'\t' '$1=="program-router-1-thread" {print $2}')
 p1p99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="program-router-1-thread" {print $4}')")
 n=$(echo "$results" | awk -F'\t' '$1=="nginx" {print $2}')
 np99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="nginx" {print $4}')")
-awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc="$vc" -v p1="$p1" -v p1p="$p1p99" -v n="$n" -v np="$np99" 'BEGIN {
+hb=$(echo "$results" | awk -F'\t' '$1=="hyper-bound" {print $2}')
+hbp99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="hyper-bound" {print $4}')")
+h1=$(echo "$results" | awk -F'\t' '$1=="hyper-bound-h1" {print $2}')
+awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc="$vc" -v p1="$p1" -v p1p="$p1p99" -v n="$n" -v np="$np99" -v hb="$hb" -v hbp="$hbp99" -v h1="$h1" 'BEGIN {
   printf "\nprogram-router / vllm-router CPU per request: %.2fx\n", pc/vc;
   printf "program-router / vllm-router throughput: %.2fx (1 thread: %.2fx)\n", p/v, p1/v;
   printf "program-router / direct throughput:      %.2fx (1 thread: %.2fx)\n", p/d, p1/d;
   printf "program-router / vllm-router p99:        %.2fx (1 thread: %.2fx)\n", pp/vp, p1p/vp;
   printf "program-router / nginx throughput:       %.2fx (1 thread: %.2fx)\n", p/n, p1/n;
-  printf "program-router / nginx p99:              %.2fx (1 thread: %.2fx)\n", pp/np, p1p/np }'
+  printf "program-router / nginx p99:              %.2fx (1 thread: %.2fx)\n", pp/np, p1p/np;
+  printf "hyper bound / nginx throughput:          %.2fx (plain HTTP/1 server: %.2fx)\n", hb/n, h1/n;
+  printf "hyper bound / nginx p99:                 %.2fx\n", hbp/np;
+  printf "program-router / hyper bound throughput: %.2fx\n", p/hb }'
 rm -rf "$lua" "$ng_dir"

@@ -601,6 +601,18 @@ pub struct ProgramSchedulingParams {
     /// `program_capacity` (default 100000).
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("maxPrograms must be at least 1"))]
     pub max_programs: Option<i64>,
+    /// Extension: a rank admits up to this share of its capacity past `lowWatermarkRatio` while
+    /// the request next in line has waited long next to what a lost prefix costs; reset when a
+    /// Program comes back to an evicted prefix (default 0.3; 0 = never).
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("adaptiveOvercommitMaxRatio must be >= 0"))]
+    pub adaptive_overcommit_max_ratio: Option<f64>,
+    /// Extension: what the overcommit grows by per observation of a rank (default 0.01).
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("adaptiveOvercommitStepRatio must be >= 0"))]
+    pub adaptive_overcommit_step_ratio: Option<f64>,
+    /// Extension: the overcommit grows only while the request next in line has waited longer
+    /// than this many times the cache-miss impact of the rank's mean Program (default 10).
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("adaptiveOvercommitWaitRatio must be >= 0"))]
+    pub adaptive_overcommit_wait_ratio: Option<f64>,
     /// Cost of a cold prefill, for the TTL and batch-gain decisions. Fit it with
     /// `program-router calibrate`; omitted coefficients take reference values (Calibrated=False).
     pub prefill_cost_model: Option<PrefillCostModelParams>,

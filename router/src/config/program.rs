@@ -195,6 +195,17 @@ pub struct ProgramSchedulingConfig {
     /// longest (the oldest 1% of the cap leave at once); with none idle it is refused with 429
     /// `program_capacity`. Hand-overs from other replicas obey it too.
     pub max_programs: u32,
+    /// Extension: a rank admits up to this share of its capacity past `low_watermark_ratio`
+    /// (capacity repair moves past `high_watermark_ratio` with it) while requests wait there
+    /// long next to what a lost prefix costs; 0 = never. Reset to 0 when a Program comes back to
+    /// find its prefix evicted.
+    pub adaptive_overcommit_max_ratio: f64,
+    /// Extension: what the overcommit grows by per observation of a rank (every
+    /// `metrics_interval_seconds`).
+    pub adaptive_overcommit_step_ratio: f64,
+    /// Extension: the overcommit grows only while the request next in line has waited longer
+    /// than this many times the cache-miss impact of the rank's mean Program.
+    pub adaptive_overcommit_wait_ratio: f64,
     pub prefill_cost_model: PrefillCostModel,
     pub decode_throughput_model: DecodeThroughputModel,
 }
@@ -237,6 +248,10 @@ impl Default for ProgramSchedulingConfig {
             miss_impact_backlog_weight: 1.0,
             max_retained_requests: 10_000,
             max_programs: 100_000,
+            // Chosen on the tuning half of `progbench matrix` (docs/generalization.md).
+            adaptive_overcommit_max_ratio: 0.3,
+            adaptive_overcommit_step_ratio: 0.01,
+            adaptive_overcommit_wait_ratio: 10.0,
             prefill_cost_model: PrefillCostModel::default(),
             decode_throughput_model: DecodeThroughputModel::default(),
         }
@@ -343,6 +358,24 @@ impl ProgramSchedulingConfig {
             false,
         )?;
         finite_min("low_watermark_ratio", self.low_watermark_ratio, 0.0, true)?;
+        finite_min(
+            "adaptive_overcommit_max_ratio",
+            self.adaptive_overcommit_max_ratio,
+            0.0,
+            false,
+        )?;
+        finite_min(
+            "adaptive_overcommit_step_ratio",
+            self.adaptive_overcommit_step_ratio,
+            0.0,
+            false,
+        )?;
+        finite_min(
+            "adaptive_overcommit_wait_ratio",
+            self.adaptive_overcommit_wait_ratio,
+            0.0,
+            false,
+        )?;
         finite_min("high_watermark_ratio", self.high_watermark_ratio, 0.0, true)?;
         if self.high_watermark_ratio < self.low_watermark_ratio {
             return Err(err(

@@ -74,6 +74,8 @@ pub struct RankDiagnostics {
     pub capacity_source: &'static str,
     pub router_estimated_used_tokens: u64,
     pub router_estimated_headroom_tokens: Option<u64>,
+    /// Admission's share of capacity past `low_watermark_ratio` now (adaptive overcommit, ours).
+    pub overcommit_ratio: f64,
     /// vLLM's KV usage × capacity, and the router's ledger minus it.
     pub vllm_usage_scaled_tokens: Option<u64>,
     pub router_minus_vllm_used_tokens: Option<i64>,
@@ -253,6 +255,8 @@ pub struct RollingGauges {
     /// The cache-miss impact of a Program of the rank's mean context.
     pub miss_impact_seconds: f64,
     pub context_growth_tokens: f64,
+    /// How far past `low_watermark_ratio` the rank admits now (adaptive overcommit).
+    pub overcommit_ratio: f64,
 }
 
 /// [`RollingGauges`] of `rank`.
@@ -276,6 +280,7 @@ pub fn rolling_gauges(s: &Scheduler, rank: usize) -> Option<RollingGauges> {
             mean_context,
         ),
         context_growth_tokens: r.growth.mean().unwrap_or(0.0),
+        overcommit_ratio: r.overcommit,
     })
 }
 
@@ -449,6 +454,7 @@ pub fn snapshot(
                 capacity_source: source.as_str(),
                 router_estimated_used_tokens: r.used_tokens,
                 router_estimated_headroom_tokens: cap.map(|c| c.saturating_sub(r.used_tokens)),
+                overcommit_ratio: r.overcommit,
                 vllm_usage_scaled_tokens: scaled,
                 router_minus_vllm_used_tokens: scaled.map(|v| r.used_tokens as i64 - v as i64),
                 observed_active_reasoning_tokens: reserved_where(&reasoning),

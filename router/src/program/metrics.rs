@@ -38,6 +38,7 @@ pub struct ProgramMetrics {
     pub(crate) fitted_ttl: GaugeVec,
     pub(crate) miss_impact_mean: GaugeVec,
     pub(crate) context_growth: GaugeVec,
+    pub(crate) overcommit: GaugeVec,
     /// `{model_pool, endpoint}`: prompt tokens per request byte (one estimate over all).
     pub(crate) coefficient: GaugeVec,
     /// `{model_pool, endpoint, outcome}`: `observed` (usage fed the estimate) or `missing`.
@@ -333,6 +334,12 @@ impl ProgramMetrics {
                 "Mean context growth between two completions on the rank, in tokens.",
                 &["target"],
             )?,
+            overcommit: gauges(
+                r,
+                "program_router_program_overcommit_ratio",
+                "How far past low_watermark_ratio the rank admits now (adaptive overcommit).",
+                &["target"],
+            )?,
             coefficient: gauges(
                 r,
                 &format!("{p}token_estimate_coefficient"),
@@ -382,6 +389,7 @@ impl ProgramMetrics {
             &self.fitted_ttl,
             &self.miss_impact_mean,
             &self.context_growth,
+            &self.overcommit,
         ] {
             let _ = g.remove_label_values(&[id]);
         }

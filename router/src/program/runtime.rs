@@ -520,6 +520,9 @@ impl ProgramRuntime {
             m.context_growth
                 .with_label_values(&[id])
                 .set(r.context_growth_tokens);
+            m.overcommit
+                .with_label_values(&[id])
+                .set(r.overcommit_ratio);
         }
     }
 

@@ -124,7 +124,7 @@ impl Scheduler {
             return None;
         }
         let r = &self.ranks[rank];
-        let room = cap as f64 * self.cfg.low_watermark_ratio;
+        let room = cap as f64 * self.low_ratio(rank);
         let used = (r.used_tokens + self.shared_floor(rank, now)) as f64;
         if used + base as f64 > room {
             return None; // immediate capacity is never bypassed
@@ -207,9 +207,10 @@ impl Scheduler {
     }
 
     /// Token capacity: the rank's ledger, its shared prefix (counted once) and `demand` within
-    /// capacity × `low_watermark_ratio`. A rank that holds no active Program takes any demand:
-    /// one larger than the rank would otherwise wait for nothing until its force-resume deadline
-    /// (vLLM chunks and preempts). Without a known capacity, always.
+    /// capacity × [`Self::low_ratio`] (`low_watermark_ratio` + the rank's adaptive overcommit).
+    /// A rank that holds no active Program takes any demand: one larger than the rank would
+    /// otherwise wait for nothing until its force-resume deadline (vLLM chunks and preempts).
+    /// Without a known capacity, always.
     pub(super) fn fits(&self, rank: Rank, demand: u64, now: f64) -> bool {
         let r = &self.ranks[rank];
         r.active_programs == 0
@@ -218,7 +219,7 @@ impl Scheduler {
                     .accounted_used(rank, now, cap)
                     .saturating_add(self.shared_floor(rank, now))
                     .saturating_add(demand);
-                need as f64 <= cap as f64 * self.cfg.low_watermark_ratio
+                need as f64 <= cap as f64 * self.low_ratio(rank)
             })
     }
 

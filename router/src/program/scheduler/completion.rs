@@ -34,7 +34,10 @@ impl Scheduler {
         let mut shared = None;
         p.rounds_since_ttl_pause += 1;
         let mut discontinuity = None;
+        let mut resume_miss = false;
         if let Some(u) = usage {
+            // Back on its rank with less than half its context cached: its prefix was evicted.
+            resume_miss = prev_context > 0 && !p.fresh_start && u.cached_tokens * 2 < prev_context;
             if f.held && p.last_hit && prev_context > 0 && u.cached_tokens * 2 < prev_context {
                 discontinuity = Some((p.key.1.clone(), prev_context, u.cached_tokens));
             }
@@ -49,6 +52,9 @@ impl Scheduler {
             }
         }
         let context = p.context_tokens;
+        if resume_miss {
+            self.ranks[rank].resume_miss = true;
+        }
         if let Some(u) = usage {
             let r = &mut self.ranks[rank];
             r.throughput

@@ -270,11 +270,13 @@ impl Scheduler {
         let obs = obs.bounded();
         self.ranks[rank].observation = Some((now, obs));
         self.ranks[rank].used_at_observation = self.ranks[rank].used_tokens;
+        self.adapt_overcommit(rank, now);
         // Capacity repair: above the high watermark, reasoning Programs pause when they finish.
         if let (Some(cap), false) = (self.capacity(rank).0, self.cfg.binding_only) {
             let observed = (obs.kv_usage * cap as f64).max(self.ranks[rank].used_tokens as f64);
-            let repair = observed > cap as f64 * self.cfg.high_watermark_ratio;
-            let low = cap as f64 * self.cfg.low_watermark_ratio;
+            let over = self.ranks[rank].overcommit;
+            let repair = observed > cap as f64 * (self.cfg.high_watermark_ratio + over);
+            let low = cap as f64 * self.low_ratio(rank);
             let mut excess = observed - low;
             if repair || self.ranks[rank].repairing {
                 // The Program resume would take last goes first: lower priority, then the most

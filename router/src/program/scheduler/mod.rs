@@ -8,7 +8,8 @@
 //!
 //! This file holds the types, construction and the arrival, cancellation and observation
 //! events; the submodules hold the rest of `impl Scheduler` by concern (binding, admission,
-//! lifecycle, completion, timers, target changes, hand-over between replicas, invariants).
+//! lifecycle, completion, timers, target changes, hand-over between replicas, invariants,
+//! adaptive overcommit).
 
 mod admission;
 mod binding;
@@ -17,6 +18,7 @@ mod events;
 mod handover;
 mod invariants;
 mod lifecycle;
+mod overcommit;
 mod targets;
 mod timers;
 
@@ -374,6 +376,11 @@ pub(crate) struct RankState {
     pub shared_prefix: Option<(u64, f64)>,
     /// The router's ledger when the last observation arrived (diagnostics).
     pub used_at_observation: u64,
+    /// Adaptive overcommit: how far past `low_watermark_ratio` admission goes now
+    /// (`overcommit.rs`).
+    pub overcommit: f64,
+    /// A Program came back to this rank to find its prefix evicted since the last observation.
+    pub resume_miss: bool,
     /// Per-request measurements of the latest completions (diagnostics).
     pub requests: RequestWindows,
 }
@@ -396,6 +403,8 @@ impl RankState {
             segment_rounds: Window::new(window),
             shared_prefix: None,
             used_at_observation: 0,
+            overcommit: 0.0,
+            resume_miss: false,
             requests: RequestWindows::new(window),
         }
     }

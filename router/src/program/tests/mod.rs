@@ -12,6 +12,7 @@ mod bounds;
 mod changes;
 mod cross_rank;
 mod lifecycle;
+mod overcommit;
 mod pool;
 mod properties;
 

@@ -1,0 +1,51 @@
+//! Adaptive overcommit: how far past `low_watermark_ratio` a rank admits.
+//!
+//! The ledger reserves each admitted Program's whole context plus its output and growth
+//! allowances, and keeps paused Programs' KV for their TTL, so under heavy load part of the KV
+//! it counts as taken is idle. Admitting past it trades paused Programs' cached prefixes for less
+//! waiting. That pays when the wait is long next to what a lost prefix costs, and stops paying
+//! once prefixes are actually lost. Once per observation of a rank: when the request next in
+//! line has waited longer than `adaptive_overcommit_wait_ratio` × the cache-miss impact of the
+//! rank's mean Program, the overcommit grows by `adaptive_overcommit_step_ratio` up to
+//! `adaptive_overcommit_max_ratio`; a Program that came back to find its prefix evicted resets
+//! it to 0.
+
+use super::*;
+
+impl Scheduler {
+    /// `low_watermark_ratio` plus the rank's adaptive overcommit: admission's share of capacity.
+    pub fn low_ratio(&self, rank: Rank) -> f64 {
+        self.cfg.low_watermark_ratio + self.ranks[rank].overcommit
+    }
+
+    /// The rank's adaptive overcommit now (diagnostics and metrics).
+    pub fn overcommit(&self, rank: Rank) -> f64 {
+        self.ranks.get(rank).map_or(0.0, |r| r.overcommit)
+    }
+
+    /// One step of the controller for `rank`, at an observation.
+    pub(super) fn adapt_overcommit(&mut self, rank: Rank, now: f64) {
+        let max = self.cfg.adaptive_overcommit_max_ratio;
+        let r = &self.ranks[rank];
+        let head_wait = r
+            .queue
+            .first()
+            .and_then(|h| self.retained_at.get(&h.ticket))
+            .map(|at| now - at);
+        let mean_context = match r.active_programs {
+            0 => 0,
+            n => r.used_tokens / u64::from(n),
+        };
+        let miss = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, mean_context);
+        let grow = head_wait.is_some_and(|w| w > self.cfg.adaptive_overcommit_wait_ratio * miss);
+        let step = self.cfg.adaptive_overcommit_step_ratio;
+        let r = &mut self.ranks[rank];
+        if std::mem::take(&mut r.resume_miss) {
+            r.overcommit = 0.0;
+        } else if grow {
+            r.overcommit = (r.overcommit + step).min(max);
+        }
+        // A lowered maximum (a reload) applies at once.
+        r.overcommit = r.overcommit.min(max);
+    }
+}

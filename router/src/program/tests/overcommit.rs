@@ -1,0 +1,146 @@
+//! Adaptive overcommit: grows past the ledger only while the request next in line waits long
+//! next to a lost prefix's cost, admits what the ledger alone would not, and resets when a
+//! Program comes back to an evicted prefix.
+
+use super::*;
+use crate::program::cost::cache_miss_impact_seconds;
+
+/// One observation of rank 0 with nothing waiting in vLLM.
+fn observe(s: &mut Scheduler, now: f64) -> Vec<Decision> {
+    s.on_observation(now, 0, Observation::default())
+}
+
+/// "a" holds 900 of the rank's 1,000 tokens through a 100 s tool call; "b" (200) waits from
+/// t = 1. Returns the wait after which the overcommit may grow (the ratio × the miss impact of
+/// the rank's mean Program, "a").
+fn b_waits_behind_a(c: ProgramSchedulingConfig) -> (Scheduler, f64) {
+    // "a" reserves its context, 910 tokens (the tests' config has no decode buffer).
+    let threshold =
+        c.adaptive_overcommit_wait_ratio * cache_miss_impact_seconds(&c.prefill_cost_model, 910);
+    let mut s = held_by_acting(c);
+    assert!(dispatched(&s.on_arrival(1.0, arrival(2, "b", 200))).is_empty());
+    (s, threshold)
+}
+
+#[test]
+fn a_long_wait_grows_the_overcommit_until_the_head_fits_past_the_ledger() {
+    let (mut s, threshold) = b_waits_behind_a(cfg());
+    assert_eq!(find(&s, "a").reserved, 910);
+    let mut t = 1.0;
+    let mut admitted_at = None;
+    while t < 1.0 + threshold + 60.0 {
+        t += 1.0;
+        if dispatched(&observe(&mut s, t)) == [2] {
+            admitted_at = Some(t);
+            break;
+        }
+        if t - 1.0 <= threshold {
+            assert_eq!(
+                s.overcommit(0),
+                0.0,
+                "no growth before the wait passes {threshold} s"
+            );
+        }
+    }
+    let at = admitted_at.expect("b is admitted past the ledger");
+    // 910 + 200 ≤ 1,000 × (1 + overcommit) needs 0.11: eleven or twelve 0.01 steps (rounding)
+    // after the threshold.
+    assert!(
+        at - 1.0 > threshold + 10.0,
+        "admitted at {at}, threshold {threshold}"
+    );
+    let o = s.overcommit(0);
+    assert!((0.11 - 1e-9..=0.12 + 1e-9).contains(&o), "{o}");
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn the_overcommit_stops_at_its_maximum_and_is_off_at_zero() {
+    let c = ProgramSchedulingConfig {
+        adaptive_overcommit_max_ratio: 0.05,
+        ..cfg()
+    };
+    let (mut s, threshold) = b_waits_behind_a(c);
+    for i in 0..(threshold as usize + 60) {
+        assert!(dispatched(&observe(&mut s, 2.0 + i as f64)).is_empty());
+    }
+    assert!((s.overcommit(0) - 0.05).abs() < 1e-9, "{}", s.overcommit(0));
+    assert_eq!(
+        s.retained_requests(),
+        1,
+        "0.05 never makes room for 1,110 tokens"
+    );
+
+    let off = ProgramSchedulingConfig {
+        adaptive_overcommit_max_ratio: 0.0,
+        ..cfg()
+    };
+    let (mut s, threshold) = b_waits_behind_a(off);
+    for i in 0..(threshold as usize + 60) {
+        assert!(dispatched(&observe(&mut s, 2.0 + i as f64)).is_empty());
+    }
+    assert_eq!(s.overcommit(0), 0.0);
+}
+
+#[test]
+fn a_short_wait_does_not_grow_the_overcommit() {
+    let c = ProgramSchedulingConfig {
+        adaptive_overcommit_wait_ratio: 1e6,
+        ..cfg()
+    };
+    let (mut s, _) = b_waits_behind_a(c);
+    for i in 0..200 {
+        observe(&mut s, 2.0 + f64::from(i));
+    }
+    assert_eq!(s.overcommit(0), 0.0);
+    assert_eq!(s.retained_requests(), 1);
+}
+
+#[test]
+fn a_program_back_to_an_evicted_prefix_resets_the_overcommit() {
+    let (mut s, threshold) = b_waits_behind_a(cfg());
+    let mut t = 1.0;
+    while s.retained_requests() > 0 {
+        t += 1.0;
+        assert!(t < threshold + 100.0, "b was never admitted");
+        observe(&mut s, t);
+    }
+    let grown = s.overcommit(0);
+    assert!(grown > 0.0);
+    // b's first run (160 tokens); its window is immature, so it pauses (TTL 0) and its KV is
+    // released.
+    s.on_complete(t + 0.5, 2, usage(150, 10));
+    // b comes back, fits at once (910 + 160 within the grown share), and finds none of its 160
+    // tokens cached: overcommitting cost a prefix.
+    assert_eq!(dispatched(&s.on_arrival(t + 1.0, arrival(3, "b", 40))), [3]);
+    observe(&mut s, t + 1.5);
+    assert!(
+        (s.overcommit(0) - grown).abs() < 1e-9,
+        "nothing waits and nothing was lost yet"
+    );
+    s.on_complete(t + 2.0, 3, usage(200, 10));
+    observe(&mut s, t + 3.0);
+    assert_eq!(s.overcommit(0), 0.0);
+}
+
+#[test]
+fn a_program_that_finds_its_prefix_keeps_the_overcommit() {
+    let (mut s, threshold) = b_waits_behind_a(cfg());
+    let mut t = 1.0;
+    while s.retained_requests() > 0 {
+        t += 1.0;
+        assert!(t < threshold + 100.0, "b was never admitted");
+        observe(&mut s, t);
+    }
+    let grown = s.overcommit(0);
+    s.on_complete(t + 0.5, 2, usage(150, 10));
+    assert_eq!(dispatched(&s.on_arrival(t + 1.0, arrival(3, "b", 40))), [3]);
+    let hit = Some(Usage {
+        prompt_tokens: 200,
+        completion_tokens: 10,
+        cached_tokens: 160,
+    });
+    s.on_complete(t + 2.0, 3, hit);
+    observe(&mut s, t + 3.0);
+    assert!((s.overcommit(0) - grown).abs() < 1e-9);
+}

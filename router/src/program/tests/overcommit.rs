@@ -96,8 +96,11 @@ fn a_short_wait_does_not_grow_the_overcommit() {
     assert_eq!(s.retained_requests(), 1);
 }
 
-#[test]
-fn a_program_back_to_an_evicted_prefix_resets_the_overcommit() {
+/// [`b_waits_behind_a`] observed every second until "b" is admitted past the ledger; then b's
+/// first run (160 tokens) ends and, its window immature, it pauses (TTL 0) and frees its KV; b
+/// comes back with a short follow-up (ticket 3) that fits at once within the grown share.
+/// Returns the scheduler, the time of b's return and the overcommit then.
+fn b_returns_after_an_overcommitted_run() -> (Scheduler, f64, f64) {
     let (mut s, threshold) = b_waits_behind_a(cfg());
     let mut t = 1.0;
     while s.retained_requests() > 0 {
@@ -107,40 +110,34 @@ fn a_program_back_to_an_evicted_prefix_resets_the_overcommit() {
     }
     let grown = s.overcommit(0);
     assert!(grown > 0.0);
-    // b's first run (160 tokens); its window is immature, so it pauses (TTL 0) and its KV is
-    // released.
     s.on_complete(t + 0.5, 2, usage(150, 10));
-    // b comes back, fits at once (910 + 160 within the grown share), and finds none of its 160
-    // tokens cached: overcommitting cost a prefix.
     assert_eq!(dispatched(&s.on_arrival(t + 1.0, arrival(3, "b", 40))), [3]);
-    observe(&mut s, t + 1.5);
+    (s, t + 1.0, grown)
+}
+
+#[test]
+fn a_program_back_to_an_evicted_prefix_resets_the_overcommit() {
+    let (mut s, t, grown) = b_returns_after_an_overcommitted_run();
+    observe(&mut s, t + 0.5);
     assert!(
         (s.overcommit(0) - grown).abs() < 1e-9,
         "nothing waits and nothing was lost yet"
     );
-    s.on_complete(t + 2.0, 3, usage(200, 10));
-    observe(&mut s, t + 3.0);
+    // None of b's 160 tokens were cached: overcommitting cost a prefix.
+    s.on_complete(t + 1.0, 3, usage(200, 10));
+    observe(&mut s, t + 2.0);
     assert_eq!(s.overcommit(0), 0.0);
 }
 
 #[test]
 fn a_program_that_finds_its_prefix_keeps_the_overcommit() {
-    let (mut s, threshold) = b_waits_behind_a(cfg());
-    let mut t = 1.0;
-    while s.retained_requests() > 0 {
-        t += 1.0;
-        assert!(t < threshold + 100.0, "b was never admitted");
-        observe(&mut s, t);
-    }
-    let grown = s.overcommit(0);
-    s.on_complete(t + 0.5, 2, usage(150, 10));
-    assert_eq!(dispatched(&s.on_arrival(t + 1.0, arrival(3, "b", 40))), [3]);
+    let (mut s, t, grown) = b_returns_after_an_overcommitted_run();
     let hit = Some(Usage {
         prompt_tokens: 200,
         completion_tokens: 10,
         cached_tokens: 160,
     });
-    s.on_complete(t + 2.0, 3, hit);
-    observe(&mut s, t + 3.0);
+    s.on_complete(t + 1.0, 3, hit);
+    observe(&mut s, t + 2.0);
     assert!((s.overcommit(0) - grown).abs() < 1e-9);
 }

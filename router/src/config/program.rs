@@ -579,6 +579,18 @@ mod tests {
                 "miss_impact_backlog_weight",
             ),
             (r#"{"finished_idle_ratio":-0.5}"#, "finished_idle_ratio"),
+            (
+                r#"{"adaptive_overcommit_max_ratio":-0.1}"#,
+                "adaptive_overcommit_max_ratio",
+            ),
+            (
+                r#"{"adaptive_overcommit_step_ratio":-0.01}"#,
+                "adaptive_overcommit_step_ratio",
+            ),
+            (
+                r#"{"adaptive_overcommit_wait_ratio":-1}"#,
+                "adaptive_overcommit_wait_ratio",
+            ),
             (r#"{"resume_order":"lifo"}"#, "unknown variant"),
             (r#"{"no_such_field":1}"#, "no_such_field"),
         ];

@@ -36,9 +36,11 @@ impl Scheduler {
         let mut discontinuity = None;
         let mut resume_miss = false;
         if let Some(u) = usage {
-            // Back on its rank with less than half its context cached: its prefix was evicted.
-            resume_miss = prev_context > 0 && !p.fresh_start && u.cached_tokens * 2 < prev_context;
-            if f.held && p.last_hit && prev_context > 0 && u.cached_tokens * 2 < prev_context {
+            // Less than half its context cached: its prefix was evicted (a miss on its rank
+            // unless this is its first run there).
+            let lost = prev_context > 0 && u.cached_tokens * 2 < prev_context;
+            resume_miss = lost && !p.fresh_start;
+            if f.held && p.last_hit && lost {
                 discontinuity = Some((p.key.1.clone(), prev_context, u.cached_tokens));
             }
             p.last_hit = u.cached_tokens > 0;

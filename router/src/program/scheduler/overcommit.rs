@@ -18,7 +18,7 @@ impl Scheduler {
         self.cfg.low_watermark_ratio + self.ranks[rank].overcommit
     }
 
-    /// The rank's adaptive overcommit now (diagnostics and metrics).
+    /// The rank's adaptive overcommit now (0 for a rank that does not exist).
     pub fn overcommit(&self, rank: Rank) -> f64 {
         self.ranks.get(rank).map_or(0.0, |r| r.overcommit)
     }

@@ -78,7 +78,7 @@ pub fn opaque_name(key: &[u8]) -> String {
 }
 
 /// The header Anthropic's clients carry their key in (Claude Code with `ANTHROPIC_API_KEY`).
-pub const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+pub static X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
 
 /// The key a client presented: its `Authorization: Bearer` token, else its `x-api-key`.
 pub fn presented_key(headers: &http::HeaderMap) -> Option<&[u8]> {
@@ -89,7 +89,7 @@ pub fn presented_key(headers: &http::HeaderMap) -> Option<&[u8]> {
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, t)| t.trim().as_bytes());
     bearer
-        .or_else(|| headers.get(X_API_KEY).map(|v| v.as_bytes().trim_ascii()))
+        .or_else(|| headers.get(&X_API_KEY).map(|v| v.as_bytes().trim_ascii()))
         .filter(|t| !t.is_empty())
 }
 
@@ -327,10 +327,10 @@ mod tests {
         assert_eq!(presented_key(&headers("Bearer ")), None);
         assert_eq!(presented_key(&http::HeaderMap::new()), None);
         let mut anthropic = http::HeaderMap::new();
-        anthropic.insert(X_API_KEY, http::HeaderValue::from_static(" k2 "));
+        anthropic.insert(&X_API_KEY, http::HeaderValue::from_static(" k2 "));
         assert_eq!(presented_key(&anthropic), Some(&b"k2"[..]));
         let mut both = headers("Bearer k1");
-        both.insert(X_API_KEY, http::HeaderValue::from_static("k2"));
+        both.insert(&X_API_KEY, http::HeaderValue::from_static("k2"));
         assert_eq!(
             presented_key(&both),
             Some(&b"k1"[..]),

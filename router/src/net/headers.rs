@@ -9,7 +9,7 @@ pub static DP_RANK: HeaderName = HeaderName::from_static("x-data-parallel-rank")
 
 /// Headers that describe one connection, not the message (plus `Host` and `Content-Length`,
 /// which the router sets itself): never copied between the client's and the backend's side.
-pub const HOP_BY_HOP: [HeaderName; 10] = [
+pub static HOP_BY_HOP: [HeaderName; 10] = [
     header::CONNECTION,
     header::HOST,
     header::TE,
@@ -48,6 +48,9 @@ pub fn copy_end_to_end(src: &HeaderMap, dst: &mut HeaderMap) {
         }
     }
 }
+
+/// The request id, taken from the client or made by the router, sent upstream and answered.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Marks a request one replica forwarded to another (so it is served where it lands).
 pub static FORWARDED_BY: HeaderName = HeaderName::from_static("x-program-router-peer");

@@ -67,6 +67,14 @@ fn cut(s: &str) -> String {
     s[..end].to_string()
 }
 
+/// Whether an access line may be written now: something in the process records `info`
+/// (the most verbose level any filter lets through); when not, no record is built. Not
+/// `tracing::enabled!`, which with per-layer filters (the trace exporter's) leaves a filter
+/// decision behind that drops the next span.
+pub fn enabled() -> bool {
+    tracing::level_filters::LevelFilter::current() >= tracing::Level::INFO
+}
+
 impl Access {
     pub fn new(received: Instant, request_id: &str, method: &str, path: &str) -> Arc<Self> {
         Arc::new(Access {

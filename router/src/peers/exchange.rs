@@ -19,8 +19,8 @@ pub async fn member_diagnostics(
     timeout: Duration,
 ) -> Vec<(String, String, Result<serde_json::Value, String>)> {
     let mut creds = HeaderMap::new();
-    for name in [header::AUTHORIZATION, crate::auth::X_API_KEY] {
-        if let Some(v) = headers.get(&name) {
+    for name in [&header::AUTHORIZATION, &crate::auth::X_API_KEY] {
+        if let Some(v) = headers.get(name) {
             creds.insert(name, v.clone());
         }
     }

@@ -119,7 +119,10 @@ pub async fn forward(
     if let Some(out) = req.headers_mut() {
         crate::net::headers::copy_end_to_end(h.headers, out);
         member.address(peers, out);
-        out.insert("x-request-id", h.request_id.clone());
+        out.insert(
+            crate::net::headers::X_REQUEST_ID.clone(),
+            h.request_id.clone(),
+        );
         if !h.body.is_empty() {
             out.insert(header::CONTENT_LENGTH, HeaderValue::from(h.body.len()));
         }

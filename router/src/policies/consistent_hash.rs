@@ -29,6 +29,10 @@ impl Policy for ConsistentHash {
         "consistent_hash"
     }
 
+    fn reads_hash_key(&self) -> bool {
+        true
+    }
+
     fn pick(&self, req: &RequestInfo<'_>, candidates: &[&Arc<TargetState>]) -> usize {
         let Some(key) = req.hash_key else {
             return self.fallback.pick(req, candidates);

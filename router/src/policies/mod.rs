@@ -39,6 +39,10 @@ pub trait Policy: Send + Sync {
     fn needs_observation(&self) -> bool {
         false
     }
+    /// Whether the policy reads [`RequestInfo::hash_key`] (the router looks it up only then).
+    fn reads_hash_key(&self) -> bool {
+        false
+    }
 }
 
 /// Builds the configured policy for `targets`.

@@ -138,7 +138,7 @@ fn upstream_request<H: Hold>(
         if !HOP_BY_HOP.contains(k)
             && !headers::internal(k)
             && !connection_scoped.contains(k)
-            && !(checked && (k == header::AUTHORIZATION || k == crate::auth::X_API_KEY))
+            && !(checked && (k == header::AUTHORIZATION || *k == crate::auth::X_API_KEY))
         {
             h.append(k, v.clone());
         }
@@ -149,7 +149,7 @@ fn upstream_request<H: Hold>(
     if let Some(v) = applied.authorization {
         h.insert(header::AUTHORIZATION, v.clone());
     }
-    h.insert("x-request-id", out.request_id.clone());
+    h.insert(headers::X_REQUEST_ID.clone(), out.request_id.clone());
     if !out.body.is_empty() {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.body.len()));
     }
@@ -210,6 +210,7 @@ pub async fn forward<H: Hold>(
     let cfg = applied.config;
     let timeout = crate::config::duration(cfg.limits.request_timeout_secs);
     let deadline = tokio::time::Instant::from_std(out.received) + timeout;
+    // Targets tried before (filled only when an attempt is retried).
     let mut tried: Vec<usize> = Vec::new();
     let mut last_error = ApiError::no_target();
     for attempt in 1..=cfg.retry.max_retries {
@@ -224,7 +225,7 @@ pub async fn forward<H: Hold>(
                 _ => return Err(ApiError::no_target()),
             }
         } else {
-            let mut candidates: Vec<&Arc<TargetState>> = applied
+            let mut candidates: smallvec::SmallVec<[&Arc<TargetState>; 16]> = applied
                 .targets
                 .targets
                 .iter()
@@ -244,7 +245,7 @@ pub async fn forward<H: Hold>(
             }
             candidates[applied.policy.pick(&out.info, &candidates)].clone()
         };
-        tried.push(Arc::as_ptr(&target) as usize);
+        let this = Arc::as_ptr(&target) as usize;
         let guard = target.begin();
         let mut req = upstream_request(applied, &target, &out)?;
         // This attempt's span; the backend's spans become its children.
@@ -252,7 +253,8 @@ pub async fn forward<H: Hold>(
         if !span.is_none() {
             crate::observe::trace::inject(&span, req.headers_mut());
         }
-        let sent = Instant::now();
+        // Time to first byte counts from the attempt's start (one clock read fewer).
+        let sent = now;
         let pool = fw.pools.get(&target.backend.addr);
         let result = tokio::time::timeout_at(
             deadline,
@@ -277,6 +279,7 @@ pub async fn forward<H: Hold>(
                     "upstream_unavailable",
                     format!("could not connect to {}: {e}", target.id),
                 );
+                tried.push(this);
                 continue;
             }
             Ok(Err(e)) => {
@@ -297,9 +300,8 @@ pub async fn forward<H: Hold>(
             target.record_outcome(false);
             tracing::warn!(target_id = %target.id, attempt, "upstream answered 503; retrying");
             // Drain the small error body so the connection can be reused.
-            if let Ok(Ok(_)) =
-                tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect()).await
-            {
+            let drained = tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect());
+            if let Ok(Ok(_)) = Box::pin(drained).await {
                 pool.put(conn);
             }
             last_error = ApiError::new(
@@ -307,15 +309,21 @@ pub async fn forward<H: Hold>(
                 "upstream_unavailable",
                 "upstream answered 503",
             );
+            tried.push(this);
             continue;
         }
         let (mut parts, body) = resp.into_parts();
-        for h in nominated(&parts.headers) {
-            parts.headers.remove(h);
-        }
-        for h in HOP_BY_HOP.iter() {
-            if *h != header::CONTENT_LENGTH {
+        // One pass over the names first: a backend rarely sends a hop-by-hop header besides
+        // Content-Length (and without `Connection` none is nominated).
+        let hop = |k: &http::HeaderName| *k != header::CONTENT_LENGTH && HOP_BY_HOP.contains(k);
+        if parts.headers.keys().any(hop) {
+            for h in nominated(&parts.headers) {
                 parts.headers.remove(h);
+            }
+            for h in HOP_BY_HOP.iter() {
+                if *h != header::CONTENT_LENGTH {
+                    parts.headers.remove(h);
+                }
             }
         }
         let sse = out.sse
@@ -327,7 +335,9 @@ pub async fn forward<H: Hold>(
         if sse && out.filter_usage_chunk {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
-        parts.headers.insert("x-request-id", out.request_id.clone());
+        parts
+            .headers
+            .insert(headers::X_REQUEST_ID.clone(), out.request_id.clone());
         let finish = Box::new(Completion {
             span: crate::observe::trace::relay(),
             guard,

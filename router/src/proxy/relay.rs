@@ -351,10 +351,19 @@ impl Relay {
 
 /// The last `"usage": {...}` object in the tail of a JSON body.
 pub(crate) fn usage_in_json_tail(tail: &[u8]) -> Option<TokenUsage> {
-    let at = memchr::memmem::rfind(tail, b"\"usage\"")?;
+    static USAGE: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(b"\"usage\""));
+    let at = USAGE.rfind(tail)?;
     let rest = &tail[at + 7..];
     let colon = rest.iter().position(|b| *b == b':')?;
-    let mut it = serde_json::Deserializer::from_slice(&rest[colon + 1..]).into_iter::<TokenUsage>();
+    // Validated once, so the parser does not check each key again; a cut character at the very
+    // end of the tail (a body split mid-character) is not part of the object.
+    let rest = &rest[colon + 1..];
+    let text = match std::str::from_utf8(rest) {
+        Ok(t) => t,
+        Err(e) => std::str::from_utf8(&rest[..e.valid_up_to()]).ok()?,
+    };
+    let mut it = serde_json::Deserializer::from_str(text).into_iter::<TokenUsage>();
     it.next()?.ok()
 }
 

@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use bytes::Bytes;
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -116,7 +116,10 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
             "the request body must be a JSON object",
         ));
     }
-    let p: Peek<'_> = serde_json::from_slice(body).map_err(|e| {
+    // Validated once here, so the parser does not check each string again.
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON: not UTF-8 ({e})")))?;
+    let p: Peek<'_> = serde_json::from_str(text).map_err(|e| {
         let what = if e.is_syntax() || e.is_eof() {
             "malformed JSON"
         } else {
@@ -187,21 +190,23 @@ impl Peeked {
     }
 }
 
+/// The headers that key consistent hashing, in vllm-router's order.
+static HASH_KEY_HEADERS: [HeaderName; 6] = [
+    HeaderName::from_static("x-session-id"),
+    HeaderName::from_static("x-user-id"),
+    HeaderName::from_static("x-tenant-id"),
+    HeaderName::from_static("x-request-id"),
+    HeaderName::from_static("x-correlation-id"),
+    HeaderName::from_static("x-trace-id"),
+];
+
 /// Consistent-hash key: headers in vllm-router's order, then the body's key.
 pub fn hash_key<'a>(headers: &'a HeaderMap, peeked: &'a Peeked) -> Option<&'a str> {
-    const HEADERS: [&str; 6] = [
-        "x-session-id",
-        "x-user-id",
-        "x-tenant-id",
-        "x-request-id",
-        "x-correlation-id",
-        "x-trace-id",
-    ];
-    HEADERS
+    HASH_KEY_HEADERS
         .iter()
         .find_map(|h| {
             headers
-                .get(*h)
+                .get(h)
                 .and_then(|v| v.to_str().ok())
                 .filter(|v| !v.is_empty())
         })
@@ -331,6 +336,15 @@ mod tests {
         assert_eq!(v["vllm_xargs"]["agentic_context"], r#"{"program_id":"p"}"#);
         assert_eq!(v["vllm_xargs"]["k"], 1);
         assert_eq!(edit(CTX, AgenticContextMode::Passthrough, false).0, CTX);
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_is_a_400_naming_it() {
+        let e = peek(b"{\"model\":\"m\xff\",\"messages\":[]}").expect_err("not UTF-8");
+        assert_eq!(e.status, http::StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("not UTF-8"), "{}", e.message);
+        let e = peek(b"{\"model\":").expect_err("cut");
+        assert!(e.message.starts_with("malformed JSON"), "{}", e.message);
     }
 
     #[test]

@@ -178,7 +178,8 @@ impl ConnPool {
         loop {
             let (mut sender, reused) = match self.take() {
                 Some(s) => (s, true),
-                None => (connect(addr, connect_timeout).await?, false),
+                // Boxed: a new connection is the rare case, and its future is large.
+                None => (Box::pin(connect(addr, connect_timeout)).await?, false),
             };
             // A returned connection finished its response; the connection task may still be
             // settling into idle, which takes no more than a poll.

@@ -130,6 +130,10 @@ pub(super) async fn serve<H: Send + 'static>(
         .serve_connection_with_upgrades(TokioIo::new(stream), svc)
         .into_owned();
     tokio::pin!(conn);
+    // Polled only when they woke the task themselves, not on each of the connection's wakes.
+    let stopped = super::quiet::Quiet::new(state.accepting_stopped());
+    let idle_due = super::quiet::Quiet::new(idle_for(idle, opened, &activity));
+    tokio::pin!(stopped, idle_due);
     let mut closing = false;
     // Set when the listener stopped before this connection's first request arrived.
     let mut close_at: Option<tokio::time::Instant> = None;
@@ -141,7 +145,8 @@ pub(super) async fn serve<H: Send + 'static>(
                 }
                 break;
             }
-            _ = state.accepting_stopped(), if !closing && !late && close_at.is_none() => {
+            // Each of these completes at most once: its branch then turns itself off.
+            _ = &mut stopped, if !closing && !late && close_at.is_none() => {
                 if activity.requests.load(Ordering::Relaxed) == 0 {
                     close_at = Some(tokio::time::Instant::now() + FIRST_REQUEST_GRACE);
                 } else {
@@ -157,7 +162,7 @@ pub(super) async fn serve<H: Send + 'static>(
                 conn.as_mut().graceful_shutdown();
                 closing = true;
             }
-            _ = idle_for(idle, opened, &activity), if !closing && idle.is_some() => {
+            _ = &mut idle_due, if !closing && idle.is_some() => {
                 tracing::debug!("client connection idle past the idle timeout; closing");
                 conn.as_mut().graceful_shutdown();
                 closing = true;

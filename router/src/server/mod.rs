@@ -12,6 +12,7 @@ pub mod metrics_listener;
 mod peering;
 mod pipeline;
 mod plane;
+mod quiet;
 mod shards;
 pub mod status;
 
@@ -239,16 +240,16 @@ async fn handle(
     let received = Instant::now();
     let request_id = req
         .headers()
-        .get("x-request-id")
+        .get(&crate::net::headers::X_REQUEST_ID)
         .cloned()
         .unwrap_or_else(|| {
             HeaderValue::from_str(&state.request_id()).unwrap_or(HeaderValue::from_static("pr"))
         });
-    let path = req.uri().path().to_string();
-    let route = route_label(req.method(), &path);
+    let path = req.uri().path();
+    let route = route_label(req.method(), path);
     // The request's trace span (when tracing is on), and under it the span of its log lines,
     // in which every span of the request path starts.
-    let trace = crate::observe::trace::request(req.method(), route, &path, req.headers());
+    let trace = crate::observe::trace::request(req.method(), route, path, req.headers());
     let span = tracing::info_span!(parent: &trace, "request", id = ?request_id, method = %req.method(), path = %path);
     // Entered outside the log span, so that spans start under it at any log level.
     let traced = trace.clone();
@@ -264,19 +265,27 @@ async fn handle(
     // The access log's record of this request (written when the response body is gone); not
     // for the probes and /status, which the kubelet and the operator call every few seconds.
     let probe = matches!(route, "/health" | "/readiness" | "/status");
-    let access = (state.applied.load().config.access_log && !probe).then(|| {
+    let logged = !probe && crate::observe::access::enabled();
+    let access = (logged && state.applied.load().config.access_log).then(|| {
         crate::observe::access::Access::new(
             received,
             request_id.to_str().unwrap_or("-"),
             req.method().as_str(),
-            &path,
+            path,
         )
     });
-    async move {
+    let answer = async move {
         state.metrics.route(route).requests.inc();
-        let dispatched =
-            pipeline::dispatch(&state, req, route, &request_id, received, access.as_ref(), &trace)
-                .await;
+        let dispatched = pipeline::dispatch(
+            &state,
+            req,
+            route,
+            &request_id,
+            received,
+            access.as_ref(),
+            &trace,
+        )
+        .await;
         if let Some(a) = &access {
             match &dispatched {
                 Ok(r) => a.answered(r.status().as_u16(), None),
@@ -291,20 +300,31 @@ async fn handle(
             }
         };
         trace.record("http.response.status_code", status.as_u16());
-        trace.record("program_router.request_id", request_id.to_str().unwrap_or("-"));
+        trace.record(
+            "program_router.request_id",
+            request_id.to_str().unwrap_or("-"),
+        );
         if status.is_server_error() {
             trace.record("otel.status_code", "ERROR");
         }
         let mut resp = match dispatched {
             Ok(r) => r,
             Err(e) => {
-                state.metrics.request_errors.with_label_values(&[route, e.code]).inc();
+                state
+                    .metrics
+                    .request_errors
+                    .with_label_values(&[route, e.code])
+                    .inc();
                 if e.status.is_server_error() {
                     tracing::warn!(status = e.status.as_u16(), code = e.code, message = %e.message, "request failed");
                 } else {
                     tracing::debug!(status = e.status.as_u16(), code = e.code, message = %e.message, "request refused");
                 }
-                state.metrics.route(route).duration.observe(received.elapsed().as_secs_f64());
+                state
+                    .metrics
+                    .route(route)
+                    .duration
+                    .observe(received.elapsed().as_secs_f64());
                 // Each API's clients read errors in that API's shape.
                 if route == "/v1/messages" {
                     e.into_anthropic_response()
@@ -313,7 +333,8 @@ async fn handle(
                 }
             }
         };
-        resp.headers_mut().insert("x-request-id", request_id);
+        resp.headers_mut()
+            .insert(crate::net::headers::X_REQUEST_ID.clone(), request_id);
         if from_peer && let Some(peers) = state.applied.load().peers.as_ref() {
             if let Some(name) = peers.answer_header() {
                 resp.headers_mut()
@@ -336,10 +357,14 @@ async fn handle(
         } else {
             resp
         }
+    };
+    // Without a subscriber for either span (no tracing, log level above `info`), the spans
+    // would only be entered and left at every poll.
+    if span.is_none() && traced.is_none() {
+        answer.await
+    } else {
+        answer.instrument(span).instrument(traced).await
     }
-    .instrument(span)
-    .instrument(traced)
-    .await
 }
 
 /// Bounded `route` label.

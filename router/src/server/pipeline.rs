@@ -38,16 +38,22 @@ pub(super) async fn dispatch(
     access: Option<&Arc<Access>>,
     trace: &tracing::Span,
 ) -> Result<Response<Body>, ApiError> {
-    let req = match local::answer(state, req).await {
-        Ok(answer) => return answer,
-        Err(req) => req,
+    // None of the router's own routes is under `/v1/`: those go straight on. The rest are
+    // answered in a future of their own (boxed), so the proxied path does not carry its size.
+    let req = if req.uri().path().starts_with("/v1/") {
+        req
+    } else {
+        match Box::pin(local::answer(state, req)).await {
+            Ok(answer) => return answer,
+            Err(req) => req,
+        }
     };
     let generate = proxied_route(req.method(), req.uri().path())?;
     let admitted = Admitted::admit(state, req, route, request_id, received, access)
         .instrument(crate::observe::trace::admission())
         .await?;
     if !generate {
-        return admitted.pass_through(state).await;
+        return Box::pin(admitted.pass_through(state)).await;
     }
     let mut g = Generation::peek(admitted)?;
     let stored_home = g.stored_home(state).await;
@@ -145,10 +151,11 @@ impl<'a> Admitted<'a> {
                 let limits = &applied.config.limits;
                 let wait = crate::config::duration(limits.queue_timeout_secs);
                 let started = Instant::now();
-                let place = l
-                    .enter(limits.queue_size, wait, state.queues_closed())
-                    .instrument(crate::observe::trace::queue_wait("concurrency"))
-                    .await;
+                let place = Box::pin(
+                    l.enter(limits.queue_size, wait, state.queues_closed())
+                        .instrument(crate::observe::trace::queue_wait("concurrency")),
+                )
+                .await;
                 if let Some(a) = access {
                     a.queued(started.elapsed());
                 }
@@ -183,7 +190,7 @@ impl<'a> Admitted<'a> {
     /// the server that stored it.
     async fn pass_through(self, state: &Arc<RouterState>) -> Result<Response<Body>, ApiError> {
         let pin = match crate::proxy::stored::id_in_path(self.parts.uri.path()) {
-            Some(id) => peering::stored_home(state, &self.applied, id).await,
+            Some(id) => Box::pin(peering::stored_home(state, &self.applied, id)).await,
             None => None,
         };
         let body = self.body.clone();
@@ -219,8 +226,13 @@ async fn send(
         access,
         ..
     } = a;
+    let route_config = applied.route();
+    // Looked up only for a policy that reads it, and not for a request already placed.
+    let hashed = route_config.policy.reads_hash_key() && placed.pin.is_none();
     let info = RequestInfo {
-        hash_key: peeked.and_then(|p| request::hash_key(&parts.headers, p)),
+        hash_key: peeked
+            .filter(|_| hashed)
+            .and_then(|p| request::hash_key(&parts.headers, p)),
         prompt,
     };
     let hold = Held {
@@ -234,7 +246,7 @@ async fn send(
     proxy::forward(
         &state.forwarder,
         Outbound {
-            route_config: applied.route(),
+            route_config,
             route,
             method: parts.method.clone(),
             path_and_query,
@@ -334,7 +346,7 @@ impl<'a> Generation<'a> {
     async fn stored_home(&self, state: &Arc<RouterState>) -> Option<usize> {
         let id = self.peeked.previous_response_id.as_deref();
         match id.filter(|_| self.path() == "/v1/responses") {
-            Some(id) => peering::stored_home(state, &self.admitted.applied, id).await,
+            Some(id) => Box::pin(peering::stored_home(state, &self.admitted.applied, id)).await,
             None => None,
         }
     }
@@ -373,7 +385,11 @@ impl<'a> Generation<'a> {
             request_id: a.request_id,
         };
         let place = a.place.take();
-        match peering::to_owner(state, &a.applied, &peers, id, here, place).await {
+        match Box::pin(peering::to_owner(
+            state, &a.applied, &peers, id, here, place,
+        ))
+        .await
+        {
             peering::Owner::Answered(r) => {
                 // The body stays held (in the budget) until the owner's answer ends.
                 let held = a.held.take();
@@ -385,7 +401,7 @@ impl<'a> Generation<'a> {
                 // Another replica may have held it before the member list changed.
                 a.place = place;
                 let model = self.peeked.model.as_deref().unwrap_or("");
-                peering::take_over(state, &a.applied, id, model).await;
+                Box::pin(peering::take_over(state, &a.applied, id, model)).await;
                 None
             }
         }
@@ -488,9 +504,11 @@ impl<'a> Generation<'a> {
                 let _held =
                     (state.metrics.backlog).hold(model, crate::observe::backlog::Stage::Fair);
                 let started = Instant::now();
-                let permit = fair_admission(state, f, &a.parts.headers, tenant, n)
-                    .instrument(crate::observe::trace::queue_wait("fair"))
-                    .await;
+                let permit = Box::pin(
+                    fair_admission(state, f, &a.parts.headers, tenant, n)
+                        .instrument(crate::observe::trace::queue_wait("fair")),
+                )
+                .await;
                 if let Some(access) = &a.access {
                     access.queued(started.elapsed());
                 }
@@ -564,9 +582,15 @@ pub(super) async fn read_body(
         None => None,
     };
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
-    let read = Limited::new(body, limit_usize).collect();
-    let read = match limits.client_body_timeout_secs.map(crate::config::duration) {
-        Some(t) => match tokio::time::timeout(t, read).await {
+    let mut read = std::pin::pin!(whole(Limited::new(body, limit_usize)));
+    // A body that came with its head (most do) is read without arming the timer.
+    let ready = futures_util::FutureExt::now_or_never(read.as_mut());
+    let read = match (
+        ready,
+        limits.client_body_timeout_secs.map(crate::config::duration),
+    ) {
+        (Some(r), _) => r,
+        (None, Some(t)) => match tokio::time::timeout(t, read).await {
             Ok(r) => r,
             Err(_) => {
                 return Err(ApiError::new(
@@ -579,11 +603,10 @@ pub(super) async fn read_body(
                 ));
             }
         },
-        None => read.await,
+        (None, None) => read.await,
     };
     match read {
-        Ok(c) => {
-            let bytes = c.to_bytes();
+        Ok(bytes) => {
             let held = match early {
                 Some(h) => Some(h),
                 None => budget(bytes.len() as u64)?,
@@ -595,6 +618,32 @@ pub(super) async fn read_body(
             "could not read the request body: {e}"
         ))),
     }
+}
+
+/// The whole of `body`: its one data frame as it came (no copy), or its frames joined.
+async fn whole(mut body: Limited<Incoming>) -> Result<Bytes, crate::net::body::BoxError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        // Trailers are not forwarded.
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        if let Some(j) = &mut joined {
+            j.extend_from_slice(&data);
+        } else if let Some(f) = first.take() {
+            let mut j = bytes::BytesMut::with_capacity(f.len() + data.len());
+            j.extend_from_slice(&f);
+            j.extend_from_slice(&data);
+            joined = Some(j);
+        } else {
+            first = Some(data);
+        }
+    }
+    Ok(joined
+        .map(bytes::BytesMut::freeze)
+        .or(first)
+        .unwrap_or_default())
 }
 
 /// The applied configuration to forward under and the index of target `id` in it: the request's

@@ -317,6 +317,61 @@ async fn cache_aware_follows_a_growing_conversation() {
     );
 }
 
+/// A backend answering every request with hop-by-hop headers of every kind beside an
+/// end-to-end one.
+async fn hop_by_hop_backend() -> String {
+    use hyper::service::service_fn;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = service_fn(|_req| async {
+                    let resp = http::Response::builder()
+                        .header("connection", "keep-alive, x-hop")
+                        .header("x-hop", "connection-scoped")
+                        .header("keep-alive", "timeout=5")
+                        .header("proxy-connection", "keep-alive")
+                        .header("x-kept", "end-to-end")
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from_static(b"{}")))
+                        .expect("response");
+                    Ok::<_, std::convert::Infallible>(resp)
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await;
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test]
+async fn a_backends_hop_by_hop_headers_stay_behind_and_end_to_end_ones_pass() {
+    let url = hop_by_hop_backend().await;
+    let mut cfg = workers(&[url], 1);
+    cfg.policy.kind = PolicyKind::RoundRobin;
+    let r = router(cfg).await;
+    let c = client();
+    for path in [CHAT, "/v1/models"] {
+        let resp = if path == CHAT {
+            post(&c, &r.url(path), &chat("hi", 1)).await
+        } else {
+            get(&c, &r.url(path)).await
+        };
+        assert_eq!(resp.status, 200, "{path}: {}", resp.text());
+        let h = &resp.headers;
+        assert_eq!(h["x-kept"], "end-to-end", "{path}: {h:?}");
+        for gone in ["x-hop", "keep-alive", "proxy-connection"] {
+            assert!(!h.contains_key(gone), "{path}: {gone} passed: {h:?}");
+        }
+    }
+}
+
 mod access_log;
 mod exported;
 mod lifecycle;

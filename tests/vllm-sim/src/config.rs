@@ -205,6 +205,8 @@ impl SimArgs {
                 PolicyArg::Priority => SchedulingPolicy::Priority,
             },
             timing,
+            // A bound for benchmarks, never the server's behaviour.
+            free_retention: false,
         };
         engine.validate().map_err(|e| format!("--{e}"))?;
         Ok(SimConfig {

@@ -66,6 +66,8 @@ pub struct BlockPool {
     free_len: usize,
     cached: FxHashMap<u64, BlockId>,
     evictions: u64,
+    /// Every hash ever registered, when kept (the free-retention bound; unbounded).
+    ever: Option<rustc_hash::FxHashSet<u64>>,
 }
 
 impl BlockPool {
@@ -88,6 +90,7 @@ impl BlockPool {
             free_len: 0,
             cached: FxHashMap::default(),
             evictions: 0,
+            ever: None,
         };
         for b in 0..n as u32 {
             pool.push_free(b);
@@ -183,9 +186,25 @@ impl BlockPool {
         true
     }
 
+    /// Remembers every hash registered from now on (see [`ever_computed`](Self::ever_computed)).
+    pub fn keep_ever_computed(&mut self) {
+        self.ever.get_or_insert_with(Default::default);
+    }
+
+    /// How many leading `hashes` were ever registered (0 unless they are kept).
+    pub fn ever_computed(&self, hashes: &[u64]) -> usize {
+        match &self.ever {
+            Some(ever) => hashes.iter().take_while(|h| ever.contains(h)).count(),
+            None => 0,
+        }
+    }
+
     /// Records that `block` now holds the full block identified by `hash`. A block whose content
     /// is already cached elsewhere stays unhashed (the first copy wins, as in vLLM).
     pub fn register(&mut self, block: BlockId, hash: u64) {
+        if let Some(ever) = &mut self.ever {
+            ever.insert(hash);
+        }
         if self.blocks[block as usize].hash.is_some() {
             return;
         }

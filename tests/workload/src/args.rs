@@ -190,6 +190,10 @@ pub(crate) enum Cmd {
         /// The heat map (default: progbench-matrix.html in the temp folder).
         #[arg(long)]
         html: Option<PathBuf>,
+        /// Also run every pressured cell under free retention (every prefix ever computed stays
+        /// a hit at no KV cost): how far keeping prefixes alone could take each mode.
+        #[arg(long)]
+        bounds: bool,
     },
     /// Replay a workload through the scheduler core and simulated ranks in virtual time, side by
     /// side for each mode.

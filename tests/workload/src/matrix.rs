@@ -99,6 +99,8 @@ pub struct Setup {
     pub scale: f64,
     pub max_model_len: usize,
     pub program: ProgramSchedulingConfig,
+    /// Also run both modes under free retention (see [`SeedRun::bound_hash`]).
+    pub bounds: bool,
     /// Worker threads over (family, seed) pairs.
     pub threads: usize,
 }
@@ -149,6 +151,11 @@ pub struct SeedRun {
     pub floor: RunStats,
     pub hash: RunStats,
     pub program: RunStats,
+    /// With `--bounds`, under pressure: hashing and Program scheduling on engines where every
+    /// prefix ever computed stays a hit at no KV cost (`EngineParams::free_retention`) — what
+    /// keeping prefixes could win at best, whatever tells the router where they are.
+    pub bound_hash: Option<RunStats>,
+    pub bound_program: Option<RunStats>,
 }
 
 /// The floor of `turns` on `ranks` ranks shaped like `base` (consistent hashing, KV nothing
@@ -197,6 +204,14 @@ pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
             };
             let hash = des::run(&turns, setup.ranks, &engine, &Mode::ConsistentHash);
             let program = des::run(&turns, setup.ranks, &engine, &program_mode);
+            let free = EngineParams {
+                free_retention: true,
+                ..engine.clone()
+            };
+            let bound = |mode: &Mode| {
+                (setup.bounds && pressure != Pressure::None)
+                    .then(|| RunStats::from(&des::run(&turns, setup.ranks, &free, mode)))
+            };
             SeedRun {
                 family,
                 pressure,
@@ -207,6 +222,8 @@ pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
                 floor: RunStats::from(&floor),
                 hash: RunStats::from(&hash),
                 program: RunStats::from(&program),
+                bound_hash: bound(&Mode::ConsistentHash),
+                bound_program: bound(&program_mode),
             }
         })
         .collect()
@@ -260,6 +277,9 @@ pub struct Cell {
     /// Mean over seeds of each mode's mean JCT above the floor, seconds.
     pub hash_excess: f64,
     pub program_excess: f64,
+    /// Mean over seeds of each mode's excess under free retention (with `--bounds`).
+    pub bound_hash_excess: Option<f64>,
+    pub bound_program_excess: Option<f64>,
     /// Program scheduling's excess over hashing's, pooled over seeds, and its range per seed.
     pub excess_ratio: Option<f64>,
     pub excess_ratio_range: Option<(f64, f64)>,
@@ -300,6 +320,16 @@ pub fn cells(runs: &[SeedRun]) -> Vec<Cell> {
             cell(family, pressure, &rs)
         })
         .collect()
+}
+
+/// Mean over seeds of a bound run's excess above the floor, when every seed has it.
+fn bound_excess(rs: &[&SeedRun], run: impl Fn(&SeedRun) -> Option<RunStats>) -> Option<f64> {
+    let v: Option<Vec<f64>> = rs
+        .iter()
+        .map(|r| run(r).map(|b| b.mean_jct - r.floor.mean_jct))
+        .collect();
+    v.filter(|v| !v.is_empty())
+        .map(|v| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 fn cell(family: Family, pressure: Pressure, rs: &[&SeedRun]) -> Cell {
@@ -361,6 +391,8 @@ fn cell(family: Family, pressure: Pressure, rs: &[&SeedRun]) -> Cell {
         floor_mean_jct: floor,
         hash_excess,
         program_excess,
+        bound_hash_excess: bound_excess(rs, |r| r.bound_hash),
+        bound_program_excess: bound_excess(rs, |r| r.bound_program),
         excess_ratio,
         excess_ratio_range,
         mean_ratio: geo(&means),
@@ -408,6 +440,8 @@ mod tests {
             floor: stats(floor, floor, floor),
             hash,
             program,
+            bound_hash: None,
+            bound_program: None,
         }
     }
 
@@ -460,9 +494,11 @@ mod tests {
             max_model_len: 32768,
             program: ProgramSchedulingConfig::default(),
             threads: 1,
+            bounds: false,
         };
         let runs = run_pair(&setup, Family::Coding, 1);
         assert_eq!(runs.len(), 2);
+        assert!(runs.iter().all(|r| r.bound_hash.is_none()));
         assert!(runs[0].blocks_per_rank > runs[1].blocks_per_rank);
         for r in &runs {
             // Hashing with unbounded KV evicts nothing, so its hit is the workload's own.
@@ -474,5 +510,34 @@ mod tests {
                 "{r:?}"
             );
         }
+    }
+
+    #[test]
+    fn free_retention_bounds_only_raise_hit_and_only_run_under_pressure() {
+        let setup = Setup {
+            families: vec![Family::ShortMany],
+            pressures: vec![Pressure::None, Pressure::Overload],
+            seeds: vec![1],
+            ranks: 4,
+            scale: 0.25,
+            max_model_len: 32768,
+            program: ProgramSchedulingConfig::default(),
+            threads: 1,
+            bounds: true,
+        };
+        let runs = run_pair(&setup, Family::ShortMany, 1);
+        let (none, over) = (&runs[0], &runs[1]);
+        assert!(none.bound_hash.is_none() && none.bound_program.is_none());
+        let (bh, bp) = (
+            over.bound_hash.expect("hash bound"),
+            over.bound_program.expect("program bound"),
+        );
+        // Every turn's previous context was computed before it: under free retention it hits.
+        assert!(bh.token_hit >= over.hash.token_hit, "{over:?}");
+        assert!(bp.token_hit >= over.program.token_hit, "{over:?}");
+        assert!(bh.mean_jct < over.hash.mean_jct, "{over:?}");
+        let cell = &cells(&runs)[1];
+        assert!(cell.bound_hash_excess.is_some() && cell.bound_program_excess.is_some());
+        assert!(crate::matrix_report::bounds(std::slice::from_ref(cell)).contains("short-many"));
     }
 }

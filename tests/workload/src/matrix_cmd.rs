@@ -17,6 +17,7 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
         threads,
         json,
         html,
+        bounds,
     } = cmd
     else {
         return Err("not a matrix".into());
@@ -57,6 +58,7 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
         scale,
         max_model_len: 32768,
         program,
+        bounds,
         threads: threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
     };
@@ -89,6 +91,10 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
     print!("{}", progbench::matrix_report::table(&cells));
     println!();
     print!("{}", progbench::matrix_report::summary(&cells));
+    if bounds {
+        println!();
+        print!("{}", progbench::matrix_report::bounds(&cells));
+    }
     let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-matrix.html"));
     write_report(&html, &progbench::matrix_report::html(&header, &cells))?;
     if let Some(p) = json {

@@ -14,6 +14,46 @@ fn range(r: Option<(f64, f64)>) -> String {
     r.map_or(String::new(), |(lo, hi)| format!("{lo:.2}–{hi:.2}"))
 }
 
+/// The free-retention table (`--bounds`): each pressured cell's excess for both modes, then
+/// under free retention, against the goal (half of hashing's excess). A cell whose goal is below
+/// both bounds cannot be met by keeping prefixes, whatever the router knows of them: the rest of
+/// its excess is queueing for room to run and compute.
+pub fn bounds(cells: &[Cell]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "free retention: every prefix ever computed stays a hit at no KV cost (excess, seconds)"
+    );
+    let _ = writeln!(
+        s,
+        "{:<14} {:<9} {:>8} {:>8} {:>8} {:>10} {:>10}  by retention alone",
+        "family", "pressure", "hashing", "ours", "goal", "hash free", "ours free"
+    );
+    for c in cells {
+        let (Some(bh), Some(bp)) = (c.bound_hash_excess, c.bound_program_excess) else {
+            continue;
+        };
+        let goal = 0.5 * c.hash_excess;
+        let _ = writeln!(
+            s,
+            "{:<14} {:<9} {:>7.1}s {:>7.1}s {:>7.1}s {:>9.1}s {:>9.1}s  {}",
+            format!("{}{}", c.family.name(), if c.held_out { "" } else { "*" }),
+            c.pressure.name(),
+            c.hash_excess,
+            c.program_excess,
+            goal,
+            bh,
+            bp,
+            if bh.min(bp) <= goal {
+                "reachable"
+            } else {
+                "out of reach"
+            }
+        );
+    }
+    s
+}
+
 /// The text table: excess above the floor (seconds) for both modes, their ratio with its range
 /// over seeds, mean/p90/p99 ratios and token hits, and the goals missed.
 pub fn table(cells: &[Cell]) -> String {

@@ -46,6 +46,10 @@ pub struct EngineParams {
     pub max_model_len: usize,
     pub policy: SchedulingPolicy,
     pub timing: TimingModel,
+    /// A bound, not an engine: every prefix block ever computed stays a cache hit at no KV cost
+    /// (a request still needs room for its whole context while it runs). What keeping prefixes
+    /// could win at best, for benchmarks (`progbench matrix --bounds`); never in the server.
+    pub free_retention: bool,
 }
 
 impl Default for EngineParams {
@@ -58,6 +62,7 @@ impl Default for EngineParams {
             max_model_len: 32768,
             policy: SchedulingPolicy::Fcfs,
             timing: TimingModel::default(),
+            free_retention: false,
         }
     }
 }
@@ -180,8 +185,12 @@ pub struct Engine {
 impl Engine {
     /// A new engine at time 0. `params` must be valid ([`EngineParams::validate`]).
     pub fn new(params: EngineParams) -> Self {
+        let mut pool = BlockPool::new(params.num_gpu_blocks);
+        if params.free_retention {
+            pool.keep_ever_computed();
+        }
         Engine {
-            pool: BlockPool::new(params.num_gpu_blocks),
+            pool,
             params,
             seqs: FxHashMap::default(),
             waiting: BTreeSet::new(),
@@ -404,7 +413,14 @@ impl Engine {
             extend_block_hashes(&s.tokens, bs, &mut s.hashes);
             let max_hit = (s.tokens.len() - 1) / bs;
             let hit = self.pool.lookup(&s.hashes, max_hit);
-            let computed = hit.len() * bs;
+            // Under free retention, blocks computed before and evicted since count as hits too
+            // (recomputed for free into fresh blocks).
+            let ghosts = if self.params.free_retention {
+                self.pool.ever_computed(&s.hashes[hit.len()..max_hit])
+            } else {
+                0
+            };
+            let computed = (hit.len() + ghosts) * bs;
             let k = (s.tokens.len() - computed).min(budget);
             let need = (computed + k).div_ceil(bs) - hit.len();
             let available = self.pool.num_free() - self.pool.count_unreferenced(&hit);
@@ -417,7 +433,9 @@ impl Engine {
             let allocated = self.pool.allocate_into(need, &mut s.blocks);
             assert!(allocated, "checked free blocks");
             s.num_computed = computed;
-            s.registered = s.blocks.len().min(computed / bs);
+            // Resident hits are registered already; recovered ghosts are registered when their
+            // step completes, as computed blocks are.
+            s.registered = s.blocks.len().min(computed / bs - ghosts);
             s.prefill_done = 0;
             s.running = true;
             self.stats.prefix_cache_queries += s.tokens.len() as u64;

@@ -453,3 +453,30 @@ fn prefix_hashes_given_by_the_caller_change_nothing() {
     assert_eq!(with, without);
     assert_eq!(with.1.cached_tokens, 144);
 }
+
+#[test]
+fn free_retention_keeps_an_evicted_prefix_a_hit_and_a_real_engine_does_not() {
+    // 16 blocks: a 100-token prompt (7 blocks), then a 240-token one that needs every block.
+    let run = |free_retention: bool| {
+        let mut e = Engine::new(EngineParams {
+            free_retention,
+            ..params(16)
+        });
+        let p = prompt(1, 100);
+        e.submit(req(p.clone(), 3), 0.0);
+        drain(&mut e);
+        e.submit(req(prompt(2, 240), 3), e.clock());
+        drain(&mut e);
+        assert!(
+            e.pool().evictions() > 0,
+            "the first prompt's blocks were evicted"
+        );
+        let again = e.submit(req(p, 3), e.clock());
+        let ev = drain(&mut e);
+        // Room for the running request is still needed: the pool holds at most 16 blocks.
+        assert!(e.pool().num_blocks() == 16);
+        outcome_of(&ev, again).cached_tokens
+    };
+    assert_eq!(run(false), 0, "evicted: recomputed");
+    assert_eq!(run(true), 96, "every full block it ever computed is a hit");
+}

@@ -75,25 +75,42 @@ impl<F: Future> Future for Quiet<F> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
 
-    /// Counts its polls; ready once `open` is set, and wakes its last waker when told to.
-    struct Gate {
-        polls: Arc<AtomicUsize>,
-        open: Arc<AtomicBool>,
-        waker: Arc<std::sync::Mutex<Option<Waker>>>,
+    /// What a [`Gate`] shares with its test: its polls, whether it is open, its last waker.
+    #[derive(Default)]
+    struct Shared {
+        polls: AtomicUsize,
+        open: AtomicBool,
+        waker: Mutex<Option<Waker>>,
     }
+
+    impl Shared {
+        fn polls(&self) -> usize {
+            self.polls.load(Ordering::SeqCst)
+        }
+
+        /// Wakes whoever the gate last registered.
+        fn wake(&self) {
+            let w = self.waker.lock().expect("lock").take();
+            w.expect("registered").wake();
+        }
+    }
+
+    /// Counts its polls; ready once open.
+    struct Gate(Arc<Shared>);
 
     impl Future for Gate {
         type Output = ();
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-            self.polls.fetch_add(1, Ordering::SeqCst);
-            if self.open.load(Ordering::SeqCst) {
+            self.0.polls.fetch_add(1, Ordering::SeqCst);
+            if self.0.open.load(Ordering::SeqCst) {
                 return Poll::Ready(());
             }
-            *self.waker.lock().expect("lock") = Some(cx.waker().clone());
+            *self.0.waker.lock().expect("lock") = Some(cx.waker().clone());
             Poll::Pending
         }
     }
@@ -107,81 +124,61 @@ mod tests {
         }
     }
 
+    fn task() -> (Arc<Count>, Waker) {
+        let t = Arc::new(Count::default());
+        (t.clone(), Waker::from(t))
+    }
+
     #[test]
     fn the_inner_future_is_polled_only_when_it_woke_and_its_wake_reaches_the_task() {
-        let polls = Arc::new(AtomicUsize::new(0));
-        let open = Arc::new(AtomicBool::new(false));
-        let inner_waker = Arc::new(std::sync::Mutex::new(None::<Waker>));
-        let mut q = Box::pin(Quiet::new(Gate {
-            polls: polls.clone(),
-            open: open.clone(),
-            waker: inner_waker.clone(),
-        }));
-        let task = Arc::new(Count::default());
-        let waker = Waker::from(task.clone());
+        let g = Arc::new(Shared::default());
+        let mut q = Box::pin(Quiet::new(Gate(g.clone())));
+        let (count, waker) = task();
         let mut cx = Context::from_waker(&waker);
-
         assert!(q.as_mut().poll(&mut cx).is_pending());
-        assert_eq!(polls.load(Ordering::SeqCst), 1, "the first poll reaches it");
+        assert_eq!(g.polls(), 1, "the first poll reaches it");
         // The task woke for something else (the connection): the gate is not polled.
         for _ in 0..5 {
             assert!(q.as_mut().poll(&mut cx).is_pending());
         }
-        assert_eq!(polls.load(Ordering::SeqCst), 1);
-
+        assert_eq!(g.polls(), 1);
         // The gate opens and wakes: the task is woken, and the next poll reaches the gate.
-        open.store(true, Ordering::SeqCst);
-        let w = inner_waker
-            .lock()
-            .expect("lock")
-            .take()
-            .expect("registered");
-        w.wake();
-        assert_eq!(task.0.load(Ordering::SeqCst), 1, "the task was woken");
+        g.open.store(true, Ordering::SeqCst);
+        g.wake();
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "the task was woken");
         assert!(q.as_mut().poll(&mut cx).is_ready());
-        assert_eq!(polls.load(Ordering::SeqCst), 2);
+        assert_eq!(g.polls(), 2);
     }
 
     #[test]
-    fn a_wake_before_the_task_polls_again_is_kept() {
-        let polls = Arc::new(AtomicUsize::new(0));
-        let open = Arc::new(AtomicBool::new(false));
-        let inner_waker = Arc::new(std::sync::Mutex::new(None::<Waker>));
-        let mut q = Box::pin(Quiet::new(Gate {
-            polls: polls.clone(),
-            open: open.clone(),
-            waker: inner_waker.clone(),
-        }));
-        let task = Arc::new(Count::default());
-        let waker = Waker::from(task.clone());
-        let mut cx = Context::from_waker(&waker);
-        assert!(q.as_mut().poll(&mut cx).is_pending());
+    fn a_wake_before_the_task_polls_again_is_kept_and_reaches_the_newest_task_waker() {
+        let g = Arc::new(Shared::default());
+        let mut q = Box::pin(Quiet::new(Gate(g.clone())));
+        let (_, waker) = task();
+        assert!(
+            q.as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
         // Woken (not yet open): the next poll reaches the gate, which waits again.
-        inner_waker
-            .lock()
-            .expect("lock")
-            .take()
-            .expect("registered")
-            .wake();
-        assert!(q.as_mut().poll(&mut cx).is_pending());
-        assert_eq!(polls.load(Ordering::SeqCst), 2);
-        // A task polled with a new waker still gets the gate's wake.
-        let task2 = Arc::new(Count::default());
-        let waker2 = Waker::from(task2.clone());
+        g.wake();
+        assert!(
+            q.as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        assert_eq!(g.polls(), 2);
+        // Polled from a task with a new waker: the gate's wake reaches that one.
+        let (count2, waker2) = task();
         assert!(
             q.as_mut()
                 .poll(&mut Context::from_waker(&waker2))
                 .is_pending()
         );
-        open.store(true, Ordering::SeqCst);
-        inner_waker
-            .lock()
-            .expect("lock")
-            .take()
-            .expect("registered")
-            .wake();
+        g.open.store(true, Ordering::SeqCst);
+        g.wake();
         assert_eq!(
-            task2.0.load(Ordering::SeqCst),
+            count2.0.load(Ordering::SeqCst),
             1,
             "the newest task waker was woken"
         );

@@ -483,19 +483,28 @@ mod tests {
         assert!(c.excess_ratio.is_none() && c.goals[0].met);
     }
 
-    #[test]
-    fn pressure_sets_the_kv_from_the_floors_demand() {
-        let setup = Setup {
-            families: vec![Family::Coding],
-            pressures: vec![Pressure::Moderate, Pressure::Overload],
+    /// One family at a quarter of its size, seed 1, four ranks, the default scheduler.
+    fn small(family: Family, pressures: Vec<Pressure>, bounds: bool) -> Setup {
+        Setup {
+            families: vec![family],
+            pressures,
             seeds: vec![1],
             ranks: 4,
             scale: 0.25,
             max_model_len: 32768,
             program: ProgramSchedulingConfig::default(),
             threads: 1,
-            bounds: false,
-        };
+            bounds,
+        }
+    }
+
+    #[test]
+    fn pressure_sets_the_kv_from_the_floors_demand() {
+        let setup = small(
+            Family::Coding,
+            vec![Pressure::Moderate, Pressure::Overload],
+            false,
+        );
         let runs = run_pair(&setup, Family::Coding, 1);
         assert_eq!(runs.len(), 2);
         assert!(runs.iter().all(|r| r.bound_hash.is_none()));
@@ -514,17 +523,11 @@ mod tests {
 
     #[test]
     fn free_retention_bounds_only_raise_hit_and_only_run_under_pressure() {
-        let setup = Setup {
-            families: vec![Family::ShortMany],
-            pressures: vec![Pressure::None, Pressure::Overload],
-            seeds: vec![1],
-            ranks: 4,
-            scale: 0.25,
-            max_model_len: 32768,
-            program: ProgramSchedulingConfig::default(),
-            threads: 1,
-            bounds: true,
-        };
+        let setup = small(
+            Family::ShortMany,
+            vec![Pressure::None, Pressure::Overload],
+            true,
+        );
         let runs = run_pair(&setup, Family::ShortMany, 1);
         let (none, over) = (&runs[0], &runs[1]);
         assert!(none.bound_hash.is_none() && none.bound_program.is_none());

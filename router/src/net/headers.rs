@@ -37,6 +37,22 @@ pub fn nominated(headers: &HeaderMap) -> Vec<HeaderName> {
         .collect()
 }
 
+/// Removes a response's hop-by-hop headers and those its `Connection` header names, keeping
+/// `Content-Length` (the body passes through as it is). One scan of the names first: a backend
+/// rarely sends any of them.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let hop = |k: &HeaderName| *k != header::CONTENT_LENGTH && HOP_BY_HOP.contains(k);
+    if !headers.keys().any(hop) {
+        return;
+    }
+    for h in nominated(headers) {
+        headers.remove(h);
+    }
+    for h in HOP_BY_HOP.iter().filter(|h| **h != header::CONTENT_LENGTH) {
+        headers.remove(h);
+    }
+}
+
 /// Copies `src`'s end-to-end headers into `dst`: hop-by-hop ones, those its `Connection` header
 /// names, `Host` and `Content-Length` stay behind.
 pub fn copy_end_to_end(src: &HeaderMap, dst: &mut HeaderMap) {
@@ -49,8 +65,10 @@ pub fn copy_end_to_end(src: &HeaderMap, dst: &mut HeaderMap) {
     }
 }
 
+/// The request id's header name (also a consistent-hash key, `crate::proxy::request`).
+pub const X_REQUEST_ID_NAME: &str = "x-request-id";
 /// The request id, taken from the client or made by the router, sent upstream and answered.
-pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static(X_REQUEST_ID_NAME);
 
 /// Marks a request one replica forwarded to another (so it is served where it lands).
 pub static FORWARDED_BY: HeaderName = HeaderName::from_static("x-program-router-peer");
@@ -95,5 +113,26 @@ mod tests {
         common.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
         assert_eq!(nominated(&common).capacity(), 0, "no allocation");
         assert!(HOP_BY_HOP.contains(&HeaderName::from_static("keep-alive")));
+    }
+
+    #[test]
+    fn a_responses_hop_by_hop_headers_go_and_its_length_and_end_to_end_ones_stay() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-hop"),
+        );
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["content-length", "x-kept"]);
+        // Nothing hop-by-hop: the map is left as it is.
+        let mut plain = HeaderMap::new();
+        plain.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2"));
+        strip_hop_by_hop(&mut plain);
+        assert_eq!(plain.len(), 1);
     }
 }

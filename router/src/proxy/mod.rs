@@ -313,19 +313,7 @@ pub async fn forward<H: Hold>(
             continue;
         }
         let (mut parts, body) = resp.into_parts();
-        // One pass over the names first: a backend rarely sends a hop-by-hop header besides
-        // Content-Length (and without `Connection` none is nominated).
-        let hop = |k: &http::HeaderName| *k != header::CONTENT_LENGTH && HOP_BY_HOP.contains(k);
-        if parts.headers.keys().any(hop) {
-            for h in nominated(&parts.headers) {
-                parts.headers.remove(h);
-            }
-            for h in HOP_BY_HOP.iter() {
-                if *h != header::CONTENT_LENGTH {
-                    parts.headers.remove(h);
-                }
-            }
-        }
+        headers::strip_hop_by_hop(&mut parts.headers);
         let sse = out.sse
             && parts
                 .headers

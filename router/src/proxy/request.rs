@@ -195,7 +195,7 @@ static HASH_KEY_HEADERS: [HeaderName; 6] = [
     HeaderName::from_static("x-session-id"),
     HeaderName::from_static("x-user-id"),
     HeaderName::from_static("x-tenant-id"),
-    HeaderName::from_static("x-request-id"),
+    HeaderName::from_static(crate::net::headers::X_REQUEST_ID_NAME),
     HeaderName::from_static("x-correlation-id"),
     HeaderName::from_static("x-trace-id"),
 ];

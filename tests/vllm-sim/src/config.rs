@@ -207,6 +207,7 @@ impl SimArgs {
             timing,
             // A bound for benchmarks, never the server's behaviour.
             free_retention: false,
+            end_hint: false,
         };
         engine.validate().map_err(|e| format!("--{e}"))?;
         Ok(SimConfig {

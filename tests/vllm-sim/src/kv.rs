@@ -232,6 +232,30 @@ impl BlockPool {
         self.cached.contains_key(&hash)
     }
 
+    /// Moves the free cached blocks of `hashes` to the front of the free queue, so that they
+    /// are evicted before anything else (the last hash first, keeping a prefix the longest).
+    pub fn demote(&mut self, hashes: &[u64]) {
+        for h in hashes.iter().rev() {
+            let Some(&b) = self.cached.get(h) else {
+                continue;
+            };
+            let i = b as usize;
+            if self.blocks[i].ref_count != 0 {
+                continue;
+            }
+            self.unlink(b);
+            self.blocks[i].next = self.head;
+            if self.head == NIL {
+                self.tail = b;
+            } else {
+                self.blocks[self.head as usize].prev = b;
+            }
+            self.head = b;
+            self.blocks[i].in_free = true;
+            self.free_len += 1;
+        }
+    }
+
     fn push_free(&mut self, b: BlockId) {
         let i = b as usize;
         debug_assert!(!self.blocks[i].in_free);
@@ -287,6 +311,35 @@ mod tests {
             a[1], b[1],
             "same block content under another parent must differ"
         );
+    }
+
+    #[test]
+    fn demoted_blocks_are_evicted_first_and_referenced_ones_stay() {
+        let mut pool = BlockPool::new(6);
+        let a = pool.allocate(2).expect("2 free");
+        pool.register(a[0], 10);
+        pool.register(a[1], 11);
+        pool.free(&a);
+        let b = pool.allocate(2).expect("2 free");
+        pool.register(b[0], 20);
+        pool.register(b[1], 21);
+        pool.free(&b);
+        let held = pool.allocate(1).expect("1 free");
+        pool.register(held[0], 30);
+        // b was freed last, so LRU would evict a first; the hint puts b in front.
+        pool.demote(&[20, 21, 30, 99]);
+        assert_eq!(
+            pool.num_free(),
+            5,
+            "a referenced block is not freed by a hint"
+        );
+        pool.allocate(3).expect("3 free");
+        assert!(
+            !pool.is_cached(20) && !pool.is_cached(21),
+            "demoted: evicted first"
+        );
+        assert!(pool.is_cached(10) && pool.is_cached(11), "older, kept");
+        assert!(pool.is_cached(30), "referenced, untouched");
     }
 
     #[test]

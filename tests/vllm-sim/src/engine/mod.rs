@@ -50,6 +50,10 @@ pub struct EngineParams {
     /// (a request still needs room for its whole context while it runs). What keeping prefixes
     /// could win at best, for benchmarks (`progbench matrix --bounds`); never in the server.
     pub free_retention: bool,
+    /// A bound, not vLLM: the engine is told when a Program has ended
+    /// ([`Engine::program_ended`]) and evicts its blocks before any other's. Stock vLLM's LRU
+    /// cannot tell an ended Program from a paused one; for `progbench matrix --bounds` only.
+    pub end_hint: bool,
 }
 
 impl Default for EngineParams {
@@ -63,6 +67,7 @@ impl Default for EngineParams {
             policy: SchedulingPolicy::Fcfs,
             timing: TimingModel::default(),
             free_retention: false,
+            end_hint: false,
         }
     }
 }
@@ -220,6 +225,14 @@ impl Engine {
 
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// A Program has ended; `hashes` are the blocks no other Program shares. Under
+    /// [`EngineParams::end_hint`] the free ones among them are evicted first; otherwise nothing.
+    pub fn program_ended(&mut self, hashes: &[u64]) {
+        if self.params.end_hint {
+            self.pool.demote(hashes);
+        }
     }
 
     pub fn pool(&self) -> &BlockPool {

@@ -480,3 +480,37 @@ fn free_retention_keeps_an_evicted_prefix_a_hit_and_a_real_engine_does_not() {
     assert_eq!(run(false), 0, "evicted: recomputed");
     assert_eq!(run(true), 96, "every full block it ever computed is a hit");
 }
+
+#[test]
+fn an_end_hint_evicts_the_ended_programs_blocks_before_an_older_paused_ones() {
+    // 16 blocks: a paused Program's 96 tokens (6 blocks) freed first, an ended one's after;
+    // then a new 96-token prompt needs 7 blocks, so something cached must go.
+    let run = |end_hint: bool| {
+        let mut e = Engine::new(EngineParams {
+            end_hint,
+            ..params(16)
+        });
+        let paused = prompt(1, 96);
+        e.submit(req(paused.clone(), 3), 0.0);
+        drain(&mut e);
+        let ended = prompt(2, 96);
+        e.submit(req(ended.clone(), 3), e.clock());
+        drain(&mut e);
+        let mut hashes = Vec::new();
+        crate::kv::extend_block_hashes(&ended, 16, &mut hashes);
+        e.program_ended(&hashes);
+        e.submit(req(prompt(3, 96), 3), e.clock());
+        drain(&mut e);
+        let back = e.submit(req(paused, 3), e.clock());
+        outcome_of(&drain(&mut e), back).cached_tokens
+    };
+    assert!(
+        run(false) < 80,
+        "LRU: the paused Program's older prefix went first"
+    );
+    assert_eq!(
+        run(true),
+        80,
+        "hinted: the ended Program's blocks went instead"
+    );
+}

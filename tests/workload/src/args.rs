@@ -191,7 +191,8 @@ pub(crate) enum Cmd {
         #[arg(long)]
         html: Option<PathBuf>,
         /// Also run every pressured cell under free retention (every prefix ever computed stays
-        /// a hit at no KV cost): how far keeping prefixes alone could take each mode.
+        /// a hit at no KV cost), how far keeping prefixes alone could take each mode, and ours
+        /// on engines told when a Program ends (its blocks evicted first).
         #[arg(long)]
         bounds: bool,
     },

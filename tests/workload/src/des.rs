@@ -513,6 +513,10 @@ pub fn run_with(
                         }
                         let p = &mut progs[i];
                         if finished {
+                            // Its blocks past the shared system prompt (an engine told of the
+                            // end evicts them first; others ignore it).
+                            let shared = p.turns[0].system_tokens as usize / engine.block_size;
+                            engines[r].program_ended(p.hashes.get(shared..).unwrap_or(&[]));
                             p.done = true;
                             open -= 1;
                             completed += 1;

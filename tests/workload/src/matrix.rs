@@ -156,6 +156,10 @@ pub struct SeedRun {
     /// keeping prefixes could win at best, whatever tells the router where they are.
     pub bound_hash: Option<RunStats>,
     pub bound_program: Option<RunStats>,
+    /// With `--bounds`, under pressure: Program scheduling on engines told when a Program ends
+    /// (`EngineParams::end_hint`), which evict ended Programs' blocks first — what a router
+    /// could win at most by keeping paused prefixes ahead of ended ones in the engine's LRU.
+    pub bound_end_hint: Option<RunStats>,
 }
 
 /// The floor of `turns` on `ranks` ranks shaped like `base` (consistent hashing, KV nothing
@@ -208,9 +212,13 @@ pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
                 free_retention: true,
                 ..engine.clone()
             };
+            let bounded = setup.bounds && pressure != Pressure::None;
             let bound = |mode: &Mode| {
-                (setup.bounds && pressure != Pressure::None)
-                    .then(|| RunStats::from(&des::run(&turns, setup.ranks, &free, mode)))
+                bounded.then(|| RunStats::from(&des::run(&turns, setup.ranks, &free, mode)))
+            };
+            let hinted = EngineParams {
+                end_hint: true,
+                ..engine.clone()
             };
             SeedRun {
                 family,
@@ -224,6 +232,9 @@ pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
                 program: RunStats::from(&program),
                 bound_hash: bound(&Mode::ConsistentHash),
                 bound_program: bound(&program_mode),
+                bound_end_hint: bounded.then(|| {
+                    RunStats::from(&des::run(&turns, setup.ranks, &hinted, &program_mode))
+                }),
             }
         })
         .collect()
@@ -280,6 +291,8 @@ pub struct Cell {
     /// Mean over seeds of each mode's excess under free retention (with `--bounds`).
     pub bound_hash_excess: Option<f64>,
     pub bound_program_excess: Option<f64>,
+    /// Mean over seeds of Program scheduling's excess with the engine's end hint (`--bounds`).
+    pub bound_end_hint_excess: Option<f64>,
     /// Program scheduling's excess over hashing's, pooled over seeds, and its range per seed.
     pub excess_ratio: Option<f64>,
     pub excess_ratio_range: Option<(f64, f64)>,
@@ -393,6 +406,7 @@ fn cell(family: Family, pressure: Pressure, rs: &[&SeedRun]) -> Cell {
         program_excess,
         bound_hash_excess: bound_excess(rs, |r| r.bound_hash),
         bound_program_excess: bound_excess(rs, |r| r.bound_program),
+        bound_end_hint_excess: bound_excess(rs, |r| r.bound_end_hint),
         excess_ratio,
         excess_ratio_range,
         mean_ratio: geo(&means),
@@ -442,6 +456,7 @@ mod tests {
             program,
             bound_hash: None,
             bound_program: None,
+            bound_end_hint: None,
         }
     }
 
@@ -539,6 +554,10 @@ mod tests {
         assert!(bh.token_hit >= over.hash.token_hit, "{over:?}");
         assert!(bp.token_hit >= over.program.token_hit, "{over:?}");
         assert!(bh.mean_jct < over.hash.mean_jct, "{over:?}");
+        // Told which Programs ended, the engine keeps more of the paused ones' prefixes.
+        let hinted = over.bound_end_hint.expect("end-hint bound");
+        assert!(none.bound_end_hint.is_none());
+        assert!(hinted.token_hit > over.program.token_hit, "{over:?}");
         let cell = &cells(&runs)[1];
         assert!(cell.bound_hash_excess.is_some() && cell.bound_program_excess.is_some());
         assert!(crate::matrix_report::bounds(std::slice::from_ref(cell)).contains("short-many"));

@@ -22,21 +22,25 @@ pub fn bounds(cells: &[Cell]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "free retention: every prefix ever computed stays a hit at no KV cost (excess, seconds)"
+        "free retention: every prefix ever computed stays a hit at no KV cost (excess, seconds); \
+         end hint: ours on engines that evict an ended Program's blocks first"
     );
     let _ = writeln!(
         s,
-        "{:<14} {:<9} {:>8} {:>8} {:>8} {:>10} {:>10}  by retention alone",
-        "family", "pressure", "hashing", "ours", "goal", "hash free", "ours free"
+        "{:<14} {:<9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9}  by retention alone",
+        "family", "pressure", "hashing", "ours", "goal", "hash free", "ours free", "end hint"
     );
     for c in cells {
         let (Some(bh), Some(bp)) = (c.bound_hash_excess, c.bound_program_excess) else {
             continue;
         };
         let goal = 0.5 * c.hash_excess;
+        let hint = c
+            .bound_end_hint_excess
+            .map_or("-".into(), |x| format!("{x:.1}s"));
         let _ = writeln!(
             s,
-            "{:<14} {:<9} {:>7.1}s {:>7.1}s {:>7.1}s {:>9.1}s {:>9.1}s  {}",
+            "{:<14} {:<9} {:>7.1}s {:>7.1}s {:>7.1}s {:>9.1}s {:>9.1}s {:>9}  {}",
             format!("{}{}", c.family.name(), if c.held_out { "" } else { "*" }),
             c.pressure.name(),
             c.hash_excess,
@@ -44,6 +48,7 @@ pub fn bounds(cells: &[Cell]) -> String {
             goal,
             bh,
             bp,
+            hint,
             if bh.min(bp) <= goal {
                 "reachable"
             } else {

@@ -496,8 +496,9 @@ pub struct ProgramSchedulingParams {
     pub global_queue: Option<bool>,
     /// Order of resumes on a rank among equally urgent Programs: `mru` (default; Programs that
     /// have run go first, latest first, as their KV is the likeliest to be cached, and new
-    /// Programs follow oldest first) or `fcfs`.
-    #[schemars(extend("enum" = ["mru", "fcfs"]))]
+    /// Programs follow oldest first), `fcfs`, or `last_use` (Programs that have run go first,
+    /// the one whose KV was used last first; long-idle Programs wait behind busy ones).
+    #[schemars(extend("enum" = ["mru", "fcfs", "last_use"]))]
     pub resume_order: Option<String>,
     /// How much free KV a rank needs before a Program moves to it: the source rank's free
     /// capacity plus this multiple of the Program's context (≥ 0; default 3.0). Higher moves

@@ -23,11 +23,16 @@ pub enum EnableKey {
 
 /// Order of Rank-local resume candidates within one tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum ResumeOrder {
+    /// Programs that have run first, latest arrival first; new Programs after, oldest first.
     #[default]
     Mru,
     Fcfs,
+    /// Extension: Programs that have run first, the one whose KV was used last first (the
+    /// likeliest still cached); new Programs after, oldest first. Long-idle Programs wait
+    /// behind busy ones, which costs fleets that mix human chat with agents.
+    LastUse,
 }
 
 /// Initial home Rank of a new Program generation.

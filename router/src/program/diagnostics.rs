@@ -533,6 +533,7 @@ pub fn snapshot(
         resume_order: match cfg.resume_order {
             crate::config::program::ResumeOrder::Mru => "mru",
             crate::config::program::ResumeOrder::Fcfs => "fcfs",
+            crate::config::program::ResumeOrder::LastUse => "last_use",
         },
         cross_rank_headroom_ratio: cfg.cross_rank_headroom_ratio,
         cross_rank_min_wait_ratio: s.min_wait_ratio(),

@@ -107,11 +107,14 @@ fn a_demand_larger_than_the_rank_runs_at_its_force_deadline() {
 }
 
 #[test]
-fn resume_order_priority_then_work_in_progress_mru_then_new_programs_fcfs() {
+fn resume_order_priority_then_work_in_progress_then_new_programs_fcfs() {
     for (order, want) in [
         // Priority first; then Programs that have run, and a subagent its parent waits on,
         // latest arrival first; then new root Programs oldest first.
         (ResumeOrder::Mru, [9, 8, 7, 5, 4, 6]),
+        // The same, but work in progress by its KV's last use: r2 completed after r1, though
+        // r1 came back later; the subagent shares its parent's prompt, used as it arrives.
+        (ResumeOrder::LastUse, [9, 8, 5, 7, 4, 6]),
         (ResumeOrder::Fcfs, [9, 4, 5, 6, 7, 8]),
     ] {
         let c = ProgramSchedulingConfig {
@@ -128,9 +131,9 @@ fn resume_order_priority_then_work_in_progress_mru_then_new_programs_fcfs() {
         // "a" takes the only slot; everything after it waits.
         assert_eq!(dispatched(&s.on_arrival(3.0, arrival(3, "a", 10))), [3]);
         s.on_arrival(4.0, arrival(4, "n1", 10));
-        s.on_arrival(5.0, arrival(5, "r1", 10));
+        s.on_arrival(5.0, arrival(5, "r2", 10));
         s.on_arrival(6.0, arrival(6, "n2", 10));
-        s.on_arrival(7.0, arrival(7, "r2", 10));
+        s.on_arrival(7.0, arrival(7, "r1", 10));
         s.on_arrival(
             8.0,
             with(arrival(8, "sub", 10), |i| {

@@ -39,7 +39,7 @@ enum Ev {
         capacity: u8,
         programs: u8,
         global: bool,
-        fcfs: bool,
+        order: u8,
         binding: u8,
     },
 }
@@ -65,16 +65,24 @@ fn ev() -> impl Strategy<Value = Ev> {
         (0u8..3, 0u8..4).prop_map(|(rank, waiting)| Ev::Observe { rank, waiting }),
         (0u8..40).prop_map(|dt| Ev::Tick { dt }),
         (1u8..32, 0u8..5).prop_map(|(mask, rotate)| Ev::Retarget { mask, rotate }),
-        (0u8..4, 1u8..5, any::<bool>(), any::<bool>(), 0u8..4).prop_map(
-            |(capacity, programs, global, fcfs, binding)| Ev::Reconfigure {
+        (0u8..4, 1u8..5, any::<bool>(), 0u8..3, 0u8..4).prop_map(
+            |(capacity, programs, global, order, binding)| Ev::Reconfigure {
                 capacity,
                 programs,
                 global,
-                fcfs,
+                order,
                 binding
             }
         ),
     ]
+}
+
+fn resume_order(i: u8) -> ResumeOrder {
+    match i % 3 {
+        0 => ResumeOrder::Mru,
+        1 => ResumeOrder::Fcfs,
+        _ => ResumeOrder::LastUse,
+    }
 }
 
 fn strategy(i: u8) -> BindingStrategy {
@@ -182,7 +190,7 @@ fn run(
                 capacity,
                 programs,
                 global,
-                fcfs,
+                order,
                 binding,
             } => {
                 let tuned = ProgramSchedulingConfig {
@@ -190,11 +198,7 @@ fn run(
                         [*capacity as usize % 4],
                     max_active_programs_per_target: u32::from(*programs),
                     global_queue: *global,
-                    resume_order: if *fcfs {
-                        ResumeOrder::Fcfs
-                    } else {
-                        ResumeOrder::Mru
-                    },
+                    resume_order: resume_order(*order),
                     binding_strategy: strategy(*binding),
                     ..c.clone()
                 };
@@ -325,12 +329,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn every_request_ends_exactly_once_and_the_ledger_holds(events in proptest::collection::vec(ev(), 1..120), global in any::<bool>(), fcfs in any::<bool>(), binding in 0u8..4, only in proptest::bool::weighted(0.1)) {
+    fn every_request_ends_exactly_once_and_the_ledger_holds(events in proptest::collection::vec(ev(), 1..120), global in any::<bool>(), order in 0u8..3, binding in 0u8..4, only in proptest::bool::weighted(0.1)) {
         let c = ProgramSchedulingConfig {
             binding_strategy: strategy(binding),
             binding_only: only,
             global_queue: global,
-            resume_order: if fcfs { ResumeOrder::Fcfs } else { ResumeOrder::Mru },
+            resume_order: resume_order(order),
             queue_timeout_seconds: 30.0,
             force_resume_timeout_seconds: 20.0,
             max_active_programs_per_target: 3,

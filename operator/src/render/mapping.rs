@@ -428,4 +428,26 @@ mod tests {
         };
         assert!(bad.to_router().expect_err("invalid").contains("lifo"));
     }
+
+    #[test]
+    fn every_resume_order_the_crd_admits_is_one_the_router_takes() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(crate::crd::ProgramScheduling::crd()).expect("crd");
+        let found = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["programScheduling"]["properties"]["resumeOrder"]["enum"]
+            .as_array()
+            .cloned()
+            .expect("resumeOrder is an enum in the schema");
+        assert!(found.len() >= 3, "{found:?}");
+        for v in found {
+            let name = v.as_str().expect("a string").to_string();
+            let p = ProgramSchedulingParams {
+                resume_order: Some(name.clone()),
+                ..Default::default()
+            };
+            let c = p.to_router().expect("the router takes it");
+            let back = serde_json::to_value(c.resume_order).expect("serialize");
+            assert_eq!(back, serde_json::Value::String(name));
+        }
+    }
 }

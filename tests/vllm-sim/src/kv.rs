@@ -232,10 +232,10 @@ impl BlockPool {
         self.cached.contains_key(&hash)
     }
 
-    /// Moves the free cached blocks of `hashes` to the front of the free queue, so that they
-    /// are evicted before anything else (the last hash first, keeping a prefix the longest).
+    /// Moves the free cached blocks of `hashes` (a chain, prefix first) to the front of the
+    /// free queue, so that they are evicted before anything else, the chain's tail first.
     pub fn demote(&mut self, hashes: &[u64]) {
-        for h in hashes.iter().rev() {
+        for h in hashes {
             let Some(&b) = self.cached.get(h) else {
                 continue;
             };
@@ -244,29 +244,35 @@ impl BlockPool {
                 continue;
             }
             self.unlink(b);
-            self.blocks[i].next = self.head;
-            if self.head == NIL {
-                self.tail = b;
-            } else {
-                self.blocks[self.head as usize].prev = b;
-            }
-            self.head = b;
-            self.blocks[i].in_free = true;
-            self.free_len += 1;
+            self.link(b, true);
         }
     }
 
     fn push_free(&mut self, b: BlockId) {
+        self.link(b, false);
+    }
+
+    /// Puts unreferenced block `b` in the free queue: at the back (evicted last) or the front.
+    fn link(&mut self, b: BlockId, front: bool) {
         let i = b as usize;
         debug_assert!(!self.blocks[i].in_free);
-        self.blocks[i].prev = self.tail;
-        self.blocks[i].next = NIL;
-        if self.tail == NIL {
+        if front {
+            self.blocks[i].prev = NIL;
+            self.blocks[i].next = self.head;
+            match self.head {
+                NIL => self.tail = b,
+                h => self.blocks[h as usize].prev = b,
+            }
             self.head = b;
         } else {
-            self.blocks[self.tail as usize].next = b;
+            self.blocks[i].prev = self.tail;
+            self.blocks[i].next = NIL;
+            match self.tail {
+                NIL => self.head = b,
+                t => self.blocks[t as usize].next = b,
+            }
+            self.tail = b;
         }
-        self.tail = b;
         self.blocks[i].in_free = true;
         self.free_len += 1;
     }
@@ -326,18 +332,17 @@ mod tests {
         pool.free(&b);
         let held = pool.allocate(1).expect("1 free");
         pool.register(held[0], 30);
-        // b was freed last, so LRU would evict a first; the hint puts b in front.
+        // b was freed last, so LRU would evict a first; the hint puts b in front, tail first.
         pool.demote(&[20, 21, 30, 99]);
         assert_eq!(
             pool.num_free(),
             5,
             "a referenced block is not freed by a hint"
         );
-        pool.allocate(3).expect("3 free");
-        assert!(
-            !pool.is_cached(20) && !pool.is_cached(21),
-            "demoted: evicted first"
-        );
+        pool.allocate(1).expect("1 free");
+        assert!(pool.is_cached(20) && !pool.is_cached(21), "the tail first");
+        pool.allocate(2).expect("2 free");
+        assert!(!pool.is_cached(20), "demoted: evicted before older blocks");
         assert!(pool.is_cached(10) && pool.is_cached(11), "older, kept");
         assert!(pool.is_cached(30), "referenced, untouched");
     }

@@ -472,7 +472,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
                 args.extend([
                     "--enable-program-scheduling".into(),
                     "--program-scheduling-config-json".into(),
-                    ps.to_string(),
+                    peer_config(&ps).to_string(),
                 ]);
             }
             // vllm-router forwards the canonical object unchanged, which vLLM rejects: use the
@@ -751,6 +751,19 @@ pub fn check_comparable(results: &mut [RunResult]) {
             );
         }
     }
+}
+
+/// The peer's copy of the Program-scheduling config: a resume order only ours has
+/// (`last_use`) becomes the peer's default (`mru`), so the peer runs as shipped.
+fn peer_config(ps: &serde_json::Value) -> serde_json::Value {
+    let mut peer = ps.clone();
+    if peer
+        .get("resume_order")
+        .is_some_and(|o| o != "mru" && o != "fcfs")
+    {
+        peer["resume_order"] = serde_json::json!("mru");
+    }
+    peer
 }
 
 #[cfg(test)]

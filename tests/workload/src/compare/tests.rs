@@ -117,3 +117,13 @@ fn kv_usage_is_read_per_engine() {
         vec![("0".to_string(), 0.25), ("1".to_string(), 0.5)]
     );
 }
+
+#[test]
+fn the_peer_gets_its_own_resume_order_and_everything_else_unchanged() {
+    let ours = serde_json::json!({"resume_order": "last_use", "global_queue": true});
+    let peer = peer_config(&ours);
+    assert_eq!(peer["resume_order"], "mru");
+    assert_eq!(peer["global_queue"], true);
+    let fcfs = serde_json::json!({"resume_order": "fcfs"});
+    assert_eq!(peer_config(&fcfs), fcfs);
+}

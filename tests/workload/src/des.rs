@@ -514,7 +514,8 @@ pub fn run_with(
                         let p = &mut progs[i];
                         if finished {
                             // Its blocks past the shared system prompt (an engine told of the
-                            // end evicts them first; others ignore it).
+                            // end evicts them first; others ignore it). A subagent's copy of its
+                            // parent's prompt counts as its own, so there the bound is pessimistic.
                             let shared = p.turns[0].system_tokens as usize / engine.block_size;
                             engines[r].program_ended(p.hashes.get(shared..).unwrap_or(&[]));
                             p.done = true;

@@ -756,12 +756,11 @@ pub fn check_comparable(results: &mut [RunResult]) {
 /// The peer's copy of the Program-scheduling config: a resume order only ours has
 /// (`last_use`) becomes the peer's default (`mru`), so the peer runs as shipped.
 fn peer_config(ps: &serde_json::Value) -> serde_json::Value {
+    use program_router::config::program::ResumeOrder;
     let mut peer = ps.clone();
-    if peer
-        .get("resume_order")
-        .is_some_and(|o| o != "mru" && o != "fcfs")
-    {
-        peer["resume_order"] = serde_json::json!("mru");
+    let order = peer.get("resume_order").cloned();
+    if let Some(Ok(ResumeOrder::LastUse)) = order.map(serde_json::from_value::<ResumeOrder>) {
+        peer["resume_order"] = serde_json::to_value(ResumeOrder::Mru).unwrap_or_default();
     }
     peer
 }

@@ -276,7 +276,10 @@ async fn handle(
     });
     let answer = async move {
         state.metrics.route(route).requests.inc();
-        let dispatched = pipeline::dispatch(
+        // Boxed: hyper moves the connection's request future by value, so it stays a few
+        // pointers wide instead of carrying the whole pipeline's state (kilobytes) through
+        // each move (docs/benchmarks.md, router overhead).
+        let dispatched = Box::pin(pipeline::dispatch(
             &state,
             req,
             route,
@@ -284,7 +287,7 @@ async fn handle(
             received,
             access.as_ref(),
             &trace,
-        )
+        ))
         .await;
         if let Some(a) = &access {
             match &dispatched {

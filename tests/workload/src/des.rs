@@ -221,6 +221,11 @@ pub struct Clients {
     /// `kv_retention_ttl_seconds` on every request (the client's own TTL, which replaces the
     /// automatic one) — for asking what holding every paused Program's KV would buy.
     pub retention_ttl_seconds: Option<f64>,
+    /// Clients that know each tool gap in advance (a bound, `progbench matrix --bounds`): every
+    /// request's TTL is the gap that follows it when holding the context through the gap costs
+    /// its rank less than re-prefilling it ([`clairvoyant_ttl`]), else 0. Replaces
+    /// `retention_ttl_seconds`.
+    pub clairvoyant: bool,
     /// Clients that identify Programs by headers only (Claude Code's session, agent and parent
     /// ids): no task or step id, and never `expected_resume: false`.
     pub headers_only: bool,
@@ -235,9 +240,43 @@ impl Clients {
         }
         Ok(Clients {
             retention_ttl_seconds,
-            headers_only: false,
+            ..Clients::default()
         })
     }
+
+    /// The TTL a request with `context` tokens followed by `gap` seconds asks for.
+    fn ttl(&self, context: usize, gap: f64, engine: &EngineParams, mode: &Mode) -> Option<f64> {
+        if !self.clairvoyant {
+            return self.retention_ttl_seconds;
+        }
+        let model = match mode {
+            Mode::Program(c) => c.prefill_cost_model,
+            Mode::ConsistentHash => Default::default(),
+        };
+        Some(clairvoyant_ttl(
+            context,
+            gap,
+            engine.token_capacity(),
+            &model,
+        ))
+    }
+}
+
+/// The retention a client that knows the coming tool gap would ask for: hold a context of
+/// `context` tokens through `gap` seconds when that costs the rank less than re-prefilling it.
+/// Held, the context takes `context ÷ capacity` of the rank's KV — of its decode batch, on a
+/// rank whose batch KV bounds — for the gap; dropped, the rank spends the prefill time again.
+/// The TTL is the gap plus a margin for the next request's arrival (the scheduler's TTL expires
+/// at the instant it is due).
+pub fn clairvoyant_ttl(
+    context: usize,
+    gap: f64,
+    capacity: usize,
+    model: &program_router::config::program::PrefillCostModel,
+) -> f64 {
+    let hold = context as f64 / capacity.max(1) as f64 * gap;
+    let recompute = program_router::program::cost::prefill_seconds(model, context as u64);
+    if hold <= recompute { gap + 0.05 } else { 0.0 }
 }
 
 /// Replays `turns` on `ranks` simulated ranks shaped by `engine`.
@@ -609,7 +648,12 @@ pub fn run_with(
                                 task_id: (!clients.headers_only).then(|| turn.task_id.clone()),
                                 step_id: (!clients.headers_only).then_some(u64::from(turn.step)),
                                 expected_resume: clients.headers_only || p.next + 1 < p.turns.len(),
-                                kv_retention_ttl_seconds: clients.retention_ttl_seconds,
+                                kv_retention_ttl_seconds: clients.ttl(
+                                    p.context,
+                                    turn.gap_after,
+                                    engine,
+                                    mode,
+                                ),
                                 ..Default::default()
                             };
                             let a = Arrival {

@@ -160,6 +160,11 @@ pub struct SeedRun {
     /// (`EngineParams::end_hint`), which evict ended Programs' blocks first — what a router
     /// could win at most by keeping paused prefixes ahead of ended ones in the engine's LRU.
     pub bound_end_hint: Option<RunStats>,
+    /// With `--bounds`, under pressure: the end hint, and clients that know each tool gap in
+    /// advance and hold a paused Program's KV exactly when that costs less than re-prefilling
+    /// it (`des::clairvoyant_ttl`) — the most better retention decisions could win on a real
+    /// engine, where a held prefix takes KV from the running batch.
+    pub bound_clairvoyant: Option<RunStats>,
 }
 
 /// The floor of `turns` on `ranks` ranks shaped like `base` (consistent hashing, KV nothing
@@ -235,6 +240,14 @@ pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
                 bound_end_hint: bounded.then(|| {
                     RunStats::from(&des::run(&turns, setup.ranks, &hinted, &program_mode))
                 }),
+                bound_clairvoyant: bounded.then(|| {
+                    let clients = des::Clients {
+                        clairvoyant: true,
+                        ..des::Clients::default()
+                    };
+                    let r = des::run_with(&turns, setup.ranks, &hinted, &program_mode, &clients);
+                    RunStats::from(&r)
+                }),
             }
         })
         .collect()
@@ -293,6 +306,8 @@ pub struct Cell {
     pub bound_program_excess: Option<f64>,
     /// Mean over seeds of Program scheduling's excess with the engine's end hint (`--bounds`).
     pub bound_end_hint_excess: Option<f64>,
+    /// Mean over seeds of Program scheduling's excess under clairvoyant retention (`--bounds`).
+    pub bound_clairvoyant_excess: Option<f64>,
     /// Program scheduling's excess over hashing's, pooled over seeds, and its range per seed.
     pub excess_ratio: Option<f64>,
     pub excess_ratio_range: Option<(f64, f64)>,
@@ -407,6 +422,7 @@ fn cell(family: Family, pressure: Pressure, rs: &[&SeedRun]) -> Cell {
         bound_hash_excess: bound_excess(rs, |r| r.bound_hash),
         bound_program_excess: bound_excess(rs, |r| r.bound_program),
         bound_end_hint_excess: bound_excess(rs, |r| r.bound_end_hint),
+        bound_clairvoyant_excess: bound_excess(rs, |r| r.bound_clairvoyant),
         excess_ratio,
         excess_ratio_range,
         mean_ratio: geo(&means),
@@ -457,6 +473,7 @@ mod tests {
             bound_hash: None,
             bound_program: None,
             bound_end_hint: None,
+            bound_clairvoyant: None,
         }
     }
 
@@ -558,8 +575,14 @@ mod tests {
         let hinted = over.bound_end_hint.expect("end-hint bound");
         assert!(none.bound_end_hint.is_none());
         assert!(hinted.token_hit > over.program.token_hit, "{over:?}");
+        // Knowing each gap, the clients hold what is cheaper to hold than to re-prefill.
+        let knowing = over.bound_clairvoyant.expect("clairvoyant bound");
+        assert!(none.bound_clairvoyant.is_none());
+        assert!(knowing.token_hit > over.program.token_hit, "{over:?}");
         let cell = &cells(&runs)[1];
         assert!(cell.bound_hash_excess.is_some() && cell.bound_program_excess.is_some());
-        assert!(crate::matrix_report::bounds(std::slice::from_ref(cell)).contains("short-many"));
+        assert!(cell.bound_clairvoyant_excess.is_some());
+        let table = crate::matrix_report::bounds(std::slice::from_ref(cell));
+        assert!(table.contains("short-many") && table.contains("clairvoyant"));
     }
 }

@@ -14,33 +14,51 @@ fn range(r: Option<(f64, f64)>) -> String {
     r.map_or(String::new(), |(lo, hi)| format!("{lo:.2}–{hi:.2}"))
 }
 
-/// The free-retention table (`--bounds`): each pressured cell's excess for both modes, then
-/// under free retention, against the goal (half of hashing's excess). A cell whose goal is below
-/// both bounds cannot be met by keeping prefixes, whatever the router knows of them: the rest of
-/// its excess is queueing for room to run and compute.
+/// The bounds table (`--bounds`): each pressured cell's excess for both modes, then under free
+/// retention, with the engine's end hint, and with clairvoyant retention on top of the end hint,
+/// against the goal (half of hashing's excess). Free retention is not physical (a kept prefix
+/// takes no KV): a goal above it cannot be met by keeping prefixes, whatever the router knows.
+/// Clairvoyant retention is physical: a goal below it needs more than retention decisions.
 pub fn bounds(cells: &[Cell]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "free retention: every prefix ever computed stays a hit at no KV cost (excess, seconds); \
-         end hint: ours on engines that evict an ended Program's blocks first"
+        "excess, seconds. free: every prefix ever computed stays a hit at no KV cost; end hint: \
+         ours on engines that evict an ended Program's blocks first; clairvoyant: the end hint, \
+         and each pause held exactly when holding costs less than re-prefilling (gaps known)"
     );
     let _ = writeln!(
         s,
-        "{:<14} {:<9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9}  by retention alone",
-        "family", "pressure", "hashing", "ours", "goal", "hash free", "ours free", "end hint"
+        "{:<14} {:<9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9} {:>11}  free / clairvoyant vs goal",
+        "family",
+        "pressure",
+        "hashing",
+        "ours",
+        "goal",
+        "hash free",
+        "ours free",
+        "end hint",
+        "clairvoyant"
     );
+    let secs = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}s"));
     for c in cells {
         let (Some(bh), Some(bp)) = (c.bound_hash_excess, c.bound_program_excess) else {
             continue;
         };
         let goal = 0.5 * c.hash_excess;
-        let hint = c
-            .bound_end_hint_excess
-            .map_or("-".into(), |x| format!("{x:.1}s"));
+        let free = if bh.min(bp) <= goal {
+            "reachable"
+        } else {
+            "out of reach"
+        };
+        let clairvoyant = match c.bound_clairvoyant_excess {
+            Some(x) if x <= goal => " / met",
+            Some(_) => " / not met",
+            None => "",
+        };
         let _ = writeln!(
             s,
-            "{:<14} {:<9} {:>7.1}s {:>7.1}s {:>7.1}s {:>9.1}s {:>9.1}s {:>9}  {}",
+            "{:<14} {:<9} {:>7.1}s {:>7.1}s {:>7.1}s {:>9.1}s {:>9.1}s {:>9} {:>11}  {free}{clairvoyant}",
             format!("{}{}", c.family.name(), if c.held_out { "" } else { "*" }),
             c.pressure.name(),
             c.hash_excess,
@@ -48,12 +66,8 @@ pub fn bounds(cells: &[Cell]) -> String {
             goal,
             bh,
             bp,
-            hint,
-            if bh.min(bp) <= goal {
-                "reachable"
-            } else {
-                "out of reach"
-            }
+            secs(c.bound_end_hint_excess),
+            secs(c.bound_clairvoyant_excess),
         );
     }
     s

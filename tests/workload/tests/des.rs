@@ -114,3 +114,34 @@ fn a_client_retention_ttl_holds_paused_programs_and_bad_values_are_refused() {
         "the client's TTL replaced the automatic one"
     );
 }
+
+#[test]
+fn a_clairvoyant_client_holds_a_context_only_through_gaps_shorter_than_its_re_prefill() {
+    use progbench::des::clairvoyant_ttl;
+    use program_router::config::program::PrefillCostModel;
+    use program_router::program::cost::prefill_seconds;
+    let model = PrefillCostModel::default();
+    let (context, capacity) = (4_000, 40_000);
+    // Held, 4K tokens take a tenth of the rank for the gap: break-even at 10× the re-prefill.
+    let even = prefill_seconds(&model, context as u64) * 10.0;
+    let short = clairvoyant_ttl(context, even * 0.9, capacity, &model);
+    assert!(short >= even * 0.9, "held through a short gap: {short}");
+    assert_eq!(clairvoyant_ttl(context, even * 1.1, capacity, &model), 0.0);
+    // On a rank four times as large the same context is held through the longer gap.
+    assert!(clairvoyant_ttl(context, even * 1.1, capacity * 4, &model) >= even * 1.1);
+
+    let turns = generate(Preset::SweAgent, 16, 0.2, 3);
+    let mode = Mode::Program(Box::default());
+    let knowing = Clients {
+        clairvoyant: true,
+        ..Clients::default()
+    };
+    let auto = run(&turns, 2, &engine(), &mode);
+    let told = run_with(&turns, 2, &engine(), &mode, &knowing);
+    assert_eq!(told.requests, auto.requests);
+    assert_ne!(
+        (told.cached_tokens, told.mean_jct_seconds.to_bits()),
+        (auto.cached_tokens, auto.mean_jct_seconds.to_bits()),
+        "the clairvoyant TTL replaced the automatic one"
+    );
+}

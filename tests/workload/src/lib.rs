@@ -4,6 +4,7 @@
 //! scheduler core and vllm-sim's engine model in virtual time.
 #![forbid(unsafe_code)]
 
+pub mod clients;
 pub mod compare;
 pub mod des;
 pub mod fairness;

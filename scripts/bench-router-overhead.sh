@@ -11,7 +11,8 @@
 #      with nothing of the router in it, served as the router serves (hyper-util's auto builder,
 #      per-request header timer: `hyper-bound`) and with hyper's plain HTTP/1 server
 #      (`hyper-bound-h1`). What program-router costs above the first is the router; what it
-#      costs above nginx is the stack.
+#      costs above nginx is the stack. `hyper-bound-json` adds the least JSON a router that
+#      reads requests does (the request parsed for its model, the response's usage parsed).
 # Prints req/s, p50/p99 latency, ratios and the proxies' peak RSS. Loopback only; every process
 # started here is stopped at the end.
 #
@@ -71,6 +72,9 @@ wait_up "http://127.0.0.1:$vr_port/health"
 hb_port=$(free_port)
 "${router[@]}" "$target/release/examples/bare_proxy" "127.0.0.1:$hb_port" "127.0.0.1:$sim_port" --auto --header-timeout >/dev/null 2>&1 & hb_pid=$!; pids+=($hb_pid)
 wait_up "http://127.0.0.1:$hb_port/health"
+hj_port=$(free_port)
+"${router[@]}" "$target/release/examples/bare_proxy" "127.0.0.1:$hj_port" "127.0.0.1:$sim_port" --auto --header-timeout --json >/dev/null 2>&1 & hj_pid=$!; pids+=($hj_pid)
+wait_up "http://127.0.0.1:$hj_port/health"
 h1_port=$(free_port)
 "${router[@]}" "$target/release/examples/bare_proxy" "127.0.0.1:$h1_port" "127.0.0.1:$sim_port" >/dev/null 2>&1 & h1_pid=$!; pids+=($h1_pid)
 wait_up "http://127.0.0.1:$h1_port/health"
@@ -129,10 +133,10 @@ run() { # name url "pid..." (the proxy's processes)
 to_ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v/1000 } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v } else { sub(/s$/,"",v); print v*1000 } }'; }
 
 # Warm up each path, then measure.
-for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$p1_port" "http://127.0.0.1:$p0_port" "http://127.0.0.1:$vr_port" "http://127.0.0.1:$ng_port" "http://127.0.0.1:$hb_port" "http://127.0.0.1:$h1_port"; do
+for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$p1_port" "http://127.0.0.1:$p0_port" "http://127.0.0.1:$vr_port" "http://127.0.0.1:$ng_port" "http://127.0.0.1:$hb_port" "http://127.0.0.1:$hj_port" "http://127.0.0.1:$h1_port"; do
   "${load[@]}" wrk -t1 -c"$CONNS" -d2s -s "$lua" "$u/v1/chat/completions" >/dev/null
 done
-results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run program-router-shared-rt "http://127.0.0.1:$p0_port" "$p0_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; run nginx "http://127.0.0.1:$ng_port" "$ng_pids"; run hyper-bound "http://127.0.0.1:$hb_port" "$hb_pid"; run hyper-bound-h1 "http://127.0.0.1:$h1_port" "$h1_pid"; } )
+results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run program-router-shared-rt "http://127.0.0.1:$p0_port" "$p0_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; run nginx "http://127.0.0.1:$ng_port" "$ng_pids"; run hyper-bound "http://127.0.0.1:$hb_port" "$hb_pid"; run hyper-bound-json "http://127.0.0.1:$hj_port" "$hj_pid"; run hyper-bound-h1 "http://127.0.0.1:$h1_port" "$h1_pid"; } )
 echo "both routers --policy $POLICY; PIN=${PIN:-0}; wrk -c$CONNS for $DURATION per path"
 printf 'path\treq/s\tp50\tp99\trouter CPU us/req\tpeak RSS\n%s\n' "$results" | column -t -s $'\t'
 d=$(echo "$results" | awk -F'\t' '$1=="direct" {print $2}')
@@ -149,7 +153,9 @@ np99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="nginx" {print $4}')")
 hb=$(echo "$results" | awk -F'\t' '$1=="hyper-bound" {print $2}')
 hbp99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="hyper-bound" {print $4}')")
 h1=$(echo "$results" | awk -F'\t' '$1=="hyper-bound-h1" {print $2}')
-awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc="$vc" -v p1="$p1" -v p1p="$p1p99" -v n="$n" -v np="$np99" -v hb="$hb" -v hbp="$hbp99" -v h1="$h1" 'BEGIN {
+hj=$(echo "$results" | awk -F'\t' '$1=="hyper-bound-json" {print $2}')
+hjp99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="hyper-bound-json" {print $4}')")
+awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc="$vc" -v p1="$p1" -v p1p="$p1p99" -v n="$n" -v np="$np99" -v hb="$hb" -v hbp="$hbp99" -v h1="$h1" -v hj="$hj" -v hjp="$hjp99" 'BEGIN {
   printf "\nprogram-router / vllm-router CPU per request: %.2fx\n", pc/vc;
   printf "program-router / vllm-router throughput: %.2fx (1 thread: %.2fx)\n", p/v, p1/v;
   printf "program-router / direct throughput:      %.2fx (1 thread: %.2fx)\n", p/d, p1/d;
@@ -158,5 +164,6 @@ awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc=
   printf "program-router / nginx p99:              %.2fx (1 thread: %.2fx)\n", pp/np, p1p/np;
   printf "hyper bound / nginx throughput:          %.2fx (plain HTTP/1 server: %.2fx)\n", hb/n, h1/n;
   printf "hyper bound / nginx p99:                 %.2fx\n", hbp/np;
+  printf "hyper bound with JSON / nginx:           %.2fx throughput, %.2fx p99\n", hj/n, hjp/np;
   printf "program-router / hyper bound throughput: %.2fx\n", p/hb }'
 rm -rf "$lua" "$ng_dir"

@@ -191,8 +191,9 @@ pub(crate) enum Cmd {
         #[arg(long)]
         html: Option<PathBuf>,
         /// Also run every pressured cell under free retention (every prefix ever computed stays
-        /// a hit at no KV cost), how far keeping prefixes alone could take each mode, and ours
-        /// on engines told when a Program ends (its blocks evicted first).
+        /// a hit at no KV cost), how far keeping prefixes alone could take each mode; ours on
+        /// engines told when a Program ends (its blocks evicted first); and ours with that end
+        /// hint and clients that know every tool gap (clairvoyant retention).
         #[arg(long)]
         bounds: bool,
     },

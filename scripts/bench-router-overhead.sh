@@ -11,8 +11,8 @@
 #      with nothing of the router in it, served as the router serves (hyper-util's auto builder,
 #      per-request header timer: `hyper-bound`) and with hyper's plain HTTP/1 server
 #      (`hyper-bound-h1`). What program-router costs above the first is the router; what it
-#      costs above nginx is the stack. `hyper-bound-json` adds the least JSON a router that
-#      reads requests does (the request parsed for its model, the response's usage parsed).
+#      costs above nginx is the stack. `hyper-bound-json` adds the router's own JSON parsers
+#      (the request's peek and the response's usage).
 # Prints req/s, p50/p99 latency, ratios and the proxies' peak RSS. Loopback only; every process
 # started here is stopped at the end.
 #

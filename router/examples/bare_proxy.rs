@@ -11,9 +11,9 @@
 //! `bare_proxy LISTEN_ADDR UPSTREAM_ADDR [THREADS] [--auto] [--header-timeout] [--json]`: `--auto`
 //! serves with hyper-util's auto (HTTP/1 + HTTP/2) builder as the router does, `--header-timeout`
 //! arms hyper's per-request header-read timer as the router does by default, and `--json` adds
-//! the least JSON work a router that reads the request can do (`hyper-bound-json`): the request
-//! body parsed for its model and stream flag, and the usage object found in the response's tail
-//! and parsed, each checked as UTF-8 once. A non-JSON request is forwarded as it is.
+//! the router's own reading of the JSON (`hyper-bound-json`): the request body read by
+//! `proxy::request::peek`, the response's usage by `proxy::relay::usage_in_json_tail`. A request
+//! the router would refuse is forwarded as it is.
 #![forbid(unsafe_code)]
 
 use std::cell::RefCell;
@@ -47,42 +47,6 @@ struct Opts {
     json: bool,
 }
 
-/// What any router reads of a generation request (the rest is skipped, but still scanned).
-#[derive(serde::Deserialize)]
-struct Peek<'a> {
-    #[serde(borrow)]
-    model: Option<std::borrow::Cow<'a, str>>,
-    stream: Option<bool>,
-}
-
-/// The token counts a router reads from a response.
-#[derive(serde::Deserialize)]
-struct Usage {
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-}
-
-/// The request's model and stream flag, when it is a JSON object.
-fn peek(body: &[u8]) -> Option<(usize, bool)> {
-    let text = std::str::from_utf8(body).ok()?;
-    let p: Peek<'_> = serde_json::from_str(text).ok()?;
-    Some((p.model.map_or(0, |m| m.len()), p.stream.unwrap_or(false)))
-}
-
-/// The last usage object in a JSON response.
-fn usage(body: &[u8]) -> Option<u64> {
-    static USAGE: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(b"\"usage\""));
-    let tail = &body[USAGE.rfind(body)? + 7..];
-    let tail = &tail[tail.iter().position(|b| *b == b':')? + 1..];
-    let text = std::str::from_utf8(tail).ok()?;
-    let u = serde_json::Deserializer::from_str(text)
-        .into_iter::<Usage>()
-        .next()?
-        .ok()?;
-    Some(u.prompt_tokens.unwrap_or(0) + u.completion_tokens.unwrap_or(0))
-}
-
 async fn sender(upstream: SocketAddr) -> std::io::Result<Sender> {
     if let Some(s) = IDLE.with(|i| i.borrow_mut().pop()) {
         return Ok(s);
@@ -110,7 +74,7 @@ async fn forward(opts: &Opts, req: Request<Incoming>) -> Response<Full<Bytes>> {
         Err(e) => return bad(format!("request body: {e}")),
     };
     let peeked = if opts.json {
-        std::hint::black_box(peek(&body))
+        std::hint::black_box(program_router::proxy::request::peek(&body).ok())
     } else {
         None
     };
@@ -129,7 +93,7 @@ async fn forward(opts: &Opts, req: Request<Incoming>) -> Response<Full<Bytes>> {
         Err(e) => return bad(format!("response body: {e}")),
     };
     if peeked.is_some() {
-        std::hint::black_box(usage(&body));
+        std::hint::black_box(program_router::proxy::relay::usage_in_json_tail(&body));
     }
     IDLE.with(|i| i.borrow_mut().push(s));
     Response::from_parts(parts, Full::new(body))

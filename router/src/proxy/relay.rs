@@ -350,7 +350,7 @@ impl Relay {
 }
 
 /// The last `"usage": {...}` object in the tail of a JSON body.
-pub(crate) fn usage_in_json_tail(tail: &[u8]) -> Option<TokenUsage> {
+pub fn usage_in_json_tail(tail: &[u8]) -> Option<TokenUsage> {
     static USAGE: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(b"\"usage\""));
     let at = USAGE.rfind(tail)?;

@@ -162,8 +162,8 @@ pub struct SeedRun {
     pub bound_end_hint: Option<RunStats>,
     /// With `--bounds`, under pressure: the end hint, and clients that know each tool gap in
     /// advance and hold a paused Program's KV exactly when that costs less than re-prefilling
-    /// it (`des::clairvoyant_ttl`) — the most better retention decisions could win on a real
-    /// engine, where a held prefix takes KV from the running batch.
+    /// it (`des::clairvoyant_ttl`) — what retention decided with every gap known wins on a real
+    /// engine, where a held prefix takes KV from the running batch (a strong rule, not an optimum).
     pub bound_clairvoyant: Option<RunStats>,
 }
 

@@ -129,7 +129,7 @@ pub(super) async fn serve<H: Send + 'static>(
             Ok::<_, Infallible>(answer)
         };
         // hyper moves this future by value several times per request: the pipeline's state is
-        // boxed inside `handle` so that it stays small (1.5 KB; 9 KB cost 18 % more CPU).
+        // boxed inside `handle` so that it stays small (docs/benchmarks.md, router overhead).
         debug_assert!(
             std::mem::size_of_val(&request) <= REQUEST_FUTURE_MAX_BYTES,
             "the request future grew to {} bytes: box the large part (docs/benchmarks.md)",

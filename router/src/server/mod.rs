@@ -276,8 +276,8 @@ async fn handle(
     });
     let answer = async move {
         state.metrics.route(route).requests.inc();
-        // Boxed: hyper moves the request future by value, so it stays small (1.5 KB) instead
-        // of carrying the whole pipeline's state (9 KB) through each move; conn.rs checks it.
+        // Boxed: hyper moves the request future by value, which then carries a pointer instead
+        // of the whole pipeline's state through each move; conn.rs checks its size.
         let dispatched = Box::pin(pipeline::dispatch(
             &state,
             req,

@@ -1,9 +1,12 @@
 //! Circuit breaker of one target: closed → open after too many failures in a window, open →
 //! half-open after a timeout, half-open → closed after enough successes (or open on a failure).
 //!
-//! Owns the state machine only; time is passed in, so it is tested without sleeping.
+//! Owns the state machine only; time is passed in, so it is tested without sleeping. A closed
+//! circuit is also mirrored in an atomic: every request asks and most succeed, and neither needs
+//! the lock (which all I/O threads share) while the circuit is closed.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::config::CircuitBreakerConfig;
@@ -51,6 +54,8 @@ struct Inner {
 pub struct Breaker {
     cfg: CircuitBreakerConfig,
     inner: Mutex<Inner>,
+    /// `inner.state == Closed`, written under the lock whenever the state changes.
+    closed: AtomicBool,
 }
 
 impl Breaker {
@@ -64,6 +69,7 @@ impl Breaker {
                 successes: 0,
                 opened_at: now,
             }),
+            closed: AtomicBool::new(true),
         }
     }
 
@@ -73,6 +79,9 @@ impl Breaker {
 
     /// Current state; an open circuit whose timeout passed becomes half-open.
     pub fn state(&self, now: Instant) -> CircuitState {
+        if self.closed.load(Ordering::Acquire) {
+            return CircuitState::Closed;
+        }
         let mut g = self.lock();
         if g.state == CircuitState::Open
             && now.duration_since(g.opened_at)
@@ -89,9 +98,15 @@ impl Breaker {
         !self.cfg.enabled || self.state(now) != CircuitState::Open
     }
 
+    /// Whether recording this outcome would change nothing (the breaker is off, or a success
+    /// on a closed circuit), known without the clock or the lock.
+    pub fn unchanged_by(&self, success: bool) -> bool {
+        !self.cfg.enabled || (success && self.closed.load(Ordering::Acquire))
+    }
+
     /// Records an outcome; returns the new state if it changed.
     pub fn record(&self, success: bool, now: Instant) -> Option<CircuitState> {
-        if !self.cfg.enabled {
+        if self.unchanged_by(success) {
             return None;
         }
         let before = self.state(now);
@@ -125,6 +140,8 @@ impl Breaker {
             }
             (CircuitState::Open, _) => {}
         }
+        self.closed
+            .store(g.state == CircuitState::Closed, Ordering::Release);
         (g.state != before).then_some(g.state)
     }
 }
@@ -157,9 +174,15 @@ mod tests {
             b.state(t0 + Duration::from_secs(10)),
             CircuitState::HalfOpen
         );
+        // A half-open circuit counts successes: they are not skipped.
+        assert!(!b.unchanged_by(true));
         let t1 = t0 + Duration::from_secs(11);
         assert_eq!(b.record(true, t1), None);
         assert_eq!(b.record(true, t1), Some(CircuitState::Closed));
+        // Closed again: a success changes nothing, a failure counts.
+        assert!(b.unchanged_by(true));
+        assert!(!b.unchanged_by(false));
+        assert_eq!(b.state(t1), CircuitState::Closed);
     }
 
     #[test]

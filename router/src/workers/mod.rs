@@ -168,6 +168,10 @@ impl TargetState {
         } else {
             self.metrics.cb_failure.inc();
         }
+        // The clock is read only when the outcome can move the circuit.
+        if self.breaker.unchanged_by(success) {
+            return;
+        }
         if let Some(state) = self.breaker.record(success, Instant::now()) {
             self.metrics.cb_state.set(state.metric());
             match state {

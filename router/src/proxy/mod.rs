@@ -25,7 +25,7 @@ use tracing::Instrument;
 use crate::config::RouterConfig;
 use crate::error::ApiError;
 use crate::net::body::{Body, BoxError};
-use crate::net::headers::{self, DP_RANK, HOP_BY_HOP, nominated};
+use crate::net::headers::{self, DP_RANK, is_hop_by_hop, nominated};
 use crate::observe::metrics::Metrics;
 use crate::policies::Policy;
 use crate::policies::RequestInfo;
@@ -115,10 +115,12 @@ pub struct Outbound<'a, H: Hold> {
     pub hold: Option<H>,
 }
 
+/// The request one attempt sends to `target`, carrying `span`'s trace context when it has one.
 fn upstream_request<H: Hold>(
     applied: Route<'_>,
     target: &TargetState,
     out: &Outbound<'_, H>,
+    span: &tracing::Span,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
     let host = target.backend.host.as_ref().ok_or_else(|| {
         ApiError::upstream(format!("invalid upstream URL {}", target.backend.url))
@@ -135,7 +137,7 @@ fn upstream_request<H: Hold>(
     // A client key the router checked stays with the router (the workers get `api_key`).
     let checked = applied.strip_client_key;
     for (k, v) in out.headers {
-        if !HOP_BY_HOP.contains(k)
+        if !is_hop_by_hop(k)
             && !headers::internal(k)
             && !connection_scoped.contains(k)
             && !(checked && (k == header::AUTHORIZATION || *k == crate::auth::X_API_KEY))
@@ -152,6 +154,9 @@ fn upstream_request<H: Hold>(
     h.insert(headers::X_REQUEST_ID.clone(), out.request_id.clone());
     if !out.body.is_empty() {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.body.len()));
+    }
+    if !span.is_none() {
+        crate::observe::trace::inject(span, h);
     }
     req.body(Full::new(out.body.clone()))
         .map_err(|e| ApiError::upstream(format!("cannot build request: {e}")))
@@ -247,21 +252,27 @@ pub async fn forward<H: Hold>(
         };
         let this = Arc::as_ptr(&target) as usize;
         let guard = target.begin();
-        let mut req = upstream_request(applied, &target, &out)?;
         // This attempt's span; the backend's spans become its children.
         let span = crate::observe::trace::attempt(&target.id, attempt);
-        if !span.is_none() {
-            crate::observe::trace::inject(&span, req.headers_mut());
-        }
         // Time to first byte counts from the attempt's start (one clock read fewer).
         let sent = now;
         let pool = fw.pools.get(&target.backend.addr);
-        let result = tokio::time::timeout_at(
+        // The request is built in place (a local would keep its slot in this future) and the
+        // send wrapped in the span only when there is one: each wrapper copies the send.
+        let send = tokio::time::timeout_at(
             deadline,
-            pool.send(&target.backend.addr, CONNECT_TIMEOUT, req),
-        )
-        .instrument(span.clone())
-        .await;
+            pool.send(
+                &target.backend.addr,
+                CONNECT_TIMEOUT,
+                upstream_request(applied, &target, &out, &span)?,
+                now,
+            ),
+        );
+        let result = if span.is_none() {
+            send.await
+        } else {
+            send.instrument(span.clone()).await
+        };
         if !span.is_none() {
             record_attempt(&span, &result);
         }
@@ -302,7 +313,7 @@ pub async fn forward<H: Hold>(
             // Drain the small error body so the connection can be reused.
             let drained = tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect());
             if let Ok(Ok(_)) = Box::pin(drained).await {
-                pool.put(conn);
+                pool.put(conn, Instant::now());
             }
             last_error = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -323,9 +334,6 @@ pub async fn forward<H: Hold>(
         if sse && out.filter_usage_chunk {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
-        parts
-            .headers
-            .insert(headers::X_REQUEST_ID.clone(), out.request_id.clone());
         let finish = Box::new(Completion {
             span: crate::observe::trace::relay(),
             guard,
@@ -404,8 +412,9 @@ impl<H: Hold> Finish for Completion<H> {
             // A follow-up naming this response must come back to this server (`stored`).
             self.fw.response_homes.insert(id, &target.spec.url);
         }
+        let ended = Instant::now();
         if let (End::Complete, Some((conn, pool))) = (end, self.conn.take()) {
-            pool.put(conn);
+            pool.put(conn, ended);
         }
         match end {
             End::Complete => target.record_outcome(!self.status.is_server_error()),
@@ -418,7 +427,7 @@ impl<H: Hold> Finish for Completion<H> {
             target.metrics.cached_tokens.inc_by(u.cached_tokens());
             target.metrics.completion_tokens.inc_by(u.completion_tokens);
         }
-        let seconds = self.received.elapsed().as_secs_f64();
+        let seconds = ended.saturating_duration_since(self.received).as_secs_f64();
         self.fw.metrics.route(self.route).duration.observe(seconds);
         if self.generation {
             self.fw.metrics.generate_duration.observe(seconds);
@@ -485,7 +494,8 @@ mod tests {
             generation: true,
             hold: None::<()>,
         };
-        let req = upstream_request(route, &targets.targets[0], &out).expect("request");
+        let req = upstream_request(route, &targets.targets[0], &out, &tracing::Span::none())
+            .expect("request");
         let got = req.headers();
         assert!(got.get(&headers::FORWARDED_BY).is_none(), "{got:?}");
         assert!(got.get(&headers::ADDRESSED_TO).is_none(), "{got:?}");

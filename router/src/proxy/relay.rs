@@ -100,8 +100,11 @@ pub struct Relay {
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Longest silence of the upstream after its first body byte.
     idle: Option<std::time::Duration>,
-    /// When the last body byte arrived (`None` before the first).
+    /// When the last body byte arrived (`None` before the first), stamped when the upstream
+    /// next makes the relay wait: a body that ends with its frame never reads the clock.
     last_data: Option<tokio::time::Instant>,
+    /// Data came since `last_data` was stamped.
+    unstamped: bool,
     /// Armed, like `timer`, only once the body has to wait; moved to the latest deadline when
     /// it fires early.
     idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -156,6 +159,7 @@ impl Relay {
             timer: None,
             idle,
             last_data: None,
+            unstamped: false,
             idle_timer: None,
         }
     }
@@ -399,6 +403,10 @@ impl HttpBody for Relay {
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => {
+                    if this.unstamped {
+                        this.unstamped = false;
+                        this.last_data = Some(tokio::time::Instant::now());
+                    }
                     if this.idle_expired(cx) {
                         let idle = this.idle.unwrap_or_default();
                         return this.fail(End::UpstreamError, RelayError::Idle(idle));
@@ -436,9 +444,7 @@ impl HttpBody for Relay {
                 }
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
-                        if this.idle.is_some() {
-                            this.last_data = Some(tokio::time::Instant::now());
-                        }
+                        this.unstamped = this.idle.is_some();
                         let mut out = this.process(data);
                         if this.inner.is_end_stream() {
                             // A sized body is complete once its last byte is read; hyper may not

@@ -132,18 +132,20 @@ impl ConnPool {
         &self.idle[SHARD.with(Cell::get) % self.idle.len()]
     }
 
-    fn take(&self) -> Option<Sender> {
+    /// An idle connection younger than [`IDLE_TIMEOUT`] at `now`.
+    fn take(&self, now: Instant) -> Option<Sender> {
         let mut idle = self.stack().lock().unwrap_or_else(|p| p.into_inner());
         while let Some(i) = idle.pop() {
-            if !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT {
+            if !i.sender.is_closed() && now.saturating_duration_since(i.since) < IDLE_TIMEOUT {
                 return Some(i.sender);
             }
         }
         None
     }
 
-    /// Takes back a connection whose response was read to the end.
-    pub fn put(&self, sender: Sender) {
+    /// Takes back a connection whose response was read to the end at `now` (the caller's
+    /// clock reading: one fewer per request).
+    pub fn put(&self, sender: Sender, now: Instant) {
         if sender.is_closed() {
             return;
         }
@@ -154,10 +156,7 @@ impl ConnPool {
                 return;
             }
         }
-        idle.push(Idle {
-            sender,
-            since: Instant::now(),
-        });
+        idle.push(Idle { sender, since: now });
     }
 
     /// Idle connections held now.
@@ -167,16 +166,17 @@ impl ConnPool {
     }
 
     /// Sends `req` (origin-form URI, `Host` set) to `addr`, on an idle connection when there is
-    /// one. Returns the response head and the connection, to be [`put`](Self::put) back once
-    /// the body was read to the end.
+    /// one at `now` (the attempt's start). Returns the response head and the connection, to be
+    /// [`put`](Self::put) back once the body was read to the end.
     pub async fn send(
         &self,
         addr: &str,
         connect_timeout: Duration,
         mut req: Request<Full<Bytes>>,
+        now: Instant,
     ) -> Result<(Response<Incoming>, Sender), SendError> {
         loop {
-            let (mut sender, reused) = match self.take() {
+            let (mut sender, reused) = match self.take(now) {
                 Some(s) => (s, true),
                 // Boxed: a new connection is the rare case, and its future is large.
                 None => (Box::pin(connect(addr, connect_timeout)).await?, false),
@@ -267,7 +267,7 @@ mod tests {
 
     async fn round_trip(pool: &ConnPool, addr: &str, read_all: bool) -> Sender {
         let (resp, sender) = pool
-            .send(addr, Duration::from_secs(1), request(addr))
+            .send(addr, Duration::from_secs(1), request(addr), Instant::now())
             .await
             .expect("send");
         assert_eq!(resp.status(), http::StatusCode::OK);
@@ -284,7 +284,7 @@ mod tests {
         let pool = ConnPool::default();
         for _ in 0..5 {
             let s = round_trip(&pool, &addr, true).await;
-            pool.put(s);
+            pool.put(s, Instant::now());
         }
         assert_eq!(reqs.load(Ordering::SeqCst), 5);
         assert_eq!(conns.load(Ordering::SeqCst), 1, "one keep-alive connection");
@@ -297,7 +297,7 @@ mod tests {
         let pool = ConnPool::default();
         for i in 1..=5 {
             let s = round_trip(&pool, &addr, true).await;
-            pool.put(s);
+            pool.put(s, Instant::now());
             // Each request was received exactly once, whichever way the stale connection was
             // noticed (closed while idle, or refused the write and handed the request back).
             assert_eq!(reqs.load(Ordering::SeqCst), i);
@@ -310,13 +310,13 @@ mod tests {
         let (addr, conns, reqs) = server(true).await;
         let pool = ConnPool::default();
         let s = round_trip(&pool, &addr, true).await;
-        pool.put(s);
+        pool.put(s, Instant::now());
         // Age the idle connection past the timeout (as if it had waited that long).
         for i in pool.stack().lock().expect("stack").iter_mut() {
             i.since -= IDLE_TIMEOUT;
         }
         let s = round_trip(&pool, &addr, true).await;
-        pool.put(s);
+        pool.put(s, Instant::now());
         assert_eq!(reqs.load(Ordering::SeqCst), 2);
         assert_eq!(
             conns.load(Ordering::SeqCst),
@@ -339,7 +339,7 @@ mod tests {
             "a busy connection is not shared"
         );
         drop(held);
-        pool.put(s);
+        pool.put(s, Instant::now());
         assert_eq!(pool.idle(), 1);
     }
 
@@ -350,7 +350,12 @@ mod tests {
         drop(listener);
         let pool = ConnPool::default();
         let err = pool
-            .send(&addr, Duration::from_secs(1), request(&addr))
+            .send(
+                &addr,
+                Duration::from_secs(1),
+                request(&addr),
+                Instant::now(),
+            )
             .await
             .expect_err("nothing listens");
         assert!(matches!(err, SendError::Connect(_)), "{err}");

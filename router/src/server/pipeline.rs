@@ -49,9 +49,14 @@ pub(super) async fn dispatch(
         }
     };
     let generate = proxied_route(req.method(), req.uri().path())?;
-    let admitted = Admitted::admit(state, req, route, request_id, received, access)
-        .instrument(crate::observe::trace::admission())
-        .await?;
+    // In the admission span only when there is one: the wrapper would copy the admission.
+    let admit = Admitted::admit(state, req, route, request_id, received, access);
+    let span = crate::observe::trace::admission();
+    let admitted = if span.is_none() {
+        admit.await?
+    } else {
+        admit.instrument(span).await?
+    };
     if !generate {
         return Box::pin(admitted.pass_through(state)).await;
     }
@@ -85,17 +90,24 @@ pub(super) async fn dispatch(
     let fair = g
         .fair_queue(state, tenant.as_deref(), ticket.is_some())
         .await?;
-    g.forward(
-        state,
-        outgoing,
-        Placed {
-            pin,
-            ticket,
-            fair,
-            rate,
-        },
-    )
-    .await
+    let placed = Placed {
+        pin,
+        ticket,
+        fair,
+        rate,
+    };
+    let sse = (g.peeked.stream, outgoing.usage_injected);
+    let out = outbound(
+        &mut g.admitted,
+        outgoing.body,
+        Some(&g.peeked),
+        &g.prompt,
+        sse,
+        placed,
+    );
+    // Awaited here, not in a helper future: each nested future level would copy the whole
+    // forwarding state again on every request.
+    proxy::forward(&state.forwarder, out).await
 }
 
 /// Whether `path` is a proxied route, and a generation (POST only); 404 / 405 otherwise.
@@ -188,7 +200,7 @@ impl<'a> Admitted<'a> {
     /// Other `/v1/*` endpoints (models, embeddings, ...) and vLLM's own request-level endpoints
     /// (tokenize, score, ...) pass through unchanged; a stored response's own endpoints go to
     /// the server that stored it.
-    async fn pass_through(self, state: &Arc<RouterState>) -> Result<Response<Body>, ApiError> {
+    async fn pass_through(mut self, state: &Arc<RouterState>) -> Result<Response<Body>, ApiError> {
         let pin = match crate::proxy::stored::id_in_path(self.parts.uri.path()) {
             Some(id) => Box::pin(peering::stored_home(state, &self.applied, id)).await,
             None => None,
@@ -198,71 +210,61 @@ impl<'a> Admitted<'a> {
             pin,
             ..Placed::default()
         };
-        send(state, self, body, None, &[], (false, false), placed).await
+        let out = outbound(&mut self, body, None, &[], (false, false), placed);
+        proxy::forward(&state.forwarder, out).await
     }
 }
 
-/// Forwards `body` for `a` with what the pipeline decided: `peeked` and `prompt` inform the
-/// policy; `sse` is (the client asked for a stream, the router added a usage chunk it must
-/// filter out).
-async fn send(
-    state: &Arc<RouterState>,
-    a: Admitted<'_>,
+/// What forwarding gets for `a` with what the pipeline decided: `peeked` and `prompt` inform
+/// the policy; `sse` is (the client asked for a stream, the router added a usage chunk it must
+/// filter out). What `a` holds until the response ends moves into the [`Held`]; the rest is
+/// borrowed, so the caller keeps `a` until forwarding returns.
+fn outbound<'s>(
+    a: &'s mut Admitted<'_>,
     body: Bytes,
-    peeked: Option<&Peeked>,
-    prompt: &[u8],
+    peeked: Option<&'s Peeked>,
+    prompt: &'s [u8],
     (sse, filter_usage_chunk): (bool, bool),
     placed: Placed,
-) -> Result<Response<Body>, ApiError> {
-    let Admitted {
-        applied,
-        route,
-        request_id,
-        received,
-        place,
-        parts,
-        path_and_query,
-        held,
-        access,
-        ..
-    } = a;
-    let route_config = applied.route();
+) -> Outbound<'s, Held> {
+    let hold = Held {
+        ticket: placed.ticket,
+        fair: placed.fair,
+        rate: placed.rate,
+        _place: a.place.take(),
+        _bytes: a.held.take(),
+        access: a.access.take(),
+    };
+    let path_and_query = std::mem::replace(
+        &mut a.path_and_query,
+        http::uri::PathAndQuery::from_static("/"),
+    );
+    let a = &*a;
+    let route_config = a.applied.route();
     // Looked up only for a policy that reads it, and not for a request already placed.
     let hashed = route_config.policy.reads_hash_key() && placed.pin.is_none();
     let info = RequestInfo {
         hash_key: peeked
             .filter(|_| hashed)
-            .and_then(|p| request::hash_key(&parts.headers, p)),
+            .and_then(|p| request::hash_key(&a.parts.headers, p)),
         prompt,
     };
-    let hold = Held {
-        ticket: placed.ticket,
-        fair: placed.fair,
-        rate: placed.rate,
-        _place: place,
-        _bytes: held,
-        access,
-    };
-    proxy::forward(
-        &state.forwarder,
-        Outbound {
-            route_config,
-            route,
-            method: parts.method.clone(),
-            path_and_query,
-            headers: &parts.headers,
-            body,
-            info,
-            sse,
-            filter_usage_chunk,
-            request_id,
-            received,
-            pin: placed.pin,
-            generation: peeked.is_some(),
-            hold: Some(hold),
-        },
-    )
-    .await
+    Outbound {
+        route_config,
+        route: a.route,
+        method: a.parts.method.clone(),
+        path_and_query,
+        headers: &a.parts.headers,
+        body,
+        info,
+        sse,
+        filter_usage_chunk,
+        request_id: a.request_id,
+        received: a.received,
+        pin: placed.pin,
+        generation: peeked.is_some(),
+        hold: Some(hold),
+    }
 }
 
 /// What a forwarded request holds until its response ends.
@@ -517,26 +519,6 @@ impl<'a> Generation<'a> {
             _ => Ok(None),
         }
     }
-
-    async fn forward(
-        self,
-        state: &Arc<RouterState>,
-        outgoing: Outgoing,
-        placed: Placed,
-    ) -> Result<Response<Body>, ApiError> {
-        let sse = (self.peeked.stream, outgoing.usage_injected);
-        let peeked = Some(&self.peeked);
-        send(
-            state,
-            self.admitted,
-            outgoing.body,
-            peeked,
-            &self.prompt,
-            sse,
-            placed,
-        )
-        .await
-    }
 }
 
 /// A request's head, its whole body, and the body's place in the router's byte budget.
@@ -585,25 +567,24 @@ pub(super) async fn read_body(
     let mut read = std::pin::pin!(whole(Limited::new(body, limit_usize)));
     // A body that came with its head (most do) is read without arming the timer.
     let ready = futures_util::FutureExt::now_or_never(read.as_mut());
-    let read = match (
-        ready,
-        limits.client_body_timeout_secs.map(crate::config::duration),
-    ) {
-        (Some(r), _) => r,
-        (None, Some(t)) => match tokio::time::timeout(t, read).await {
-            Ok(r) => r,
-            Err(_) => {
-                return Err(ApiError::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body_timeout",
-                    format!(
-                        "the request body did not arrive within {} s",
-                        t.as_secs_f64()
-                    ),
-                ));
-            }
+    let read = match ready {
+        Some(r) => r,
+        None => match limits.client_body_timeout_secs.map(crate::config::duration) {
+            Some(t) => match tokio::time::timeout(t, read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(ApiError::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "body_timeout",
+                        format!(
+                            "the request body did not arrive within {} s",
+                            t.as_secs_f64()
+                        ),
+                    ));
+                }
+            },
+            None => read.await,
         },
-        (None, None) => read.await,
     };
     match read {
         Ok(bytes) => {

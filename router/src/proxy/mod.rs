@@ -207,161 +207,168 @@ fn backoff(cfg: &crate::config::RetryConfig, attempt: u32) -> Duration {
 }
 
 /// Sends `out` to a target chosen by the policy, retrying connect errors and 503s.
-pub async fn forward<H: Hold>(
-    fw: &Arc<Forwarder>,
-    mut out: Outbound<'_, H>,
-) -> Result<Response<Body>, ApiError> {
-    let applied = out.route_config;
-    let cfg = applied.config;
-    let timeout = crate::config::duration(cfg.limits.request_timeout_secs);
-    let deadline = tokio::time::Instant::from_std(out.received) + timeout;
-    // Targets tried before (filled only when an attempt is retried).
-    let mut tried: Vec<usize> = Vec::new();
-    let mut last_error = ApiError::no_target();
-    for attempt in 1..=cfg.retry.max_retries {
-        if attempt > 1 {
-            fw.metrics.route(out.route).retries.inc();
-            tokio::time::sleep(backoff(&cfg.retry, attempt - 1)).await;
-        }
-        let now = Instant::now();
-        let target = if let Some(rank) = out.pin {
-            match applied.targets.targets.get(rank) {
-                Some(t) if t.available(now) => t.clone(),
-                _ => return Err(ApiError::no_target()),
+///
+/// Not an `async fn`: that would copy `out` from the future's arguments into a local of its
+/// own on the first poll, and keep room for both; the block below uses the captured one.
+#[allow(clippy::manual_async_fn)]
+pub fn forward<'a, H: Hold>(
+    fw: &'a Arc<Forwarder>,
+    mut out: Outbound<'a, H>,
+) -> impl Future<Output = Result<Response<Body>, ApiError>> + 'a {
+    async move {
+        let applied = out.route_config;
+        let cfg = applied.config;
+        let timeout = crate::config::duration(cfg.limits.request_timeout_secs);
+        let deadline = tokio::time::Instant::from_std(out.received) + timeout;
+        // Targets tried before (filled only when an attempt is retried).
+        let mut tried: Vec<usize> = Vec::new();
+        let mut last_error = ApiError::no_target();
+        for attempt in 1..=cfg.retry.max_retries {
+            if attempt > 1 {
+                fw.metrics.route(out.route).retries.inc();
+                tokio::time::sleep(backoff(&cfg.retry, attempt - 1)).await;
             }
-        } else {
-            let mut candidates: smallvec::SmallVec<[&Arc<TargetState>; 16]> = applied
-                .targets
-                .targets
-                .iter()
-                .filter(|t| t.available(now) && !tried.contains(&(Arc::as_ptr(t) as usize)))
-                .collect();
-            if candidates.is_empty() {
-                // Every available target was tried: allow them again rather than fail early.
-                candidates = applied
+            let now = Instant::now();
+            let target = if let Some(rank) = out.pin {
+                match applied.targets.targets.get(rank) {
+                    Some(t) if t.available(now) => t.clone(),
+                    _ => return Err(ApiError::no_target()),
+                }
+            } else {
+                let mut candidates: smallvec::SmallVec<[&Arc<TargetState>; 16]> = applied
                     .targets
                     .targets
                     .iter()
-                    .filter(|t| t.available(now))
+                    .filter(|t| t.available(now) && !tried.contains(&(Arc::as_ptr(t) as usize)))
                     .collect();
+                if candidates.is_empty() {
+                    // Every available target was tried: allow them again rather than fail early.
+                    candidates = applied
+                        .targets
+                        .targets
+                        .iter()
+                        .filter(|t| t.available(now))
+                        .collect();
+                }
+                if candidates.is_empty() {
+                    return Err(last_error);
+                }
+                candidates[applied.policy.pick(&out.info, &candidates)].clone()
+            };
+            let this = Arc::as_ptr(&target) as usize;
+            let guard = target.begin();
+            // This attempt's span; the backend's spans become its children.
+            let span = crate::observe::trace::attempt(&target.id, attempt);
+            // Time to first byte counts from the attempt's start (one clock read fewer).
+            let sent = now;
+            let pool = fw.pools.get(&target.backend.addr);
+            // The request is built in place (a local would keep its slot in this future) and the
+            // send wrapped in the span only when there is one: each wrapper copies the send.
+            let send = tokio::time::timeout_at(
+                deadline,
+                pool.send(
+                    &target.backend.addr,
+                    CONNECT_TIMEOUT,
+                    upstream_request(applied, &target, &out, &span)?,
+                    now,
+                ),
+            );
+            let result = if span.is_none() {
+                send.await
+            } else {
+                send.instrument(span.clone()).await
+            };
+            if !span.is_none() {
+                record_attempt(&span, &result);
             }
-            if candidates.is_empty() {
-                return Err(last_error);
-            }
-            candidates[applied.policy.pick(&out.info, &candidates)].clone()
-        };
-        let this = Arc::as_ptr(&target) as usize;
-        let guard = target.begin();
-        // This attempt's span; the backend's spans become its children.
-        let span = crate::observe::trace::attempt(&target.id, attempt);
-        // Time to first byte counts from the attempt's start (one clock read fewer).
-        let sent = now;
-        let pool = fw.pools.get(&target.backend.addr);
-        // The request is built in place (a local would keep its slot in this future) and the
-        // send wrapped in the span only when there is one: each wrapper copies the send.
-        let send = tokio::time::timeout_at(
-            deadline,
-            pool.send(
-                &target.backend.addr,
-                CONNECT_TIMEOUT,
-                upstream_request(applied, &target, &out, &span)?,
-                now,
-            ),
-        );
-        let result = if span.is_none() {
-            send.await
-        } else {
-            send.instrument(span.clone()).await
-        };
-        if !span.is_none() {
-            record_attempt(&span, &result);
-        }
-        drop(span);
-        let (resp, conn) = match result {
-            Err(_) => {
+            drop(span);
+            let (resp, conn) = match result {
+                Err(_) => {
+                    target.record_outcome(false);
+                    return Err(ApiError::upstream_timeout(cfg.limits.request_timeout_secs));
+                }
+                Ok(Err(e @ SendError::Connect(_))) => {
+                    target.record_outcome(false);
+                    tracing::warn!(target_id = %target.id, attempt, error = %e, "connect failed");
+                    last_error = ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "upstream_unavailable",
+                        format!("could not connect to {}: {e}", target.id),
+                    );
+                    tried.push(this);
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    // The request may have reached the engine: do not replay it.
+                    target.record_outcome(false);
+                    tracing::warn!(target_id = %target.id, error = %e, "upstream request failed");
+                    return Err(ApiError::upstream(format!(
+                        "upstream {} failed: {e}",
+                        target.id
+                    )));
+                }
+                Ok(Ok(sent)) => sent,
+            };
+            fw.metrics.ttfb.observe(sent.elapsed().as_secs_f64());
+            let status = resp.status();
+            target.metrics.status(status.as_u16());
+            if status == StatusCode::SERVICE_UNAVAILABLE && attempt < cfg.retry.max_retries {
                 target.record_outcome(false);
-                return Err(ApiError::upstream_timeout(cfg.limits.request_timeout_secs));
-            }
-            Ok(Err(e @ SendError::Connect(_))) => {
-                target.record_outcome(false);
-                tracing::warn!(target_id = %target.id, attempt, error = %e, "connect failed");
+                tracing::warn!(target_id = %target.id, attempt, "upstream answered 503; retrying");
+                // Drain the small error body so the connection can be reused.
+                let drained =
+                    tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect());
+                if let Ok(Ok(_)) = Box::pin(drained).await {
+                    pool.put(conn, Instant::now());
+                }
                 last_error = ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "upstream_unavailable",
-                    format!("could not connect to {}: {e}", target.id),
+                    "upstream answered 503",
                 );
                 tried.push(this);
                 continue;
             }
-            Ok(Err(e)) => {
-                // The request may have reached the engine: do not replay it.
-                target.record_outcome(false);
-                tracing::warn!(target_id = %target.id, error = %e, "upstream request failed");
-                return Err(ApiError::upstream(format!(
-                    "upstream {} failed: {e}",
-                    target.id
-                )));
+            let (mut parts, body) = resp.into_parts();
+            headers::strip_hop_by_hop(&mut parts.headers);
+            let sse = out.sse
+                && parts
+                    .headers
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.starts_with("text/event-stream"));
+            if sse && out.filter_usage_chunk {
+                parts.headers.remove(header::CONTENT_LENGTH);
             }
-            Ok(Ok(sent)) => sent,
-        };
-        fw.metrics.ttfb.observe(sent.elapsed().as_secs_f64());
-        let status = resp.status();
-        target.metrics.status(status.as_u16());
-        if status == StatusCode::SERVICE_UNAVAILABLE && attempt < cfg.retry.max_retries {
-            target.record_outcome(false);
-            tracing::warn!(target_id = %target.id, attempt, "upstream answered 503; retrying");
-            // Drain the small error body so the connection can be reused.
-            let drained = tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect());
-            if let Ok(Ok(_)) = Box::pin(drained).await {
-                pool.put(conn, Instant::now());
-            }
-            last_error = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "upstream_unavailable",
-                "upstream answered 503",
+            let finish = Box::new(Completion {
+                span: crate::observe::trace::relay(),
+                guard,
+                conn: Some((conn, pool)),
+                hold: out.hold.take(),
+                status,
+                fw: fw.clone(),
+                route: out.route,
+                generation: out.generation,
+                received: out.received,
+            });
+            let relay = Relay::new(
+                body,
+                sse.then(|| sse::ErrorEvent::for_route(out.route)),
+                sse && out.filter_usage_chunk,
+                out.route == "/v1/responses" && status.is_success(),
+                Some(deadline),
+                cfg.limits
+                    .upstream_idle_timeout_secs
+                    .map(crate::config::duration),
+                finish,
             );
-            tried.push(this);
-            continue;
+            let body: Body = relay
+                .map_err(|e| -> BoxError { Box::new(e) })
+                .boxed_unsync();
+            return Ok(Response::from_parts(parts, body));
         }
-        let (mut parts, body) = resp.into_parts();
-        headers::strip_hop_by_hop(&mut parts.headers);
-        let sse = out.sse
-            && parts
-                .headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.starts_with("text/event-stream"));
-        if sse && out.filter_usage_chunk {
-            parts.headers.remove(header::CONTENT_LENGTH);
-        }
-        let finish = Box::new(Completion {
-            span: crate::observe::trace::relay(),
-            guard,
-            conn: Some((conn, pool)),
-            hold: out.hold.take(),
-            status,
-            fw: fw.clone(),
-            route: out.route,
-            generation: out.generation,
-            received: out.received,
-        });
-        let relay = Relay::new(
-            body,
-            sse.then(|| sse::ErrorEvent::for_route(out.route)),
-            sse && out.filter_usage_chunk,
-            out.route == "/v1/responses" && status.is_success(),
-            Some(deadline),
-            cfg.limits
-                .upstream_idle_timeout_secs
-                .map(crate::config::duration),
-            finish,
-        );
-        let body: Body = relay
-            .map_err(|e| -> BoxError { Box::new(e) })
-            .boxed_unsync();
-        return Ok(Response::from_parts(parts, body));
+        Err(last_error)
     }
-    Err(last_error)
 }
 
 /// Runs when a relayed response ends: breaker, metrics, request duration.

@@ -331,17 +331,12 @@ impl RouterState {
         let _ = self.stop.send(true);
     }
 
-    /// A fresh request id.
-    pub fn request_id(&self) -> String {
-        use std::fmt::Write;
-        let mut id = String::with_capacity(self.request_prefix.len() + 16);
-        id.push_str(&self.request_prefix);
-        let _ = write!(
-            id,
-            "{:x}",
-            self.next_request.fetch_add(1, Ordering::Relaxed)
-        );
-        id
+    /// A fresh request id: the replica's prefix and a counter in hex, as a header value.
+    pub fn request_id(&self) -> http::HeaderValue {
+        request_id(
+            &self.request_prefix,
+            self.next_request.fetch_add(1, Ordering::Relaxed),
+        )
     }
 
     /// Reloads from new file content: parse, merge the start-up flags, validate, apply. On error
@@ -662,5 +657,30 @@ impl RouterState {
         self.health_wake.notify_one();
         self.observe_wake.notify_one();
         Ok(true)
+    }
+}
+
+/// `prefix` and `n` in lower-case hex, written without the formatting machinery (it runs for
+/// every request without an id of its own).
+fn request_id(prefix: &str, n: u64) -> http::HeaderValue {
+    let mut id = Vec::with_capacity(prefix.len() + 16);
+    id.extend_from_slice(prefix.as_bytes());
+    let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        id.push(b"0123456789abcdef"[((n >> (i * 4)) & 0xf) as usize]);
+    }
+    // The prefix is `pr-<hex>-`, so the value is always valid.
+    http::HeaderValue::from_maybe_shared(bytes::Bytes::from(id))
+        .unwrap_or(http::HeaderValue::from_static("pr"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn request_ids_are_the_prefix_and_the_counter_in_hex() {
+        for n in [0, 1, 15, 16, 255, 4096, 0xdead_beef, u64::MAX] {
+            let id = super::request_id("pr-00ff-", n);
+            assert_eq!(id.to_str().ok(), Some(format!("pr-00ff-{n:x}").as_str()));
+        }
     }
 }

@@ -242,9 +242,7 @@ async fn handle(
         .headers()
         .get(&crate::net::headers::X_REQUEST_ID)
         .cloned()
-        .unwrap_or_else(|| {
-            HeaderValue::from_str(&state.request_id()).unwrap_or(HeaderValue::from_static("pr"))
-        });
+        .unwrap_or_else(|| state.request_id());
     let path = req.uri().path();
     let route = route_label(req.method(), path);
     // The request's trace span (when tracing is on), and under it the span of its log lines,

@@ -275,15 +275,19 @@ async fn handle(
     let answer = async move {
         state.metrics.route(route).requests.inc();
         // Boxed: hyper moves the request future by value, which then carries a pointer instead
-        // of the whole pipeline's state through each move; conn.rs checks its size.
-        let dispatched = Box::pin(pipeline::dispatch(
-            &state,
-            req,
-            route,
-            &request_id,
-            received,
-            access.as_ref(),
-            &trace,
+        // of the whole pipeline's state through each move; conn.rs checks its size. Written
+        // into the box in place: `Box::pin` built it on the stack and copied all of it.
+        let dispatched = Box::into_pin(Box::write(
+            Box::new_uninit(),
+            pipeline::dispatch(
+                &state,
+                req,
+                route,
+                &request_id,
+                received,
+                access.as_ref(),
+                &trace,
+            ),
         ))
         .await;
         if let Some(a) = &access {

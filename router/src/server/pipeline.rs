@@ -58,7 +58,8 @@ pub(super) async fn dispatch(
         admit.instrument(span).await?
     };
     if !generate {
-        return Box::pin(admitted.pass_through(state)).await;
+        // Written into its box in place (as `handle` boxes this future), not copied there.
+        return Box::into_pin(Box::write(Box::new_uninit(), admitted.pass_through(state))).await;
     }
     let mut g = Generation::peek(admitted)?;
     let stored_home = g.stored_home(state).await;

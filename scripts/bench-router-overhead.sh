@@ -16,14 +16,20 @@
 # Prints req/s, p50/p99 latency, ratios and the proxies' peak RSS. Loopback only; every process
 # started here is stopped at the end.
 #
-# Env: DURATION (default 10s), CONNS (64), PROGSCHED_VENV (venv with vllm-router), CARGO_TARGET_DIR,
+# Every path runs ROUNDS times, the paths interleaved, and each figure is the median over the
+# rounds: a stall of the (shared, virtual) machine lands in one round of one path instead of
+# deciding a ratio.
+#
+# Env: DURATION (per path and round, default 4s), ROUNDS (3), CONNS (64), PROGSCHED_VENV (venv
+# with vllm-router), CARGO_TARGET_DIR,
 # PIN=1 (wrk and the simulator on CPU 0, every router on CPU 1: the router under test gets a core
 # of its own instead of sharing two with the load generator and the backend; needs taskset),
 # POLICY (round_robin; the same request-level policy for both routers, e.g. cache_aware, the
 # default of both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DURATION=${DURATION:-10s}
+DURATION=${DURATION:-4s}
+ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-64}
 POLICY=${POLICY:-round_robin}
 venv="${PROGSCHED_VENV:-$HOME/.cache/progsched/venv}"
@@ -127,7 +133,7 @@ run() { # name url "pid..." (the proxy's processes)
     c1=$(cpu_ticks "$3")
     cpu=$(awk -v t=$((c1 - c0)) -v n="$n" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
   fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$rps" "$p50" "$p99" "$cpu" "$rss"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$rps" "$(to_ms "$p50")" "$(to_ms "$p99")" "$cpu" "$rss"
 }
 
 to_ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v/1000 } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v } else { sub(/s$/,"",v); print v*1000 } }'; }
@@ -136,25 +142,38 @@ to_ms() { awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v/1000 
 for u in "http://127.0.0.1:$sim_port" "http://127.0.0.1:$pr_port" "http://127.0.0.1:$p1_port" "http://127.0.0.1:$p0_port" "http://127.0.0.1:$vr_port" "http://127.0.0.1:$ng_port" "http://127.0.0.1:$hb_port" "http://127.0.0.1:$hj_port" "http://127.0.0.1:$h1_port"; do
   "${load[@]}" wrk -t1 -c"$CONNS" -d2s -s "$lua" "$u/v1/chat/completions" >/dev/null
 done
-results=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run program-router-shared-rt "http://127.0.0.1:$p0_port" "$p0_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; run nginx "http://127.0.0.1:$ng_port" "$ng_pids"; run hyper-bound "http://127.0.0.1:$hb_port" "$hb_pid"; run hyper-bound-json "http://127.0.0.1:$hj_port" "$hj_pid"; run hyper-bound-h1 "http://127.0.0.1:$h1_port" "$h1_pid"; } )
-echo "both routers --policy $POLICY; PIN=${PIN:-0}; wrk -c$CONNS for $DURATION per path"
-printf 'path\treq/s\tp50\tp99\trouter CPU us/req\tpeak RSS\n%s\n' "$results" | column -t -s $'\t'
+rounds=""
+for r in $(seq 1 "$ROUNDS"); do
+  rounds+=$( { run direct "http://127.0.0.1:$sim_port" ""; run program-router "http://127.0.0.1:$pr_port" "$pr_pid"; run program-router-1-thread "http://127.0.0.1:$p1_port" "$p1_pid"; run program-router-shared-rt "http://127.0.0.1:$p0_port" "$p0_pid"; run vllm-router "http://127.0.0.1:$vr_port" "$vr_pid"; run nginx "http://127.0.0.1:$ng_port" "$ng_pids"; run hyper-bound "http://127.0.0.1:$hb_port" "$hb_pid"; run hyper-bound-json "http://127.0.0.1:$hj_port" "$hj_pid"; run hyper-bound-h1 "http://127.0.0.1:$h1_port" "$h1_pid"; } | sed "s/^/$r\t/")$'\n'
+done
+# Per path, the median of each column over the rounds (peak RSS: the last round's).
+results=$(echo "$rounds" | awk -F'\t' 'NF > 1 {
+    if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 }
+    for (c = 3; c <= 6; c++) v[$2, c] = v[$2, c] " " $c; rss[$2] = $7; k[$2]++ }
+  function median(list,   a, m, i, j, t) {
+    m = split(list, a, " "); if (a[1] == "-") return "-"
+    for (i = 2; i <= m; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+    return (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2 }
+  END { for (i = 1; i <= n; i++) { p = order[i]
+    printf "%s\t%.0f\t%.2f\t%.2f\t%s\t%s\n", p, median(v[p, 3]), median(v[p, 4]), median(v[p, 5]), median(v[p, 6]), rss[p] } }')
+echo "both routers --policy $POLICY; PIN=${PIN:-0}; wrk -c$CONNS for $DURATION per path, $ROUNDS rounds interleaved, medians"
+printf 'path\treq/s\tp50 ms\tp99 ms\trouter CPU us/req\tpeak RSS\n%s\n' "$results" | column -t -s $'\t'
 d=$(echo "$results" | awk -F'\t' '$1=="direct" {print $2}')
 p=$(echo "$results" | awk -F'\t' '$1=="program-router" {print $2}')
 v=$(echo "$results" | awk -F'\t' '$1=="vllm-router" {print $2}')
-pp99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="program-router" {print $4}')")
-vp99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="vllm-router" {print $4}')")
+pp99=$(echo "$results" | awk -F'\t' '$1=="program-router" {print $4}')
+vp99=$(echo "$results" | awk -F'\t' '$1=="vllm-router" {print $4}')
 pc=$(echo "$results" | awk -F'\t' '$1=="program-router" {print $5}')
 vc=$(echo "$results" | awk -F'\t' '$1=="vllm-router" {print $5}')
 p1=$(echo "$results" | awk -F'\t' '$1=="program-router-1-thread" {print $2}')
-p1p99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="program-router-1-thread" {print $4}')")
+p1p99=$(echo "$results" | awk -F'\t' '$1=="program-router-1-thread" {print $4}')
 n=$(echo "$results" | awk -F'\t' '$1=="nginx" {print $2}')
-np99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="nginx" {print $4}')")
+np99=$(echo "$results" | awk -F'\t' '$1=="nginx" {print $4}')
 hb=$(echo "$results" | awk -F'\t' '$1=="hyper-bound" {print $2}')
-hbp99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="hyper-bound" {print $4}')")
+hbp99=$(echo "$results" | awk -F'\t' '$1=="hyper-bound" {print $4}')
 h1=$(echo "$results" | awk -F'\t' '$1=="hyper-bound-h1" {print $2}')
 hj=$(echo "$results" | awk -F'\t' '$1=="hyper-bound-json" {print $2}')
-hjp99=$(to_ms "$(echo "$results" | awk -F'\t' '$1=="hyper-bound-json" {print $4}')")
+hjp99=$(echo "$results" | awk -F'\t' '$1=="hyper-bound-json" {print $4}')
 awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc="$vc" -v p1="$p1" -v p1p="$p1p99" -v n="$n" -v np="$np99" -v hb="$hb" -v hbp="$hbp99" -v h1="$h1" -v hj="$hj" -v hjp="$hjp99" 'BEGIN {
   printf "\nprogram-router / vllm-router CPU per request: %.2fx\n", pc/vc;
   printf "program-router / vllm-router throughput: %.2fx (1 thread: %.2fx)\n", p/v, p1/v;
@@ -166,4 +185,6 @@ awk -v d="$d" -v p="$p" -v v="$v" -v pp="$pp99" -v vp="$vp99" -v pc="$pc" -v vc=
   printf "hyper bound / nginx p99:                 %.2fx\n", hbp/np;
   printf "hyper bound with JSON / nginx:           %.2fx throughput, %.2fx p99\n", hj/n, hjp/np;
   printf "program-router / hyper bound throughput: %.2fx\n", p/hb }'
+echo "$rounds" | awk -F'\t' 'NF > 1 { r[$1, $2] = $3; n = ($1 > n) ? $1 : n }
+  END { printf "program-router / nginx throughput by round:"; for (i = 1; i <= n; i++) printf " %.2fx", r[i, "program-router"] / r[i, "nginx"]; print "" }'
 rm -rf "$lua" "$ng_dir"

@@ -126,11 +126,10 @@ fn upstream_request<H: Hold>(
         ApiError::upstream(format!("invalid upstream URL {}", target.backend.url))
     })?;
     // Origin-form: the connection is already to the backend.
-    let uri = Uri::from(out.path_and_query.clone());
-    let mut req = Request::builder().method(out.method.clone()).uri(uri);
-    let h = req
-        .headers_mut()
-        .ok_or_else(|| ApiError::upstream("request builder failed"))?;
+    let mut req = Request::new(Full::new(out.body.clone()));
+    *req.method_mut() = out.method.clone();
+    *req.uri_mut() = Uri::from(out.path_and_query.clone());
+    let h = req.headers_mut();
     h.reserve(out.headers.len() + 4);
     h.insert(header::HOST, host.clone());
     let connection_scoped = nominated(out.headers);
@@ -158,8 +157,7 @@ fn upstream_request<H: Hold>(
     if !span.is_none() {
         crate::observe::trace::inject(span, h);
     }
-    req.body(Full::new(out.body.clone()))
-        .map_err(|e| ApiError::upstream(format!("cannot build request: {e}")))
+    Ok(req)
 }
 
 /// Records how an upstream attempt ended on its span (the caller skips this without tracing).

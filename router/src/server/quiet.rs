@@ -40,6 +40,9 @@ pub(super) struct Quiet<F> {
     inner: Pin<Box<F>>,
     signal: Arc<Signal>,
     waker: Waker,
+    /// The task waker `signal` holds (none before the first poll and after each wake, which
+    /// takes it): registered again only then or when the task's waker changes.
+    registered: Option<Waker>,
     started: bool,
 }
 
@@ -50,6 +53,7 @@ impl<F: Future> Quiet<F> {
             inner: Box::pin(inner),
             waker: Waker::from(signal.clone()),
             signal,
+            registered: None,
             started: false,
         }
     }
@@ -59,14 +63,24 @@ impl<F: Future> Future for Quiet<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        // Registered before the flag is read: a wake between the two is not lost.
-        self.signal.task.register(cx.waker());
-        let fired = self.signal.fired.swap(false, Ordering::Acquire);
-        if self.started && !fired {
+        let this = &mut *self;
+        let fired = this.signal.fired.swap(false, Ordering::Acquire);
+        let same = this
+            .registered
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()));
+        // A wake takes the registered waker (and sets `fired` first), so without one since the
+        // last registration `signal` still holds this task's: nothing to register. Registered
+        // before the inner future is polled: a wake that came after the swap is seen by that
+        // poll, and any later one reaches the task.
+        if fired || !same {
+            this.signal.task.register(cx.waker());
+            this.registered = Some(cx.waker().clone());
+        }
+        if this.started && !fired {
             return Poll::Pending;
         }
-        self.started = true;
-        let this = &mut *self;
+        this.started = true;
         this.inner
             .as_mut()
             .poll(&mut Context::from_waker(&this.waker))
@@ -148,6 +162,27 @@ mod tests {
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "the task was woken");
         assert!(q.as_mut().poll(&mut cx).is_ready());
         assert_eq!(g.polls(), 2);
+    }
+
+    #[test]
+    fn every_wake_reaches_the_task_not_only_the_first() {
+        let g = Arc::new(Shared::default());
+        let mut q = Box::pin(Quiet::new(Gate(g.clone())));
+        let (count, waker) = task();
+        let mut cx = Context::from_waker(&waker);
+        for round in 1..=3 {
+            assert!(q.as_mut().poll(&mut cx).is_pending());
+            // Polls for the connection in between register nothing and lose nothing.
+            assert!(q.as_mut().poll(&mut cx).is_pending());
+            g.wake();
+            assert_eq!(
+                count.0.load(Ordering::SeqCst),
+                round,
+                "wake {round} reached the task"
+            );
+        }
+        assert!(q.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(g.polls(), 4, "the first poll and one per wake");
     }
 
     #[test]

@@ -114,7 +114,7 @@ pub(super) async fn serve<H: Send + 'static>(
             use futures_util::FutureExt;
             // A panic answers its own request with a 500 and stops the router for a restart:
             // the state it was changing may be half-updated.
-            let answer = std::panic::AssertUnwindSafe(handle(st.clone(), req, remote, plane))
+            let answer = std::panic::AssertUnwindSafe(handle(&st, req, remote, plane))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| {

@@ -229,12 +229,12 @@ const VLLM_ROUTES: [&str; 9] = [
 
 /// Serves one request; `remote` is the address its connection came from.
 async fn handle(
-    state: Arc<RouterState>,
+    state: &Arc<RouterState>,
     mut req: Request<Incoming>,
     remote: Option<std::net::IpAddr>,
     plane: Plane,
 ) -> Response<Body> {
-    if let Err(refused) = plane::admit(&state, plane, &mut req, remote) {
+    if let Err(refused) = plane::admit(state, plane, &mut req, remote) {
         return refused.into_response();
     }
     let received = Instant::now();
@@ -280,7 +280,7 @@ async fn handle(
         let dispatched = Box::into_pin(Box::write(
             Box::new_uninit(),
             pipeline::dispatch(
-                &state,
+                state,
                 req,
                 route,
                 &request_id,

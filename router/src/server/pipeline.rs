@@ -157,8 +157,11 @@ impl<'a> Admitted<'a> {
         access: Option<&Arc<Access>>,
     ) -> Result<Self, ApiError> {
         let applied = state.applied.load_full();
-        let dir = state.client_dir.load_full();
-        let client = crate::auth::authorize(&applied.keys(dir.as_deref()), req.headers())?;
+        // A guard, not a clone: the directory's keys are read here only.
+        let client = {
+            let dir = state.client_dir.load();
+            crate::auth::authorize(&applied.keys(dir.as_deref()), req.headers())?
+        };
         let place = match &applied.limiter {
             Some(l) => {
                 let limits = &applied.config.limits;

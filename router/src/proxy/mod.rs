@@ -227,9 +227,11 @@ pub fn forward<'a, H: Hold>(
                 tokio::time::sleep(backoff(&cfg.retry, attempt - 1)).await;
             }
             let now = Instant::now();
-            let target = if let Some(rank) = out.pin {
+            // Borrowed from the request's configuration (no reference count traffic on a line
+            // every I/O thread shares); the in-flight guard holds it past the response head.
+            let target: &Arc<TargetState> = if let Some(rank) = out.pin {
                 match applied.targets.targets.get(rank) {
-                    Some(t) if t.available(now) => t.clone(),
+                    Some(t) if t.available(now) => t,
                     _ => return Err(ApiError::no_target()),
                 }
             } else {
@@ -251,9 +253,9 @@ pub fn forward<'a, H: Hold>(
                 if candidates.is_empty() {
                     return Err(last_error);
                 }
-                candidates[applied.policy.pick(&out.info, &candidates)].clone()
+                candidates[applied.policy.pick(&out.info, &candidates)]
             };
-            let this = Arc::as_ptr(&target) as usize;
+            let this = Arc::as_ptr(target) as usize;
             let guard = target.begin();
             // This attempt's span; the backend's spans become its children.
             let span = crate::observe::trace::attempt(&target.id, attempt);
@@ -267,7 +269,7 @@ pub fn forward<'a, H: Hold>(
                 pool.send(
                     &target.backend.addr,
                     CONNECT_TIMEOUT,
-                    upstream_request(applied, &target, &out, &span)?,
+                    upstream_request(applied, target, &out, &span)?,
                     now,
                 ),
             );

@@ -238,7 +238,8 @@ impl Default for ProgramSchedulingConfig {
             force_resume_timeout_seconds: 300.0,
             paused_retention_ttl_seconds: 1800.0,
             shared_prefix_freshness_warmup_seconds: 100.0,
-            shared_prefix_freshness_kv_turnovers: 2.0,
+            // Turnovers of newly written KV; chosen on the tuning half (docs/generalization.md).
+            shared_prefix_freshness_kv_turnovers: 1.5,
             decode_buffer_tokens: 100,
             max_acting_ttl_seconds: 10.0,
             high_watermark_ratio: 1.0,

@@ -29,8 +29,8 @@ impl Scheduler {
 
     /// How long a shared-prefix observation on `rank` stays valid: the warm-up lifetime until
     /// the rank's interval window is mature (or when no estimate exists), then the time for
-    /// `shared_prefix_freshness_kv_turnovers` whole-KV-pool turnovers at the rank's measured
-    /// token throughput.
+    /// `shared_prefix_freshness_kv_turnovers` whole-KV-pool turnovers at the rate the rank
+    /// writes new KV (uncached prompt and output tokens; cached ones take no new blocks).
     pub fn shared_prefix_freshness(&self, rank: Rank) -> f64 {
         let warmup = self.cfg.shared_prefix_freshness_warmup_seconds;
         let r = &self.ranks[rank];

@@ -59,8 +59,12 @@ impl Scheduler {
         }
         if let Some(u) = usage {
             let r = &mut self.ranks[rank];
-            r.throughput
-                .push(now, u.prompt_tokens + u.completion_tokens);
+            // KV newly written: the prompt's uncached part and the output. Cached prompt
+            // tokens take no new blocks, so they do not turn the rank's KV over.
+            r.throughput.push(
+                now,
+                u.prompt_tokens.saturating_sub(u.cached_tokens) + u.completion_tokens,
+            );
             r.requests.push(
                 u.prompt_tokens,
                 u.completion_tokens,

@@ -198,6 +198,33 @@ fn shared_prefix_freshness_follows_kv_turnover_once_mature() {
     assert_eq!(s.shared_prefix_freshness(0), 4.0);
 }
 
+#[test]
+fn kv_turnover_counts_only_the_kv_a_completion_newly_wrote() {
+    let c = ProgramSchedulingConfig {
+        stats_window_size: 2,
+        shared_prefix_freshness_kv_turnovers: 1.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.ranks[0].intervals.push(1.0);
+    s.ranks[0].intervals.push(1.0);
+    let cached = |prompt, completion, cached| {
+        Some(Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            cached_tokens: cached,
+        })
+    };
+    s.on_arrival(0.0, arrival(1, "a", 600));
+    s.on_complete(1.0, 1, cached(600, 100, 500));
+    s.on_arrival(1.0, arrival(2, "b", 600));
+    s.on_complete(2.0, 2, cached(600, 100, 500));
+    // 200 new tokens a second (100 uncached prompt + 100 output), not the 700 each request
+    // carried: a 1,000-token rank turns over every 5 s.
+    assert_eq!(s.ranks[0].throughput.tokens_per_second(), Some(200.0));
+    assert_eq!(s.shared_prefix_freshness(0), 5.0);
+}
+
 fn batch_gain_setup(enable: bool) -> (Scheduler, Vec<Decision>) {
     let c = ProgramSchedulingConfig {
         stats_window_size: 2,

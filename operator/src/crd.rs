@@ -546,8 +546,8 @@ pub struct ProgramSchedulingParams {
     /// rank's statistics are mature, and whenever they cannot say (default 100).
     pub shared_prefix_freshness_warmup_seconds: Option<f64>,
     /// Once statistics are mature, a shared-prefix observation lasts as long as the rank takes to
-    /// turn over its whole KV cache this many times (default 2.0). Higher trusts older
-    /// observations.
+    /// turn over its whole KV cache this many times with newly written tokens (default 1.5).
+    /// Higher trusts older observations.
     pub shared_prefix_freshness_kv_turnovers: Option<f64>,
     /// Tokens reserved for a request's output when it gives no `expected_output_length`
     /// (default 100); counted in admission and in the rank's occupancy.

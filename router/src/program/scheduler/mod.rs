@@ -366,8 +366,9 @@ pub(crate) struct RankState {
     pub finished: u32,
     /// Capacity repair flagged Programs at the last observation.
     pub repairing: bool,
-    /// Completions (request and token throughput), for shared-prefix freshness, the
-    /// force-resume deadline and batch gain.
+    /// Completions and the KV each newly wrote (uncached prompt and output tokens): requests per
+    /// second for the force-resume deadline and batch gain, KV per second for shared-prefix
+    /// freshness.
     pub throughput: Throughput,
     /// Rounds Programs ran per activation before pausing.
     pub segment_rounds: Window,

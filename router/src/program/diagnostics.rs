@@ -140,9 +140,10 @@ pub struct Rolling {
     pub fitted_acting_ttl_seconds: f64,
     pub growth_samples: usize,
     pub avg_context_growth_tokens: Option<f64>,
-    /// Completions per second and tokens (prompt + completion) per second over the window.
+    /// Completions per second over the window, and the KV they newly wrote per second
+    /// (uncached prompt and output tokens), which sets the shared-prefix freshness.
     pub request_throughput_per_second: Option<f64>,
-    pub token_throughput_per_second: Option<f64>,
+    pub kv_write_tokens_per_second: Option<f64>,
     /// Mean rounds a Program runs per activation before it pauses.
     pub avg_segment_rounds: Option<f64>,
     /// Lifetime of a shared-prefix observation on this rank right now.
@@ -516,7 +517,7 @@ pub fn snapshot(
                     growth_samples: r.growth.len(),
                     avg_context_growth_tokens: r.growth.mean(),
                     request_throughput_per_second: r.throughput.requests_per_second(),
-                    token_throughput_per_second: r.throughput.tokens_per_second(),
+                    kv_write_tokens_per_second: r.throughput.tokens_per_second(),
                     avg_segment_rounds: r.segment_rounds.mean(),
                     shared_prefix_freshness_seconds: freshness,
                     force_resume_deadline_seconds: s.force_resume_after(i),

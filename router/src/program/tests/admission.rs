@@ -182,16 +182,22 @@ fn no_shared_prefix_discount_before_the_growth_window_is_complete() {
     assert_eq!(s.ranks[0].used_tokens, 610);
 }
 
-#[test]
-fn shared_prefix_freshness_follows_kv_turnover_once_mature() {
+/// One rank whose interval window is mature, so freshness follows its KV turnover.
+fn mature(turnovers: f64) -> Scheduler {
     let c = ProgramSchedulingConfig {
         stats_window_size: 2,
-        shared_prefix_freshness_kv_turnovers: 2.0,
+        shared_prefix_freshness_kv_turnovers: turnovers,
         ..cfg()
     };
     let mut s = sched(c, 1);
     s.ranks[0].intervals.push(1.0);
     s.ranks[0].intervals.push(1.0);
+    s
+}
+
+#[test]
+fn shared_prefix_freshness_follows_kv_turnover_once_mature() {
+    let mut s = mature(2.0);
     // 500 tokens/s through a 1,000-token rank: one turnover every 2 s, two in 4 s.
     s.ranks[0].throughput.push(0.0, 500);
     s.ranks[0].throughput.push(1.0, 500);
@@ -200,14 +206,7 @@ fn shared_prefix_freshness_follows_kv_turnover_once_mature() {
 
 #[test]
 fn kv_turnover_counts_only_the_kv_a_completion_newly_wrote() {
-    let c = ProgramSchedulingConfig {
-        stats_window_size: 2,
-        shared_prefix_freshness_kv_turnovers: 1.0,
-        ..cfg()
-    };
-    let mut s = sched(c, 1);
-    s.ranks[0].intervals.push(1.0);
-    s.ranks[0].intervals.push(1.0);
+    let mut s = mature(1.0);
     let cached = |prompt, completion, cached| {
         Some(Usage {
             prompt_tokens: prompt,

@@ -81,7 +81,9 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
     let header = format!(
         "{} ranks × vllm-sim's engine model, virtual time; seeds {:?}; Programs × {scale}; \
          {:.0} s wall.\nfloor = consistent hashing with KV nothing fills; excess = mean JCT − \
-         floor; demand = the floor's live KV at p90 over the cell's KV.\n\
+         floor; demand = the floor's live KV at p90 over the cell's KV;\n\
+         ours÷aff = ours' mean JCT over affinity only's (`binding_only`: the same Program-to-rank \
+         binding with nothing held back), above 1 where holding did not pay.\n\
          * = a family that helped choose the defaults (with the odd seeds); the rest are held out.",
         ranks,
         setup.seeds,

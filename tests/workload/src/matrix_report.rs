@@ -74,12 +74,12 @@ pub fn bounds(cells: &[Cell]) -> String {
 }
 
 /// The text table: excess above the floor (seconds) for both modes, their ratio with its range
-/// over seeds, mean/p90/p99 ratios and token hits, and the goals missed.
+/// over seeds, mean/p90/p99 ratios and token hits, ours ÷ affinity only, and the goals missed.
 pub fn table(cells: &[Cell]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<14} {:<9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>11} {:>6} {:>6} {:>6} {:>13}  goals",
+        "{:<14} {:<9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>11} {:>6} {:>6} {:>6} {:>13} {:>8}  goals",
         "family",
         "pressure",
         "demand",
@@ -91,18 +91,31 @@ pub fn table(cells: &[Cell]) -> String {
         "mean",
         "p90",
         "p99",
-        "hit hash/ours"
+        "hit hash/ours",
+        "mean"
     );
     let _ = writeln!(
         s,
-        "{:<14} {:<9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>11} {:>6} {:>6} {:>6} {:>13}",
-        "", "", "p90", "mean JCT", "excess", "excess", "hashing", "", "ours÷", "ours÷", "ours÷", ""
+        "{:<14} {:<9} {:>6} {:>8} {:>8} {:>8} {:>7} {:>11} {:>6} {:>6} {:>6} {:>13} {:>8}",
+        "",
+        "",
+        "p90",
+        "mean JCT",
+        "excess",
+        "excess",
+        "hashing",
+        "",
+        "ours÷",
+        "ours÷",
+        "ours÷",
+        "",
+        "ours÷aff"
     );
     for c in cells {
         let missed: Vec<&str> = c.goals.iter().filter(|g| !g.met).map(|g| g.name).collect();
         let _ = writeln!(
             s,
-            "{:<14} {:<9} {:>5.2}× {:>7.1}s {:>7.1}s {:>7.1}s {:>7} {:>11} {:>6.3} {:>6.3} {:>6.3} {:>6.1}/{:<5.1}  {}",
+            "{:<14} {:<9} {:>5.2}× {:>7.1}s {:>7.1}s {:>7.1}s {:>7} {:>11} {:>6.3} {:>6.3} {:>6.3} {:>6.1}/{:<5.1} {:>8.3}  {}",
             format!("{}{}", c.family.name(), if c.held_out { "" } else { "*" }),
             c.pressure.name(),
             c.demand,
@@ -116,6 +129,7 @@ pub fn table(cells: &[Cell]) -> String {
             c.p99_ratio.0,
             c.hash_hit * 100.0,
             c.program_hit * 100.0,
+            c.affinity_mean_ratio.0,
             if missed.is_empty() {
                 "met".to_string()
             } else {
@@ -155,6 +169,35 @@ pub fn summary(cells: &[Cell]) -> String {
             "{n}: met in {m} of {t} cells ({hm} of {ht} in held-out families)"
         );
     }
+    let pressured: Vec<&Cell> = cells
+        .iter()
+        .filter(|c| c.pressure != Pressure::None)
+        .collect();
+    if !pressured.is_empty() {
+        let behind: Vec<String> = pressured
+            .iter()
+            .filter(|c| c.affinity_mean_ratio.0 > 1.0 + crate::matrix::WORSE_TOLERANCE)
+            .map(|c| {
+                format!(
+                    "{} {} {:.3}×",
+                    c.family.name(),
+                    c.pressure.name(),
+                    c.affinity_mean_ratio.0
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "holding paid (mean ≤ affinity only's, within 1 %; not a goal): {} of {} pressured cells{}",
+            pressured.len() - behind.len(),
+            pressured.len(),
+            if behind.is_empty() {
+                String::new()
+            } else {
+                format!("; behind in {}", behind.join(", "))
+            }
+        );
+    }
     s
 }
 
@@ -184,7 +227,7 @@ pub fn html(header: &str, cells: &[Cell]) -> String {
         escape(header)
     );
     type Pick = fn(&Cell) -> Option<(f64, String)>;
-    let grids: [(&str, f64, Pick); 4] = [
+    let grids: [(&str, f64, Pick); 5] = [
         (
             "Mean JCT above the floor (excess), ours ÷ hashing",
             0.5,
@@ -212,6 +255,14 @@ pub fn html(header: &str, cells: &[Cell]) -> String {
                 format!("{:.2}–{:.2}", c.p99_ratio.1, c.p99_ratio.2),
             ))
         }),
+        (
+            "Mean JCT, ours ÷ affinity only (binding_only: nothing held back; not a goal)",
+            1.0,
+            |c| {
+                let (g, lo, hi) = c.affinity_mean_ratio;
+                Some((g, format!("{lo:.2}–{hi:.2}")))
+            },
+        ),
     ];
     let mut families: Vec<Family> = cells.iter().map(|c| c.family).collect();
     families.dedup();

@@ -54,6 +54,10 @@ fn the_quick_matrix_runs_every_cell_against_its_floor() {
             r["program"]["programs_truncated"]
         );
         assert_eq!(r["program"]["queue_timeouts"], 0, "{r}");
+        assert_eq!(
+            r["affinity"]["programs_truncated"],
+            r["program"]["programs_truncated"]
+        );
     }
     for c in cells {
         let goals = c["goals"].as_array().expect("goals");
@@ -85,6 +89,7 @@ fn the_quick_matrix_runs_every_cell_against_its_floor() {
     for summary in [
         "excess ≤ 0.5× hashing's: met in",
         "mean never worse than hashing: met in",
+        "holding paid (mean ≤ affinity only's, within 1 %; not a goal):",
     ] {
         assert!(out.contains(summary), "{out}");
     }
@@ -101,7 +106,17 @@ fn the_quick_matrix_runs_every_cell_against_its_floor() {
     ] {
         assert!(page.contains(&format!("<th>{f}")), "{f} in the heat map");
     }
-    assert_eq!(page.matches("<table>").count(), 4, "four grids");
+    assert_eq!(
+        page.matches("<table>").count(),
+        5,
+        "four grids against hashing, one against affinity only"
+    );
+    for c in cells {
+        assert!(
+            c["affinity_mean_ratio"][0].as_f64().expect("ratio") > 0.0,
+            "{c}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

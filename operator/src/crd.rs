@@ -506,8 +506,7 @@ pub struct ProgramSchedulingParams {
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("crossRankHeadroomRatio must be >= 0"))]
     pub cross_rank_headroom_ratio: Option<f64>,
     /// Extension: queue wait before a cross-rank move, as a multiple of the move's cost (the
-    /// Program's cache-miss impact); 0 = move at once (the spec), 1 = break even; unset = 1 on
-    /// 16 or more DP ranks, 0 below.
+    /// Program's cache-miss impact); 0 = move at once (the spec), 1 = break even; unset = 1.
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("crossRankMinWaitRatio must be >= 0"))]
     pub cross_rank_min_wait_ratio: Option<f64>,
     /// Home rank of a new Program: `least_program_count` (default; the rank with the fewest

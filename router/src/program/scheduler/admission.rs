@@ -325,15 +325,11 @@ impl Scheduler {
         }
     }
 
-    /// `cross_rank_min_wait_ratio`, with null resolved by the current number of ranks.
+    /// `cross_rank_min_wait_ratio`, with null resolved to its default.
     pub fn min_wait_ratio(&self) -> f64 {
-        self.cfg.cross_rank_min_wait_ratio.unwrap_or(
-            if self.ranks.len() >= crate::config::program::AUTO_MIN_WAIT_RANKS {
-                1.0
-            } else {
-                0.0
-            },
-        )
+        self.cfg
+            .cross_rank_min_wait_ratio
+            .unwrap_or(crate::config::program::DEFAULT_MIN_WAIT_RATIO)
     }
 
     /// Dispatches retained `ticket` on `rank`, reserving `reserve` tokens for its Program.

@@ -78,17 +78,16 @@ fn a_break_even_wait_keeps_a_returning_program_home_until_the_wait_is_worth_the_
     let (at_3, at_5, moves) = run(Some(0.0));
     assert_eq!(at_3, vec![Decision::Dispatch { ticket: 4, rank: 1 }]);
     assert!(at_5.is_empty() && moves == 1);
-    // Null on two ranks: the spec's move at once.
-    assert_eq!(run(None), (at_3, at_5, moves));
     let (at_3, at_5, moves) = run(Some(1.0));
     assert!(dispatched(&at_3).is_empty(), "waited 1 s of 3.1: {at_3:?}");
     assert_eq!(at_5, vec![Decision::Dispatch { ticket: 4, rank: 1 }]);
     assert_eq!(moves, 1);
+    // Null, even on two ranks: the break-even wait.
+    assert_eq!(run(None), (at_3, at_5, moves));
 }
 
 #[test]
-fn a_null_min_wait_ratio_waits_to_break_even_on_large_clusters_only() {
-    use crate::config::program::AUTO_MIN_WAIT_RANKS;
+fn a_null_min_wait_ratio_waits_to_break_even_at_every_cluster_size() {
     let ratio = |k: Option<f64>, ranks: usize| {
         let c = ProgramSchedulingConfig {
             cross_rank_min_wait_ratio: k,
@@ -96,23 +95,15 @@ fn a_null_min_wait_ratio_waits_to_break_even_on_large_clusters_only() {
         };
         sched(c, ranks).min_wait_ratio()
     };
-    assert_eq!(ratio(None, 4), 0.0);
-    assert_eq!(ratio(None, AUTO_MIN_WAIT_RANKS - 1), 0.0);
-    assert_eq!(ratio(None, AUTO_MIN_WAIT_RANKS), 1.0);
-    assert_eq!(ratio(None, 64), 1.0);
+    for ranks in [1, 2, 4, 8, 16, 64] {
+        assert_eq!(ratio(None, ranks), 1.0, "{ranks} ranks");
+    }
     assert_eq!(
-        ratio(Some(0.0), 64),
+        ratio(Some(0.0), 4),
         0.0,
-        "an explicit 0 is the spec's rule at any size"
+        "an explicit 0 is the spec's move at once"
     );
-    assert_eq!(ratio(Some(2.5), 4), 2.5);
-    // Ranks added by a hot reload count from then on.
-    let mut s = sched(cfg(), 4);
-    s.retarget(
-        0.0,
-        (0..AUTO_MIN_WAIT_RANKS).map(|r| format!("r{r}")).collect(),
-    );
-    assert_eq!(s.min_wait_ratio(), 1.0);
+    assert_eq!(ratio(Some(2.5), 64), 2.5);
 }
 
 /// Issue 32, bug 3: cross-rank resume moves Program "p"'s first waiting request to the rank that

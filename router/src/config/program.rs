@@ -148,8 +148,8 @@ pub struct ProgramSchedulingConfig {
     /// Extension: a request queued on its Program's rank moves to another rank (`global_queue`)
     /// only once it has waited this multiple of what the move costs, its Program's cache-miss
     /// impact (re-prefilling its context there). 0 moves at once (the spec); 1 is the
-    /// break-even rule, which keeps large clusters out of move storms, measured better on 4
-    /// ranks and level in total on 8. Null (the default) is [`DEFAULT_MIN_WAIT_RATIO`].
+    /// break-even rule, which keeps large clusters out of move storms and small ones out of
+    /// moves that cost more than the wait. Null (the default) is [`DEFAULT_MIN_WAIT_RATIO`].
     pub cross_rank_min_wait_ratio: Option<f64>,
     pub binding_strategy: BindingStrategy,
     pub hash_virtual_nodes: u32,

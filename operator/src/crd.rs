@@ -578,6 +578,11 @@ pub struct ProgramSchedulingParams {
     /// Extension: samples before the automatic TTL acts (1..=statsWindowSize).
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("ttlMinSamples must be at least 1"))]
     pub ttl_min_samples: Option<u32>,
+    /// Extension: what a second of holding a Program's KV costs in the automatic TTL:
+    /// `seconds` (the spec, the default) or `kv_share` (the Program's share of its rank's KV,
+    /// scaled up by the rank's backlog).
+    #[schemars(extend("enum" = ["seconds", "kv_share"]))]
+    pub acting_ttl_cost: Option<String>,
     /// Extension: multiple of the modelled drain time used as the force-resume deadline (0 =
     /// always forceResumeTimeoutSeconds).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("forceResumeWorkloadFactor must be >= 0"))]

@@ -48,6 +48,22 @@ pub enum BindingStrategy {
     CacheAware,
 }
 
+/// What holding a Program's KV through a tool call costs in the automatic TTL's utility,
+/// `F(τ)·B − c·τ` (extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ActingTtlCost {
+    /// c = 1: a second held costs a second (the spec's behaviour, the default).
+    #[default]
+    Seconds,
+    /// c = the Program's context ÷ its rank's KV capacity: a second held costs the rank that
+    /// share of a second of its KV. Times the rank's backlog factor (1 +
+    /// `miss_impact_backlog_weight` × queued ÷ active, as for the miss impact), since requests
+    /// waiting for that KV pay for it too; at most 1. Without a known capacity, 1. Measured
+    /// better on 4 ranks and worse on 8 (docs/generalization.md), so not the default.
+    KvShare,
+}
+
 /// Which completion-to-next-request intervals the automatic TTL learns from (extension).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "lowercase")]
@@ -173,6 +189,8 @@ pub struct ProgramSchedulingConfig {
     pub enable_batch_gain_admission: bool,
     /// Extension: where the automatic TTL's interval evidence comes from.
     pub ttl_evidence: TtlEvidence,
+    /// Extension: what a second of holding costs in the automatic TTL's utility.
+    pub acting_ttl_cost: ActingTtlCost,
     /// Extension: samples needed before the automatic TTL is active; null = `stats_window_size`
     /// (the spec's rule).
     pub ttl_min_samples: Option<u32>,
@@ -247,6 +265,7 @@ impl Default for ProgramSchedulingConfig {
             stats_window_size: 100,
             enable_batch_gain_admission: true,
             ttl_evidence: TtlEvidence::default(),
+            acting_ttl_cost: ActingTtlCost::default(),
             ttl_min_samples: None,
             force_resume_workload_factor: 0.0,
             finished_idle_ratio: 1.0,

@@ -161,8 +161,9 @@ impl Throughput {
     }
 }
 
-/// `argmax_τ F(τ)·B − τ` over `τ ∈ {0} ∪ samples`, `τ ≤ cap` (samples ascending).
-pub fn best_ttl(sorted_intervals: &[f64], miss_impact_seconds: f64, cap: f64) -> f64 {
+/// `argmax_τ F(τ)·B − c·τ` over `τ ∈ {0} ∪ samples`, `τ ≤ cap` (samples ascending), with `c` the
+/// cost of a second held (1 in the spec).
+pub fn best_ttl(sorted_intervals: &[f64], miss_impact_seconds: f64, cap: f64, c: f64) -> f64 {
     let n = sorted_intervals.len();
     if n == 0 || miss_impact_seconds <= 0.0 || cap <= 0.0 {
         return 0.0;
@@ -178,7 +179,7 @@ pub fn best_ttl(sorted_intervals: &[f64], miss_impact_seconds: f64, cap: f64) ->
             .take_while(|x| *x <= tau)
             .count()
             + i;
-        let utility = covered as f64 / n as f64 * miss_impact_seconds - tau;
+        let utility = covered as f64 / n as f64 * miss_impact_seconds - c * tau;
         if utility > best_utility {
             best_utility = utility;
             best_tau = *tau;
@@ -224,12 +225,27 @@ mod tests {
         let mut v: Vec<f64> = (0..80).map(|i| 0.5 + 1.5 * i as f64 / 80.0).collect();
         v.extend(std::iter::repeat_n(60.0, 20));
         v.sort_by(f64::total_cmp);
-        let tau = best_ttl(&v, 10.0, 30.0);
+        let tau = best_ttl(&v, 10.0, 30.0, 1.0);
         assert!((1.9..=2.0).contains(&tau), "tau {tau}");
         // Cheap misses are not worth holding KV for.
-        assert_eq!(best_ttl(&v, 0.5, 30.0), 0.0);
+        assert_eq!(best_ttl(&v, 0.5, 30.0, 1.0), 0.0);
         // The cap bounds the choice.
-        assert!(best_ttl(&v, 1000.0, 1.0) <= 1.0);
-        assert_eq!(best_ttl(&[], 10.0, 10.0), 0.0);
+        assert!(best_ttl(&v, 1000.0, 1.0, 1.0) <= 1.0);
+        assert_eq!(best_ttl(&[], 10.0, 10.0, 1.0), 0.0);
+    }
+
+    #[test]
+    fn cheaper_holding_covers_longer_gaps() {
+        // Half the tool calls end within 2 s, a third at 20 s, the rest at 60 s.
+        let mut v: Vec<f64> = (0..50).map(|i| 0.5 + 1.5 * f64::from(i) / 50.0).collect();
+        v.extend(std::iter::repeat_n(20.0, 33));
+        v.extend(std::iter::repeat_n(60.0, 17));
+        v.sort_by(f64::total_cmp);
+        // A second held costing a second: covering the 20 s calls (+3.3 s) is not worth 18 s more.
+        assert_eq!(best_ttl(&v, 10.0, 30.0, 1.0), 2.0 - 1.5 / 50.0);
+        // At a tenth of that (a Program holding a tenth of its rank's KV) it is: 8.3 − 2 > 5 − 0.2.
+        assert_eq!(best_ttl(&v, 10.0, 30.0, 0.1), 20.0);
+        // Nothing costs nothing: the longest gap under the cap.
+        assert_eq!(best_ttl(&v, 10.0, 30.0, 0.0), 20.0);
     }
 }

@@ -188,8 +188,25 @@ impl Scheduler {
         let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context)
             * self.backlog_factor(rank);
         match self.evidence(rank) {
-            Some(w) => best_ttl(&w.sorted(), impact, self.cfg.max_acting_ttl_seconds),
+            Some(w) => best_ttl(
+                &w.sorted(),
+                impact,
+                self.cfg.max_acting_ttl_seconds,
+                self.hold_cost(rank, context),
+            ),
             None => 0.0,
+        }
+    }
+
+    /// What a second of holding `context` tokens on `rank` costs in the TTL's utility
+    /// (`acting_ttl_cost`): 1, or the context's share of the rank's KV times the backlog factor
+    /// (what waits for that KV pays for it too), at most 1.
+    pub(crate) fn hold_cost(&self, rank: Rank, context: u64) -> f64 {
+        match (self.cfg.acting_ttl_cost, self.capacity(rank).0) {
+            (ActingTtlCost::KvShare, Some(cap)) if cap > 0 => {
+                (context as f64 / cap as f64 * self.backlog_factor(rank)).min(1.0)
+            }
+            _ => 1.0,
         }
     }
 

@@ -36,9 +36,10 @@ fn automatic_ttl_after_the_window_matures() {
         stats_window_size: 5,
         max_acting_ttl_seconds: 10.0,
         token_capacity_per_dp_rank: Some(1_000_000),
+        acting_ttl_cost: ActingTtlCost::Seconds,
         ..cfg()
     };
-    let run = |context: u64| {
+    let run = |c: &ProgramSchedulingConfig, context: u64| {
         let mut s = sched(c.clone(), 1);
         let (mut t, mut ticket) = (0.0, 0);
         let mut armed = Vec::new();
@@ -60,7 +61,7 @@ fn automatic_ttl_after_the_window_matures() {
         armed
     };
     // 20k-token context: a miss costs ~5.5 s, so holding through 1 s tool calls pays.
-    let armed = run(20_000);
+    let armed = run(&c, 20_000);
     assert!(
         armed[..5].iter().all(|x| *x == 0.0),
         "0 until the window is full: {armed:?}"
@@ -70,7 +71,24 @@ fn automatic_ttl_after_the_window_matures() {
         "covers the 1 s gaps: {armed:?}"
     );
     // 100-token context: re-prefill (~0.13 s) is cheaper than waiting 1 s.
-    assert!(run(100).iter().all(|x| *x == 0.0));
+    assert!(run(&c, 100).iter().all(|x| *x == 0.0));
+    // Unless a second held costs only the context's share of the rank's KV (`kv_share`):
+    // 100 of 1M tokens for 1 s is far cheaper than the re-prefill.
+    let share = ProgramSchedulingConfig {
+        acting_ttl_cost: ActingTtlCost::KvShare,
+        ..c.clone()
+    };
+    let armed = run(&share, 100);
+    assert!(
+        (1.0..=1.01).contains(&armed[6]),
+        "covers the 1 s gaps: {armed:?}"
+    );
+    // A Program as large as the rank pays the full second, as in the spec.
+    let full = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(100),
+        ..share
+    };
+    assert!(run(&full, 100).iter().all(|x| *x == 0.0));
 }
 
 #[test]
@@ -297,4 +315,34 @@ fn no_discontinuity_after_a_pause_or_without_an_observed_hit() {
     s.on_arrival(2.0, with_ttl(arrival(2, "a", 260), 100.0));
     s.on_complete(3.0, 2, cached(260, 10, 0));
     assert!(discontinuities(&mut s).is_empty());
+}
+
+/// `acting_ttl_cost: kv_share` charges a held second at the Program's share of its rank's KV,
+/// scaled by what waits on the rank, and never more than the spec's full second.
+#[test]
+fn holding_costs_the_kv_share_scaled_by_the_backlog() {
+    let c = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(1000),
+        max_active_programs_per_target: 1,
+        acting_ttl_cost: ActingTtlCost::KvShare,
+        ..cfg()
+    };
+    let mut s = sched(c.clone(), 1);
+    assert_eq!(s.hold_cost(0, 100), 0.1);
+    assert_eq!(s.hold_cost(0, 5000), 1.0, "at most a second");
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "a", 10))), vec![1]);
+    // Two requests wait behind "a" for the rank's only place: factor 1 + 2 ÷ 1.
+    assert!(dispatched(&s.on_arrival(0.5, arrival(2, "b", 10))).is_empty());
+    assert!(dispatched(&s.on_arrival(0.5, arrival(3, "c", 10))).is_empty());
+    assert!((s.hold_cost(0, 100) - 0.3).abs() < 1e-9);
+    // The spec's cost is the default.
+    let mut spec = sched(
+        ProgramSchedulingConfig {
+            acting_ttl_cost: ProgramSchedulingConfig::default().acting_ttl_cost,
+            ..c
+        },
+        1,
+    );
+    assert_eq!(spec.hold_cost(0, 100), 1.0);
+    assert!(dispatched(&spec.on_arrival(0.0, arrival(1, "a", 10))).len() == 1);
 }

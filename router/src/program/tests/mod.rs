@@ -4,7 +4,7 @@
 use super::identity::Identity;
 use super::scheduler::*;
 use crate::config::ProgramSchedulingConfig;
-use crate::config::program::{BindingStrategy, PrefillCostModel, ResumeOrder};
+use crate::config::program::{ActingTtlCost, BindingStrategy, PrefillCostModel, ResumeOrder};
 
 mod admission;
 mod binding;

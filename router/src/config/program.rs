@@ -616,6 +616,7 @@ mod tests {
                 "adaptive_overcommit_wait_ratio",
             ),
             (r#"{"resume_order":"lifo"}"#, "unknown variant"),
+            (r#"{"acting_ttl_cost":"minutes"}"#, "unknown variant"),
             (r#"{"no_such_field":1}"#, "no_such_field"),
         ];
         for (json, want) in cases {

@@ -301,18 +301,24 @@ async fn every_io_thread_setting_serves_concurrent_streams_and_drains() {
         if io_threads == Some(3) {
             // A thread names itself once it runs, so a just-spawned shard may briefly carry
             // its parent's name: wait for the names rather than read them once.
-            let io_names = || -> Vec<String> {
+            let names = || -> Vec<String> {
                 std::fs::read_dir("/proc/self/task")
                     .map(|d| {
                         d.flatten()
                             .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
-                            .filter(|n| n.starts_with("router-io-"))
                             .collect()
                     })
                     .unwrap_or_default()
             };
-            let named = eventually(5.0, || async { io_names().len() >= 3 }).await;
-            assert!(named, "{io_threads:?}: {:?}", io_names());
+            let io = || {
+                names()
+                    .iter()
+                    .filter(|n| n.starts_with("router-io-"))
+                    .count()
+            };
+            let named = eventually(5.0, || async { io() >= 3 }).await;
+            // All thread names on failure: a shard still under its parent's name shows there.
+            assert!(named, "{io_threads:?}: {:?}", names());
         }
         // Concurrent requests on separate connections, streamed and not.
         let mut calls = Vec::new();

@@ -235,6 +235,8 @@ pub fn scheduler(data: &[u8]) {
                         prompt_tokens: (word(c, 1) << 8 | word(c, 3)) * 4,
                         tenant: None,
                         prefix: Vec::new(),
+                        // Three system prompts and none: renewals under the same key and not.
+                        lead: (word(c, 2) % 4 != 3).then(|| word(c, 2) % 4),
                     },
                 )
             }
@@ -392,6 +394,7 @@ pub fn peers(data: &[u8]) {
                 prompt_tokens: h.context_tokens.min(1 << 20),
                 tenant: None,
                 prefix: Vec::new(),
+                lead: None,
             };
             let _ = s.on_arrival(1.0 + i as f64, arrival);
             if let Err(e) = s.check_invariants() {

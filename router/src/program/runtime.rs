@@ -19,6 +19,7 @@ use crate::program::diagnostics::{Diagnostics, RankInfo, snapshot};
 use crate::program::identity::Identity;
 use crate::program::scheduler::{
     Arrival, Decision, HandedOver, Note, Observation, Rank, RejectReason, Scheduler, Ticket, Usage,
+    lead_key,
 };
 
 /// The scheduler's ranks as the data plane knows them: target ids (what a decision names), base
@@ -385,6 +386,7 @@ impl ProgramRuntime {
         tenant: Option<(String, f64)>,
     ) -> (ProgramTicket, Admission) {
         let prompt_bytes = prompt.len();
+        let lead = lead_key(prompt);
         let prefix = if self.cache_binding {
             PrefixIndex::chain(prompt)
         } else {
@@ -410,6 +412,7 @@ impl ProgramRuntime {
                 prompt_tokens,
                 tenant,
                 prefix,
+                lead,
             },
         );
         let admission = match self.deliver(&mut g, ds, Some(ticket)) {

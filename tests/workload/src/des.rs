@@ -215,6 +215,15 @@ fn prefix_chain(prompt: &[u32]) -> Vec<u64> {
     program_router::policies::prefix_index::PrefixIndex::chain(&bytes)
 }
 
+/// The prompt's lead key, as the router computes it from the bytes it is sent.
+fn prompt_lead(prompt: &[u32]) -> Option<u64> {
+    let n = prompt
+        .len()
+        .min(program_router::program::scheduler::LEAD_BYTES / 4);
+    let bytes: Vec<u8> = prompt[..n].iter().flat_map(|t| t.to_le_bytes()).collect();
+    program_router::program::scheduler::lead_key(&bytes)
+}
+
 pub use crate::clients::{Clients, clairvoyant_ttl};
 
 /// Replays `turns` on `ranks` simulated ranks shaped by `engine`.
@@ -605,6 +614,7 @@ pub fn run_with(
                                 } else {
                                     Vec::new()
                                 },
+                                lead: prompt_lead(&p.prompt),
                             };
                             let start = Instant::now();
                             let ds = s.on_arrival(now, a);

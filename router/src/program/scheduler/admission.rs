@@ -27,6 +27,40 @@ impl Scheduler {
         )
     }
 
+    /// A later completion of the Program in `slot` found its `tokens`-long shared prefix cached
+    /// again: fresh evidence that the prefix is resident. When the rank's floor counts the same
+    /// prefix (the same lead key), or counts none any more, the floor and the Program's discount
+    /// are both renewed. A Program whose prefix differs from the floor's keeps its discount only
+    /// until its first observation ages out, since the floor does not count its prefix.
+    pub(super) fn rehit_shared(
+        &mut self,
+        slot: usize,
+        rank: Rank,
+        tokens: u64,
+        lead: Option<u64>,
+        now: f64,
+    ) {
+        let Some(lead) = lead else {
+            return;
+        };
+        let floor = self.shared_floor(rank, now);
+        let r = &self.ranks[rank];
+        let counted = match r.shared_prefix {
+            Some((floor_tokens, at))
+                if r.shared_lead == Some(lead)
+                    && now - at <= self.shared_prefix_freshness(rank) =>
+            {
+                floor_tokens.max(tokens)
+            }
+            _ if floor == 0 => tokens,
+            _ => return,
+        };
+        let r = &mut self.ranks[rank];
+        r.shared_prefix = Some((counted, now));
+        r.shared_lead = Some(lead);
+        self.program_mut(slot).shared_at = now;
+    }
+
     /// How long a shared-prefix observation on `rank` stays valid: the warm-up lifetime until
     /// the rank's interval window is mature (or when no estimate exists), then the time for
     /// `shared_prefix_freshness_kv_turnovers` whole-KV-pool turnovers at the rate the rank
@@ -46,7 +80,7 @@ impl Scheduler {
     }
 
     /// Tokens of the rank's shared prefix, counted once in admission while fresh.
-    pub(super) fn shared_floor(&self, rank: Rank, now: f64) -> u64 {
+    pub(crate) fn shared_floor(&self, rank: Rank, now: f64) -> u64 {
         match self.ranks[rank].shared_prefix {
             Some((tokens, at))
                 if self.ranks[rank].growth.complete()

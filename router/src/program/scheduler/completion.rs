@@ -32,6 +32,7 @@ impl Scheduler {
         p.last_activity = now;
         let prev_context = p.context_tokens;
         let mut shared = None;
+        let mut rehit = None;
         p.rounds_since_ttl_pause += 1;
         let mut discontinuity = None;
         let mut resume_miss = false;
@@ -51,6 +52,8 @@ impl Scheduler {
                 p.shared_prefix = u.cached_tokens.min(u.prompt_tokens);
                 p.shared_at = now;
                 shared = Some(p.shared_prefix);
+            } else if p.shared_prefix > 0 && u.cached_tokens >= p.shared_prefix {
+                rehit = Some((p.shared_prefix, p.lead));
             }
         }
         let context = p.context_tokens;
@@ -84,8 +87,14 @@ impl Scheduler {
         if let Some(tokens) = shared {
             self.notes.push(Note::SharedPrefix { rank, tokens });
             if tokens > 0 && tokens >= self.shared_floor(rank, now) {
-                self.ranks[rank].shared_prefix = Some((tokens, now));
+                let lead = self.program(f.program).lead;
+                let r = &mut self.ranks[rank];
+                r.shared_prefix = Some((tokens, now));
+                r.shared_lead = lead;
             }
+        }
+        if let Some((tokens, lead)) = rehit {
+            self.rehit_shared(f.program, rank, tokens, lead, now);
         }
         if usage.is_some() && prev_context > 0 {
             let growth = context as f64 - prev_context as f64;

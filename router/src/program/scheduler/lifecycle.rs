@@ -154,6 +154,7 @@ impl Scheduler {
             armed_ttl: 0.0,
             shared_prefix: 0,
             shared_at: now,
+            lead: None,
             fresh_start: true,
             generation: 0,
             placement: "binding",

@@ -53,6 +53,19 @@ pub struct Arrival {
     /// The prompt's block chain ([`PrefixIndex::chain`]) for `cache_aware` binding; empty
     /// otherwise.
     pub prefix: Vec<u64>,
+    /// A hash of the prompt's leading bytes ([`lead_key`]): requests with the same key start
+    /// with the same shared prefix (a system prompt); `None` when unknown.
+    pub lead: Option<u64>,
+}
+
+/// Bytes of a prompt that [`lead_key`] hashes: two prompts equal this far are taken to start
+/// with the same shared prefix.
+pub const LEAD_BYTES: usize = 1024;
+
+/// The [`Arrival::lead`] key of `prompt`: a hash of its first [`LEAD_BYTES`] bytes. It stays in
+/// the process (admission only compares keys).
+pub fn lead_key(prompt: &[u8]) -> Option<u64> {
+    (!prompt.is_empty()).then(|| crate::hash::stable_hash(&prompt[..prompt.len().min(LEAD_BYTES)]))
 }
 
 /// Prompt blocks remembered per rank for `cache_aware` binding (64 bytes each: 4 MiB of prompt).
@@ -224,6 +237,8 @@ pub(crate) struct Program {
     /// shared with other Programs, e.g. a system prompt), and when that was observed.
     pub shared_prefix: u64,
     pub shared_at: f64,
+    /// Its latest request's [`Arrival::lead`] key.
+    pub lead: Option<u64>,
     /// The next completion is the first on this placement: its cached tokens measure sharing.
     pub fresh_start: bool,
     /// Times it moved to another rank (cross-rank resume, re-home), and how it got its rank.
@@ -375,6 +390,8 @@ pub(crate) struct RankState {
     /// The largest shared prefix observed on this rank and when: Programs reserve only their
     /// private tokens, so admission counts this prefix once for the whole rank while fresh.
     pub shared_prefix: Option<(u64, f64)>,
+    /// The lead key of the Program that made that observation.
+    pub shared_lead: Option<u64>,
     /// The router's ledger when the last observation arrived (diagnostics).
     pub used_at_observation: u64,
     /// Adaptive overcommit: how far past `low_watermark_ratio` admission goes now
@@ -403,6 +420,7 @@ impl RankState {
             throughput: Throughput::new(window),
             segment_rounds: Window::new(window),
             shared_prefix: None,
+            shared_lead: None,
             used_at_observation: 0,
             overcommit: 0.0,
             resume_miss: false,

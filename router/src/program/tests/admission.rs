@@ -306,3 +306,102 @@ fn a_fresh_backend_observation_counts_kv_the_ledger_does_not_know() {
     assert_eq!(d, vec![2, 3]);
     s.check_invariants().expect("ledger");
 }
+
+/// `a` whose prompt starts with the shared prefix keyed `lead`.
+fn led(mut a: Arrival, lead: u64) -> Arrival {
+    a.lead = Some(lead);
+    a
+}
+
+/// Two Programs with a 400-token shared prefix keyed 7 observed at t = 1 on a rank whose
+/// observations live 100 s, and a third with 300 tokens of another prefix, keyed 8.
+fn shared_rank() -> Scheduler {
+    let c = ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(4000),
+        // Growth complete (pushed below); the few intervals these tests make keep the
+        // interval window immature, so observations live the 100 s warm-up lifetime.
+        stats_window_size: 4,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    for _ in 0..4 {
+        s.ranks[0].growth.push(0.0);
+    }
+    for (t, p, lead, cached) in [(1, "a", 7, 400), (2, "c", 7, 400), (3, "x", 8, 300)] {
+        s.on_arrival(0.0, led(with_ttl(arrival(t, p, 600), 500.0), lead));
+        let u = usage(600, 10).map(|u| Usage {
+            cached_tokens: cached,
+            ..u
+        });
+        s.on_complete(1.0, t, u);
+    }
+    assert_eq!(s.shared_prefix_freshness(0), 100.0);
+    assert_eq!(s.shared_floor(0, 1.0), 400);
+    assert_eq!(s.ranks[0].shared_lead, Some(7));
+    s
+}
+
+/// The Program's next turn on its rank, with `cached` of its 700-token prompt found cached.
+fn next_turn(s: &mut Scheduler, now: f64, ticket: Ticket, program: &str, lead: u64, cached: u64) {
+    s.on_arrival(
+        now,
+        led(with_ttl(arrival(ticket, program, 700), 500.0), lead),
+    );
+    s.on_complete(
+        now + 0.5,
+        ticket,
+        Some(Usage {
+            prompt_tokens: 700,
+            completion_tokens: 10,
+            cached_tokens: cached,
+        }),
+    );
+}
+
+#[test]
+fn a_later_hit_on_the_shared_prefix_renews_the_discount_and_the_rank_floor() {
+    let mut s = shared_rank();
+    // At t = 90, a's next turn finds its whole prompt cached: the shared prefix is resident.
+    next_turn(&mut s, 90.0, 4, "a", 7, 690);
+    // Past the first observation's lifetime, a and the floor count from the renewal; c, which
+    // ran nothing since, reserves its prefix privately again.
+    assert_eq!(s.fresh_shared(find(&s, "a"), 150.0), 400);
+    assert_eq!(s.shared_floor(0, 150.0), 400);
+    assert_eq!(s.fresh_shared(find(&s, "c"), 150.0), 0);
+    assert_eq!(
+        s.shared_floor(0, 191.0),
+        0,
+        "the renewal ages like an observation"
+    );
+    assert_eq!(s.shared_prefix_freshness(0), 100.0);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn a_hit_renews_nothing_when_the_prefix_is_not_the_floors_or_not_cached() {
+    let mut s = shared_rank();
+    // x's prefix is keyed 8, not the floor's 7: the floor does not count it, so no renewal.
+    next_turn(&mut s, 90.0, 4, "x", 8, 690);
+    assert_eq!(s.fresh_shared(find(&s, "x"), 150.0), 0);
+    // a's next turn finds less than its shared prefix cached: no evidence of residency.
+    next_turn(&mut s, 90.0, 5, "a", 7, 300);
+    assert_eq!(s.fresh_shared(find(&s, "a"), 150.0), 0);
+    assert_eq!(s.shared_floor(0, 150.0), 0);
+    // Once the floor has expired, a hit with any key starts a new floor under that key.
+    next_turn(&mut s, 150.0, 6, "x", 8, 690);
+    assert_eq!(s.shared_floor(0, 200.0), 300);
+    assert_eq!(s.ranks[0].shared_lead, Some(8));
+    // A Program without a key (no prompt bytes seen) never renews.
+    let mut s = shared_rank();
+    s.on_arrival(90.0, with_ttl(arrival(7, "a", 700), 500.0));
+    s.on_complete(
+        90.5,
+        7,
+        usage(700, 10).map(|u| Usage {
+            cached_tokens: 690,
+            ..u
+        }),
+    );
+    assert_eq!(s.fresh_shared(find(&s, "a"), 150.0), 0);
+    s.check_invariants().expect("ledger");
+}

@@ -43,6 +43,7 @@ fn arrival(ticket: Ticket, program: &str, prompt: u64) -> Arrival {
         prompt_tokens: prompt,
         tenant: None,
         prefix: Vec::new(),
+        lead: None,
     }
 }
 

@@ -579,8 +579,8 @@ pub struct ProgramSchedulingParams {
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("ttlMinSamples must be at least 1"))]
     pub ttl_min_samples: Option<u32>,
     /// Extension: what a second of holding a Program's KV costs in the automatic TTL:
-    /// `seconds` (the spec, the default) or `kv_share` (the Program's share of its rank's KV,
-    /// scaled up by the rank's backlog).
+    /// `kv_share` (the default: the Program's share of its rank's KV, scaled up by the rank's
+    /// backlog) or `seconds` (the spec).
     #[schemars(extend("enum" = ["seconds", "kv_share"]))]
     pub acting_ttl_cost: Option<String>,
     /// Extension: multiple of the modelled drain time used as the force-resume deadline (0 =

@@ -53,14 +53,15 @@ pub enum BindingStrategy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ActingTtlCost {
-    /// c = 1: a second held costs a second (the spec's behaviour, the default).
-    #[default]
+    /// c = 1: a second held costs a second (the spec's behaviour).
     Seconds,
     /// c = the Program's context ÷ its rank's KV capacity: a second held costs the rank that
     /// share of a second of its KV. Times the rank's backlog factor (1 +
     /// `miss_impact_backlog_weight` × queued ÷ active, as for the miss impact), since requests
-    /// waiting for that KV pay for it too; at most 1. Without a known capacity, 1. Measured
-    /// better on 4 ranks and worse on 8 (docs/generalization.md), so not the default.
+    /// waiting for that KV pay for it too; at most 1. Without a known capacity, 1. Our default:
+    /// with shared prefixes counted exactly, level or better on every tuning cell on 4 and 8
+    /// ranks (docs/generalization.md).
+    #[default]
     KvShare,
 }
 

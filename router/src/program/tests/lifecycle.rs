@@ -172,8 +172,10 @@ fn step_ids_default_to_previous_plus_one() {
 #[test]
 fn a_backlog_on_the_rank_raises_what_a_miss_costs_the_automatic_ttl() {
     // A miss costs 1 s on its own (intercept 1 s, alpha 1) and the one observed tool call took
-    // 2 s: holding through it pays only when the miss costs more than 2 s.
+    // 2 s: holding through it pays only when the miss costs more than 2 s (a held second
+    // costing a second, the spec's rule).
     let c = ProgramSchedulingConfig {
+        acting_ttl_cost: ActingTtlCost::Seconds,
         ttl_min_samples: Some(1),
         max_active_programs_per_target: 1,
         prefill_cost_model: PrefillCostModel {
@@ -335,10 +337,14 @@ fn holding_costs_the_kv_share_scaled_by_the_backlog() {
     assert!(dispatched(&s.on_arrival(0.5, arrival(2, "b", 10))).is_empty());
     assert!(dispatched(&s.on_arrival(0.5, arrival(3, "c", 10))).is_empty());
     assert!((s.hold_cost(0, 100) - 0.3).abs() < 1e-9);
-    // The spec's cost is the default.
+    // Our default; the spec's cost is a whole second whatever the Program holds.
+    assert_eq!(
+        ProgramSchedulingConfig::default().acting_ttl_cost,
+        ActingTtlCost::KvShare
+    );
     let spec = sched(
         ProgramSchedulingConfig {
-            acting_ttl_cost: ProgramSchedulingConfig::default().acting_ttl_cost,
+            acting_ttl_cost: ActingTtlCost::Seconds,
             ..c
         },
         1,

@@ -58,9 +58,8 @@ pub enum ActingTtlCost {
     /// c = the Program's context ÷ its rank's KV capacity: a second held costs the rank that
     /// share of a second of its KV. Times the rank's backlog factor (1 +
     /// `miss_impact_backlog_weight` × queued ÷ active, as for the miss impact), since requests
-    /// waiting for that KV pay for it too; at most 1. Without a known capacity, 1. Our default:
-    /// with shared prefixes counted exactly, level or better on every tuning cell on 4 and 8
-    /// ranks (docs/generalization.md).
+    /// waiting for that KV pay for it too; at most 1. Without a known capacity, 1. Our default
+    /// (measured in docs/generalization.md).
     #[default]
     KvShare,
 }

@@ -148,6 +148,10 @@ pub fn omitted_coefficients(written: Option<&serde_json::Value>) -> Vec<String> 
         .collect()
 }
 
+/// The most requests behind a queue's head that `queue_backfill_depth` may look at (each
+/// admission pass scans that many).
+pub const MAX_QUEUE_BACKFILL_DEPTH: u32 = 1024;
+
 /// What `cross_rank_min_wait_ratio: null` means: 1, the break-even wait, at every cluster size
 /// (docs/generalization.md, "Cross-rank moves at break-even").
 pub const DEFAULT_MIN_WAIT_RATIO: f64 = 1.0;
@@ -167,6 +171,13 @@ pub struct ProgramSchedulingConfig {
     /// break-even rule, which keeps large clusters out of move storms and small ones out of
     /// moves that cost more than the wait. Null (the default) is [`DEFAULT_MIN_WAIT_RATIO`].
     pub cross_rank_min_wait_ratio: Option<f64>,
+    /// Extension: while the head of a rank's queue does not fit and is not forced, up to this
+    /// many requests behind it, of its priority, are admitted if they fit when their Program
+    /// came back from a tool call longer than `max_acting_ttl_seconds` and most of its calls
+    /// were that long. 0 (the default) keeps strict queue order; at most
+    /// [`MAX_QUEUE_BACKFILL_DEPTH`]. Pays where human chat shares ranks with agents
+    /// (docs/generalization.md).
+    pub queue_backfill_depth: u32,
     pub binding_strategy: BindingStrategy,
     pub hash_virtual_nodes: u32,
     /// Logical KV-token capacity of each DP rank; null falls back to the Program-count guard.
@@ -245,6 +256,7 @@ impl Default for ProgramSchedulingConfig {
             // on a small overloaded cluster); 3 kept the gains elsewhere (docs/benchmarks.md).
             cross_rank_headroom_ratio: 3.0,
             cross_rank_min_wait_ratio: None,
+            queue_backfill_depth: 0,
             binding_strategy: BindingStrategy::default(),
             hash_virtual_nodes: 160,
             token_capacity_per_dp_rank: None,
@@ -311,6 +323,12 @@ impl ProgramSchedulingConfig {
         )?;
         if let Some(k) = self.cross_rank_min_wait_ratio {
             finite_min("cross_rank_min_wait_ratio", k, 0.0, false)?;
+        }
+        if self.queue_backfill_depth > MAX_QUEUE_BACKFILL_DEPTH {
+            return Err(err(
+                "queue_backfill_depth",
+                format!("must be at most {MAX_QUEUE_BACKFILL_DEPTH}"),
+            ));
         }
         if !(1..=super::MAX_VIRTUAL_NODES).contains(&self.hash_virtual_nodes) {
             return Err(err(
@@ -615,6 +633,7 @@ mod tests {
                 r#"{"adaptive_overcommit_wait_ratio":-1}"#,
                 "adaptive_overcommit_wait_ratio",
             ),
+            (r#"{"queue_backfill_depth":1025}"#, "queue_backfill_depth"),
             (r#"{"resume_order":"lifo"}"#, "unknown variant"),
             (r#"{"acting_ttl_cost":"minutes"}"#, "unknown variant"),
             (r#"{"no_such_field":1}"#, "no_such_field"),

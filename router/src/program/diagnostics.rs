@@ -59,6 +59,8 @@ pub struct CounterDiagnostics {
     pub force_resumes: u64,
     pub cross_rank_migrations: u64,
     pub batch_gain_admissions: u64,
+    /// Requests admitted past a queue head that did not fit (`queue_backfill_depth`, ours).
+    pub backfill_admissions: u64,
     /// Paused Programs presumed finished after idling past `finished_idle_ratio` (ours).
     pub idle_finishes: u64,
 }
@@ -553,6 +555,7 @@ pub fn snapshot(
             force_resumes: s.counters.force_resumes,
             cross_rank_migrations: s.counters.cross_rank_migrations,
             batch_gain_admissions: s.counters.batch_gain_admissions,
+            backfill_admissions: s.counters.backfill_admissions,
             idle_finishes: s.counters.idle_finishes,
         },
         ranks,

@@ -18,7 +18,7 @@ use prometheus::{
 #[derive(Clone)]
 pub struct ProgramMetrics {
     /// `{target, reason}`: `program_admit`, `force_resume`, the pause reasons, ours
-    /// (`idle_finish`, `batch_gain_admit`).
+    /// (`idle_finish`, `batch_gain_admit`, `backfill_admit`).
     pub(crate) transitions: IntCounterVec,
     pub(crate) queue_size: IntGaugeVec,
     pub(crate) active_programs: IntGaugeVec,
@@ -404,6 +404,7 @@ impl ProgramMetrics {
             "force_resume",
             "idle_finish",
             "batch_gain_admit",
+            "backfill_admit",
         ];
         let pauses = crate::program::scheduler::PauseReason::ALL.map(|r| r.as_str());
         for reason in admits.into_iter().chain(pauses) {

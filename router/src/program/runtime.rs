@@ -362,6 +362,12 @@ impl ProgramRuntime {
                     .observe(tokens as f64);
                 tracing::debug!(event = "cache_observation", target = %id(rank), shared_prefix_tokens = tokens);
             }
+            Note::Backfill { rank } => {
+                m.transitions
+                    .with_label_values(&[id(rank), "backfill_admit"])
+                    .inc();
+                tracing::debug!(event = "backfill_admit", target = %id(rank));
+            }
             Note::BatchGain {
                 rank,
                 benefit,

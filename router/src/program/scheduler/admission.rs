@@ -1,6 +1,7 @@
 //! Admission and the RequestPool's pump: a Program's demand, the rank's capacity gates
 //! (ledger and watermarks, Program-count guard, vLLM waiting gate), shared-prefix discount,
-//! batch-gain admission, force-resume deadlines, and cross-rank resume.
+//! batch-gain admission, force-resume deadlines, passing a head that does not fit
+//! (`queue_backfill_depth`), and cross-rank resume.
 
 use super::*;
 
@@ -300,6 +301,7 @@ impl Scheduler {
             }
             self.admit(ticket, rank, reserve, now, out);
         }
+        self.backfill(rank, now, out);
         if !self.cfg.global_queue {
             return;
         }
@@ -356,6 +358,46 @@ impl Scheduler {
             self.counters.cross_rank_migrations += 1;
             let demand = self.retained.get(&ticket).map_or(0, |r| r.demand);
             self.admit(ticket, rank, demand, now, out);
+        }
+    }
+
+    /// `queue_backfill_depth`: while the head of `rank`'s queue does not fit and is not forced,
+    /// requests among the next `depth` behind it, of the head's priority, are admitted if they
+    /// fit when their Program is back from a tool call longer than `max_acting_ttl_seconds` and
+    /// most of its tool calls were that long. Such a Program pauses after its request whatever
+    /// the wait (no hold covers its gaps), so admitting it now takes its KV for one request;
+    /// a long session back from a rare long call would keep the KV the head waits for.
+    fn backfill(&mut self, rank: Rank, now: f64, out: &mut Vec<Decision>) {
+        let depth = self.cfg.queue_backfill_depth as usize;
+        let queue = &self.ranks[rank].queue;
+        let Some(&head) = queue.first() else {
+            return;
+        };
+        if depth == 0 || self.retained.get(&head.ticket).is_none_or(Retained::forced) {
+            return;
+        }
+        let behind: Vec<QueueKey> = queue
+            .iter()
+            .skip(1)
+            .take(depth)
+            .take_while(|k| k.neg_priority == head.neg_priority)
+            .copied()
+            .collect();
+        let cap = self.cfg.max_acting_ttl_seconds;
+        for key in behind {
+            let Some(q) = self.retained.get(&key.ticket) else {
+                continue;
+            };
+            let p = self.program(q.program);
+            let long_gaps = p.last_return.is_some_and(|gap| gap > cap)
+                && 2 * u64::from(p.long_returns) > u64::from(p.returns);
+            let demand = q.demand;
+            if !long_gaps || q.forced() || p.active() || !self.can_admit(rank, demand, now, false) {
+                continue;
+            }
+            self.counters.backfill_admissions += 1;
+            self.notes.push(Note::Backfill { rank });
+            self.admit(key.ticket, rank, demand, now, out);
         }
     }
 

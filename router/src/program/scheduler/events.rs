@@ -55,6 +55,7 @@ impl Scheduler {
         }
         let mut out = Vec::new();
         let binding_only = self.cfg.binding_only;
+        let cap = self.cfg.max_acting_ttl_seconds;
         let p = self.program_mut(slot);
         let step = a
             .identity
@@ -67,8 +68,12 @@ impl Scheduler {
             ..a.identity.clone()
         };
         let interval = p.last_complete.map(|t| now - t);
-        if interval.is_some() {
+        if let Some(iv) = interval {
             p.last_return = interval;
+            p.returns = p.returns.saturating_add(1);
+            if iv > cap {
+                p.long_returns = p.long_returns.saturating_add(1);
+            }
         }
         let (rank, phase) = (p.rank, p.phase);
         if let Some(iv) = interval {

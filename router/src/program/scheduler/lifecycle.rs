@@ -160,6 +160,8 @@ impl Scheduler {
             placement: "binding",
             last_rank: None,
             last_return: None,
+            returns: 0,
+            long_returns: 0,
             last_output: None,
             last_hit: false,
             rounds_since_ttl_pause: 0,

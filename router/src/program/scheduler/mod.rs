@@ -248,6 +248,9 @@ pub(crate) struct Program {
     pub last_rank: Option<Rank>,
     /// Its latest measured return (tool gap) and output length.
     pub last_return: Option<f64>,
+    /// Its measured returns, and how many of them outlasted `max_acting_ttl_seconds`.
+    pub returns: u32,
+    pub long_returns: u32,
     pub last_output: Option<u64>,
     /// Its latest completion reported cached prompt tokens (an observed cache hit).
     pub last_hit: bool,
@@ -437,6 +440,7 @@ pub struct Counters {
     pub cross_rank_migrations: u64,
     /// Admissions that bypassed the growth reserve on modelled batch gain.
     pub batch_gain_admissions: u64,
+    pub backfill_admissions: u64,
     /// Paused Programs presumed finished after idling past `finished_idle_ratio` × the longest
     /// observed interval.
     pub idle_finishes: u64,
@@ -547,6 +551,11 @@ pub enum Note {
         rank: Rank,
         benefit: f64,
         cost: f64,
+    },
+    /// A request passed the head of its rank's queue, which did not fit
+    /// (`queue_backfill_depth`).
+    Backfill {
+        rank: Rank,
     },
 }
 

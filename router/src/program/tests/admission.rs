@@ -1,5 +1,6 @@
 //! Admission: token capacity and the empty-rank rule, the Program-count guard, vLLM's waiting
-//! gate, capacity from `cache_config_info`, the shared-prefix discount and batch-gain admission.
+//! gate, capacity from `cache_config_info`, the shared-prefix discount, batch-gain admission and
+//! passing a head that does not fit.
 
 use super::*;
 
@@ -403,5 +404,99 @@ fn a_hit_renews_nothing_when_the_prefix_is_not_the_floors_or_not_cached() {
         }),
     );
     assert_eq!(s.fresh_shared(find(&s, "a"), 150.0), 0);
+    s.check_invariants().expect("ledger");
+}
+
+/// One rank, queue in arrival order: "a" (600) runs, "big" (500) waits at the head of the
+/// queue, and "c" and "d" ran and paused at once (the window is immature, so the automatic TTL
+/// is 0).
+fn blocked_head(c: ProgramSchedulingConfig) -> Scheduler {
+    let c = ProgramSchedulingConfig {
+        resume_order: ResumeOrder::Fcfs,
+        ..c
+    };
+    let mut s = sched(c, 1);
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "c", 100))), [1]);
+    assert_eq!(dispatched(&s.on_arrival(0.2, arrival(2, "d", 100))), [2]);
+    assert_eq!(dispatched(&s.on_arrival(0.5, arrival(3, "a", 600))), [3]);
+    s.on_complete(1.0, 1, usage(100, 5));
+    s.on_complete(1.2, 2, usage(100, 5));
+    assert!(dispatched(&s.on_arrival(2.0, arrival(4, "big", 500))).is_empty());
+    s
+}
+
+#[test]
+fn a_request_back_from_a_long_tool_call_passes_a_head_that_does_not_fit() {
+    let c = ProgramSchedulingConfig {
+        queue_backfill_depth: 16,
+        ..cfg()
+    };
+    let mut s = blocked_head(c);
+    // "d" is back 1.8 s after its turn, within `max_acting_ttl_seconds`: it keeps its place.
+    assert!(dispatched(&s.on_arrival(3.0, arrival(5, "d", 200))).is_empty());
+    // "c" is back after 29 s, longer than any hold: it runs in the 400 tokens "big" cannot use.
+    assert_eq!(dispatched(&s.on_arrival(30.0, arrival(6, "c", 200))), [6]);
+    assert_eq!(s.counters.backfill_admissions, 1);
+    assert!(s.take_notes().contains(&Note::Backfill { rank: 0 }));
+    // The head still goes first once it fits; "d" follows in order.
+    assert_eq!(dispatched(&s.on_complete(31.0, 3, usage(600, 5))), [4, 5]);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn strict_queue_order_by_default_and_behind_a_forced_head() {
+    assert_eq!(ProgramSchedulingConfig::default().queue_backfill_depth, 0);
+    let mut s = blocked_head(cfg());
+    assert!(dispatched(&s.on_arrival(30.0, arrival(6, "c", 200))).is_empty());
+    assert_eq!(s.counters.backfill_admissions, 0);
+
+    // A head past its force-resume deadline is not passed.
+    let c = ProgramSchedulingConfig {
+        queue_backfill_depth: 16,
+        force_resume_timeout_seconds: 5.0,
+        ..cfg()
+    };
+    let mut s = blocked_head(c);
+    s.on_tick(7.5);
+    assert!(dispatched(&s.on_arrival(30.0, arrival(6, "c", 200))).is_empty());
+    assert_eq!(s.counters.backfill_admissions, 0);
+
+    // Nor is a head looked past beyond the depth: "d" (short gap) fills the one place looked at.
+    let c = ProgramSchedulingConfig {
+        queue_backfill_depth: 1,
+        ..cfg()
+    };
+    let mut s = blocked_head(c);
+    assert!(dispatched(&s.on_arrival(3.0, arrival(5, "d", 200))).is_empty());
+    assert!(dispatched(&s.on_arrival(30.0, arrival(6, "c", 200))).is_empty());
+    assert_eq!(s.counters.backfill_admissions, 0);
+}
+
+#[test]
+fn only_programs_whose_tool_calls_mostly_outlast_any_hold_pass_the_head() {
+    let c = ProgramSchedulingConfig {
+        queue_backfill_depth: 16,
+        resume_order: ResumeOrder::Fcfs,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    // "e" runs three turns 0.5 s apart, "c" one; each pauses at once (immature window).
+    for (t, ticket) in [(0.0, 1), (1.0, 2), (2.0, 3)] {
+        assert_eq!(
+            dispatched(&s.on_arrival(t, arrival(ticket, "e", 100))),
+            [ticket]
+        );
+        s.on_complete(t + 0.5, ticket, usage(100, 5));
+    }
+    assert_eq!(dispatched(&s.on_arrival(0.2, arrival(4, "c", 100))), [4]);
+    s.on_complete(0.7, 4, usage(100, 5));
+    assert_eq!(dispatched(&s.on_arrival(3.0, arrival(5, "a", 600))), [5]);
+    assert!(dispatched(&s.on_arrival(4.0, arrival(6, "big", 500))).is_empty());
+    // "e" is back after 27.5 s, but two of its three tool calls were short: it keeps its place.
+    assert!(dispatched(&s.on_arrival(30.0, arrival(7, "e", 200))).is_empty());
+    // A lower-priority request is not looked at, whatever its gaps.
+    let low = with(arrival(8, "c", 100), |i| i.priority = -1);
+    assert!(dispatched(&s.on_arrival(31.0, low)).is_empty());
+    assert_eq!(s.counters.backfill_admissions, 0);
     s.check_invariants().expect("ledger");
 }

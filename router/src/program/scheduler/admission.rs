@@ -369,11 +369,15 @@ impl Scheduler {
     /// a long session back from a rare long call would keep the KV the head waits for.
     fn backfill(&mut self, rank: Rank, now: f64, out: &mut Vec<Decision>) {
         let depth = self.cfg.queue_backfill_depth as usize;
+        if depth == 0 {
+            return;
+        }
         let queue = &self.ranks[rank].queue;
         let Some(&head) = queue.first() else {
             return;
         };
-        if depth == 0 || self.retained.get(&head.ticket).is_none_or(Retained::forced) {
+        // Forced requests sort first: behind a head that is not forced, none is.
+        if self.retained.get(&head.ticket).is_none_or(Retained::forced) {
             return;
         }
         let behind: Vec<QueueKey> = queue
@@ -392,7 +396,7 @@ impl Scheduler {
             let long_gaps = p.last_return.is_some_and(|gap| gap > cap)
                 && 2 * u64::from(p.long_returns) > u64::from(p.returns);
             let demand = q.demand;
-            if !long_gaps || q.forced() || p.active() || !self.can_admit(rank, demand, now, false) {
+            if !long_gaps || p.active() || !self.can_admit(rank, demand, now, false) {
                 continue;
             }
             self.counters.backfill_admissions += 1;

@@ -440,6 +440,7 @@ pub struct Counters {
     pub cross_rank_migrations: u64,
     /// Admissions that bypassed the growth reserve on modelled batch gain.
     pub batch_gain_admissions: u64,
+    /// Requests admitted past a queue head that did not fit (`queue_backfill_depth`).
     pub backfill_admissions: u64,
     /// Paused Programs presumed finished after idling past `finished_idle_ratio` × the longest
     /// observed interval.

@@ -510,9 +510,10 @@ pub struct ProgramSchedulingParams {
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("crossRankMinWaitRatio must be >= 0"))]
     pub cross_rank_min_wait_ratio: Option<f64>,
     /// Extension: while the head of a rank's queue does not fit, up to this many requests
-    /// behind it (of its priority) may go first when they fit, if their Program's tool calls
-    /// mostly outlast `maxActingTtlSeconds` (human chat, slow tools); 0 (default) = strict
-    /// queue order, at most 1024.
+    /// behind it (of its priority) may go first when they fit, if the head has nothing of its
+    /// own cached (a new Program, or one back from a call longer than the rank's prefix
+    /// freshness) or their Program's tool calls mostly outlast `maxActingTtlSeconds` (human
+    /// chat, slow tools); unset = 16, 0 = strict queue order, at most 1024.
     #[x_kube(validation = kube::core::Rule::new("self <= 1024").message("queueBackfillDepth must be at most 1024"))]
     pub queue_backfill_depth: Option<u32>,
     /// Home rank of a new Program: `least_program_count` (default; the rank with the fewest

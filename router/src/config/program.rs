@@ -172,11 +172,12 @@ pub struct ProgramSchedulingConfig {
     /// moves that cost more than the wait. Null (the default) is [`DEFAULT_MIN_WAIT_RATIO`].
     pub cross_rank_min_wait_ratio: Option<f64>,
     /// Extension: while the head of a rank's queue does not fit and is not forced, up to this
-    /// many requests behind it, of its priority, are admitted if they fit when their Program
-    /// came back from a tool call longer than `max_acting_ttl_seconds` and most of its calls
-    /// were that long. 0 (the default) keeps strict queue order; at most
-    /// [`MAX_QUEUE_BACKFILL_DEPTH`]. Pays where human chat shares ranks with agents
-    /// (docs/generalization.md).
+    /// many requests behind it, of its priority, are admitted if they fit when the head's
+    /// Program has no prefix of its own likely cached (new, or back from a tool call longer than
+    /// the rank's shared-prefix freshness), or when their own Program came back from a tool
+    /// call longer than `max_acting_ttl_seconds` and most of its calls were that long. 16 by
+    /// default; 0 keeps strict queue order; at most [`MAX_QUEUE_BACKFILL_DEPTH`]
+    /// (docs/generalization.md, "Passing a head that does not fit").
     pub queue_backfill_depth: u32,
     pub binding_strategy: BindingStrategy,
     pub hash_virtual_nodes: u32,
@@ -256,7 +257,7 @@ impl Default for ProgramSchedulingConfig {
             // on a small overloaded cluster); 3 kept the gains elsewhere (docs/benchmarks.md).
             cross_rank_headroom_ratio: 3.0,
             cross_rank_min_wait_ratio: None,
-            queue_backfill_depth: 0,
+            queue_backfill_depth: 16,
             binding_strategy: BindingStrategy::default(),
             hash_virtual_nodes: 160,
             token_capacity_per_dp_rank: None,

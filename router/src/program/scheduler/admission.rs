@@ -363,10 +363,15 @@ impl Scheduler {
 
     /// `queue_backfill_depth`: while the head of `rank`'s queue does not fit and is not forced,
     /// requests among the next `depth` behind it, of the head's priority, are admitted if they
-    /// fit when their Program is back from a tool call longer than `max_acting_ttl_seconds` and
-    /// most of its tool calls were that long. Such a Program pauses after its request whatever
-    /// the wait (no hold covers its gaps), so admitting it now takes its KV for one request;
-    /// a long session back from a rare long call would keep the KV the head waits for.
+    /// fit when either
+    /// - the head has no prefix of its own to lose ([`Self::head_is_cold`]): whatever passes it
+    ///   delays it but cannot evict its cache; or
+    /// - the passer's Program is back from a tool call longer than `max_acting_ttl_seconds` and
+    ///   most of its tool calls were that long: it pauses after its request whatever the wait
+    ///   (no hold covers its gaps), so admitting it takes its KV for one request.
+    ///
+    /// Passing a warm head would let the passers' new blocks evict the head's cached prefix in
+    /// the engine's LRU, which costs the head a re-prefill on top of the wait.
     fn backfill(&mut self, rank: Rank, now: f64, out: &mut Vec<Decision>) {
         let depth = self.cfg.queue_backfill_depth as usize;
         if depth == 0 {
@@ -387,6 +392,7 @@ impl Scheduler {
             .take_while(|k| k.neg_priority == head.neg_priority)
             .copied()
             .collect();
+        let cold = self.head_is_cold(rank, head.ticket);
         let cap = self.cfg.max_acting_ttl_seconds;
         for key in behind {
             let Some(q) = self.retained.get(&key.ticket) else {
@@ -396,12 +402,33 @@ impl Scheduler {
             let long_gaps = p.last_return.is_some_and(|gap| gap > cap)
                 && 2 * u64::from(p.long_returns) > u64::from(p.returns);
             let demand = q.demand;
-            if !long_gaps || p.active() || !self.can_admit(rank, demand, now, false) {
+            if !(cold || long_gaps) || p.active() || !self.can_admit(rank, demand, now, false) {
                 continue;
             }
             self.counters.backfill_admissions += 1;
             self.notes.push(Note::Backfill { rank });
             self.admit(key.ticket, rank, demand, now, out);
+        }
+    }
+
+    /// Whether the Program of queued request `ticket` has no prefix of its own likely cached on
+    /// `rank`: it has not completed a request yet, or its latest tool call outlasted the
+    /// rank's shared-prefix freshness (the time the rank takes to write
+    /// `shared_prefix_freshness_kv_turnovers` times its KV anew), so the engine's LRU has
+    /// turned over since it was last used.
+    fn head_is_cold(&self, rank: Rank, ticket: Ticket) -> bool {
+        let Some(q) = self.retained.get(&ticket) else {
+            return false;
+        };
+        let p = self.program(q.program);
+        match p.phase {
+            Phase::New => true,
+            Phase::Paused { .. } => {
+                p.last_complete.is_none()
+                    || p.last_return
+                        .is_some_and(|gap| gap > self.shared_prefix_freshness(rank))
+            }
+            Phase::Reasoning | Phase::Acting { .. } => false,
         }
     }
 

@@ -407,9 +407,9 @@ fn a_hit_renews_nothing_when_the_prefix_is_not_the_floors_or_not_cached() {
     s.check_invariants().expect("ledger");
 }
 
-/// One rank, queue in arrival order: "a" (600) runs, "big" (500) waits at the head of the
-/// queue, and "c" and "d" ran and paused at once (the window is immature, so the automatic TTL
-/// is 0).
+/// One rank, queue in arrival order: "c", "d" and "big" ran and paused at once (the window is
+/// immature, so the automatic TTL is 0); "a" (600) runs, and "big", back 0.7 s after its turn
+/// with 500 tokens, waits at the head of the queue: a warm head, its prefix likely cached.
 fn blocked_head(c: ProgramSchedulingConfig) -> Scheduler {
     let c = ProgramSchedulingConfig {
         resume_order: ResumeOrder::Fcfs,
@@ -418,10 +418,12 @@ fn blocked_head(c: ProgramSchedulingConfig) -> Scheduler {
     let mut s = sched(c, 1);
     assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "c", 100))), [1]);
     assert_eq!(dispatched(&s.on_arrival(0.2, arrival(2, "d", 100))), [2]);
-    assert_eq!(dispatched(&s.on_arrival(0.5, arrival(3, "a", 600))), [3]);
+    assert_eq!(dispatched(&s.on_arrival(0.3, arrival(3, "big", 100))), [3]);
     s.on_complete(1.0, 1, usage(100, 5));
     s.on_complete(1.2, 2, usage(100, 5));
-    assert!(dispatched(&s.on_arrival(2.0, arrival(4, "big", 500))).is_empty());
+    s.on_complete(1.3, 3, usage(100, 5));
+    assert_eq!(dispatched(&s.on_arrival(1.5, arrival(4, "a", 600))), [4]);
+    assert!(dispatched(&s.on_arrival(2.0, arrival(5, "big", 500))).is_empty());
     s
 }
 
@@ -433,21 +435,56 @@ fn a_request_back_from_a_long_tool_call_passes_a_head_that_does_not_fit() {
     };
     let mut s = blocked_head(c);
     // "d" is back 1.8 s after its turn, within `max_acting_ttl_seconds`: it keeps its place.
-    assert!(dispatched(&s.on_arrival(3.0, arrival(5, "d", 200))).is_empty());
+    assert!(dispatched(&s.on_arrival(3.0, arrival(6, "d", 200))).is_empty());
     // "c" is back after 29 s, longer than any hold: it runs in the 400 tokens "big" cannot use.
-    assert_eq!(dispatched(&s.on_arrival(30.0, arrival(6, "c", 200))), [6]);
+    assert_eq!(dispatched(&s.on_arrival(30.0, arrival(7, "c", 200))), [7]);
     assert_eq!(s.counters.backfill_admissions, 1);
     assert!(s.take_notes().contains(&Note::Backfill { rank: 0 }));
     // The head still goes first once it fits; "d" follows in order.
-    assert_eq!(dispatched(&s.on_complete(31.0, 3, usage(600, 5))), [4, 5]);
+    assert_eq!(dispatched(&s.on_complete(31.0, 4, usage(600, 5))), [5, 6]);
     s.check_invariants().expect("ledger");
 }
 
 #[test]
-fn strict_queue_order_by_default_and_behind_a_forced_head() {
-    assert_eq!(ProgramSchedulingConfig::default().queue_backfill_depth, 0);
-    let mut s = blocked_head(cfg());
-    assert!(dispatched(&s.on_arrival(30.0, arrival(6, "c", 200))).is_empty());
+fn a_head_with_no_prefix_of_its_own_cached_is_passed_by_any_request_that_fits() {
+    let c = ProgramSchedulingConfig {
+        queue_backfill_depth: 16,
+        resume_order: ResumeOrder::Fcfs,
+        ..cfg()
+    };
+    // A new Program at the head: "d", back after 1.8 s, runs in the room "new" cannot use.
+    let mut s = sched(c.clone(), 1);
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "d", 100))), [1]);
+    s.on_complete(1.2, 1, usage(100, 5));
+    assert_eq!(dispatched(&s.on_arrival(1.5, arrival(2, "a", 600))), [2]);
+    assert!(dispatched(&s.on_arrival(2.0, arrival(3, "new", 500))).is_empty());
+    assert_eq!(dispatched(&s.on_arrival(3.0, arrival(4, "d", 200))), [4]);
+    assert_eq!(s.counters.backfill_admissions, 1);
+    assert_eq!(dispatched(&s.on_complete(4.0, 2, usage(600, 5))), [3]);
+    s.check_invariants().expect("ledger");
+
+    // A Program back from a tool call longer than the rank's prefix freshness (the 100 s
+    // warm-up lifetime while the interval window is immature) has nothing left to lose either.
+    let mut s = sched(c, 1);
+    assert_eq!(dispatched(&s.on_arrival(0.1, arrival(2, "old", 100))), [2]);
+    s.on_complete(1.0, 2, usage(100, 5));
+    assert_eq!(dispatched(&s.on_arrival(150.0, arrival(3, "a", 600))), [3]);
+    assert!(dispatched(&s.on_arrival(151.0, arrival(4, "old", 500))).is_empty());
+    // "n" is new, with no long tool calls to its name: only the cold head lets it pass.
+    assert_eq!(dispatched(&s.on_arrival(152.0, arrival(5, "n", 200))), [5]);
+    assert_eq!(s.counters.backfill_admissions, 1);
+    s.check_invariants().expect("ledger");
+}
+
+#[test]
+fn strict_queue_order_at_depth_0_and_behind_a_forced_head() {
+    assert_eq!(ProgramSchedulingConfig::default().queue_backfill_depth, 16);
+    let c = ProgramSchedulingConfig {
+        queue_backfill_depth: 0,
+        ..cfg()
+    };
+    let mut s = blocked_head(c);
+    assert!(dispatched(&s.on_arrival(30.0, arrival(7, "c", 200))).is_empty());
     assert_eq!(s.counters.backfill_admissions, 0);
 
     // A head past its force-resume deadline is not passed.
@@ -458,7 +495,7 @@ fn strict_queue_order_by_default_and_behind_a_forced_head() {
     };
     let mut s = blocked_head(c);
     s.on_tick(7.5);
-    assert!(dispatched(&s.on_arrival(30.0, arrival(6, "c", 200))).is_empty());
+    assert!(dispatched(&s.on_arrival(30.0, arrival(7, "c", 200))).is_empty());
     assert_eq!(s.counters.backfill_admissions, 0);
 
     // Nor is a head looked past beyond the depth: "d" (short gap) fills the one place looked at.
@@ -467,8 +504,8 @@ fn strict_queue_order_by_default_and_behind_a_forced_head() {
         ..cfg()
     };
     let mut s = blocked_head(c);
-    assert!(dispatched(&s.on_arrival(3.0, arrival(5, "d", 200))).is_empty());
-    assert!(dispatched(&s.on_arrival(30.0, arrival(6, "c", 200))).is_empty());
+    assert!(dispatched(&s.on_arrival(3.0, arrival(6, "d", 200))).is_empty());
+    assert!(dispatched(&s.on_arrival(30.0, arrival(7, "c", 200))).is_empty());
     assert_eq!(s.counters.backfill_admissions, 0);
 }
 
@@ -490,6 +527,9 @@ fn only_programs_whose_tool_calls_mostly_outlast_any_hold_pass_the_head() {
     }
     assert_eq!(dispatched(&s.on_arrival(0.2, arrival(4, "c", 100))), [4]);
     s.on_complete(0.7, 4, usage(100, 5));
+    // "big" ran too, so it is a warm head when it comes back below.
+    assert_eq!(dispatched(&s.on_arrival(0.3, arrival(9, "big", 100))), [9]);
+    s.on_complete(0.8, 9, usage(100, 5));
     assert_eq!(dispatched(&s.on_arrival(3.0, arrival(5, "a", 600))), [5]);
     assert!(dispatched(&s.on_arrival(4.0, arrival(6, "big", 500))).is_empty());
     // "e" is back after 27.5 s, but two of its three tool calls were short: it keeps its place.

@@ -381,6 +381,8 @@ fn a_queued_request_of_an_already_active_program_reserves_what_it_needs() {
 fn a_request_of_a_program_that_became_active_does_not_wait_behind_a_blocked_head() {
     let c = ProgramSchedulingConfig {
         resume_order: ResumeOrder::Fcfs,
+        // Strict queue order: "p" would otherwise pass "h", a new Program with nothing cached.
+        queue_backfill_depth: 0,
         ..cfg()
     };
     let mut s = sched(c, 1);

@@ -67,3 +67,17 @@ def test_runs_of_different_matrices_are_refused(tmp_path):
     out = compare(tmp_path, a, c)
     assert out.returncode != 0
     assert "different cells" in out.stderr
+
+
+def test_a_cell_with_dropped_programs_gets_no_ratio(tmp_path):
+    a = matrix({"heavy": [110.0, 110.0], "overload": [150.0, 150.0]})
+    b = matrix({"heavy": [140.0, 140.0], "overload": [200.0, 200.0]})
+    # A's overload looks faster only because 3 Programs timed out in the queue on seed 2.
+    a["runs"][3]["program"]["queue_timeouts"] = 3
+    out = compare(tmp_path, a, b)
+    assert out.returncode == 0, out.stderr
+    heavy, overload = [line for line in out.stdout.splitlines() if line.startswith("| coding")]
+    assert "0.25×" in heavy, heavy
+    assert "| — (dropped Programs: A 3, B 0) | — |" in overload, overload
+    assert "≤ 0.5 in 1 cells, above it in 0, nothing to win in 0" in out.stdout
+    assert "Not compared: 1 cells where Programs timed out in the queue." in out.stdout

@@ -406,7 +406,15 @@ fn cell(family: Family, pressure: Pressure, rs: &[&SeedRun]) -> Cell {
     let p90s = ratio(&|s| s.p90_jct);
     let p99s = ratio(&|s| s.p99_jct);
     let never_worse = |v: &[f64]| v.iter().all(|x| *x <= 1.0 + WORSE_TOLERANCE);
-    let mut goals = Vec::new();
+    // A Program that timed out in the queue leaves the means; without this goal a setting that
+    // drops the slowest Programs would read as faster.
+    let mut goals = vec![Goal {
+        name: "every Program completed (no queue timeouts)",
+        met: rs.iter().all(|r| {
+            r.program.queue_timeouts == 0
+                && r.program.programs_completed == r.hash.programs_completed
+        }),
+    }];
     if pressure == Pressure::None {
         goals.push(Goal {
             name: "no regression without pressure (mean, p90, p99 ≤ hashing)",
@@ -528,7 +536,7 @@ mod tests {
         assert!((c.excess_ratio.expect("ratio") - 0.5).abs() < 1e-9);
         assert_eq!(c.excess_ratio_range, Some((0.25, 1.0)));
         let met: Vec<bool> = c.goals.iter().map(|g| g.met).collect();
-        assert_eq!(met, [true, false, true]);
+        assert_eq!(met, [true, true, false, true]);
         assert!(!c.held_out, "coding is a tuning family");
         // Nothing to win: hashing within 1 % of the floor, ours too.
         let flat = vec![seed_run(
@@ -539,7 +547,36 @@ mod tests {
             stats(100.8, 1.0, 1.0),
         )];
         let c = &cells(&flat)[0];
-        assert!(c.excess_ratio.is_none() && c.goals[0].met);
+        assert!(c.excess_ratio.is_none() && c.goals.iter().all(|g| g.met));
+    }
+
+    /// Programs that timed out in the queue leave the mean; the cell says so instead of
+    /// reading as faster.
+    #[test]
+    fn a_cell_that_dropped_programs_misses_a_goal() {
+        let mut dropped = stats(105.0, 120.0, 130.0);
+        dropped.queue_timeouts = 3;
+        let runs = vec![seed_run(
+            Pressure::Overload,
+            2,
+            100.0,
+            stats(200.0, 300.0, 400.0),
+            dropped,
+        )];
+        let c = &cells(&runs)[0];
+        let missed: Vec<&str> = c.goals.iter().filter(|g| !g.met).map(|g| g.name).collect();
+        assert_eq!(missed, ["every Program completed (no queue timeouts)"]);
+        // Fewer completed than hashing (a timeout the count missed) misses it too.
+        let mut fewer = stats(105.0, 120.0, 130.0);
+        fewer.programs_completed = 0;
+        let runs = vec![seed_run(
+            Pressure::Overload,
+            2,
+            100.0,
+            stats(200.0, 300.0, 400.0),
+            fewer,
+        )];
+        assert!(!cells(&runs)[0].goals[0].met);
     }
 
     /// One family at a quarter of its size, seed 1, four ranks, the default scheduler.

@@ -571,7 +571,7 @@ pub struct ProgramSchedulingParams {
     #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("lowWatermarkRatio must be > 0"))]
     pub low_watermark_ratio: Option<f64>,
     /// Most rounds a Program is served back to back before it yields to waiting Programs on its
-    /// rank (default 14); a Program that yielded resumes behind the others once.
+    /// rank (default 32; the spec's is 14); a Program that yielded resumes behind the others once.
     pub max_segment_rounds: Option<u32>,
     /// Samples in the rolling windows of request growth and tool intervals (1–100000; default
     /// 100); until a window is full its estimate is off (no growth reserve, no automatic TTL).

@@ -274,7 +274,9 @@ impl Default for ProgramSchedulingConfig {
             max_acting_ttl_seconds: 10.0,
             high_watermark_ratio: 1.0,
             low_watermark_ratio: 1.0,
-            max_segment_rounds: 14,
+            // The spec's 14 made agents of 15-40 turns give up their KV mid-session under any
+            // queue; chosen on the tuning half (docs/generalization.md).
+            max_segment_rounds: 32,
             stats_window_size: 100,
             enable_batch_gain_admission: true,
             ttl_evidence: TtlEvidence::default(),

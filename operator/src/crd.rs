@@ -625,6 +625,11 @@ pub struct ProgramSchedulingParams {
     /// than this many times the cache-miss impact of the rank's mean Program (default 10).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("adaptiveOvercommitWaitRatio must be >= 0"))]
     pub adaptive_overcommit_wait_ratio: Option<f64>,
+    /// Extension: the overcommit grows only on a rank whose Programs ran at most this many
+    /// rounds per activation on average, so what it admits leaves soon (default 2.5; 32 or more:
+    /// every rank).
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("adaptiveOvercommitMaxRounds must be >= 0"))]
+    pub adaptive_overcommit_max_rounds: Option<f64>,
     /// Cost of a cold prefill, for the TTL and batch-gain decisions. Fit it with
     /// `program-router calibrate`; omitted coefficients take reference values (Calibrated=False).
     pub prefill_cost_model: Option<PrefillCostModelParams>,

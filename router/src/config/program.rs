@@ -240,6 +240,11 @@ pub struct ProgramSchedulingConfig {
     /// Extension: the overcommit grows only while the request next in line has waited longer
     /// than this many times the cache-miss impact of the rank's mean Program.
     pub adaptive_overcommit_wait_ratio: f64,
+    /// Extension: the overcommit grows only on a rank whose Programs ran at most this many
+    /// rounds per activation on average (pause to pause): what it admits past the ledger then
+    /// leaves within a few rounds. Long activations (agents held through short tool calls)
+    /// would keep the excess for a session's length, at their prefixes' cost.
+    pub adaptive_overcommit_max_rounds: f64,
     pub prefill_cost_model: PrefillCostModel,
     pub decode_throughput_model: DecodeThroughputModel,
 }
@@ -291,6 +296,7 @@ impl Default for ProgramSchedulingConfig {
             adaptive_overcommit_max_ratio: 0.3,
             adaptive_overcommit_step_ratio: 0.01,
             adaptive_overcommit_wait_ratio: 10.0,
+            adaptive_overcommit_max_rounds: 2.5,
             prefill_cost_model: PrefillCostModel::default(),
             decode_throughput_model: DecodeThroughputModel::default(),
         }
@@ -418,6 +424,12 @@ impl ProgramSchedulingConfig {
         finite_min(
             "adaptive_overcommit_wait_ratio",
             self.adaptive_overcommit_wait_ratio,
+            0.0,
+            false,
+        )?;
+        finite_min(
+            "adaptive_overcommit_max_rounds",
+            self.adaptive_overcommit_max_rounds,
             0.0,
             false,
         )?;
@@ -635,6 +647,10 @@ mod tests {
             (
                 r#"{"adaptive_overcommit_wait_ratio":-1}"#,
                 "adaptive_overcommit_wait_ratio",
+            ),
+            (
+                r#"{"adaptive_overcommit_max_rounds":-1}"#,
+                "adaptive_overcommit_max_rounds",
             ),
             (r#"{"queue_backfill_depth":1025}"#, "queue_backfill_depth"),
             (r#"{"resume_order":"lifo"}"#, "unknown variant"),

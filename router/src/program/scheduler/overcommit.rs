@@ -8,7 +8,9 @@
 //! line has waited longer than `adaptive_overcommit_wait_ratio` × the cache-miss impact of the
 //! rank's mean Program, the overcommit grows by `adaptive_overcommit_step_ratio` up to
 //! `adaptive_overcommit_max_ratio`; a Program that came back to find its prefix evicted resets
-//! it to 0.
+//! it to 0. It grows only where Programs run at most `adaptive_overcommit_max_rounds` rounds per
+//! activation: what it admits then leaves soon, while a long activation would hold the excess
+//! for a whole session and cost the prefixes it displaces.
 
 use super::*;
 
@@ -37,7 +39,10 @@ impl Scheduler {
             n => r.used_tokens / u64::from(n),
         };
         let miss = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, mean_context);
-        let grow = head_wait.is_some_and(|w| w > self.cfg.adaptive_overcommit_wait_ratio * miss);
+        // With no activation measured yet, one round (as the force-resume deadline assumes).
+        let rounds = r.segment_rounds.mean().unwrap_or(1.0);
+        let grow = head_wait.is_some_and(|w| w > self.cfg.adaptive_overcommit_wait_ratio * miss)
+            && rounds <= self.cfg.adaptive_overcommit_max_rounds;
         let step = self.cfg.adaptive_overcommit_step_ratio;
         let r = &mut self.ranks[rank];
         if std::mem::take(&mut r.resume_miss) {

@@ -141,3 +141,47 @@ fn a_program_that_finds_its_prefix_keeps_the_overcommit() {
     observe(&mut s, t + 2.0);
     assert!((s.overcommit(0) - grown).abs() < 1e-9);
 }
+
+/// "c" ran four rounds in one activation (held through 1 s tool calls) before its TTL ran out,
+/// then "b" waits behind "a" as in [`b_waits_behind_a`]: the rank's Programs run long
+/// activations.
+fn b_waits_where_activations_are_long(c: ProgramSchedulingConfig) -> Scheduler {
+    let mut s = sched(c, 1);
+    let mut t = 0.0;
+    for ticket in 10..14 {
+        let d = s.on_arrival(t, with_ttl(arrival(ticket, "c", 50), 2.0));
+        assert_eq!(dispatched(&d), [ticket], "c keeps its place between rounds");
+        s.on_complete(t + 0.5, ticket, usage(50, 10));
+        t += 1.5;
+    }
+    s.on_tick(t + 5.0);
+    assert_eq!(s.retained_requests(), 0);
+    let t = t + 10.0;
+    s.on_arrival(t, with_ttl(arrival(1, "a", 900), 1000.0));
+    s.on_complete(t + 0.5, 1, usage(900, 10));
+    assert!(dispatched(&s.on_arrival(t + 1.0, arrival(2, "b", 200))).is_empty());
+    s
+}
+
+#[test]
+fn the_overcommit_grows_only_where_activations_are_short() {
+    let long_wait = |s: &mut Scheduler| {
+        for i in 0..600 {
+            observe(s, 30.0 + f64::from(i));
+        }
+    };
+    let mut s = b_waits_where_activations_are_long(cfg());
+    long_wait(&mut s);
+    assert_eq!(s.overcommit(0), 0.0, "4 rounds per activation > 2.5");
+    assert_eq!(s.retained_requests(), 1, "b still waits for room");
+
+    let c = ProgramSchedulingConfig {
+        adaptive_overcommit_max_rounds: 4.0,
+        ..cfg()
+    };
+    let mut s = b_waits_where_activations_are_long(c);
+    long_wait(&mut s);
+    assert!(s.overcommit(0) > 0.0, "4 rounds is within the limit");
+    assert_eq!(s.retained_requests(), 0, "b admitted past the ledger");
+    s.check_invariants().expect("ledger");
+}

@@ -43,6 +43,9 @@ pub struct ProgramMetrics {
     pub(crate) coefficient: GaugeVec,
     /// `{model_pool, endpoint, outcome}`: `observed` (usage fed the estimate) or `missing`.
     pub(crate) feedback: IntCounterVec,
+    /// Ours, `{model_pool, endpoint}`: each request's admission-time estimate ÷ the engine's
+    /// prompt tokens.
+    pub(crate) estimate_error: HistogramVec,
     pub(crate) shed: IntCounterVec,
 }
 
@@ -77,6 +80,10 @@ const TTL_SECONDS: &[f64] = &[
     0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 const MISS_SECONDS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0];
+/// Ours: the token estimate over the engine's count (1 is exact).
+const ESTIMATE_RATIOS: &[f64] = &[
+    0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 1.0, 1.01, 1.02, 1.05, 1.1, 1.25, 1.5, 2.0,
+];
 /// Ours: context growth between completions.
 const GROWTH_TOKENS: &[f64] = &[
     0.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
@@ -354,6 +361,18 @@ impl ProgramMetrics {
                         "Completions that fed the token estimate (observed) or brought no usage (missing).",
                     ),
                     &["model_pool", "endpoint", "outcome"],
+                )?,
+            )?,
+            estimate_error: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "program_router_program_token_estimate_error_ratio",
+                        "A request's prompt-token estimate at admission over the prompt tokens the \
+                     engine reported (1 is exact; below 1 the ledger under-reserved).",
+                    )
+                    .buckets(ESTIMATE_RATIOS.to_vec()),
+                    &["model_pool", "endpoint"],
                 )?,
             )?,
             shed: register(

@@ -399,15 +399,16 @@ impl ProgramRuntime {
             Vec::new()
         };
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let mut g = self.lock();
+        let prompt_tokens = (prompt_bytes as f64 * g.tokens_per_byte) as u64;
         let guard = ProgramTicket {
             rt: self.clone(),
             ticket,
             prompt_bytes,
+            prompt_tokens,
             endpoint,
             done: false,
         };
-        let mut g = self.lock();
-        let prompt_tokens = (prompt_bytes as f64 * g.tokens_per_byte) as u64;
         let now = self.now();
         let ds = g.sched.on_arrival(
             now,
@@ -434,13 +435,8 @@ impl ProgramRuntime {
         (guard, admission)
     }
 
-    fn complete(
-        &self,
-        ticket: Ticket,
-        usage: Option<Usage>,
-        prompt_bytes: usize,
-        endpoint: &'static str,
-    ) {
+    fn complete(&self, t: &ProgramTicket, usage: Option<Usage>) {
+        let (ticket, prompt_bytes, endpoint) = (t.ticket, t.prompt_bytes, t.endpoint);
         let mut g = self.lock();
         let fed = usage.filter(|u| prompt_bytes > 0 && u.prompt_tokens > 0);
         let outcome = if fed.is_some() { "observed" } else { "missing" };
@@ -449,6 +445,10 @@ impl ProgramRuntime {
             .with_label_values(&[MODEL_POOL, endpoint, outcome])
             .inc();
         if let Some(u) = fed {
+            self.metrics
+                .estimate_error
+                .with_label_values(&[MODEL_POOL, endpoint])
+                .observe(t.prompt_tokens as f64 / u.prompt_tokens as f64);
             let ratio = (u.prompt_tokens as f64 / prompt_bytes as f64).clamp(0.01, 4.0);
             g.tokens_per_byte = 0.95 * g.tokens_per_byte + 0.05 * ratio;
             self.metrics
@@ -649,6 +649,8 @@ pub struct ProgramTicket {
     rt: Arc<ProgramRuntime>,
     ticket: Ticket,
     prompt_bytes: usize,
+    /// The prompt tokens estimated at admission (what the ledger reserved for the prompt).
+    prompt_tokens: u64,
     /// The route the request came on (labels the token estimate's series).
     endpoint: &'static str,
     done: bool,
@@ -657,8 +659,7 @@ pub struct ProgramTicket {
 impl ProgramTicket {
     pub fn complete(mut self, usage: Option<Usage>) {
         self.done = true;
-        self.rt
-            .complete(self.ticket, usage, self.prompt_bytes, self.endpoint);
+        self.rt.complete(&self, usage);
     }
 }
 

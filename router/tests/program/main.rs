@@ -413,6 +413,7 @@ async fn get_metrics(c: &HttpClient, r: &Router) -> String {
 }
 
 mod clients;
+mod estimate;
 mod events;
 mod metrics_parity;
 mod reloads;

@@ -630,6 +630,11 @@ pub struct ProgramSchedulingParams {
     /// every rank).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("adaptiveOvercommitMaxRounds must be >= 0"))]
     pub adaptive_overcommit_max_rounds: Option<f64>,
+    /// Extension: an admission reserves the rank's mean context growth only on a rank whose
+    /// Programs ran more than this many rounds per activation on average (default 2.5; 0:
+    /// always, the spec's behaviour).
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("growthReserveMinRounds must be >= 0"))]
+    pub growth_reserve_min_rounds: Option<f64>,
     /// Cost of a cold prefill, for the TTL and batch-gain decisions. Fit it with
     /// `program-router calibrate`; omitted coefficients take reference values (Calibrated=False).
     pub prefill_cost_model: Option<PrefillCostModelParams>,

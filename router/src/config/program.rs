@@ -245,6 +245,12 @@ pub struct ProgramSchedulingConfig {
     /// leaves within a few rounds. Long activations (agents held through short tool calls)
     /// would keep the excess for a session's length, at their prefixes' cost.
     pub adaptive_overcommit_max_rounds: f64,
+    /// Extension: an admission reserves the rank's mean context growth (the next round's
+    /// append) only on a rank whose Programs ran more than this many rounds per activation on
+    /// average, or none measured yet. Where activations are shorter, most admitted rounds are
+    /// an activation's last, so the reserve mostly held KV the batch could use; 0 = always
+    /// reserve (the spec's behaviour).
+    pub growth_reserve_min_rounds: f64,
     pub prefill_cost_model: PrefillCostModel,
     pub decode_throughput_model: DecodeThroughputModel,
 }
@@ -297,6 +303,7 @@ impl Default for ProgramSchedulingConfig {
             adaptive_overcommit_step_ratio: 0.01,
             adaptive_overcommit_wait_ratio: 10.0,
             adaptive_overcommit_max_rounds: 2.5,
+            growth_reserve_min_rounds: 2.5,
             prefill_cost_model: PrefillCostModel::default(),
             decode_throughput_model: DecodeThroughputModel::default(),
         }
@@ -430,6 +437,12 @@ impl ProgramSchedulingConfig {
         finite_min(
             "adaptive_overcommit_max_rounds",
             self.adaptive_overcommit_max_rounds,
+            0.0,
+            false,
+        )?;
+        finite_min(
+            "growth_reserve_min_rounds",
+            self.growth_reserve_min_rounds,
             0.0,
             false,
         )?;
@@ -651,6 +664,10 @@ mod tests {
             (
                 r#"{"adaptive_overcommit_max_rounds":-1}"#,
                 "adaptive_overcommit_max_rounds",
+            ),
+            (
+                r#"{"growth_reserve_min_rounds":-1}"#,
+                "growth_reserve_min_rounds",
             ),
             (r#"{"queue_backfill_depth":1025}"#, "queue_backfill_depth"),
             (r#"{"resume_order":"lifo"}"#, "unknown variant"),

@@ -7,7 +7,11 @@ use super::*;
 
 impl Scheduler {
     /// Tokens a Program needs on its rank — (context or prompt estimate, less a fresh shared
-    /// prefix) + output allowance + growth reserve — and the growth-reserve part of it.
+    /// prefix) + output allowance + growth reserve — and the growth-reserve part of it. The
+    /// growth reserve is the rank's mean growth between completions, taken only where
+    /// activations run longer than `growth_reserve_min_rounds` on average (or none has been
+    /// measured): elsewhere most rounds end their activation, and the next one is admitted
+    /// afresh with its grown context.
     pub(super) fn demand(
         &self,
         p: &Program,
@@ -15,8 +19,13 @@ impl Scheduler {
         expected_output: Option<u64>,
         now: f64,
     ) -> (u64, u64) {
-        let growth = if self.ranks[p.rank].growth.complete() {
-            self.ranks[p.rank].growth.mean().unwrap_or(0.0).max(0.0) as u64
+        let r = &self.ranks[p.rank];
+        let long_activations = r
+            .segment_rounds
+            .mean()
+            .is_none_or(|rounds| rounds > self.cfg.growth_reserve_min_rounds);
+        let growth = if r.growth.complete() && long_activations {
+            r.growth.mean().unwrap_or(0.0).max(0.0) as u64
         } else {
             0
         };

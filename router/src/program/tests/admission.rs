@@ -229,6 +229,8 @@ fn batch_gain_setup(enable: bool) -> (Scheduler, Vec<Decision>) {
     let c = ProgramSchedulingConfig {
         stats_window_size: 2,
         enable_batch_gain_admission: enable,
+        // "a"'s rounds are one-round activations: reserve growth on this rank regardless.
+        growth_reserve_min_rounds: 0.0,
         ..cfg()
     };
     let mut s = sched(c, 1);
@@ -539,4 +541,50 @@ fn only_programs_whose_tool_calls_mostly_outlast_any_hold_pass_the_head() {
     assert!(dispatched(&s.on_arrival(31.0, low)).is_empty());
     assert_eq!(s.counters.backfill_admissions, 0);
     s.check_invariants().expect("ledger");
+}
+
+/// `growth_reserve_min_rounds`: "big" (500 tokens) is admitted, then "c" (250) arrives on a
+/// 1,000-token rank whose mean growth between completions is 200 tokens. With the growth
+/// reserve both need 1,150 and "c" waits; without it, 750, and "c" runs. Returns whether "c"
+/// was admitted and the ledger after.
+fn second_fits(rounds: Option<f64>, min_rounds: f64) -> (bool, u64) {
+    let c = ProgramSchedulingConfig {
+        stats_window_size: 1,
+        enable_batch_gain_admission: false,
+        growth_reserve_min_rounds: min_rounds,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    s.ranks[0].growth.push(200.0);
+    if let Some(r) = rounds {
+        s.ranks[0].segment_rounds.push(r);
+    }
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "big", 500))), [1]);
+    let admitted = dispatched(&s.on_arrival(0.1, arrival(2, "c", 250))) == [2];
+    s.check_invariants().expect("ledger");
+    (admitted, s.ranks[0].used_tokens)
+}
+
+#[test]
+fn the_growth_reserve_is_taken_only_where_activations_are_long() {
+    assert_eq!(
+        second_fits(Some(4.0), 2.5),
+        (false, 700),
+        "4 rounds per activation: the next round's growth is reserved"
+    );
+    assert_eq!(
+        second_fits(Some(2.0), 2.5),
+        (true, 750),
+        "2 rounds per activation: no growth reserve, both run"
+    );
+    assert_eq!(
+        second_fits(None, 2.5),
+        (false, 700),
+        "no activation measured yet: reserved"
+    );
+    assert_eq!(
+        second_fits(Some(2.0), 0.0),
+        (false, 700),
+        "0 always reserves (the spec's behaviour)"
+    );
 }

@@ -437,8 +437,8 @@ impl ProgramRuntime {
 
     fn complete(&self, t: &ProgramTicket, usage: Option<Usage>) {
         let (ticket, prompt_bytes, endpoint) = (t.ticket, t.prompt_bytes, t.endpoint);
-        let mut g = self.lock();
         let fed = usage.filter(|u| prompt_bytes > 0 && u.prompt_tokens > 0);
+        // The series that need no scheduler state are written before taking its lock.
         let outcome = if fed.is_some() { "observed" } else { "missing" };
         self.metrics
             .feedback
@@ -449,6 +449,9 @@ impl ProgramRuntime {
                 .estimate_error
                 .with_label_values(&[MODEL_POOL, endpoint])
                 .observe(t.prompt_tokens as f64 / u.prompt_tokens as f64);
+        }
+        let mut g = self.lock();
+        if let Some(u) = fed {
             let ratio = (u.prompt_tokens as f64 / prompt_bytes as f64).clamp(0.01, 4.0);
             g.tokens_per_byte = 0.95 * g.tokens_per_byte + 0.05 * ratio;
             self.metrics

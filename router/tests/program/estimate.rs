@@ -3,8 +3,9 @@
 
 use super::*;
 
-/// vllm-sim's tokenizer makes "w w w …" about 2.4 bytes per token, while the estimate starts at
-/// 4 bytes per token: the first requests are under-estimated, and the series says so.
+/// vllm-sim's tokenizer makes each " w" of the prompt one token (2 bytes), while the estimate
+/// starts at 4 bytes per token and learns slowly: these requests are under-estimated, and the
+/// series says so.
 #[tokio::test]
 async fn the_estimate_error_is_recorded_for_every_completion_with_usage() {
     let (_s, r) = setup(ProgramSchedulingConfig {

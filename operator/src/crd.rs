@@ -635,6 +635,11 @@ pub struct ProgramSchedulingParams {
     /// always, the spec's behaviour).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("growthReserveMinRounds must be >= 0"))]
     pub growth_reserve_min_rounds: Option<f64>,
+    /// Extension: new Programs queue behind work in progress by arrival time plus this many
+    /// seconds × the share of the rank's KV they ask for: a lower mean, a longer tail (default
+    /// 0: by arrival, the spec's behaviour; at most 86400).
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0 && self <= 86400.0").message("newProgramDemandAgingSeconds must be between 0 and 86400"))]
+    pub new_program_demand_aging_seconds: Option<f64>,
     /// Cost of a cold prefill, for the TTL and batch-gain decisions. Fit it with
     /// `program-router calibrate`; omitted coefficients take reference values (Calibrated=False).
     pub prefill_cost_model: Option<PrefillCostModelParams>,

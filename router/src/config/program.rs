@@ -251,6 +251,12 @@ pub struct ProgramSchedulingConfig {
     /// an activation's last, so the reserve mostly held KV the batch could use; 0 = always
     /// reserve (the spec's behaviour).
     pub growth_reserve_min_rounds: f64,
+    /// Extension, off by default: new Programs wait behind work in progress ordered by arrival
+    /// time plus this many seconds × the share of the rank's KV their first request asks for (a
+    /// new Program asking for the whole rank queues as if it had arrived this much later).
+    /// Smaller first shortens the mean wait where KV bounds the batch, and lengthens the large
+    /// ones' tail. 0 = by arrival (the spec). Not applied under `resume_order: fcfs`.
+    pub new_program_demand_aging_seconds: f64,
     pub prefill_cost_model: PrefillCostModel,
     pub decode_throughput_model: DecodeThroughputModel,
 }
@@ -304,6 +310,7 @@ impl Default for ProgramSchedulingConfig {
             adaptive_overcommit_wait_ratio: 10.0,
             adaptive_overcommit_max_rounds: 2.5,
             growth_reserve_min_rounds: 2.5,
+            new_program_demand_aging_seconds: 0.0,
             prefill_cost_model: PrefillCostModel::default(),
             decode_throughput_model: DecodeThroughputModel::default(),
         }
@@ -331,6 +338,8 @@ impl ProgramSchedulingConfig {
     /// Checks every constraint of the spec; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         const MAX_STATS_WINDOW: u32 = 100_000;
+        // A day: far beyond any queue timeout, and far from overflowing the queue's order key.
+        const MAX_DEMAND_AGING_SECONDS: f64 = 86_400.0;
         finite_min(
             "cross_rank_headroom_ratio",
             self.cross_rank_headroom_ratio,
@@ -446,6 +455,18 @@ impl ProgramSchedulingConfig {
             0.0,
             false,
         )?;
+        finite_min(
+            "new_program_demand_aging_seconds",
+            self.new_program_demand_aging_seconds,
+            0.0,
+            false,
+        )?;
+        if self.new_program_demand_aging_seconds > MAX_DEMAND_AGING_SECONDS {
+            return Err(err(
+                "new_program_demand_aging_seconds",
+                format!("must be at most {MAX_DEMAND_AGING_SECONDS}"),
+            ));
+        }
         finite_min("high_watermark_ratio", self.high_watermark_ratio, 0.0, true)?;
         if self.high_watermark_ratio < self.low_watermark_ratio {
             return Err(err(
@@ -668,6 +689,14 @@ mod tests {
             (
                 r#"{"growth_reserve_min_rounds":-1}"#,
                 "growth_reserve_min_rounds",
+            ),
+            (
+                r#"{"new_program_demand_aging_seconds":-1}"#,
+                "new_program_demand_aging_seconds",
+            ),
+            (
+                r#"{"new_program_demand_aging_seconds":1e9}"#,
+                "new_program_demand_aging_seconds",
             ),
             (r#"{"queue_backfill_depth":1025}"#, "queue_backfill_depth"),
             (r#"{"resume_order":"lifo"}"#, "unknown variant"),

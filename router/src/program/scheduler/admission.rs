@@ -37,6 +37,20 @@ impl Scheduler {
         )
     }
 
+    /// Queue order of a new Program's request on `rank` (work in progress sorts before it):
+    /// its arrival in microseconds, aged by `new_program_demand_aging_seconds` × the share of
+    /// the rank's KV it asks for (at most the whole). By arrival alone while the capacity is
+    /// unknown.
+    pub(super) fn new_program_order(&self, rank: Rank, demand: u64, now: f64) -> i64 {
+        let aging = match self.capacity(rank).0 {
+            Some(cap) if cap > 0 => {
+                self.cfg.new_program_demand_aging_seconds * (demand as f64 / cap as f64).min(1.0)
+            }
+            _ => 0.0,
+        };
+        us(now + aging).max(0)
+    }
+
     /// A later completion of the Program in `slot` found its `tokens`-long shared prefix cached
     /// again: fresh evidence that the prefix is resident. When the rank's floor counts the same
     /// prefix (the same lead key), or counts none any more, the floor and the Program's discount

@@ -155,17 +155,18 @@ impl Scheduler {
             now,
         );
         // Work in progress first: a Program that has run (or a subagent its parent waits on)
-        // resumes before new root Programs, which wait FCFS among their peers (LIFO over new
-        // Programs starves the oldest under sustained load). `mru` orders work in progress by
-        // latest arrival; `last_use` by its KV's last use (a subagent shares its parent's
-        // prompt, just used), the likeliest still cached first.
+        // resumes before new root Programs (LIFO over new Programs starves the oldest under
+        // sustained load). `mru` orders work in progress by latest arrival; `last_use` by its
+        // KV's last use (a subagent shares its parent's prompt, just used), the likeliest still
+        // cached first. New Programs follow by arrival, aged by the KV they ask for.
         let p = self.program(slot);
         let started = p.last_complete.is_some()
             || a.identity.parent_program_id.is_some() && a.identity.blocks_parent;
         let order = match self.cfg.resume_order {
             ResumeOrder::Mru if started => -self.arrivals,
             ResumeOrder::LastUse if started => -us(p.last_complete.unwrap_or(now)).max(0) - 1,
-            ResumeOrder::Mru | ResumeOrder::LastUse | ResumeOrder::Fcfs => self.arrivals,
+            ResumeOrder::Mru | ResumeOrder::LastUse => self.new_program_order(rank, demand, now),
+            ResumeOrder::Fcfs => self.arrivals,
         };
         // Start-time fair queueing over tenants: a request's tag is where its tenant's previous
         // request ends in virtual service (or the current virtual time, for a tenant that was

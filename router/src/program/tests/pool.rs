@@ -451,3 +451,35 @@ fn the_protected_rounds_estimate_is_capped_by_max_segment_rounds() {
         "{long} vs {capped}"
     );
 }
+
+/// On a 1,000-token rank that runs one Program at a time, "big" (600 tokens) queues at 1 s and
+/// "small" (60 tokens) at `small_at`; returns which of the two runs first.
+fn first_of_two_new(order: ResumeOrder, aging: f64, small_at: f64) -> Ticket {
+    let c = ProgramSchedulingConfig {
+        resume_order: order,
+        max_active_programs_per_target: 1,
+        new_program_demand_aging_seconds: aging,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "a", 10))), [1]);
+    assert!(dispatched(&s.on_arrival(1.0, arrival(2, "big", 600))).is_empty());
+    assert!(dispatched(&s.on_arrival(small_at, arrival(3, "small", 60))).is_empty());
+    let d = s.on_complete(small_at + 1.0, 1, usage(10, 1));
+    let ids = dispatched(&d);
+    assert_eq!(ids.len(), 1, "{d:?}");
+    s.check_invariants().expect("ledger");
+    ids[0]
+}
+
+#[test]
+fn new_programs_queue_by_arrival_aged_by_the_kv_they_ask_for() {
+    // Aged 100 s × the share of the rank: big at 1 + 60 = 61 s, small at 2 + 6 = 8 s.
+    assert_eq!(first_of_two_new(ResumeOrder::Mru, 100.0, 2.0), 3);
+    assert_eq!(first_of_two_new(ResumeOrder::LastUse, 100.0, 2.0), 3);
+    // Small arriving at 60 s sorts at 66 s: big has waited long enough to go first.
+    assert_eq!(first_of_two_new(ResumeOrder::Mru, 100.0, 60.0), 2);
+    // 0 is the spec's FCFS among new Programs, and `fcfs` never ages.
+    assert_eq!(first_of_two_new(ResumeOrder::Mru, 0.0, 2.0), 2);
+    assert_eq!(first_of_two_new(ResumeOrder::Fcfs, 100.0, 2.0), 2);
+}

@@ -271,7 +271,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     }
     progbench::compare::check_comparable(&mut results);
     println!(
-        "{:<12} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>10} {:>6} {:>6}  status",
+        "{:<17} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>10} {:>6} {:>6}  status",
         "variant",
         "requests",
         "hit",
@@ -288,7 +288,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     );
     for r in &results {
         println!(
-            "{:<12} {:>9} {:>7.1}% {:>8.1}s {:>8.1}s {:>8.1}s {:>8.1}s {:>7.2}s {:>7.2}s {:>7.2} {:>10} {:>6.0} {:>6.0}  {}",
+            "{:<17} {:>9} {:>7.1}% {:>8.1}s {:>8.1}s {:>8.1}s {:>8.1}s {:>7.2}s {:>7.2}s {:>7.2} {:>10} {:>6.0} {:>6.0}  {}",
             format!("{:?}", r.variant),
             r.requests,
             r.server_token_hit * 100.0,
@@ -355,6 +355,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
             );
         }
     }
+    print_floor_excess(&results);
     let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-compare.html"));
     let calibrated = match &setup.calibration {
         Some(c) => format!(
@@ -593,3 +594,35 @@ fn write_report(path: &std::path::Path, html: &str) -> Result<(), String> {
 /// One run against the oracle: mode, token hit, mean JCT, and (virtual time only) the KV
 /// demand's p90 and the share of the run it exceeded the cluster's KV.
 type OracleRow = (String, f64, f64, Option<(f64, f64)>);
+
+/// Issue 35's reading, when `pr-hash-unbounded-kv` ran: each run's mean JCT above consistent
+/// hashing with no KV pressure, and ours' excess over vllm-router's when both scheduled Programs.
+fn print_floor_excess(results: &[progbench::compare::RunResult]) {
+    use progbench::compare::Variant;
+    let ok = |v: Variant| results.iter().find(|r| r.ok && r.variant == v);
+    let Some(floor) = ok(Variant::PrHashUnboundedKv) else {
+        return;
+    };
+    println!(
+        "\nmean JCT above the floor, consistent hashing without KV pressure ({:.1} s):",
+        floor.mean_jct
+    );
+    for r in results
+        .iter()
+        .filter(|r| r.ok && r.variant != floor.variant)
+    {
+        println!(
+            "{:<22} {:>11.1}s",
+            format!("{:?}", r.variant),
+            r.mean_jct - floor.mean_jct
+        );
+    }
+    if let (Some(ours), Some(peer)) = (ok(Variant::PrProgram), ok(Variant::VrProgram))
+        && peer.mean_jct > floor.mean_jct
+    {
+        println!(
+            "PrProgram's excess ÷ VrProgram's: {:.2}",
+            (ours.mean_jct - floor.mean_jct) / (peer.mean_jct - floor.mean_jct)
+        );
+    }
+}

@@ -44,7 +44,8 @@ async fn program_router_variants_serve_identical_work() {
     };
     let turns = generate(Preset::Chat, 3, 2.0, 5);
     // pr-auto: the same scheduling, identity from session headers only (`enable_key: auto`).
-    // pr-unbounded-kv: the no-KV-pressure reference (simulators sized for the whole workload).
+    // pr-unbounded-kv: the no-KV-pressure reference (simulators sized for the whole workload);
+    // pr-hash-unbounded-kv: the same simulators behind consistent hashing (issue 35's floor).
     // pr-split2 / pr-peers2: two replicas, turns alternating between them, without and with
     // `peers`. pr-roll / pr-roll-cold: the peers replaced one by one while the Programs run,
     // with and without hand-over; pr-roll-skew(-norev): each member list reaching each replica
@@ -54,6 +55,7 @@ async fn program_router_variants_serve_identical_work() {
         Variant::PrProgram,
         Variant::PrAuto,
         Variant::PrUnboundedKv,
+        Variant::PrHashUnboundedKv,
         Variant::PrSplit2,
         Variant::PrPeers2,
         Variant::PrRoll,

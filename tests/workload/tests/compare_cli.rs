@@ -1,6 +1,6 @@
 //! `progbench compare` end to end from its command line on a tiny workload: calibration first,
-//! the table, the oracle and the no-KV-pressure lines, and the JSON with the coefficients both
-//! routers got. No timing assertions.
+//! the table, the oracle, the no-KV-pressure and floor lines, and the JSON with the coefficients
+//! both routers got. No timing assertions.
 
 use std::process::Command;
 
@@ -34,7 +34,7 @@ fn compare_calibrates_then_reports_runs_against_the_reference() {
             "--limit-secs",
             "120",
             "--variants",
-            "pr-program,pr-unbounded-kv",
+            "pr-program,pr-unbounded-kv,pr-hash-unbounded-kv",
         ])
         .arg("--json")
         .arg(&json)
@@ -52,9 +52,18 @@ fn compare_calibrates_then_reports_runs_against_the_reference() {
     let above = stdout
         .split("above the reference without KV pressure")
         .nth(1)
+        .and_then(|s| s.split("above the floor").next())
         .unwrap_or_else(|| panic!("no reference section: {stdout}"));
     assert!(
         above.contains("PrProgram") && !above.contains("PrUnboundedKv"),
+        "{stdout}"
+    );
+    let floor = stdout
+        .split("above the floor, consistent hashing without KV pressure")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no floor section: {stdout}"));
+    assert!(
+        floor.contains("PrProgram") && floor.contains("PrUnboundedKv"),
         "{stdout}"
     );
 
@@ -69,7 +78,7 @@ fn compare_calibrates_then_reports_runs_against_the_reference() {
         assert!(cal["prefill_cost_model"][field].as_f64().is_some(), "{cal}");
     }
     assert!(cal["decode_throughput_model"]["fixed_step_seconds"].as_f64() > Some(0.0));
-    assert_eq!(report["runs"].as_array().map(Vec::len), Some(2));
+    assert_eq!(report["runs"].as_array().map(Vec::len), Some(3));
     let page = std::fs::read_to_string(&html).expect("--html written");
     assert!(page.contains("cost models from program-router calibrate"));
     let _ = std::fs::remove_dir_all(&dir);

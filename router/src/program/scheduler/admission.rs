@@ -1,7 +1,7 @@
 //! Admission and the RequestPool's pump: a Program's demand, the rank's capacity gates
 //! (ledger and watermarks, Program-count guard, vLLM waiting gate), shared-prefix discount,
-//! batch-gain admission, force-resume deadlines, passing a head that does not fit
-//! (`queue_backfill_depth`), and cross-rank resume.
+//! batch-gain admission, force-resume deadlines, new Programs' queue order, passing a head that
+//! does not fit (`queue_backfill_depth`), and cross-rank resume.
 
 use super::*;
 

@@ -49,6 +49,12 @@ pub enum Variant {
     /// excess JCT is what remains without KV pressure — batching slowdown and the harness's
     /// timing — which no placement or retention policy can remove.
     PrUnboundedKv,
+    /// Issue 35's floor, also a reference: program-router with consistent hashing and no
+    /// Program scheduling on simulators whose KV holds the whole workload at once. Excess above
+    /// it is what the issue's goals compare (ours ÷ the peer's); `pr-unbounded-kv` sits lower by
+    /// what Program scheduling's placement wins without pressure, so excess above that one is
+    /// the stricter reading.
+    PrHashUnboundedKv,
     /// Two program-router replicas with full Program scheduling behind a load balancer without
     /// affinity (the replay sends a Program's consecutive turns to alternate replicas), each
     /// scheduling what it sees. Not in the default set.
@@ -85,7 +91,10 @@ pub enum Variant {
 impl Variant {
     /// Whether the router runs Program scheduling (and so uses the cost models).
     pub fn schedules_programs(self) -> bool {
-        !matches!(self, Variant::PrHash | Variant::VrHash)
+        !matches!(
+            self,
+            Variant::PrHash | Variant::PrHashUnboundedKv | Variant::VrHash
+        )
     }
 }
 
@@ -399,7 +408,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     let mut procs = Procs(Vec::new());
     let mut sims = Vec::new();
     let block_size = EngineParams::default().block_size;
-    let num_gpu_blocks = if v == Variant::PrUnboundedKv {
+    let num_gpu_blocks = if matches!(v, Variant::PrUnboundedKv | Variant::PrHashUnboundedKv) {
         crate::oracle::blocks_for_no_kv_pressure(turns, block_size).max(s.num_gpu_blocks)
     } else {
         s.num_gpu_blocks
@@ -485,7 +494,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
                 args.extend(["--api-key".into(), BENCH_KEY.into()]);
             }
             let json = match v {
-                Variant::PrHash => None,
+                Variant::PrHash | Variant::PrHashUnboundedKv => None,
                 Variant::PrBinding => Some(binding.to_string()),
                 Variant::PrAuto => Some(auto.to_string()),
                 _ => Some(ps.to_string()),

@@ -336,26 +336,25 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     );
     // What KV decisions can act on: each run's JCT above the same scheduler's with no KV
     // pressure (batching slowdown and the harness's timing are in both).
-    if let Some(reference) = results
-        .iter()
-        .find(|r| r.ok && r.variant == progbench::compare::Variant::PrUnboundedKv)
-    {
-        println!(
-            "\nmean JCT above the reference without KV pressure ({:.1} s):",
-            reference.mean_jct
-        );
-        for r in results
-            .iter()
-            .filter(|r| r.ok && r.variant != reference.variant)
+    use progbench::compare::Variant;
+    excess_above(
+        &results,
+        Variant::PrUnboundedKv,
+        "the reference without KV pressure",
+    );
+    // Issue 35's reading: above consistent hashing with no KV pressure, and ours over the peer's.
+    let floor = "the floor, consistent hashing without KV pressure";
+    if let Some(floor) = excess_above(&results, Variant::PrHashUnboundedKv, floor) {
+        let ok = |v: Variant| results.iter().find(|r| r.ok && r.variant == v);
+        if let (Some(ours), Some(peer)) = (ok(Variant::PrProgram), ok(Variant::VrProgram))
+            && peer.mean_jct > floor
         {
             println!(
-                "{:<22} {:>11.1}s",
-                format!("{:?}", r.variant),
-                r.mean_jct - reference.mean_jct
+                "PrProgram's excess ÷ VrProgram's: {:.2}",
+                (ours.mean_jct - floor) / (peer.mean_jct - floor)
             );
         }
     }
-    print_floor_excess(&results);
     let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-compare.html"));
     let calibrated = match &setup.calibration {
         Some(c) => format!(
@@ -595,34 +594,21 @@ fn write_report(path: &std::path::Path, html: &str) -> Result<(), String> {
 /// demand's p90 and the share of the run it exceeded the cluster's KV.
 type OracleRow = (String, f64, f64, Option<(f64, f64)>);
 
-/// Issue 35's reading, when `pr-hash-unbounded-kv` ran: each run's mean JCT above consistent
-/// hashing with no KV pressure, and ours' excess over vllm-router's when both scheduled Programs.
-fn print_floor_excess(results: &[progbench::compare::RunResult]) {
-    use progbench::compare::Variant;
-    let ok = |v: Variant| results.iter().find(|r| r.ok && r.variant == v);
-    let Some(floor) = ok(Variant::PrHashUnboundedKv) else {
-        return;
-    };
-    println!(
-        "\nmean JCT above the floor, consistent hashing without KV pressure ({:.1} s):",
-        floor.mean_jct
-    );
-    for r in results
-        .iter()
-        .filter(|r| r.ok && r.variant != floor.variant)
-    {
+/// Prints each other run's mean JCT above that of `reference` (when it ran and succeeded) and
+/// returns the reference's mean JCT.
+fn excess_above(
+    results: &[progbench::compare::RunResult],
+    reference: progbench::compare::Variant,
+    what: &str,
+) -> Option<f64> {
+    let base = results.iter().find(|r| r.ok && r.variant == reference)?;
+    println!("\nmean JCT above {what} ({:.1} s):", base.mean_jct);
+    for r in results.iter().filter(|r| r.ok && r.variant != reference) {
         println!(
             "{:<22} {:>11.1}s",
             format!("{:?}", r.variant),
-            r.mean_jct - floor.mean_jct
+            r.mean_jct - base.mean_jct
         );
     }
-    if let (Some(ours), Some(peer)) = (ok(Variant::PrProgram), ok(Variant::VrProgram))
-        && peer.mean_jct > floor.mean_jct
-    {
-        println!(
-            "PrProgram's excess ÷ VrProgram's: {:.2}",
-            (ours.mean_jct - floor.mean_jct) / (peer.mean_jct - floor.mean_jct)
-        );
-    }
+    Some(base.mean_jct)
 }

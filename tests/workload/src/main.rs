@@ -343,8 +343,8 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         "the reference without KV pressure",
     );
     // Issue 35's reading: above consistent hashing with no KV pressure, and ours over the peer's.
-    let floor = "the floor, consistent hashing without KV pressure";
-    if let Some(floor) = excess_above(&results, Variant::PrHashUnboundedKv, floor) {
+    let what = "the floor, consistent hashing without KV pressure";
+    if let Some(floor) = excess_above(&results, Variant::PrHashUnboundedKv, what) {
         let ok = |v: Variant| results.iter().find(|r| r.ok && r.variant == v);
         if let (Some(ours), Some(peer)) = (ok(Variant::PrProgram), ok(Variant::VrProgram))
             && peer.mean_jct > floor

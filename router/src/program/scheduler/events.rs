@@ -158,7 +158,8 @@ impl Scheduler {
         // resumes before new root Programs (LIFO over new Programs starves the oldest under
         // sustained load). `mru` orders work in progress by latest arrival; `last_use` by its
         // KV's last use (a subagent shares its parent's prompt, just used), the likeliest still
-        // cached first. New Programs follow by arrival, aged by the KV they ask for.
+        // cached first. New Programs follow by arrival, which `new_program_demand_aging_seconds`
+        // ages by the KV each asks for.
         let p = self.program(slot);
         let started = p.last_complete.is_some()
             || a.identity.parent_program_id.is_some() && a.identity.blocks_parent;

@@ -12,7 +12,7 @@
 //! serves with hyper-util's auto (HTTP/1 + HTTP/2) builder as the router does, `--header-timeout`
 //! arms hyper's per-request header-read timer as the router does by default, and `--json` adds
 //! the router's own reading of the JSON (`hyper-bound-json`): the request body read by
-//! `proxy::request::peek`, the response's usage by `proxy::relay::usage_in_json_tail`. A request
+//! `proxy::request::peek`, the response's usage by `proxy::usage::usage_in_json_tail`. A request
 //! the router would refuse is forwarded as it is.
 #![forbid(unsafe_code)]
 
@@ -93,7 +93,7 @@ async fn forward(opts: &Opts, req: Request<Incoming>) -> Response<Full<Bytes>> {
         Err(e) => return bad(format!("response body: {e}")),
     };
     if peeked.is_some() {
-        std::hint::black_box(program_router::proxy::relay::usage_in_json_tail(&body));
+        std::hint::black_box(program_router::proxy::usage::usage_in_json_tail(&body));
     }
     IDLE.with(|i| i.borrow_mut().push(s));
     Response::from_parts(parts, Full::new(body))

@@ -134,10 +134,14 @@ pub fn config(data: &[u8]) {
 }
 
 /// A streamed response's events (split as the relay splits them) and a JSON body's tail: usage
-/// is read or not, never a panic.
+/// is read or not, never a panic, and the tail's scanner never answers otherwise than serde.
 pub fn usage(data: &[u8]) {
     let _ = crate::proxy::sse::sse_usage(data);
-    let _ = crate::proxy::relay::usage_in_json_tail(data);
+    let _ = crate::proxy::usage::usage_in_json_tail(data);
+    assert!(
+        crate::proxy::usage::scanner_agrees(data),
+        "the usage scanner and serde disagree"
+    );
     // The stream split into events as the relay splits it (LF or CRLF lines).
     let mut whole = Vec::new();
     let mut rest = data;

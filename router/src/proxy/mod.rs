@@ -11,6 +11,7 @@ pub mod request;
 pub mod sse;
 pub mod stored;
 pub mod upstream;
+pub mod usage;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,9 +31,10 @@ use crate::observe::metrics::Metrics;
 use crate::policies::Policy;
 use crate::policies::RequestInfo;
 use crate::workers::{InFlight, TargetSet, TargetState};
-pub use relay::{End, TokenUsage};
+pub use relay::End;
 use relay::{Finish, Relay, Tapped};
 use upstream::SendError;
+pub use usage::TokenUsage;
 
 /// Upper bound on a TCP connect to a backend.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -11,37 +11,10 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use super::sse::{ErrorEvent, SseSplitter, sse_usage, usage_only_chunk};
+use super::usage::{TokenUsage, usage_in_json_tail};
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame, Incoming};
-use serde::Deserialize;
-
-use super::sse::{ErrorEvent, SseSplitter, sse_usage, usage_only_chunk};
-
-/// Token usage as the backend reported it, in OpenAI's names or in the names of the Anthropic
-/// Messages and Responses APIs (`input_tokens`, `output_tokens`, `input_tokens_details`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub struct TokenUsage {
-    #[serde(default, alias = "input_tokens")]
-    pub prompt_tokens: u64,
-    #[serde(default, alias = "output_tokens")]
-    pub completion_tokens: u64,
-    #[serde(default, alias = "input_tokens_details")]
-    pub prompt_tokens_details: Option<PromptDetails>,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub struct PromptDetails {
-    #[serde(default)]
-    pub cached_tokens: Option<u64>,
-}
-
-impl TokenUsage {
-    pub fn cached_tokens(&self) -> u64 {
-        self.prompt_tokens_details
-            .and_then(|d| d.cached_tokens)
-            .unwrap_or(0)
-    }
-}
 
 /// How a relayed body ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -351,24 +324,6 @@ impl Relay {
             }
         }
     }
-}
-
-/// The last `"usage": {...}` object in the tail of a JSON body.
-pub fn usage_in_json_tail(tail: &[u8]) -> Option<TokenUsage> {
-    static USAGE: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(b"\"usage\""));
-    let at = USAGE.rfind(tail)?;
-    let rest = &tail[at + 7..];
-    let colon = rest.iter().position(|b| *b == b':')?;
-    // Validated once, so the parser does not check each key again; a cut character at the very
-    // end of the tail (a body split mid-character) is not part of the object.
-    let rest = &rest[colon + 1..];
-    let text = match std::str::from_utf8(rest) {
-        Ok(t) => t,
-        Err(e) => std::str::from_utf8(&rest[..e.valid_up_to()]).ok()?,
-    };
-    let mut it = serde_json::Deserializer::from_str(text).into_iter::<TokenUsage>();
-    it.next()?.ok()
 }
 
 impl HttpBody for Relay {

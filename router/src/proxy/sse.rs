@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame};
 use serde::Deserialize;
 
-use super::relay::TokenUsage;
+use super::usage::TokenUsage;
 
 /// The shape of the error event that ends a failed stream: each API's clients (the OpenAI and
 /// Anthropic SDKs) raise it as an error rather than treating the stream as complete.

@@ -590,6 +590,11 @@ pub struct ProgramSchedulingParams {
     /// backlog) or `seconds` (the spec).
     #[schemars(extend("enum" = ["seconds", "kv_share"]))]
     pub acting_ttl_cost: Option<String>,
+    /// Extension: how long a hold is charged for in the automatic TTL: `reserved` (the default:
+    /// the whole TTL, the spec) or `expected` (the hold's expected length, the whole TTL while a
+    /// forced request waits: longer holds; better under heavy pressure, worse under overload).
+    #[schemars(extend("enum" = ["reserved", "expected"]))]
+    pub acting_ttl_hold: Option<String>,
     /// Extension: multiple of the modelled drain time used as the force-resume deadline (0 =
     /// always forceResumeTimeoutSeconds).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("forceResumeWorkloadFactor must be >= 0"))]

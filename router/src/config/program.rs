@@ -64,6 +64,23 @@ pub enum ActingTtlCost {
     KvShare,
 }
 
+/// How long a hold through a tool call is charged for in the automatic TTL's utility
+/// (extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ActingTtlHold {
+    /// The whole TTL, `F(τ)·B − c·τ`, as if every Program came back only when its hold ran out
+    /// (the spec's behaviour, the default).
+    #[default]
+    Reserved,
+    /// What the hold is expected to last, `F(τ)·B − c·E[min(gap, τ)]`: a Program that comes back
+    /// within the TTL is charged for its gap, not for the whole TTL, so holds cover more of the
+    /// tool calls. The whole TTL again while a forced request (past its force-resume deadline)
+    /// heads the rank's queue. Measured in docs/generalization.md: better under heavy pressure,
+    /// worse under overload.
+    Expected,
+}
+
 /// Which completion-to-next-request intervals the automatic TTL learns from (extension).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "lowercase")]
@@ -203,6 +220,8 @@ pub struct ProgramSchedulingConfig {
     pub ttl_evidence: TtlEvidence,
     /// Extension: what a second of holding costs in the automatic TTL's utility.
     pub acting_ttl_cost: ActingTtlCost,
+    /// Extension: how long a hold is charged for in the automatic TTL's utility.
+    pub acting_ttl_hold: ActingTtlHold,
     /// Extension: samples needed before the automatic TTL is active; null = `stats_window_size`
     /// (the spec's rule).
     pub ttl_min_samples: Option<u32>,
@@ -298,6 +317,7 @@ impl Default for ProgramSchedulingConfig {
             enable_batch_gain_admission: true,
             ttl_evidence: TtlEvidence::default(),
             acting_ttl_cost: ActingTtlCost::default(),
+            acting_ttl_hold: ActingTtlHold::default(),
             ttl_min_samples: None,
             force_resume_workload_factor: 0.0,
             finished_idle_ratio: 1.0,
@@ -701,6 +721,7 @@ mod tests {
             (r#"{"queue_backfill_depth":1025}"#, "queue_backfill_depth"),
             (r#"{"resume_order":"lifo"}"#, "unknown variant"),
             (r#"{"acting_ttl_cost":"minutes"}"#, "unknown variant"),
+            (r#"{"acting_ttl_hold":"always"}"#, "unknown variant"),
             (r#"{"no_such_field":1}"#, "no_such_field"),
         ];
         for (json, want) in cases {

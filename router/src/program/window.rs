@@ -1,10 +1,13 @@
 //! Rolling windows of samples and the Progress-TTL rule that reads them.
 //!
 //! Owns a fixed-size window (the spec's `stats_window_size`: estimates stay inactive until it is
-//! full) and the TTL choice `τ* = argmax_τ F(τ)·B − τ` over the observed tool-call intervals,
-//! where `F` is their empirical CDF and `B` the cache-miss impact in seconds.
+//! full) and the TTL choice `τ* = argmax_τ F(τ)·B − c·H(τ)` over the observed tool-call
+//! intervals, where `F` is their empirical CDF, `B` the cache-miss impact in seconds, `c` what a
+//! held second costs and `H(τ)` how long a hold is charged for (`τ` in the spec).
 
 use std::collections::VecDeque;
+
+use crate::config::program::ActingTtlHold;
 
 /// A fixed-capacity window of the most recent samples.
 #[derive(Debug, Clone)]
@@ -161,14 +164,24 @@ impl Throughput {
     }
 }
 
-/// `argmax_τ F(τ)·B − c·τ` over `τ ∈ {0} ∪ samples`, `τ ≤ cap` (samples ascending), with `c` the
-/// cost of a second held (1 in the spec).
-pub fn best_ttl(sorted_intervals: &[f64], miss_impact_seconds: f64, cap: f64, c: f64) -> f64 {
+/// `argmax_τ F(τ)·B − c·H(τ)` over `τ ∈ {0} ∪ samples`, `τ ≤ cap` (samples ascending), with `c`
+/// the cost of a second held (1 in the spec) and `H(τ)` the seconds a hold is charged for: `τ`
+/// ([`ActingTtlHold::Reserved`], the spec), or the hold's expected length `E[min(gap, τ)]` over
+/// the samples ([`ActingTtlHold::Expected`]: a Program back within the TTL held only its gap).
+pub fn best_ttl(
+    sorted_intervals: &[f64],
+    miss_impact_seconds: f64,
+    cap: f64,
+    c: f64,
+    hold: ActingTtlHold,
+) -> f64 {
     let n = sorted_intervals.len();
     if n == 0 || miss_impact_seconds <= 0.0 || cap <= 0.0 {
         return 0.0;
     }
     let (mut best_tau, mut best_utility) = (0.0, 0.0);
+    // The sum of the intervals within τ, grown as τ rises.
+    let (mut summed, mut within) = (0, 0.0);
     for (i, tau) in sorted_intervals.iter().enumerate() {
         if *tau > cap {
             break;
@@ -179,7 +192,15 @@ pub fn best_ttl(sorted_intervals: &[f64], miss_impact_seconds: f64, cap: f64, c:
             .take_while(|x| *x <= tau)
             .count()
             + i;
-        let utility = covered as f64 / n as f64 * miss_impact_seconds - c * tau;
+        let held = match hold {
+            ActingTtlHold::Reserved => *tau,
+            ActingTtlHold::Expected => {
+                within += sorted_intervals[summed..covered].iter().sum::<f64>();
+                summed = covered;
+                (within + (n - covered) as f64 * tau) / n as f64
+            }
+        };
+        let utility = covered as f64 / n as f64 * miss_impact_seconds - c * held;
         if utility > best_utility {
             best_utility = utility;
             best_tau = *tau;
@@ -191,6 +212,8 @@ pub fn best_ttl(sorted_intervals: &[f64], miss_impact_seconds: f64, cap: f64, c:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const R: ActingTtlHold = ActingTtlHold::Reserved;
 
     #[test]
     fn window_keeps_the_newest_and_reports_completion() {
@@ -225,13 +248,13 @@ mod tests {
         let mut v: Vec<f64> = (0..80).map(|i| 0.5 + 1.5 * i as f64 / 80.0).collect();
         v.extend(std::iter::repeat_n(60.0, 20));
         v.sort_by(f64::total_cmp);
-        let tau = best_ttl(&v, 10.0, 30.0, 1.0);
+        let tau = best_ttl(&v, 10.0, 30.0, 1.0, R);
         assert!((1.9..=2.0).contains(&tau), "tau {tau}");
         // Cheap misses are not worth holding KV for.
-        assert_eq!(best_ttl(&v, 0.5, 30.0, 1.0), 0.0);
+        assert_eq!(best_ttl(&v, 0.5, 30.0, 1.0, R), 0.0);
         // The cap bounds the choice.
-        assert!(best_ttl(&v, 1000.0, 1.0, 1.0) <= 1.0);
-        assert_eq!(best_ttl(&[], 10.0, 10.0, 1.0), 0.0);
+        assert!(best_ttl(&v, 1000.0, 1.0, 1.0, R) <= 1.0);
+        assert_eq!(best_ttl(&[], 10.0, 10.0, 1.0, R), 0.0);
     }
 
     #[test]
@@ -242,10 +265,25 @@ mod tests {
         v.extend(std::iter::repeat_n(60.0, 17));
         v.sort_by(f64::total_cmp);
         // A second held costing a second: covering the 20 s calls (+3.3 s) is not worth 18 s more.
-        assert_eq!(best_ttl(&v, 10.0, 30.0, 1.0), 2.0 - 1.5 / 50.0);
+        assert_eq!(best_ttl(&v, 10.0, 30.0, 1.0, R), 2.0 - 1.5 / 50.0);
         // At a tenth of that (a Program holding a tenth of its rank's KV) it is: 8.3 − 2 > 5 − 0.2.
-        assert_eq!(best_ttl(&v, 10.0, 30.0, 0.1), 20.0);
+        assert_eq!(best_ttl(&v, 10.0, 30.0, 0.1, R), 20.0);
         // Nothing costs nothing: the longest gap under the cap.
-        assert_eq!(best_ttl(&v, 10.0, 30.0, 0.0), 20.0);
+        assert_eq!(best_ttl(&v, 10.0, 30.0, 0.0, R), 20.0);
+    }
+
+    #[test]
+    fn charging_the_expected_hold_covers_gaps_the_whole_ttl_would_not() {
+        // 80 % of tool calls end at 1 s, the rest at 10 s; a miss costs 10 s.
+        let mut v = vec![1.0; 80];
+        v.extend(std::iter::repeat_n(10.0, 20));
+        // Charged the whole TTL, covering the 10 s calls earns 2 s for 9 s more held.
+        assert_eq!(best_ttl(&v, 10.0, 30.0, 1.0, R), 1.0);
+        // Charged what the hold lasts (8 of 10 Programs are back after 1 s): 10 − 2.8 > 8 − 1.
+        let expected = ActingTtlHold::Expected;
+        assert_eq!(best_ttl(&v, 10.0, 30.0, 1.0, expected), 10.0);
+        // Both agree where nothing comes back early enough to matter.
+        assert_eq!(best_ttl(&v, 0.5, 30.0, 1.0, expected), 0.0);
+        assert!(best_ttl(&v, 1000.0, 5.0, 1.0, expected) <= 5.0);
     }
 }

@@ -202,8 +202,26 @@ impl Scheduler {
                 impact,
                 self.cfg.max_acting_ttl_seconds,
                 self.hold_cost(rank, context),
+                self.hold_charge(rank),
             ),
             None => 0.0,
+        }
+    }
+
+    /// How long a hold on `rank` is charged for (`acting_ttl_hold`): `expected` falls back to the
+    /// whole TTL while a forced request (one past its force-resume deadline) heads the rank's
+    /// queue, so that holds longer than the spec's never keep such a request out.
+    pub(crate) fn hold_charge(&self, rank: Rank) -> ActingTtlHold {
+        let forced_waits = || {
+            self.ranks[rank]
+                .queue
+                .first()
+                .and_then(|h| self.retained.get(&h.ticket))
+                .is_some_and(Retained::forced)
+        };
+        match self.cfg.acting_ttl_hold {
+            ActingTtlHold::Expected if forced_waits() => ActingTtlHold::Reserved,
+            hold => hold,
         }
     }
 

@@ -31,7 +31,7 @@ use super::cost::{cache_miss_impact_seconds, decode_throughput};
 use super::identity::Identity;
 use super::window::{RequestWindows, Throughput, Window, best_ttl};
 use crate::config::ProgramSchedulingConfig;
-use crate::config::program::{ActingTtlCost, ResumeOrder};
+use crate::config::program::{ActingTtlCost, ActingTtlHold, ResumeOrder};
 use crate::policies::prefix_index::PrefixIndex;
 
 /// The data plane's id for one request.

@@ -91,6 +91,50 @@ fn automatic_ttl_after_the_window_matures() {
     assert!(run(&full, 100).iter().all(|x| *x == 0.0));
 }
 
+/// `acting_ttl_hold: expected` charges a hold for what it is expected to last: a Program back
+/// within the TTL held only its gap, so a TTL covering the occasional longer tool call pays.
+#[test]
+fn the_expected_hold_covers_the_occasional_longer_tool_call() {
+    use crate::config::program::ActingTtlHold;
+    let c = ProgramSchedulingConfig {
+        stats_window_size: 5,
+        max_acting_ttl_seconds: 10.0,
+        token_capacity_per_dp_rank: Some(1_000_000),
+        acting_ttl_cost: ActingTtlCost::Seconds,
+        ..cfg()
+    };
+    // Tool calls of 1 s, and one of 4 s in five; a miss on 20k tokens costs ~5.5 s.
+    let armed = |c: ProgramSchedulingConfig| {
+        let mut s = sched(c, 1);
+        let mut t = 0.0;
+        for ticket in 1..=7 {
+            s.on_arrival(t, arrival(ticket, "a", 20_000));
+            t += 0.5;
+            s.on_complete(t, ticket, usage(20_000, 10));
+            t += if ticket == 5 { 4.0 } else { 1.0 };
+        }
+        s.programs
+            .iter()
+            .flatten()
+            .next()
+            .expect("program")
+            .armed_ttl
+    };
+    // The whole TTL charged: 4 s held to save a fifth of 5.5 s does not pay; 1 s does.
+    assert_eq!(
+        ProgramSchedulingConfig::default().acting_ttl_hold,
+        ActingTtlHold::Reserved
+    );
+    let reserved = armed(c.clone());
+    assert!((1.0..=1.01).contains(&reserved), "{reserved}");
+    // Expected: four in five are back after 1 s, so covering 4 s holds 1.6 s on average.
+    let expected = armed(ProgramSchedulingConfig {
+        acting_ttl_hold: ActingTtlHold::Expected,
+        ..c
+    });
+    assert!((4.0..=4.01).contains(&expected), "{expected}");
+}
+
 #[test]
 fn pooled_evidence_and_min_samples_arm_the_ttl_sooner() {
     use crate::config::program::TtlEvidence;

@@ -33,6 +33,28 @@ fn forced_requests_still_need_token_room_and_time_out_without_it() {
     s.check_invariants().expect("ledger");
 }
 
+/// `acting_ttl_hold: expected` charges the whole TTL again while a forced request heads the
+/// rank's queue: holds longer than the spec's do not keep it out.
+#[test]
+fn a_forced_head_turns_the_expected_hold_back_to_the_whole_ttl() {
+    use crate::config::program::ActingTtlHold;
+    let mut s = held_by_acting(ProgramSchedulingConfig {
+        acting_ttl_hold: ActingTtlHold::Expected,
+        ..short_timeouts()
+    });
+    assert_eq!(s.hold_charge(0), ActingTtlHold::Expected);
+    s.on_arrival(1.0, arrival(2, "b", 900));
+    assert_eq!(
+        s.hold_charge(0),
+        ActingTtlHold::Expected,
+        "waiting, not forced"
+    );
+    assert!(s.on_tick(6.5).is_empty(), "forced at 6 s, still no room");
+    assert_eq!(s.hold_charge(0), ActingTtlHold::Reserved);
+    let spec = held_by_acting(short_timeouts());
+    assert_eq!(spec.hold_charge(0), ActingTtlHold::Reserved);
+}
+
 #[test]
 fn a_reused_ticket_answers_only_to_its_own_timers() {
     // Tickets are meant to be unique, but an embedder (a harness replaying turns) may reuse one

@@ -235,7 +235,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 8, "word lists checked");
+        assert_eq!(checked, 9, "word lists checked");
         let rules = serde_json::to_string(spec).expect("json");
         assert!(
             !rules.contains("self in ["),

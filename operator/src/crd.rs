@@ -590,9 +590,9 @@ pub struct ProgramSchedulingParams {
     /// backlog) or `seconds` (the spec).
     #[schemars(extend("enum" = ["seconds", "kv_share"]))]
     pub acting_ttl_cost: Option<String>,
-    /// Extension: how long a hold is charged for in the automatic TTL: `reserved` (the default:
-    /// the whole TTL, the spec) or `expected` (the hold's expected length, the whole TTL while a
-    /// forced request waits: longer holds; better under heavy pressure, worse under overload).
+    /// Extension: how long a hold is charged for in the automatic TTL: `expected` (the default:
+    /// the hold's expected length, blended toward the whole TTL as the rank's longest-waiting
+    /// request nears its force-resume deadline) or `reserved` (the whole TTL, the spec).
     #[schemars(extend("enum" = ["reserved", "expected"]))]
     pub acting_ttl_hold: Option<String>,
     /// Extension: multiple of the modelled drain time used as the force-resume deadline (0 =

@@ -70,14 +70,15 @@ pub enum ActingTtlCost {
 #[serde(rename_all = "lowercase")]
 pub enum ActingTtlHold {
     /// The whole TTL, `F(τ)·B − c·τ`, as if every Program came back only when its hold ran out
-    /// (the spec's behaviour, the default).
-    #[default]
+    /// (the spec's behaviour).
     Reserved,
     /// What the hold is expected to last, `F(τ)·B − c·E[min(gap, τ)]`: a Program that comes back
     /// within the TTL is charged for its gap, not for the whole TTL, so holds cover more of the
-    /// tool calls. The whole TTL again while a forced request (past its force-resume deadline)
-    /// heads the rank's queue. Measured in docs/generalization.md: better under heavy pressure,
-    /// worse under overload.
+    /// tool calls. Blended toward the whole TTL as the rank's longest-waiting request nears its
+    /// force-resume deadline (`w·τ + (1 − w)·E[min(gap, τ)]`, `w` that request's share of its
+    /// wait to the deadline, 1 once forced), so longer holds give way to requests that wait.
+    /// Our default (measured in docs/generalization.md).
+    #[default]
     Expected,
 }
 

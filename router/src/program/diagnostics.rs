@@ -263,7 +263,7 @@ pub struct RollingGauges {
 }
 
 /// [`RollingGauges`] of `rank`.
-pub fn rolling_gauges(s: &Scheduler, rank: usize) -> Option<RollingGauges> {
+pub fn rolling_gauges(s: &Scheduler, rank: usize, now: f64) -> Option<RollingGauges> {
     let r = s.ranks.get(rank)?;
     let contexts: Vec<u64> = r
         .members
@@ -277,7 +277,7 @@ pub fn rolling_gauges(s: &Scheduler, rank: usize) -> Option<RollingGauges> {
     Some(RollingGauges {
         request_samples: r.requests.prompt_tokens.len(),
         continuity_samples: r.intervals.len(),
-        fitted_ttl_seconds: s.fitted_ttl(rank, mean_context),
+        fitted_ttl_seconds: s.fitted_ttl(rank, mean_context, now),
         miss_impact_seconds: super::cost::cache_miss_impact_seconds(
             &s.cfg.prefill_cost_model,
             mean_context,
@@ -515,7 +515,7 @@ pub fn snapshot(
                     avg_request_interval_seconds: r.intervals.mean(),
                     ttl_pause_samples: r.segment_rounds.len(),
                     avg_rounds_since_ttl_pause: r.segment_rounds.mean(),
-                    fitted_acting_ttl_seconds: s.fitted_ttl(i, mean_context),
+                    fitted_acting_ttl_seconds: s.fitted_ttl(i, mean_context, now),
                     growth_samples: r.growth.len(),
                     avg_context_growth_tokens: r.growth.mean(),
                     request_throughput_per_second: r.throughput.requests_per_second(),

@@ -510,8 +510,9 @@ impl ProgramRuntime {
     /// Sets the per-target gauges of the rolling windows (once an interval, off the request path).
     fn publish_rolling(&self, g: &Inner) {
         let m = &self.metrics;
+        let now = self.now();
         for (i, id) in g.layout.ids.iter().enumerate() {
-            let Some(r) = super::diagnostics::rolling_gauges(&g.sched, i) else {
+            let Some(r) = super::diagnostics::rolling_gauges(&g.sched, i, now) else {
                 continue;
             };
             let samples = [

@@ -7,8 +7,6 @@
 
 use std::collections::VecDeque;
 
-use crate::config::program::ActingTtlHold;
-
 /// A fixed-capacity window of the most recent samples.
 #[derive(Debug, Clone)]
 pub struct Window {
@@ -165,15 +163,15 @@ impl Throughput {
 }
 
 /// `argmax_τ F(τ)·B − c·H(τ)` over `τ ∈ {0} ∪ samples`, `τ ≤ cap` (samples ascending), with `c`
-/// the cost of a second held (1 in the spec) and `H(τ)` the seconds a hold is charged for: `τ`
-/// ([`ActingTtlHold::Reserved`], the spec), or the hold's expected length `E[min(gap, τ)]` over
-/// the samples ([`ActingTtlHold::Expected`]: a Program back within the TTL held only its gap).
+/// the cost of a second held (1 in the spec) and `H(τ)` the seconds a hold is charged for:
+/// `reserved_share` × `τ` (the whole TTL; 1 in the spec) + the rest × the hold's expected length
+/// `E[min(gap, τ)]` over the samples (a Program back within the TTL held only its gap).
 pub fn best_ttl(
     sorted_intervals: &[f64],
     miss_impact_seconds: f64,
     cap: f64,
     c: f64,
-    hold: ActingTtlHold,
+    reserved_share: f64,
 ) -> f64 {
     let n = sorted_intervals.len();
     if n == 0 || miss_impact_seconds <= 0.0 || cap <= 0.0 {
@@ -192,13 +190,13 @@ pub fn best_ttl(
             .take_while(|x| *x <= tau)
             .count()
             + i;
-        let held = match hold {
-            ActingTtlHold::Reserved => *tau,
-            ActingTtlHold::Expected => {
-                within += sorted_intervals[summed..covered].iter().sum::<f64>();
-                summed = covered;
-                (within + (n - covered) as f64 * tau) / n as f64
-            }
+        let held = if reserved_share >= 1.0 {
+            *tau
+        } else {
+            within += sorted_intervals[summed..covered].iter().sum::<f64>();
+            summed = covered;
+            let expected = (within + (n - covered) as f64 * tau) / n as f64;
+            reserved_share.max(0.0) * tau + (1.0 - reserved_share.max(0.0)) * expected
         };
         let utility = covered as f64 / n as f64 * miss_impact_seconds - c * held;
         if utility > best_utility {
@@ -213,7 +211,8 @@ pub fn best_ttl(
 mod tests {
     use super::*;
 
-    const R: ActingTtlHold = ActingTtlHold::Reserved;
+    /// The whole TTL charged, as in the spec.
+    const R: f64 = 1.0;
 
     #[test]
     fn window_keeps_the_newest_and_reports_completion() {
@@ -280,10 +279,11 @@ mod tests {
         // Charged the whole TTL, covering the 10 s calls earns 2 s for 9 s more held.
         assert_eq!(best_ttl(&v, 10.0, 30.0, 1.0, R), 1.0);
         // Charged what the hold lasts (8 of 10 Programs are back after 1 s): 10 − 2.8 > 8 − 1.
-        let expected = ActingTtlHold::Expected;
-        assert_eq!(best_ttl(&v, 10.0, 30.0, 1.0, expected), 10.0);
-        // Both agree where nothing comes back early enough to matter.
-        assert_eq!(best_ttl(&v, 0.5, 30.0, 1.0, expected), 0.0);
-        assert!(best_ttl(&v, 1000.0, 5.0, 1.0, expected) <= 5.0);
+        assert_eq!(best_ttl(&v, 10.0, 30.0, 1.0, 0.0), 10.0);
+        // Half charged as the whole TTL: 10 − (5 + 1.4) < 8 − 1.
+        assert_eq!(best_ttl(&v, 10.0, 30.0, 1.0, 0.5), 1.0);
+        // Both agree where nothing comes back early enough to matter, and the cap holds.
+        assert_eq!(best_ttl(&v, 0.5, 30.0, 1.0, 0.0), 0.0);
+        assert!(best_ttl(&v, 1000.0, 5.0, 1.0, 0.0) <= 5.0);
     }
 }

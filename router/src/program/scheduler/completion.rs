@@ -139,7 +139,7 @@ impl Scheduler {
         let (ttl, source) = match (reason, f.kv_retention_ttl) {
             (Some(_), _) => (0.0, None),
             (None, Some(t)) => (t, Some(TtlSource::Request)),
-            (None, None) => (self.auto_ttl(rank, context), Some(TtlSource::Fitted)),
+            (None, None) => (self.auto_ttl(rank, context, now), Some(TtlSource::Fitted)),
         };
         if let Some(source) = source {
             let program = self.program(f.program).key.1.clone();
@@ -183,17 +183,17 @@ impl Scheduler {
 
     /// The automatic acting TTL for a Program with `context` tokens on `rank`. The noted impact
     /// is the spec's (the calibrated re-prefill alone); the TTL weighs in the rank's backlog.
-    pub(super) fn auto_ttl(&mut self, rank: Rank, context: u64) -> f64 {
+    pub(super) fn auto_ttl(&mut self, rank: Rank, context: u64, now: f64) -> f64 {
         let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context);
         self.notes.push(Note::CacheMissImpact {
             rank,
             seconds: impact,
         });
-        self.fitted_ttl(rank, context)
+        self.fitted_ttl(rank, context, now)
     }
 
-    /// The automatic acting TTL `rank`'s evidence gives a Program with `context` tokens now.
-    pub(crate) fn fitted_ttl(&self, rank: Rank, context: u64) -> f64 {
+    /// The automatic acting TTL `rank`'s evidence gives a Program with `context` tokens at `now`.
+    pub(crate) fn fitted_ttl(&self, rank: Rank, context: u64, now: f64) -> f64 {
         let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context)
             * self.backlog_factor(rank);
         match self.evidence(rank) {
@@ -202,27 +202,35 @@ impl Scheduler {
                 impact,
                 self.cfg.max_acting_ttl_seconds,
                 self.hold_cost(rank, context),
-                self.hold_charge(rank),
+                self.reserved_share(rank, now),
             ),
             None => 0.0,
         }
     }
 
-    /// How long a hold on `rank` is charged for (`acting_ttl_hold`): `expected` falls back to the
-    /// whole TTL while a forced request (one past its force-resume deadline) heads the rank's
-    /// queue, so that holds longer than the spec's never keep such a request out.
-    pub(crate) fn hold_charge(&self, rank: Rank) -> ActingTtlHold {
-        let forced_waits = || {
-            self.ranks[rank]
-                .queue
-                .first()
-                .and_then(|h| self.retained.get(&h.ticket))
-                .is_some_and(Retained::forced)
-        };
-        match self.cfg.acting_ttl_hold {
-            ActingTtlHold::Expected if forced_waits() => ActingTtlHold::Reserved,
-            hold => hold,
+    /// The share of a hold on `rank` charged as the whole TTL in the automatic TTL's utility, the
+    /// rest at the hold's expected length (`acting_ttl_hold`): 1 under `reserved`; under
+    /// `expected`, how far the rank's longest-waiting request has come toward its force-resume
+    /// deadline — 0 with nothing waiting, 1 once one is forced — so that longer holds give way
+    /// as waiting requests near their deadline. Scans the rank's queue (only under `expected`).
+    pub(crate) fn reserved_share(&self, rank: Rank, now: f64) -> f64 {
+        if self.cfg.acting_ttl_hold == ActingTtlHold::Reserved {
+            return 1.0;
         }
+        self.ranks[rank]
+            .queue
+            .iter()
+            .filter_map(|k| Some((self.retained.get(&k.ticket)?, k.ticket)))
+            .map(|(r, ticket)| {
+                let at = self.retained_at.get(&ticket).copied().unwrap_or(now);
+                let span = r.force_at - at;
+                if r.forced() || span <= 0.0 {
+                    1.0
+                } else {
+                    ((now - at) / span).clamp(0.0, 1.0)
+                }
+            })
+            .fold(0.0, f64::max)
     }
 
     /// What a second of holding `context` tokens on `rank` costs in the TTL's utility

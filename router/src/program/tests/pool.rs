@@ -33,26 +33,35 @@ fn forced_requests_still_need_token_room_and_time_out_without_it() {
     s.check_invariants().expect("ledger");
 }
 
-/// `acting_ttl_hold: expected` charges the whole TTL again while a forced request heads the
-/// rank's queue: holds longer than the spec's do not keep it out.
+/// `acting_ttl_hold: expected` (the default) charges holds more as the whole TTL the nearer the rank's
+/// longest-waiting request is to its force-resume deadline, and wholly once it is forced.
 #[test]
-fn a_forced_head_turns_the_expected_hold_back_to_the_whole_ttl() {
+fn waiting_requests_turn_the_expected_hold_back_toward_the_whole_ttl() {
     use crate::config::program::ActingTtlHold;
-    let mut s = held_by_acting(ProgramSchedulingConfig {
-        acting_ttl_hold: ActingTtlHold::Expected,
-        ..short_timeouts()
-    });
-    assert_eq!(s.hold_charge(0), ActingTtlHold::Expected);
-    s.on_arrival(1.0, arrival(2, "b", 900));
+    let mut s = held_by_acting(short_timeouts());
     assert_eq!(
-        s.hold_charge(0),
+        s.cfg.acting_ttl_hold,
         ActingTtlHold::Expected,
-        "waiting, not forced"
+        "the default"
+    );
+    assert_eq!(s.reserved_share(0, 1.0), 0.0, "nothing waits");
+    s.on_arrival(1.0, arrival(2, "b", 900));
+    assert_eq!(s.reserved_share(0, 1.0), 0.0);
+    assert!(
+        (s.reserved_share(0, 3.5) - 0.5).abs() < 1e-9,
+        "half way to 6 s"
     );
     assert!(s.on_tick(6.5).is_empty(), "forced at 6 s, still no room");
-    assert_eq!(s.hold_charge(0), ActingTtlHold::Reserved);
-    let spec = held_by_acting(short_timeouts());
-    assert_eq!(spec.hold_charge(0), ActingTtlHold::Reserved);
+    assert_eq!(s.reserved_share(0, 6.5), 1.0);
+    let spec = held_by_acting(ProgramSchedulingConfig {
+        acting_ttl_hold: ActingTtlHold::Reserved,
+        ..short_timeouts()
+    });
+    assert_eq!(
+        spec.reserved_share(0, 1.0),
+        1.0,
+        "the spec charges the whole TTL"
+    );
 }
 
 #[test]

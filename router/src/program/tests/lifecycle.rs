@@ -30,15 +30,20 @@ fn ttl_expiry_pauses_and_resumes_the_next() {
     s.check_invariants().expect("ledger");
 }
 
-#[test]
-fn automatic_ttl_after_the_window_matures() {
-    let c = ProgramSchedulingConfig {
+/// A five-interval TTL window on a rank with room for everything, a held second costing a second.
+fn ttl_window() -> ProgramSchedulingConfig {
+    ProgramSchedulingConfig {
         stats_window_size: 5,
         max_acting_ttl_seconds: 10.0,
         token_capacity_per_dp_rank: Some(1_000_000),
         acting_ttl_cost: ActingTtlCost::Seconds,
         ..cfg()
-    };
+    }
+}
+
+#[test]
+fn automatic_ttl_after_the_window_matures() {
+    let c = ttl_window();
     let run = |c: &ProgramSchedulingConfig, context: u64| {
         let mut s = sched(c.clone(), 1);
         let (mut t, mut ticket) = (0.0, 0);
@@ -97,13 +102,7 @@ fn automatic_ttl_after_the_window_matures() {
 #[test]
 fn the_expected_hold_covers_the_occasional_longer_tool_call() {
     use crate::config::program::ActingTtlHold;
-    let c = ProgramSchedulingConfig {
-        stats_window_size: 5,
-        max_acting_ttl_seconds: 10.0,
-        token_capacity_per_dp_rank: Some(1_000_000),
-        acting_ttl_cost: ActingTtlCost::Seconds,
-        ..cfg()
-    };
+    let c = ttl_window();
     // Tool calls of 1 s, and one of 4 s in five; a miss on 20k tokens costs ~5.5 s.
     let armed = |c: ProgramSchedulingConfig| {
         let mut s = sched(c, 1);

@@ -360,7 +360,7 @@ impl Scheduler {
                 if dst_free < needed || !self.can_admit(rank, r.demand, now, r.forced()) {
                     continue;
                 }
-                let at = self.retained_at.get(&ticket).copied().unwrap_or(now);
+                let at = r.since;
                 // Break-even gate: wait at home until the wait so far is worth the move.
                 if k > 0.0
                     && !r.forced()
@@ -474,10 +474,10 @@ impl Scheduler {
         let Some(r) = self.retained.remove(&ticket) else {
             return;
         };
-        self.ranks[r.rank].queue.remove(&r.key);
+        self.ranks[r.rank].dequeue(&r);
         // Virtual time follows the start tag of what enters service.
         self.virtual_time = self.virtual_time.max(r.key.fair_tag);
-        let since = self.retained_at.remove(&ticket).unwrap_or(now);
+        let since = r.since;
         let snapshot_rank = if self.program(r.program).active() {
             self.program(r.program).rank
         } else {

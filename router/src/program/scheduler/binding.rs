@@ -77,9 +77,9 @@ impl Scheduler {
         p.placement = "target_removed";
         let ranks = &mut self.ranks;
         for q in self.retained.values_mut().filter(|q| q.program == slot) {
-            ranks[q.rank].queue.remove(&q.key);
+            ranks[q.rank].dequeue(q);
             q.rank = home;
-            ranks[home].queue.insert(q.key);
+            ranks[home].enqueue(q);
         }
         Some(home)
     }

@@ -212,25 +212,25 @@ impl Scheduler {
     /// rest at the hold's expected length (`acting_ttl_hold`): 1 under `reserved`; under
     /// `expected`, how far the rank's longest-waiting request has come toward its force-resume
     /// deadline — 0 with nothing waiting, 1 once one is forced — so that longer holds give way
-    /// as waiting requests near their deadline. Scans the rank's queue (only under `expected`).
+    /// as waiting requests near their deadline. Logarithmic in the queue (forced requests head
+    /// it; the arrival index gives the longest-waiting).
     pub(crate) fn reserved_share(&self, rank: Rank, now: f64) -> f64 {
         if self.cfg.acting_ttl_hold == ActingTtlHold::Reserved {
             return 1.0;
         }
-        self.ranks[rank]
-            .queue
-            .iter()
-            .filter_map(|k| Some((self.retained.get(&k.ticket)?, k.ticket)))
-            .map(|(r, ticket)| {
-                let at = self.retained_at.get(&ticket).copied().unwrap_or(now);
-                let span = r.force_at - at;
-                if r.forced() || span <= 0.0 {
-                    1.0
-                } else {
-                    ((now - at) / span).clamp(0.0, 1.0)
-                }
-            })
-            .fold(0.0, f64::max)
+        let r = &self.ranks[rank];
+        if r.queue.first().is_some_and(|k| !k.not_forced) {
+            return 1.0;
+        }
+        let Some(oldest) = r.waiting.values().next().and_then(|t| self.retained.get(t)) else {
+            return 0.0;
+        };
+        let span = oldest.force_at - oldest.since;
+        if span <= 0.0 {
+            1.0
+        } else {
+            ((now - oldest.since) / span).clamp(0.0, 1.0)
+        }
     }
 
     /// What a second of holding `context` tokens on `rank` costs in the TTL's utility

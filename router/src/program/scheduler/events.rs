@@ -211,22 +211,20 @@ impl Scheduler {
         // overrides it (the spec), within the queue limit above.
         let force_limit =
             deadline.map_or_else(|| self.force_resume_after(rank), |d| d.min(queue_limit));
-        self.ranks[rank].queue.insert(key);
-        self.retained.insert(
-            a.ticket,
-            Retained {
-                program: slot,
-                rank,
-                key,
-                demand,
-                growth,
-                force_at: now + force_limit,
-                arrival: self.arrivals as u64,
-                kv_retention_ttl: a.identity.kv_retention_ttl_seconds,
-            },
-        );
-        self.retained_at.insert(a.ticket, now);
         let arrival = self.arrivals as u64;
+        let retained = Retained {
+            program: slot,
+            rank,
+            key,
+            demand,
+            growth,
+            since: now,
+            force_at: now + force_limit,
+            arrival,
+            kv_retention_ttl: a.identity.kv_retention_ttl_seconds,
+        };
+        self.ranks[rank].enqueue(&retained);
+        self.retained.insert(a.ticket, retained);
         self.timer(now + force_limit, TimerKind::ForceResume, a.ticket, arrival);
         self.timer(
             now + queue_limit,
@@ -250,8 +248,7 @@ impl Scheduler {
     pub fn on_cancel(&mut self, now: f64, ticket: Ticket) -> Vec<Decision> {
         let mut out = Vec::new();
         if let Some(r) = self.retained.remove(&ticket) {
-            self.retained_at.remove(&ticket);
-            self.ranks[r.rank].queue.remove(&r.key);
+            self.ranks[r.rank].dequeue(&r);
             self.program_mut(r.program).retained -= 1;
             self.maybe_forget(r.program);
             return out;

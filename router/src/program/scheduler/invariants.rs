@@ -43,11 +43,22 @@ impl Scheduler {
                 ));
             }
             let queued = self.retained.values().filter(|x| x.rank == i).count();
-            if queued != r.queue.len() {
+            if queued != r.queue.len() || queued != r.waiting.len() {
                 return Err(format!(
-                    "rank {i}: queue {} vs retained {queued}",
-                    r.queue.len()
+                    "rank {i}: queue {} and arrival index {} vs retained {queued}",
+                    r.queue.len(),
+                    r.waiting.len()
                 ));
+            }
+            for (arrival, t) in &r.waiting {
+                let listed = self.retained.get(t).is_some_and(|x| {
+                    x.rank == i && x.arrival == *arrival && r.queue.contains(&x.key)
+                });
+                if !listed {
+                    return Err(format!(
+                        "rank {i}: arrival {arrival} (ticket {t}) indexed but not queued here"
+                    ));
+                }
             }
         }
         for p in self.programs.iter().flatten() {

@@ -23,7 +23,7 @@ mod targets;
 mod timers;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use rustc_hash::FxHashMap;
 
@@ -304,7 +304,8 @@ struct Retained {
     demand: u64,
     /// The growth-reserve part of `demand` (what batch-gain admission may bypass).
     growth: u64,
-    /// When the request becomes forced.
+    /// When it entered the pool, and when it becomes forced.
+    since: f64,
     force_at: f64,
     /// Which arrival this is (the scheduler's arrival count), so that a timer armed for an
     /// earlier request that reused the ticket cannot act on this one.
@@ -375,6 +376,9 @@ pub(crate) struct RankState {
     pub used_tokens: u64,
     pub active_programs: u32,
     pub queue: BTreeSet<QueueKey>,
+    /// The same requests by arrival (ticket by the scheduler's arrival count): the
+    /// longest-waiting first, so `reserved_share` need not scan the queue.
+    pub waiting: BTreeMap<u64, Ticket>,
     pub observation: Option<(f64, Observation)>,
     pub intervals: Window,
     pub growth: Window,
@@ -414,6 +418,7 @@ impl RankState {
             used_tokens: 0,
             active_programs: 0,
             queue: BTreeSet::new(),
+            waiting: BTreeMap::new(),
             observation: None,
             intervals: Window::new(window),
             growth: Window::new(window),
@@ -429,6 +434,18 @@ impl RankState {
             resume_miss: false,
             requests: RequestWindows::new(window),
         }
+    }
+
+    /// Queues retained request `r` here: in queue order and in the arrival index.
+    fn enqueue(&mut self, r: &Retained) {
+        self.queue.insert(r.key);
+        self.waiting.insert(r.arrival, r.key.ticket);
+    }
+
+    /// Takes retained request `r` out of this rank's queue and arrival index.
+    fn dequeue(&mut self, r: &Retained) {
+        self.queue.remove(&r.key);
+        self.waiting.remove(&r.arrival);
     }
 }
 
@@ -568,7 +585,6 @@ pub struct Scheduler {
     free_slots: Vec<usize>,
     index: FxHashMap<(String, String), usize>,
     retained: FxHashMap<Ticket, Retained>,
-    retained_at: FxHashMap<Ticket, f64>,
     in_flight: FxHashMap<Ticket, InFlight>,
     timers: BinaryHeap<Reverse<Timer>>,
     /// The heap size at which timers that can no longer act are swept out.
@@ -615,7 +631,6 @@ impl Scheduler {
             free_slots: Vec::new(),
             index: FxHashMap::default(),
             retained: FxHashMap::default(),
-            retained_at: FxHashMap::default(),
             in_flight: FxHashMap::default(),
             timers: BinaryHeap::new(),
             timers_compact_at: timers::MIN_TIMER_SWEEP,

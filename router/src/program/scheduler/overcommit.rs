@@ -32,8 +32,8 @@ impl Scheduler {
         let head_wait = r
             .queue
             .first()
-            .and_then(|h| self.retained_at.get(&h.ticket))
-            .map(|at| now - at);
+            .and_then(|h| self.retained.get(&h.ticket))
+            .map(|h| now - h.since);
         let mean_context = match r.active_programs {
             0 => 0,
             n => r.used_tokens / u64::from(n),

@@ -138,7 +138,7 @@ impl Scheduler {
                 None => {
                     let home = programs[r.program].as_ref().map_or(0, |p| p.rank);
                     r.rank = home;
-                    ranks[home].queue.insert(r.key);
+                    ranks[home].enqueue(r);
                 }
             }
         }

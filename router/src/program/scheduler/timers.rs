@@ -94,8 +94,7 @@ impl Scheduler {
                     if self.retained.get(&ticket).map(|r| r.arrival) == Some(t.generation)
                         && let Some(r) = self.retained.remove(&ticket)
                     {
-                        self.retained_at.remove(&ticket);
-                        self.ranks[r.rank].queue.remove(&r.key);
+                        self.ranks[r.rank].dequeue(&r);
                         self.program_mut(r.program).retained -= 1;
                         self.counters.queue_timeouts += 1;
                         out.push(Decision::Reject {
@@ -181,11 +180,8 @@ impl Scheduler {
     /// (diagnostics).
     pub(crate) fn oldest_waits(&self, now: f64) -> FxHashMap<usize, f64> {
         let mut m: FxHashMap<usize, f64> = FxHashMap::default();
-        for (ticket, r) in &self.retained {
-            let waited = self
-                .retained_at
-                .get(ticket)
-                .map_or(0.0, |at| (now - at).max(0.0));
+        for r in self.retained.values() {
+            let waited = (now - r.since).max(0.0);
             m.entry(r.program)
                 .and_modify(|x| *x = x.max(waited))
                 .or_insert(waited);

@@ -47,12 +47,19 @@ fn waiting_requests_turn_the_expected_hold_back_toward_the_whole_ttl() {
     assert_eq!(s.reserved_share(0, 1.0), 0.0, "nothing waits");
     s.on_arrival(1.0, arrival(2, "b", 900));
     assert_eq!(s.reserved_share(0, 1.0), 0.0);
+    s.on_arrival(2.0, arrival(3, "c", 900));
     assert!(
         (s.reserved_share(0, 3.5) - 0.5).abs() < 1e-9,
-        "half way to 6 s"
+        "the longest-waiting request is half way to 6 s"
     );
-    assert!(s.on_tick(6.5).is_empty(), "forced at 6 s, still no room");
-    assert_eq!(s.reserved_share(0, 6.5), 1.0);
+    assert!(s.on_cancel(3.5, 2).is_empty());
+    assert!(
+        (s.reserved_share(0, 4.5) - 0.5).abs() < 1e-9,
+        "then the next: half way from 2 s to 7 s"
+    );
+    assert!(s.on_tick(7.5).is_empty(), "forced at 7 s, still no room");
+    assert_eq!(s.reserved_share(0, 7.5), 1.0);
+    s.check_invariants().expect("queue and arrival index agree");
     let spec = held_by_acting(ProgramSchedulingConfig {
         acting_ttl_hold: ActingTtlHold::Reserved,
         ..short_timeouts()

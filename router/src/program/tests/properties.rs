@@ -28,6 +28,12 @@ enum Ev {
     Tick {
         dt: u8,
     },
+    /// A rank's reachability changes (health checks, circuit breaker); its Programs move off it
+    /// with their queued requests when it goes down (`rank` modulo the ranks there are).
+    Available {
+        rank: u8,
+        up: bool,
+    },
     /// A reload: the ids whose bit is set in `mask` (of r0..r4, never none), rotated.
     Retarget {
         mask: u8,
@@ -64,6 +70,7 @@ fn ev() -> impl Strategy<Value = Ev> {
         any::<u8>().prop_map(|pick| Ev::Cancel { pick }),
         (0u8..3, 0u8..4).prop_map(|(rank, waiting)| Ev::Observe { rank, waiting }),
         (0u8..40).prop_map(|dt| Ev::Tick { dt }),
+        (0u8..5, any::<bool>()).prop_map(|(rank, up)| Ev::Available { rank, up }),
         (1u8..32, 0u8..5).prop_map(|(mask, rotate)| Ev::Retarget { mask, rotate }),
         (0u8..4, 1u8..5, any::<bool>(), 0u8..3, 0u8..4).prop_map(
             |(capacity, programs, global, order, binding)| Ev::Reconfigure {
@@ -176,6 +183,10 @@ fn run(
             Ev::Tick { dt } => {
                 now += f64::from(*dt) * 0.5;
                 s.on_tick(now)
+            }
+            Ev::Available { rank, up } => {
+                let n = s.ranks.len();
+                s.set_available(now, *rank as usize % n, *up)
             }
             Ev::Retarget { mask, rotate } => {
                 let mut ids: Vec<String> = (0..5)

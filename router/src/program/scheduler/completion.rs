@@ -222,7 +222,12 @@ impl Scheduler {
         if r.queue.first().is_some_and(|k| !k.not_forced) {
             return 1.0;
         }
-        let Some(oldest) = r.waiting.values().next().and_then(|t| self.retained.get(t)) else {
+        let Some(oldest) = r
+            .by_arrival
+            .values()
+            .next()
+            .and_then(|t| self.retained.get(t))
+        else {
             return 0.0;
         };
         let span = oldest.force_at - oldest.since;

@@ -43,14 +43,14 @@ impl Scheduler {
                 ));
             }
             let queued = self.retained.values().filter(|x| x.rank == i).count();
-            if queued != r.queue.len() || queued != r.waiting.len() {
+            if queued != r.queue.len() || queued != r.by_arrival.len() {
                 return Err(format!(
                     "rank {i}: queue {} and arrival index {} vs retained {queued}",
                     r.queue.len(),
-                    r.waiting.len()
+                    r.by_arrival.len()
                 ));
             }
-            for (arrival, t) in &r.waiting {
+            for (arrival, t) in &r.by_arrival {
                 let listed = self.retained.get(t).is_some_and(|x| {
                     x.rank == i && x.arrival == *arrival && r.queue.contains(&x.key)
                 });

@@ -378,7 +378,7 @@ pub(crate) struct RankState {
     pub queue: BTreeSet<QueueKey>,
     /// The same requests by arrival (ticket by the scheduler's arrival count): the
     /// longest-waiting first, so `reserved_share` need not scan the queue.
-    pub waiting: BTreeMap<u64, Ticket>,
+    pub by_arrival: BTreeMap<u64, Ticket>,
     pub observation: Option<(f64, Observation)>,
     pub intervals: Window,
     pub growth: Window,
@@ -418,7 +418,7 @@ impl RankState {
             used_tokens: 0,
             active_programs: 0,
             queue: BTreeSet::new(),
-            waiting: BTreeMap::new(),
+            by_arrival: BTreeMap::new(),
             observation: None,
             intervals: Window::new(window),
             growth: Window::new(window),
@@ -439,13 +439,13 @@ impl RankState {
     /// Queues retained request `r` here: in queue order and in the arrival index.
     fn enqueue(&mut self, r: &Retained) {
         self.queue.insert(r.key);
-        self.waiting.insert(r.arrival, r.key.ticket);
+        self.by_arrival.insert(r.arrival, r.key.ticket);
     }
 
     /// Takes retained request `r` out of this rank's queue and arrival index.
     fn dequeue(&mut self, r: &Retained) {
         self.queue.remove(&r.key);
-        self.waiting.remove(&r.arrival);
+        self.by_arrival.remove(&r.arrival);
     }
 }
 

@@ -156,6 +156,7 @@ fn job(endpoint: Endpoint, turns: &[(String, String)], max_tokens: u32, stream: 
         priority: 0,
         previous_response_id: None,
         store: false,
+        tool_call: None,
     }
 }
 

@@ -395,6 +395,10 @@ async fn generate(
         model_json: st.model_json.clone(),
         endpoint,
         output_seed,
+        tool_call: job
+            .tool_call
+            .as_deref()
+            .map(|name| serde_json::Value::String(name.to_string()).to_string()),
     };
     let prompt_tokens = job.prompt.len();
     let seq = SeqRequest {

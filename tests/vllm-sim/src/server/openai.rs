@@ -33,6 +33,9 @@ pub struct Job {
     /// Responses API: the stored response this request continues, and whether to store this one.
     pub previous_response_id: Option<String>,
     pub store: bool,
+    /// A chat completion calls this tool (`vllm_xargs.sim_tool_call`): the simulator has no
+    /// model to choose one, so the client names it.
+    pub tool_call: Option<String>,
 }
 
 /// What validation needs to know about the server.
@@ -187,6 +190,13 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
         priority: common.priority.unwrap_or(0),
         previous_response_id: None,
         store: false,
+        tool_call: common
+            .vllm_xargs
+            .as_ref()
+            .and_then(|x| x.get("sim_tool_call"))
+            .and_then(Value::as_str)
+            .filter(|_| endpoint == Endpoint::Chat)
+            .map(str::to_string),
     })
 }
 

@@ -27,6 +27,9 @@ pub struct RespCtx {
     pub model_json: Arc<str>,
     pub endpoint: Endpoint,
     pub output_seed: u64,
+    /// The name of the tool the chat completion calls, as a JSON string literal
+    /// (`Job::tool_call`).
+    pub tool_call: Option<String>,
 }
 
 impl RespCtx {
@@ -48,6 +51,16 @@ impl RespCtx {
             self.created,
             self.model_json
         )
+    }
+
+    /// The tool call object: a streamed delta's carries its index.
+    fn tool_call_json(&self, streamed: bool) -> Option<String> {
+        let name = self.tool_call.as_deref()?;
+        let index = if streamed { r#""index":0,"# } else { "" };
+        Some(format!(
+            r#"{{{index}"id":"call_{}","type":"function","function":{{"name":{name},"arguments":"{{}}"}}}}"#,
+            self.id
+        ))
     }
 
     /// The whole generated text.
@@ -83,9 +96,15 @@ pub fn full_json(ctx: &RespCtx, o: &Outcome) -> String {
             );
         }
         Endpoint::Responses => return response_json(ctx, Some(o)),
-        Endpoint::Chat => format!(
-            r#"{{"index":0,"message":{{"role":"assistant","content":{text},"tool_calls":[]}},"logprobs":null,"finish_reason":"{reason}","stop_reason":null}}"#
-        ),
+        Endpoint::Chat => {
+            let (calls, reason) = match ctx.tool_call_json(false) {
+                Some(call) => (call, "tool_calls"),
+                None => (String::new(), reason),
+            };
+            format!(
+                r#"{{"index":0,"message":{{"role":"assistant","content":{text},"tool_calls":[{calls}]}},"logprobs":null,"finish_reason":"{reason}","stop_reason":null}}"#
+            )
+        }
         Endpoint::Completion => format!(
             r#"{{"index":0,"text":{text},"logprobs":null,"finish_reason":"{reason}","stop_reason":null}}"#
         ),
@@ -294,7 +313,12 @@ impl SseBody {
             Endpoint::Chat => "{}",
             _ => "\"\"",
         };
-        out.push_str(&self.chunk(empty, Some(o.reason.as_str()), None));
+        let mut reason = o.reason.as_str();
+        if let Some(call) = self.ctx.tool_call_json(true) {
+            out.push_str(&self.chunk(&format!(r#"{{"tool_calls":[{call}]}}"#), None, None));
+            reason = "tool_calls";
+        }
+        out.push_str(&self.chunk(empty, Some(reason), None));
         if self.include_usage {
             out.push_str(&format!(
                 "data: {},\"choices\":[],\"usage\":{}}}\n\n",

@@ -585,6 +585,14 @@ pub struct ProgramSchedulingParams {
     /// Extension: samples before the automatic TTL acts (1..=statsWindowSize).
     #[x_kube(validation = kube::core::Rule::new("self >= 1").message("ttlMinSamples must be at least 1"))]
     pub ttl_min_samples: Option<u32>,
+    /// Extension: a Program whose response called a tool may be held longer (never shorter)
+    /// by the intervals that followed that tool's earlier calls, once there are this many
+    /// (0..=statsWindowSize; default 50; 0 = tools are not told apart).
+    pub tool_ttl_min_samples: Option<u32>,
+    /// Extension: distinct tool names kept for `toolTtlMinSamples` (0–1024; default 64);
+    /// calls of tools beyond them count as calling none.
+    #[x_kube(validation = kube::core::Rule::new("self <= 1024").message("maxTools must be at most 1024"))]
+    pub max_tools: Option<u32>,
     /// Extension: what a second of holding a Program's KV costs in the automatic TTL:
     /// `kv_share` (the default: the Program's share of its rank's KV, scaled up by the rank's
     /// backlog) or `seconds` (the spec).

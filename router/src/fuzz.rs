@@ -134,10 +134,17 @@ pub fn config(data: &[u8]) {
 }
 
 /// A streamed response's events (split as the relay splits them) and a JSON body's tail: usage
-/// is read or not, never a panic, and the tail's scanner never answers otherwise than serde.
+/// and the first tool call's name are read or not, never a panic, and the tail's usage scanner
+/// never answers otherwise than serde.
 pub fn usage(data: &[u8]) {
     let _ = crate::proxy::sse::sse_usage(data);
     let _ = crate::proxy::usage::usage_in_json_tail(data);
+    if let Some(name) = crate::proxy::tool_call::tool_in_json(data) {
+        assert!(
+            !name.is_empty() && name.len() <= crate::proxy::tool_call::MAX_NAME_BYTES,
+            "a tool name within its bounds: {name:?}"
+        );
+    }
     assert!(
         crate::proxy::usage::scanner_agrees(data),
         "the usage scanner and serde disagree"

@@ -226,6 +226,13 @@ pub struct ProgramSchedulingConfig {
     /// Extension: samples needed before the automatic TTL is active; null = `stats_window_size`
     /// (the spec's rule).
     pub ttl_min_samples: Option<u32>,
+    /// Extension: a Program whose latest response called a tool may be held longer than the
+    /// rank's evidence (`ttl_evidence`) says, never shorter, by the intervals that followed
+    /// that tool's earlier calls, once they number this many. 0 = tools are not told apart.
+    pub tool_ttl_min_samples: u32,
+    /// Extension: distinct tool names the scheduler keeps intervals for; calls of tools beyond
+    /// it count as unlabeled.
+    pub max_tools: u32,
     /// Extension: the workload-derived force-resume deadline is this many times the time the
     /// rank needs to serve the work already queued or active; 0 = always
     /// `force_resume_timeout_seconds`.
@@ -320,6 +327,9 @@ impl Default for ProgramSchedulingConfig {
             acting_ttl_cost: ActingTtlCost::default(),
             acting_ttl_hold: ActingTtlHold::default(),
             ttl_min_samples: None,
+            // Chosen on the tuning half of `progbench matrix` (docs/generalization.md).
+            tool_ttl_min_samples: 50,
+            max_tools: 64,
             force_resume_workload_factor: 0.0,
             finished_idle_ratio: 1.0,
             miss_impact_backlog_weight: 1.0,
@@ -359,6 +369,8 @@ impl ProgramSchedulingConfig {
     /// Checks every constraint of the spec; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         const MAX_STATS_WINDOW: u32 = 100_000;
+        // Each kept tool holds a window of `stats_window_size` samples.
+        const MAX_TOOLS: u32 = 1_024;
         // A day: far beyond any queue timeout, and far from overflowing the queue's order key.
         const MAX_DEMAND_AGING_SECONDS: f64 = 86_400.0;
         finite_min(
@@ -528,6 +540,15 @@ impl ProgramSchedulingConfig {
                 "ttl_min_samples",
                 "must be within 1..=stats_window_size",
             ));
+        }
+        if self.tool_ttl_min_samples > self.stats_window_size {
+            return Err(err(
+                "tool_ttl_min_samples",
+                "must be within 0..=stats_window_size",
+            ));
+        }
+        if self.max_tools > MAX_TOOLS {
+            return Err(err("max_tools", format!("must be at most {MAX_TOOLS}")));
         }
         if self.binding_strategy == BindingStrategy::ReasoningTokenBalance
             && self.token_capacity_per_dp_rank.is_none()

@@ -24,8 +24,9 @@ pub struct Diagnostics {
     pub cross_rank_min_wait_ratio: f64,
     pub retained_requests: usize,
     pub token_estimate_coefficient: f64,
-    /// Return-time / output-length predictors: none here (`off`, 0 profile keys).
+    /// Return-time / output-length predictors: none here (`off`).
     pub prediction_mode: &'static str,
+    /// Tools whose return intervals are kept (`tool_ttl_min_samples`, ours).
     pub return_time_profile_keys: u32,
     pub output_length_profile_keys: u32,
     /// How prompt tokens are estimated from request bytes before the backend reports usage.
@@ -543,7 +544,7 @@ pub fn snapshot(
         retained_requests: s.retained_requests(),
         token_estimate_coefficient: coefficient,
         prediction_mode: "off",
-        return_time_profile_keys: 0,
+        return_time_profile_keys: u32::try_from(s.tools.len()).unwrap_or(u32::MAX),
         output_length_profile_keys: 0,
         token_estimation: vec![TokenEstimation {
             model_pool: "all",

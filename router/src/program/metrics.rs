@@ -383,7 +383,8 @@ impl ProgramMetrics {
                         "What Program scheduling's bounds shed, by reason: requests refused because \
                      the RequestPool held max_retained_requests (request_pool_full) or \
                      max_programs Programs were held and none was idle (programs_full), and idle \
-                     Programs forgotten to make room for a new one (program_evicted).",
+                     Programs forgotten to make room for a new one (program_evicted); tool calls \
+                     left unlabeled because max_tools tool names were kept (tool_unlabeled).",
                     ),
                     &["reason"],
                 )?,

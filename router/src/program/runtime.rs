@@ -407,6 +407,7 @@ impl ProgramRuntime {
             prompt_bytes,
             prompt_tokens,
             endpoint,
+            wants_tool: g.sched.cfg.tool_ttl_min_samples > 0,
             done: false,
         };
         let now = self.now();
@@ -435,7 +436,7 @@ impl ProgramRuntime {
         (guard, admission)
     }
 
-    fn complete(&self, t: &ProgramTicket, usage: Option<Usage>) {
+    fn complete(&self, t: &ProgramTicket, usage: Option<Usage>, tool: Option<&str>) {
         let (ticket, prompt_bytes, endpoint) = (t.ticket, t.prompt_bytes, t.endpoint);
         let fed = usage.filter(|u| prompt_bytes > 0 && u.prompt_tokens > 0);
         // The series that need no scheduler state are written before taking its lock.
@@ -460,7 +461,7 @@ impl ProgramRuntime {
                 .set(g.tokens_per_byte);
         }
         let now = self.now();
-        let ds = g.sched.on_complete(now, ticket, usage);
+        let ds = g.sched.on_complete_with_tool(now, ticket, usage, tool);
         self.deliver(&mut g, ds, None);
         drop(g);
         self.wake.notify_one();
@@ -657,13 +658,22 @@ pub struct ProgramTicket {
     prompt_tokens: u64,
     /// The route the request came on (labels the token estimate's series).
     endpoint: &'static str,
+    /// The scheduler tells tools apart (`tool_ttl_min_samples`): the response's first tool
+    /// call is worth reading.
+    wants_tool: bool,
     done: bool,
 }
 
 impl ProgramTicket {
-    pub fn complete(mut self, usage: Option<Usage>) {
+    /// Finishes the request with what the backend reported and the name of the response's
+    /// first tool call, if it made one.
+    pub fn complete(mut self, usage: Option<Usage>, tool: Option<&str>) {
         self.done = true;
-        self.rt.complete(&self, usage);
+        self.rt.complete(&self, usage, tool);
+    }
+
+    pub fn wants_tool(&self) -> bool {
+        self.wants_tool
     }
 }
 

@@ -10,6 +10,7 @@ pub mod relay;
 pub mod request;
 pub mod sse;
 pub mod stored;
+pub mod tool_call;
 pub mod upstream;
 pub mod usage;
 
@@ -82,6 +83,9 @@ pub struct Ended<'a> {
     pub complete: bool,
     /// What the backend reported, when it did.
     pub usage: Option<TokenUsage>,
+    /// The response's first tool call, when [`Outbound::capture_tool`] asked for it and one
+    /// was read.
+    pub tool: Option<String>,
     /// The target that served it (its id, `url@rank`).
     pub target: &'a str,
     pub ending: crate::observe::access::Ending,
@@ -115,6 +119,8 @@ pub struct Outbound<'a, H: Hold> {
     pub generation: bool,
     /// Ended when the response ends, or dropped with the request.
     pub hold: Option<H>,
+    /// Read the name of the response's first tool call for the hold ([`Ended::tool`]).
+    pub capture_tool: bool,
 }
 
 /// The request one attempt sends to `target`, carrying `span`'s trace context when it has one.
@@ -357,7 +363,10 @@ pub fn forward<'a, H: Hold>(
                 body,
                 sse.then(|| sse::ErrorEvent::for_route(out.route)),
                 sse && out.filter_usage_chunk,
-                out.route == "/v1/responses" && status.is_success(),
+                relay::Capture {
+                    response_id: out.route == "/v1/responses" && status.is_success(),
+                    tool: out.capture_tool && status.is_success(),
+                },
                 Some(deadline),
                 cfg.limits
                     .upstream_idle_timeout_secs
@@ -407,6 +416,7 @@ impl<H: Hold> Finish for Completion<H> {
             hold.end(Ended {
                 complete: end == End::Complete && self.status.is_success(),
                 usage,
+                tool: tapped.tool,
                 target: &target.id,
                 ending: match end {
                     End::Complete => Ending::Complete,
@@ -502,6 +512,7 @@ mod tests {
             pin: None,
             generation: true,
             hold: None::<()>,
+            capture_tool: false,
         };
         let req = upstream_request(route, &targets.targets[0], &out, &tracing::Span::none())
             .expect("request");

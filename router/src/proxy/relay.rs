@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sse::{ErrorEvent, SseSplitter, sse_usage, usage_only_chunk};
+use super::tool_call::tool_in_json;
 use super::usage::{TokenUsage, usage_in_json_tail};
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame, Incoming};
@@ -33,6 +34,17 @@ pub struct Tapped {
     pub usage: Option<TokenUsage>,
     /// The Responses API response's id, when asked for (see `super::stored`).
     pub response_id: Option<String>,
+    /// The first tool call's name, when asked for (see `super::tool_call`).
+    pub tool: Option<String>,
+}
+
+/// What the relay looks for beyond usage.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Capture {
+    /// The Responses API response's id (see `super::stored`).
+    pub response_id: bool,
+    /// The first tool call's name (see `super::tool_call`).
+    pub tool: bool,
 }
 
 /// Called once when the relay ends.
@@ -67,6 +79,9 @@ pub struct Relay {
     capture_id: bool,
     head: Option<Bytes>,
     response_id: Option<String>,
+    /// Look for the first tool call's name (Program scheduling's tool-aware TTL).
+    capture_tool: bool,
+    tool: Option<String>,
     finish: Option<Box<dyn Finish>>,
     deadline: Option<tokio::time::Instant>,
     /// Armed only once the body has to wait (most short bodies never do).
@@ -102,7 +117,7 @@ impl Relay {
         inner: Incoming,
         sse: Option<ErrorEvent>,
         filter_usage_chunk: bool,
-        capture_id: bool,
+        capture: Capture,
         deadline: Option<tokio::time::Instant>,
         idle: Option<std::time::Duration>,
         finish: Box<dyn Finish>,
@@ -124,9 +139,11 @@ impl Relay {
             inner,
             tap,
             usage: None,
-            capture_id,
+            capture_id: capture.response_id,
             head: None,
             response_id: None,
+            capture_tool: capture.tool,
+            tool: None,
             finish: Some(finish),
             deadline,
             timer: None,
@@ -226,16 +243,24 @@ impl Relay {
         if let Tap::Json { tail, .. } = &self.tap
             && end == End::Complete
         {
-            self.usage = match tail.len() {
-                0 => None,
-                1 => usage_in_json_tail(&tail[0]),
-                _ => usage_in_json_tail(
-                    &tail
+            let joined;
+            let tail: &[u8] = match tail.len() {
+                0 => &[],
+                1 => &tail[0],
+                _ => {
+                    joined = tail
                         .iter()
                         .flat_map(|b| b.iter().copied())
-                        .collect::<Vec<u8>>(),
-                ),
+                        .collect::<Vec<u8>>();
+                    &joined
+                }
             };
+            self.usage = (!tail.is_empty())
+                .then(|| usage_in_json_tail(tail))
+                .flatten();
+            if self.capture_tool {
+                self.tool = tool_in_json(tail);
+            }
         }
         if end == End::Complete
             && self.response_id.is_none()
@@ -249,6 +274,7 @@ impl Relay {
                 Tapped {
                     usage: self.usage,
                     response_id: self.response_id.take(),
+                    tool: self.tool.take(),
                 },
             );
         }
@@ -290,6 +316,9 @@ impl Relay {
                     }
                     if self.capture_id && self.response_id.is_none() {
                         self.response_id = super::stored::id_in_event(event);
+                    }
+                    if self.capture_tool && self.tool.is_none() {
+                        self.tool = tool_in_json(event);
                     }
                     let is_usage_chunk = if memchr::memmem::find(event, b"\"usage\"").is_some() {
                         match sse_usage(event) {

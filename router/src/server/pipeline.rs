@@ -231,6 +231,7 @@ fn outbound<'s>(
     (sse, filter_usage_chunk): (bool, bool),
     placed: Placed,
 ) -> Outbound<'s, Held> {
+    let capture_tool = placed.ticket.as_ref().is_some_and(|t| t.wants_tool());
     let hold = Held {
         ticket: placed.ticket,
         fair: placed.fair,
@@ -268,6 +269,7 @@ fn outbound<'s>(
         pin: placed.pin,
         generation: peeked.is_some(),
         hold: Some(hold),
+        capture_tool,
     }
 }
 
@@ -285,7 +287,10 @@ struct Held {
 impl proxy::Hold for Held {
     fn end(mut self, ended: proxy::Ended<'_>) {
         let proxy::Ended {
-            complete, usage, ..
+            complete,
+            usage,
+            ref tool,
+            ..
         } = ended;
         if let Some(a) = self.access.take() {
             let tokens = usage.map(|u| (u.prompt_tokens, u.completion_tokens, u.cached_tokens()));
@@ -294,11 +299,14 @@ impl proxy::Hold for Held {
         if let Some(ticket) = self.ticket.take()
             && complete
         {
-            ticket.complete(usage.map(|u| crate::program::scheduler::Usage {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-                cached_tokens: u.cached_tokens(),
-            }));
+            ticket.complete(
+                usage.map(|u| crate::program::scheduler::Usage {
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                    cached_tokens: u.cached_tokens(),
+                }),
+                tool.as_deref(),
+            );
         }
         if let (Some(permit), Some(u)) = (self.fair.take(), usage) {
             permit.complete(u.prompt_tokens, u.completion_tokens);

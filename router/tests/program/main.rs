@@ -417,3 +417,4 @@ mod estimate;
 mod events;
 mod metrics_parity;
 mod reloads;
+mod tools;

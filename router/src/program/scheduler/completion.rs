@@ -7,8 +7,20 @@ impl Scheduler {
     /// A dispatched request finished with `usage` (`None` if the backend reported none). A
     /// Program whose rank became unreachable moves once its last request there ended.
     pub fn on_complete(&mut self, now: f64, ticket: Ticket, usage: Option<Usage>) -> Vec<Decision> {
+        self.on_complete_with_tool(now, ticket, usage, None)
+    }
+
+    /// [`Scheduler::on_complete`] for a response whose first tool call named `tool` (`None`: it
+    /// called none, or the data plane did not read it).
+    pub fn on_complete_with_tool(
+        &mut self,
+        now: f64,
+        ticket: Ticket,
+        usage: Option<Usage>,
+        tool: Option<&str>,
+    ) -> Vec<Decision> {
         let slot = self.in_flight.get(&ticket).map(|f| f.program);
-        let mut out = self.complete(now, ticket, usage);
+        let mut out = self.complete(now, ticket, usage, tool);
         if let Some(slot) = slot
             && let Some(home) = self.rehome(slot, now)
         {
@@ -17,11 +29,29 @@ impl Scheduler {
         out
     }
 
-    fn complete(&mut self, now: f64, ticket: Ticket, usage: Option<Usage>) -> Vec<Decision> {
+    fn complete(
+        &mut self,
+        now: f64,
+        ticket: Ticket,
+        usage: Option<Usage>,
+        tool: Option<&str>,
+    ) -> Vec<Decision> {
         let usage = usage.map(Usage::bounded);
         let mut out = Vec::new();
         let Some(f) = self.in_flight.remove(&ticket) else {
             return out;
+        };
+        let tool = match tool {
+            Some(name) if self.cfg.tool_ttl_min_samples > 0 => {
+                let id = self.tools.label(name);
+                if id.is_none() {
+                    self.notes.push(Note::Shed {
+                        reason: "tool_unlabeled",
+                    });
+                }
+                id
+            }
+            _ => None,
         };
         let rank = f.rank;
         let binding_only = self.cfg.binding_only;
@@ -30,6 +60,7 @@ impl Scheduler {
         p.in_flight = p.in_flight.saturating_sub(1);
         p.last_complete = Some(now);
         p.last_activity = now;
+        p.last_tool = tool;
         let prev_context = p.context_tokens;
         let mut shared = None;
         let mut rehit = None;
@@ -139,7 +170,10 @@ impl Scheduler {
         let (ttl, source) = match (reason, f.kv_retention_ttl) {
             (Some(_), _) => (0.0, None),
             (None, Some(t)) => (t, Some(TtlSource::Request)),
-            (None, None) => (self.auto_ttl(rank, context, now), Some(TtlSource::Fitted)),
+            (None, None) => (
+                self.auto_ttl(rank, context, now, tool),
+                Some(TtlSource::Fitted),
+            ),
         };
         if let Some(source) = source {
             let program = self.program(f.program).key.1.clone();
@@ -183,28 +217,55 @@ impl Scheduler {
 
     /// The automatic acting TTL for a Program with `context` tokens on `rank`. The noted impact
     /// is the spec's (the calibrated re-prefill alone); the TTL weighs in the rank's backlog.
-    pub(super) fn auto_ttl(&mut self, rank: Rank, context: u64, now: f64) -> f64 {
+    pub(super) fn auto_ttl(
+        &mut self,
+        rank: Rank,
+        context: u64,
+        now: f64,
+        tool: Option<ToolId>,
+    ) -> f64 {
         let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context);
         self.notes.push(Note::CacheMissImpact {
             rank,
             seconds: impact,
         });
-        self.fitted_ttl(rank, context, now)
+        self.fitted_ttl_after(rank, context, now, tool)
     }
 
     /// The automatic acting TTL `rank`'s evidence gives a Program with `context` tokens at `now`.
     pub(crate) fn fitted_ttl(&self, rank: Rank, context: u64, now: f64) -> f64 {
+        self.fitted_ttl_after(rank, context, now, None)
+    }
+
+    /// [`Scheduler::fitted_ttl`] after a call of `tool`. The tool's own intervals, once there
+    /// are `tool_ttl_min_samples` of them, may lengthen the rank's TTL but never shorten it, and
+    /// do not apply once a waiting request has reached its force-resume deadline: a longer
+    /// hold would keep it waiting longer. Shortening was measured to lose
+    /// (docs/generalization.md, "Holds by the tool called").
+    pub(crate) fn fitted_ttl_after(
+        &self,
+        rank: Rank,
+        context: u64,
+        now: f64,
+        tool: Option<ToolId>,
+    ) -> f64 {
         let impact = cache_miss_impact_seconds(&self.cfg.prefill_cost_model, context)
             * self.backlog_factor(rank);
-        match self.evidence(rank) {
-            Some(w) => best_ttl(
+        let share = self.reserved_share(rank, now);
+        let fit = |w: &Window| {
+            best_ttl(
                 &w.sorted(),
                 impact,
                 self.cfg.max_acting_ttl_seconds,
                 self.hold_cost(rank, context),
-                self.reserved_share(rank, now),
-            ),
-            None => 0.0,
+                share,
+            )
+        };
+        let by_rank = self.evidence(rank).map_or(0.0, fit);
+        let needed = self.cfg.tool_ttl_min_samples as usize;
+        match tool.and_then(|t| self.tools.evidence(t, needed)) {
+            Some(w) if self.waiting_progress(rank, now) < 1.0 => fit(w).max(by_rank),
+            _ => by_rank,
         }
     }
 
@@ -218,6 +279,12 @@ impl Scheduler {
         if self.cfg.acting_ttl_hold == ActingTtlHold::Reserved {
             return 1.0;
         }
+        self.waiting_progress(rank, now)
+    }
+
+    /// How far the longest-waiting request on `rank` has come toward its force-resume deadline:
+    /// 0 with nothing waiting, 1 once one is forced.
+    fn waiting_progress(&self, rank: Rank, now: f64) -> f64 {
         let r = &self.ranks[rank];
         if r.queue.first().is_some_and(|k| !k.not_forced) {
             return 1.0;

@@ -75,8 +75,11 @@ impl Scheduler {
                 p.long_returns = p.long_returns.saturating_add(1);
             }
         }
-        let (rank, phase) = (p.rank, p.phase);
+        let (rank, phase, tool) = (p.rank, p.phase, p.last_tool);
         if let Some(iv) = interval {
+            if let Some(t) = tool {
+                self.tools.push(t, iv);
+            }
             let had_evidence = self.evidence(rank).is_some();
             self.ranks[rank].intervals.push(iv);
             self.pooled_intervals.push(iv);

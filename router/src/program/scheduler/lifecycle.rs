@@ -166,6 +166,7 @@ impl Scheduler {
             last_hit: false,
             rounds_since_ttl_pause: 0,
             finished: false,
+            last_tool: None,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {

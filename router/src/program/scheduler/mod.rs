@@ -21,6 +21,7 @@ mod lifecycle;
 mod overcommit;
 mod targets;
 mod timers;
+mod tools;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -38,6 +39,7 @@ use crate::policies::prefix_index::PrefixIndex;
 pub type Ticket = u64;
 /// Index of a rank (target) in the scheduler.
 pub type Rank = usize;
+pub use tools::{MAX_TOOL_NAME_BYTES, ToolId};
 
 /// A request entering Program scheduling.
 #[derive(Debug, Clone)]
@@ -263,6 +265,8 @@ pub(crate) struct Program {
     /// paused retention (a late request still finds its KV rank and clears this), but it no
     /// longer counts as load ([`RankState::finished`]).
     pub finished: bool,
+    /// The tool its latest completion called (`tool_ttl_min_samples`).
+    pub last_tool: Option<ToolId>,
 }
 
 impl Program {
@@ -526,8 +530,9 @@ pub enum Note {
         /// The request's own `kv_retention_ttl_seconds`, or the automatic (fitted) TTL.
         source: TtlSource,
     },
-    /// A bound shed something: a request refused (`request_pool_full`, `programs_full`) or an
-    /// idle Program forgotten to make room (`program_evicted`).
+    /// A bound shed something: a request refused (`request_pool_full`, `programs_full`), an
+    /// idle Program forgotten to make room (`program_evicted`) or a tool call left unlabeled
+    /// past `max_tools` (`tool_unlabeled`).
     Shed {
         reason: &'static str,
     },
@@ -597,6 +602,8 @@ pub struct Scheduler {
     pub notes: Vec<Note>,
     /// All ranks' intervals, for `ttl_evidence: pooled`.
     pub(crate) pooled_intervals: Window,
+    /// Intervals per tool called (`tool_ttl_min_samples`).
+    pub(crate) tools: tools::Tools,
     /// Start-time fair queueing: each tenant's last finish tag, and the virtual time (start tag
     /// of the latest request to enter service), in weighted tokens.
     tenant_finish: FxHashMap<String, u64>,
@@ -620,6 +627,7 @@ impl Scheduler {
     /// A scheduler for ranks named `rank_ids` (indices are the data plane's).
     pub fn new(cfg: ProgramSchedulingConfig, rank_ids: Vec<String>) -> Self {
         let w = cfg.stats_window_size as usize;
+        let tools = tools::Tools::new(cfg.max_tools, w);
         let ranks = rank_ids
             .into_iter()
             .map(|id| RankState::new(id, w))
@@ -640,6 +648,7 @@ impl Scheduler {
             counters: Counters::default(),
             notes: Vec::new(),
             pooled_intervals: Window::new(w),
+            tools,
             tenant_finish: FxHashMap::default(),
             virtual_time: 0,
             prefix: PrefixIndex::default(),

@@ -28,6 +28,7 @@ impl Scheduler {
             || cfg.ttl_min_samples != self.cfg.ttl_min_samples;
         let ring_changed = cfg.hash_virtual_nodes != self.cfg.hash_virtual_nodes;
         self.cfg = cfg.clone();
+        self.tools.set_cap(cfg.max_tools);
         if ring_changed {
             // New Programs bind on the new ring; bound ones stay where they are.
             self.rebuild_ring();

@@ -15,6 +15,7 @@ mod lifecycle;
 mod overcommit;
 mod pool;
 mod properties;
+mod tools;
 
 fn cfg() -> ProgramSchedulingConfig {
     ProgramSchedulingConfig {

@@ -1,0 +1,160 @@
+//! Which tool a response called: the name of its first tool call, for the tool-aware TTL
+//! (`tool_ttl_min_samples`).
+//!
+//! Owns [`tool_in_json`]. It reads the shapes the three APIs write — a chat completion's
+//! `"tool_calls": [{…, "function": {"name": …}}]`, a Messages API `{"type": "tool_use", …,
+//! "name": …}` block and a Responses API `{"type": "function_call", …, "name": …}` item — in a
+//! JSON body's kept tail or in one streamed event, without parsing the document: the first
+//! `"name"` key after the first marker that is not a key of `null` or `[]` (vLLM writes
+//! `"function_call": null, "tool_calls": []` when nothing was called), its string unescaped. A name it cannot read
+//! (cut off, not a plain string, longer than [`MAX_NAME_BYTES`]) is no name: the response
+//! then counts as calling none. The scheduler keeps a shorter prefix of it.
+
+/// The longest tool name read, in bytes once unescaped (it bounds the scan, too).
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// The markers that open a tool call in each API's output.
+const MARKERS: [&[u8]; 3] = [b"\"tool_calls\"", b"\"tool_use\"", b"\"function_call\""];
+
+/// The name of the first tool call in `json` (a body's tail, or one SSE event).
+pub fn tool_in_json(json: &[u8]) -> Option<String> {
+    let mut from = 0;
+    loop {
+        let (at, marker) = MARKERS
+            .iter()
+            .filter_map(|m| memchr::memmem::find(&json[from..], m).map(|i| (from + i, *m)))
+            .min_by_key(|(i, _)| *i)?;
+        let rest = &json[at + marker.len()..];
+        if !no_call(rest) {
+            let key = memchr::memmem::find(rest, b"\"name\"")?;
+            let after = skip_ws(&rest[key + 6..]);
+            let after = skip_ws(after.strip_prefix(b":")?);
+            return string_value(after);
+        }
+        // `"tool_calls": []`, `"function_call": null` (vLLM writes both when no tool is
+        // called): look further.
+        from = at + marker.len();
+    }
+}
+
+/// The marker is a key whose value is `null` or `[]`.
+fn no_call(rest: &[u8]) -> bool {
+    let Some(v) = skip_ws(rest).strip_prefix(b":") else {
+        return false;
+    };
+    let v = skip_ws(v);
+    v.starts_with(b"null")
+        || v.strip_prefix(b"[")
+            .is_some_and(|r| skip_ws(r).starts_with(b"]"))
+}
+
+fn skip_ws(b: &[u8]) -> &[u8] {
+    let n = b
+        .iter()
+        .take_while(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+        .count();
+    &b[n..]
+}
+
+/// The JSON string at the start of `b`, unescaped; `None` if it is not a whole string of at
+/// most [`MAX_NAME_BYTES`] bytes once unescaped.
+fn string_value(b: &[u8]) -> Option<String> {
+    if b.first() != Some(&b'"') {
+        return None;
+    }
+    // An escaped name takes at most 6 bytes a byte; anything longer is beyond the cap anyway.
+    let window = &b[..b.len().min(2 + 6 * MAX_NAME_BYTES)];
+    let mut i = 1;
+    while i < window.len() {
+        match window[i] {
+            b'\\' => i += 2,
+            b'"' => {
+                let name: String = serde_json::from_slice(&window[..=i]).ok()?;
+                return (!name.is_empty() && name.len() <= MAX_NAME_BYTES).then_some(name);
+            }
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the content, the arguments and the names hold (quotes, escapes, `"name"`
+        /// inside strings, any characters), the scanner names the first call's tool as serde
+        /// reads it — or none when that name is empty or past the cap.
+        #[test]
+        fn the_first_calls_name_as_serde_reads_it(
+            content in ".{0,40}",
+            names in prop::collection::vec(".{0,70}", 1..3),
+            args in ".{0,40}",
+            pretty in any::<bool>(),
+            legacy_null in any::<bool>(),
+        ) {
+            let calls: Vec<_> = names
+                .iter()
+                .map(|n| serde_json::json!({"id": "c", "type": "function",
+                    "function": {"name": n, "arguments": args}}))
+                .collect();
+            let mut message = serde_json::json!({"role": "assistant", "content": content,
+                "tool_calls": calls});
+            if legacy_null {
+                message["function_call"] = serde_json::Value::Null;
+            }
+            let body = serde_json::json!({"id": "x", "choices": [{"index": 0, "message": message}],
+                "usage": {"prompt_tokens": 1}});
+            let text = if pretty {
+                serde_json::to_vec_pretty(&body)
+            } else {
+                serde_json::to_vec(&body)
+            };
+            let text = text.map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let first = &names[0];
+            let want = (!first.is_empty() && first.len() <= MAX_NAME_BYTES)
+                .then(|| first.clone());
+            prop_assert_eq!(tool_in_json(&text), want);
+        }
+    }
+
+    #[test]
+    fn each_apis_first_tool_call_is_named() {
+        let chat = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok","tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"name\":\"x\"}"}},{"id":"c2","type":"function","function":{"name":"run_tests","arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3}}"#;
+        assert_eq!(tool_in_json(chat).as_deref(), Some("read_file"));
+        let messages = br#"{"content":[{"type":"text","text":"x"},{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"name":"y"}}],"stop_reason":"tool_use"}"#;
+        assert_eq!(tool_in_json(messages).as_deref(), Some("get_weather"));
+        let responses = br#"{"output":[{"type":"function_call","id":"fc_1","call_id":"call_1","name":"search","arguments":"{}"}]}"#;
+        assert_eq!(tool_in_json(responses).as_deref(), Some("search"));
+        // A streamed chat delta, and an escaped name.
+        // vLLM writes `"function_call": null` before the calls.
+        let vllm = br#"{"message":{"function_call":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"grep","arguments":"{}"}}]}}"#;
+        assert_eq!(tool_in_json(vllm).as_deref(), Some("grep"));
+        let delta = b"data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"name\" : \"a\\u00e9b\",\"arguments\":\"\"}}]}}]}\n\n";
+        assert_eq!(tool_in_json(delta).as_deref(), Some("a\u{e9}b"));
+    }
+
+    #[test]
+    fn no_call_no_name() {
+        for body in [
+            &br#"{"choices":[{"message":{"content":"hi","tool_calls":[]},"finish_reason":"stop"}]}"#[..],
+            br#"{"choices":[{"message":{"content":"hi","tool_calls": null}}],"model":"m","name":"x"}"#,
+            br#"{"choices":[{"message":{"content":"plain","name":"bob"}}]}"#,
+            // vLLM's shape without a call: both keys present, neither names anything.
+            br#"{"choices":[{"message":{"content":"x","function_call":null,"tool_calls":[]},"finish_reason":"stop"}],"usage":{"prompt_tokens":1},"kv_transfer_params":{"name":"n"}}"#,
+            // Cut before the name's value ends, or a name that is not a string.
+            br#"{"tool_calls":[{"function":{"name":"read_fi"#,
+            br#"{"tool_calls":[{"function":{"name":42}}]}"#,
+            br#"{"tool_calls":[{"function":{"name":""}}]}"#,
+        ] {
+            assert_eq!(tool_in_json(body), None, "{}", String::from_utf8_lossy(body));
+        }
+        let long = format!(
+            r#"{{"tool_calls":[{{"function":{{"name":"{}"}}}}]}}"#,
+            "x".repeat(MAX_NAME_BYTES + 1)
+        );
+        assert_eq!(tool_in_json(long.as_bytes()), None);
+    }
+}

@@ -1,0 +1,73 @@
+//! The tool a response called reaches the scheduler (`tool_ttl_min_samples`): read from
+//! non-streamed and streamed chat completions on the way through, the body left as it was.
+
+use super::*;
+
+/// A Program request whose response calls `tool` (vllm-sim calls the tool it is told to).
+fn calling(program: &str, tool: Option<&str>, stream: bool) -> String {
+    let mut body: Value =
+        serde_json::from_str(&program_body(program, 50, json!({}))).expect("json");
+    if let Some(t) = tool {
+        body["vllm_xargs"]["sim_tool_call"] = json!(t);
+    }
+    if stream {
+        body["stream"] = json!(true);
+    }
+    body.to_string()
+}
+
+async fn send(c: &HttpClient, r: &Router, body: String) -> String {
+    let resp = c
+        .request(
+            hyper::Request::post(r.url(CHAT))
+                .body(Full::new(Bytes::from(body)))
+                .expect("req"),
+        )
+        .await
+        .expect("resp");
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    String::from_utf8(bytes.to_vec()).expect("utf8")
+}
+
+fn roomy(tool_ttl_min_samples: u32) -> ProgramSchedulingConfig {
+    ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(100_000),
+        tool_ttl_min_samples,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn the_tool_a_response_calls_is_read_streamed_or_not() {
+    let (_s, r) = setup(roomy(50)).await;
+    let c = client();
+    let keys = |d: Value| d["return_time_profile_keys"].as_u64();
+    assert_eq!(keys(diagnostics(&c, &r).await), Some(0));
+    let text = send(&c, &r, calling("p", Some("read_file"), false)).await;
+    let reply: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(
+        reply["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "read_file",
+        "the client gets the tool call as the engine wrote it: {text}"
+    );
+    assert_eq!(keys(diagnostics(&c, &r).await), Some(1));
+    let text = send(&c, &r, calling("p", Some("run_tests"), true)).await;
+    assert!(text.contains(r#""name":"run_tests""#), "{text}");
+    assert_eq!(keys(diagnostics(&c, &r).await), Some(2));
+    // A response without a tool call names none, and a known tool is not counted twice.
+    send(&c, &r, calling("p", None, false)).await;
+    send(&c, &r, calling("p", Some("read_file"), true)).await;
+    assert_eq!(keys(diagnostics(&c, &r).await), Some(2));
+}
+
+#[tokio::test]
+async fn with_tools_not_told_apart_responses_are_not_read_for_them() {
+    let (_s, r) = setup(roomy(0)).await;
+    let c = client();
+    send(&c, &r, calling("p", Some("read_file"), false)).await;
+    send(&c, &r, calling("p", Some("run_tests"), true)).await;
+    assert_eq!(
+        diagnostics(&c, &r).await["return_time_profile_keys"].as_u64(),
+        Some(0)
+    );
+}

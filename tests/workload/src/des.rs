@@ -471,6 +471,7 @@ pub fn run_with(
                         p.history = tokens;
                         let gap = p.turns[p.next].gap_after;
                         let step = p.turns[p.next].step;
+                        let tool = p.turns[p.next].tool.clone();
                         p.next += 1;
                         // Subagents spawned after this turn start now; blocking ones hold the
                         // parent's next turn.
@@ -493,7 +494,8 @@ pub fn run_with(
                                 cached_tokens: outcome.cached_tokens as u64,
                             };
                             let start = Instant::now();
-                            let ds = s.on_complete(now, done_ticket, Some(u));
+                            let ds =
+                                s.on_complete_with_tool(now, done_ticket, Some(u), tool.as_deref());
                             timed(&mut sched_ns, start);
                             dispatch!(ds, now);
                         }

@@ -90,6 +90,7 @@ impl Family {
                 output_sigma: 0.8,
                 gaps: Gaps::Mixture([(0.7, 1.0, 0.6), (0.25, 5.0, 0.5), (0.05, 15.0, 0.4)]),
                 gap_cap: 30.0,
+                tools: Some(workload::AGENT_TOOLS),
             },
             Family::HeavyGaps => Shape {
                 turns: (10, 30),
@@ -105,6 +106,8 @@ impl Family {
                     alpha: 1.2,
                 },
                 gap_cap: 600.0,
+                // One distribution, no tool to tell apart.
+                tools: None,
             },
             Family::ShortMany => Shape {
                 turns: (2, 5),
@@ -117,6 +120,7 @@ impl Family {
                 output_sigma: 0.7,
                 gaps: Gaps::Mixture([(0.8, 1.5, 0.5), (0.15, 6.0, 0.5), (0.05, 20.0, 0.4)]),
                 gap_cap: 60.0,
+                tools: Some(workload::AGENT_TOOLS),
             },
             Family::LongFew => Shape {
                 turns: (40, 90),
@@ -129,6 +133,7 @@ impl Family {
                 output_sigma: 0.7,
                 gaps: Gaps::Mixture([(0.8, 0.6, 0.5), (0.18, 3.0, 0.5), (0.02, 15.0, 0.4)]),
                 gap_cap: 30.0,
+                tools: Some(workload::AGENT_TOOLS),
             },
             Family::Bursty => Shape {
                 turns: (6, 20),
@@ -141,6 +146,7 @@ impl Family {
                 output_sigma: 0.8,
                 gaps: Gaps::Mixture([(0.6, 1.0, 0.6), (0.3, 5.0, 0.5), (0.1, 15.0, 0.4)]),
                 gap_cap: 60.0,
+                tools: Some(workload::AGENT_TOOLS),
             },
             Family::Coding | Family::Subagents | Family::MixedChat => Preset::SweAgent.shape(),
         }
@@ -285,5 +291,39 @@ mod tests {
             close * 2 > starts.len(),
             "most bursty Programs start within 1 s of another"
         );
+    }
+
+    /// Agents' gaps name the tool behind them, each tool with its own durations; a human's
+    /// gap and heavy-gaps' single tail name none; the last turn has no gap and no tool.
+    #[test]
+    fn agent_gaps_name_their_tool_and_human_ones_none() {
+        use std::collections::BTreeMap;
+        let w = Family::Coding.generate(1.0, 2);
+        let mut by_tool: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        for t in &w {
+            match &t.tool {
+                Some(name) => by_tool.entry(name).or_default().push(t.gap_after),
+                None => assert_eq!(t.gap_after, 0.0, "only the last turn names no tool"),
+            }
+        }
+        assert_eq!(
+            by_tool.keys().copied().collect::<Vec<_>>(),
+            ["read_file", "run_command", "run_tests"]
+        );
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let read = median(by_tool.get_mut("read_file").expect("read_file"));
+        let tests = median(by_tool.get_mut("run_tests").expect("run_tests"));
+        assert!(read < 1.5 && tests > 10.0, "{read} {tests}");
+        assert!(
+            Family::HeavyGaps
+                .generate(0.3, 1)
+                .iter()
+                .all(|t| t.tool.is_none())
+        );
+        let chat = workload::generate(Preset::Chat, 40, 1.0, 1);
+        assert!(chat.iter().all(|t| t.tool.is_none()));
     }
 }

@@ -252,6 +252,7 @@ mod tests {
             append_tokens: append,
             output_tokens: 1,
             gap_after: gap,
+            tool: None,
             parent_program_id: None,
             spawned_after_step: None,
             blocks_parent: false,

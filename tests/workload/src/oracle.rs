@@ -262,6 +262,7 @@ mod tests {
             append_tokens: append,
             output_tokens: output,
             gap_after: gap,
+            tool: None,
             parent_program_id: None,
             spawned_after_step: None,
             blocks_parent: false,

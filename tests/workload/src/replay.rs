@@ -346,6 +346,10 @@ async fn program_task(
             ContextMode::String => body["vllm_xargs"] = json!({"agentic_context": ctx.to_string()}),
             ContextMode::Headers => {}
         }
+        if let Some(tool) = &turn.tool {
+            // The simulator has no model to choose a tool: its response calls the one named.
+            body["vllm_xargs"]["sim_tool_call"] = json!(tool);
+        }
         let mut req = hyper::Request::post(format!(
             "{}/v1/chat/completions",
             cfg.endpoints.pick(index, turn.step)

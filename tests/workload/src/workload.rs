@@ -30,6 +30,10 @@ pub struct Turn {
     pub output_tokens: u32,
     /// Tool or user time after this turn's completion before the next turn; 0 on the last turn.
     pub gap_after: f64,
+    /// The tool this turn's response calls, whose run is `gap_after` (absent where a human
+    /// fills the gap, or the gap's distribution has no tools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
     /// A subagent: the Program that spawned it (absent for root Programs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_program_id: Option<String>,
@@ -85,7 +89,15 @@ pub struct Shape {
     pub output_sigma: f64,
     pub gaps: Gaps,
     pub gap_cap: f64,
+    /// The tool each gap component stands for (its response calls it), in the components'
+    /// order; `None` where a human, not a tool, fills the gap.
+    pub tools: Option<[&'static str; 3]>,
 }
+
+/// The tools of coding agents' gap components, short to long.
+pub const AGENT_TOOLS: [&str; 3] = ["read_file", "run_command", "run_tests"];
+/// The tools of long-tool agents' gap components.
+pub const LONG_TOOLS: [&str; 3] = ["web_search", "run_build", "run_benchmark"];
 
 /// How long the tool call (or the human) between two turns takes, before `gap_cap`.
 #[derive(Debug, Clone, Copy)]
@@ -112,6 +124,7 @@ impl Preset {
                 output_sigma: 0.9,
                 gaps: Gaps::Mixture([(0.75, 0.8, 0.6), (0.2, 4.0, 0.5), (0.05, 20.0, 0.4)]),
                 gap_cap: 30.0,
+                tools: Some(AGENT_TOOLS),
             },
             Preset::Chat => Shape {
                 turns: (2, 8),
@@ -124,6 +137,8 @@ impl Preset {
                 output_sigma: 0.6,
                 gaps: Gaps::Mixture([(0.5, 15.0, 0.5), (0.4, 40.0, 0.4), (0.1, 90.0, 0.3)]),
                 gap_cap: 120.0,
+                // A human replies: no tool call.
+                tools: None,
             },
             Preset::LongTools => Shape {
                 turns: (6, 16),
@@ -136,6 +151,7 @@ impl Preset {
                 output_sigma: 0.8,
                 gaps: Gaps::Mixture([(0.5, 25.0, 0.3), (0.4, 45.0, 0.3), (0.1, 60.0, 0.2)]),
                 gap_cap: 60.0,
+                tools: Some(LONG_TOOLS),
             },
         }
     }
@@ -147,26 +163,27 @@ pub(crate) fn lognormal(rng: &mut StdRng, median: f64, sigma: f64) -> f64 {
         .unwrap_or(median)
 }
 
-/// One draw of a tool gap, uncapped.
-fn gap(rng: &mut StdRng, gaps: Gaps) -> f64 {
+/// One draw of a tool gap, uncapped, and which mixture component it came from.
+fn gap(rng: &mut StdRng, gaps: Gaps) -> (f64, Option<usize>) {
     match gaps {
         Gaps::Mixture(components) => {
             let u: f64 = rng.random();
             let mut acc = 0.0;
-            let mut g = components[2];
-            for c in components {
+            let mut k = 2;
+            for (i, c) in components.iter().enumerate() {
                 acc += c.0;
                 if u < acc {
-                    g = c;
+                    k = i;
                     break;
                 }
             }
-            lognormal(rng, g.1, g.2)
+            let g = components[k];
+            (lognormal(rng, g.1, g.2), Some(k))
         }
         Gaps::Pareto { min, alpha } => {
             // Inverse CDF; 1 − u is in (0, 1], so the power is finite.
             let u: f64 = rng.random();
-            min / (1.0 - u).powf(1.0 / alpha.max(1e-3))
+            (min / (1.0 - u).powf(1.0 / alpha.max(1e-3)), None)
         }
     }
 }
@@ -344,10 +361,12 @@ pub(crate) fn push_program(
             };
             let append = lognormal(rng, median, s.append_sigma).clamp(8.0, 8.0 * median) as u32;
             let output = lognormal(rng, s.output_median, s.output_sigma).clamp(1.0, 2048.0) as u32;
-            let gap = if step + 1 == turns {
-                0.0
+            let (gap, tool) = if step + 1 == turns {
+                (0.0, None)
             } else {
-                gap(rng, s.gaps).min(s.gap_cap)
+                let (g, k) = gap(rng, s.gaps);
+                let tool = s.tools.zip(k).map(|(names, k)| names[k].to_string());
+                (g.min(s.gap_cap), tool)
             };
             out.push(Turn {
                 program_id: program_id.to_string(),
@@ -359,6 +378,7 @@ pub(crate) fn push_program(
                 append_tokens: append,
                 output_tokens: output,
                 gap_after: gap,
+                tool,
                 parent_program_id: parent.map(|x| x.0.to_string()),
                 spawned_after_step: parent.map(|x| x.1),
                 blocks_parent: parent.is_some_and(|x| x.2),

@@ -19,6 +19,7 @@ fn turn(program: &str, step: u32, gap: f64, parent: Option<(&str, u32, bool)>) -
         append_tokens: 32,
         output_tokens: 4,
         gap_after: gap,
+        tool: None,
         parent_program_id: parent.map(|p| p.0.to_string()),
         spawned_after_step: parent.map(|p| p.1),
         blocks_parent: parent.is_some_and(|p| p.2),

@@ -327,8 +327,8 @@ impl Default for ProgramSchedulingConfig {
             acting_ttl_cost: ActingTtlCost::default(),
             acting_ttl_hold: ActingTtlHold::default(),
             ttl_min_samples: None,
-            // Chosen on the tuning half of `progbench matrix` (docs/generalization.md).
-            tool_ttl_min_samples: 50,
+            // Off: on the tuning half it dropped a request in one ordering (docs/generalization.md).
+            tool_ttl_min_samples: 0,
             max_tools: 64,
             force_resume_workload_factor: 0.0,
             finished_idle_ratio: 1.0,

@@ -17,17 +17,9 @@ fn calling(program: &str, tool: Option<&str>, stream: bool) -> String {
 }
 
 async fn send(c: &HttpClient, r: &Router, body: String) -> String {
-    let resp = c
-        .request(
-            hyper::Request::post(r.url(CHAT))
-                .body(Full::new(Bytes::from(body)))
-                .expect("req"),
-        )
-        .await
-        .expect("resp");
-    assert_eq!(resp.status(), 200);
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    String::from_utf8(bytes.to_vec()).expect("utf8")
+    let reply = post(c, &r.url(CHAT), &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    reply.text()
 }
 
 fn roomy(tool_ttl_min_samples: u32) -> ProgramSchedulingConfig {

@@ -75,12 +75,11 @@ pub struct Relay {
     inner: Incoming,
     tap: Tap,
     usage: Option<TokenUsage>,
-    /// Look for the response id: the start of a JSON body is kept here until the end.
-    capture_id: bool,
+    /// What to look for beyond usage.
+    capture: Capture,
+    /// For the response id: the start of a JSON body, kept until the end.
     head: Option<Bytes>,
     response_id: Option<String>,
-    /// Look for the first tool call's name (Program scheduling's tool-aware TTL).
-    capture_tool: bool,
     tool: Option<String>,
     finish: Option<Box<dyn Finish>>,
     deadline: Option<tokio::time::Instant>,
@@ -139,10 +138,9 @@ impl Relay {
             inner,
             tap,
             usage: None,
-            capture_id: capture.response_id,
+            capture,
             head: None,
             response_id: None,
-            capture_tool: capture.tool,
             tool: None,
             finish: Some(finish),
             deadline,
@@ -258,7 +256,7 @@ impl Relay {
             self.usage = (!tail.is_empty())
                 .then(|| usage_in_json_tail(tail))
                 .flatten();
-            if self.capture_tool {
+            if self.capture.tool {
                 self.tool = tool_in_json(tail);
             }
         }
@@ -284,7 +282,7 @@ impl Relay {
     fn process(&mut self, chunk: Bytes) -> Bytes {
         match &mut self.tap {
             Tap::Json { tail, len } => {
-                if self.capture_id && self.head.is_none() {
+                if self.capture.response_id && self.head.is_none() {
                     self.head = Some(chunk.slice(..chunk.len().min(super::stored::HEAD)));
                 }
                 *len += chunk.len();
@@ -314,10 +312,10 @@ impl Relay {
                     if !*terminated && errors.is_terminal(event) {
                         *terminated = true;
                     }
-                    if self.capture_id && self.response_id.is_none() {
+                    if self.capture.response_id && self.response_id.is_none() {
                         self.response_id = super::stored::id_in_event(event);
                     }
-                    if self.capture_tool && self.tool.is_none() {
+                    if self.capture.tool && self.tool.is_none() {
                         self.tool = tool_in_json(event);
                     }
                     let is_usage_chunk = if memchr::memmem::find(event, b"\"usage\"").is_some() {

@@ -5,7 +5,7 @@
 //! interval that follows is pushed into that tool's window when the Program's next request
 //! arrives. Names are untrusted (a model chose them from a client's tool list): at most
 //! `max_tools` distinct names are kept, each cut to [`MAX_TOOL_NAME_BYTES`]; later names go
-//! unlabeled and are counted.
+//! unlabeled (the scheduler counts them in a `Shed` note).
 
 use rustc_hash::FxHashMap;
 
@@ -24,8 +24,6 @@ pub struct Tools {
     windows: Vec<Window>,
     cap: usize,
     window: usize,
-    /// Labels refused because `cap` names were already kept.
-    pub dropped: u64,
 }
 
 impl Tools {
@@ -35,7 +33,6 @@ impl Tools {
             windows: Vec::new(),
             cap: (cap as usize).min(usize::from(ToolId::MAX)),
             window,
-            dropped: 0,
         }
     }
 
@@ -51,7 +48,6 @@ impl Tools {
             return Some(id);
         }
         if self.windows.len() >= self.cap {
-            self.dropped += 1;
             return None;
         }
         let id = ToolId::try_from(self.windows.len()).ok()?;
@@ -104,7 +100,7 @@ mod tests {
         // The cut name is the same tool however long the original was.
         assert_eq!(t.label(&"é".repeat(50)), Some(1));
         assert_eq!(t.label("run_tests"), None);
-        assert_eq!((t.len(), t.dropped), (2, 1));
+        assert_eq!(t.len(), 2);
     }
 
     #[test]

@@ -327,7 +327,7 @@ impl Default for ProgramSchedulingConfig {
             acting_ttl_cost: ActingTtlCost::default(),
             acting_ttl_hold: ActingTtlHold::default(),
             ttl_min_samples: None,
-            // Off: on the tuning half it dropped a request in one ordering (docs/generalization.md).
+            // Off: why it is not a default is in docs/generalization.md ("Holds by the tool called").
             tool_ttl_min_samples: 0,
             max_tools: 64,
             force_resume_workload_factor: 0.0,

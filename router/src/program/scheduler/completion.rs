@@ -20,29 +20,8 @@ impl Scheduler {
         tool: Option<&str>,
     ) -> Vec<Decision> {
         let slot = self.in_flight.get(&ticket).map(|f| f.program);
-        let mut out = self.complete(now, ticket, usage, tool);
-        if let Some(slot) = slot
-            && let Some(home) = self.rehome(slot, now)
-        {
-            self.pump(home, now, &mut out);
-        }
-        out
-    }
-
-    fn complete(
-        &mut self,
-        now: f64,
-        ticket: Ticket,
-        usage: Option<Usage>,
-        tool: Option<&str>,
-    ) -> Vec<Decision> {
-        let usage = usage.map(Usage::bounded);
-        let mut out = Vec::new();
-        let Some(f) = self.in_flight.remove(&ticket) else {
-            return out;
-        };
         let tool = match tool {
-            Some(name) if self.cfg.tool_ttl_min_samples > 0 => {
+            Some(name) if slot.is_some() && self.cfg.tool_ttl_min_samples > 0 => {
                 let id = self.tools.label(name);
                 if id.is_none() {
                     self.notes.push(Note::Shed {
@@ -52,6 +31,28 @@ impl Scheduler {
                 id
             }
             _ => None,
+        };
+        let mut out = self.complete(now, ticket, usage, tool);
+        if let Some(slot) = slot
+            && let Some(home) = self.rehome(slot, now)
+        {
+            self.pump(home, now, &mut out);
+        }
+        out
+    }
+
+    /// `tool`: the kept tool the response called.
+    fn complete(
+        &mut self,
+        now: f64,
+        ticket: Ticket,
+        usage: Option<Usage>,
+        tool: Option<ToolId>,
+    ) -> Vec<Decision> {
+        let usage = usage.map(Usage::bounded);
+        let mut out = Vec::new();
+        let Some(f) = self.in_flight.remove(&ticket) else {
+            return out;
         };
         let rank = f.rank;
         let binding_only = self.cfg.binding_only;

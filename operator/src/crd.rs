@@ -573,6 +573,10 @@ pub struct ProgramSchedulingParams {
     /// Most rounds a Program is served back to back before it yields to waiting Programs on its
     /// rank (default 32; the spec's is 14); a Program that yielded resumes behind the others once.
     pub max_segment_rounds: Option<u32>,
+    /// Extension: only a Program whose context is at most this share of its rank's token
+    /// capacity yields at `maxSegmentRounds` (> 0; default 0.1; 1 = every Program, the spec).
+    #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("segmentYieldMaxContextRatio must be > 0"))]
+    pub segment_yield_max_context_ratio: Option<f64>,
     /// Samples in the rolling windows of request growth and tool intervals (1–100000; default
     /// 100); until a window is full its estimate is off (no growth reserve, no automatic TTL).
     pub stats_window_size: Option<u32>,

@@ -215,6 +215,11 @@ pub struct ProgramSchedulingConfig {
     pub high_watermark_ratio: f64,
     pub low_watermark_ratio: f64,
     pub max_segment_rounds: u32,
+    /// Extension: a Program yields at `max_segment_rounds` only while its context is at most
+    /// this share of its rank's token capacity (always on a rank without one). A larger one
+    /// would come back to a re-prefill of that context and wait for that much room at once.
+    /// 1 = every Program yields (the spec).
+    pub segment_yield_max_context_ratio: f64,
     pub stats_window_size: u32,
     pub enable_batch_gain_admission: bool,
     /// Extension: where the automatic TTL's interval evidence comes from.
@@ -321,6 +326,8 @@ impl Default for ProgramSchedulingConfig {
             // The spec's 14 made agents of 15-40 turns give up their KV mid-session under any
             // queue; chosen on the tuning half (docs/generalization.md).
             max_segment_rounds: 32,
+            // Chosen on the tuning half (docs/generalization.md, "Segment yield by share").
+            segment_yield_max_context_ratio: 0.1,
             stats_window_size: 100,
             enable_batch_gain_admission: true,
             ttl_evidence: TtlEvidence::default(),
@@ -513,6 +520,12 @@ impl ProgramSchedulingConfig {
         if self.max_segment_rounds == 0 {
             return Err(err("max_segment_rounds", "must be >= 1"));
         }
+        finite_min(
+            "segment_yield_max_context_ratio",
+            self.segment_yield_max_context_ratio,
+            0.0,
+            true,
+        )?;
         // Each rank keeps windows of this many samples, allocated up front.
         if !(1..=MAX_STATS_WINDOW).contains(&self.stats_window_size) {
             return Err(err(
@@ -682,6 +695,10 @@ mod tests {
             (
                 r#"{"binding_strategy":"reasoning_token_balance"}"#,
                 "binding_strategy",
+            ),
+            (
+                r#"{"segment_yield_max_context_ratio":0}"#,
+                "segment_yield_max_context_ratio",
             ),
             (
                 r#"{"force_resume_timeout_seconds":700}"#,

@@ -163,7 +163,10 @@ impl Scheduler {
             Some(PauseReason::NoResumeExpected)
         } else if p.pause_on_complete {
             Some(PauseReason::CapacityRepair)
-        } else if p.rounds + 1 >= self.cfg.max_segment_rounds && queue_pressure {
+        } else if p.rounds + 1 >= self.cfg.max_segment_rounds
+            && queue_pressure
+            && self.may_yield(rank, context)
+        {
             Some(PauseReason::SegmentYield)
         } else {
             None
@@ -303,6 +306,15 @@ impl Scheduler {
             1.0
         } else {
             ((now - oldest.since) / span).clamp(0.0, 1.0)
+        }
+    }
+
+    /// Whether a Program of `context` tokens on `rank` may segment-yield: its context is at most
+    /// `segment_yield_max_context_ratio` of the rank's capacity, or no capacity is known.
+    fn may_yield(&self, rank: Rank, context: u64) -> bool {
+        match self.capacity(rank).0 {
+            Some(cap) => context as f64 <= self.cfg.segment_yield_max_context_ratio * cap as f64,
+            None => true,
         }
     }
 

@@ -170,6 +170,7 @@ fn pooled_evidence_and_min_samples_arm_the_ttl_sooner() {
 fn segment_yield_under_queue_pressure() {
     let c = ProgramSchedulingConfig {
         max_segment_rounds: 2,
+        segment_yield_max_context_ratio: 1.0,
         ..cfg()
     };
     let mut s = sched(c, 1);
@@ -181,6 +182,35 @@ fn segment_yield_under_queue_pressure() {
     let d = s.on_complete(3.0, 3, usage(900, 10)); // round 2 with b waiting: a yields
     assert_eq!(dispatched(&d), [2]);
     assert_eq!(s.counters.pauses.get("max_segment_yield"), Some(&1));
+}
+
+/// Only a Program holding at most `segment_yield_max_context_ratio` of its rank yields: a larger
+/// one keeps its KV through the round, and the waiting Program stays queued.
+#[test]
+fn only_a_small_share_of_the_rank_segment_yields() {
+    let run = |context: u64| {
+        let c = ProgramSchedulingConfig {
+            max_segment_rounds: 2,
+            segment_yield_max_context_ratio: 0.1,
+            ..cfg()
+        };
+        let mut s = sched(c, 1);
+        let a = |t| with_ttl(arrival(t, "a", context), 100.0);
+        s.on_arrival(0.0, a(1));
+        s.on_complete(1.0, 1, usage(context, 10));
+        s.on_arrival(1.5, arrival(2, "b", 1001 - context)); // b waits: a holds its context
+        s.on_arrival(2.0, a(3));
+        let d = s.on_complete(3.0, 3, usage(context, 10));
+        s.check_invariants().expect("ledger");
+        (
+            dispatched(&d),
+            s.counters.pauses.get("max_segment_yield").copied(),
+        )
+    };
+    // 90 tokens of 1000 (9 %): a yields and b runs.
+    assert_eq!(run(90), (vec![2], Some(1)));
+    // 200 tokens (20 %): a keeps its place; b waits for its TTL or its deadline.
+    assert_eq!(run(200), (vec![], None));
 }
 
 #[test]

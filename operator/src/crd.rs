@@ -591,7 +591,7 @@ pub struct ProgramSchedulingParams {
     pub ttl_min_samples: Option<u32>,
     /// Extension: a Program whose response called a tool may be held longer (never shorter)
     /// by the intervals that followed that tool's earlier calls, once there are this many
-    /// (0..=statsWindowSize; default 0, off; 50 is what was measured).
+    /// (0..=statsWindowSize; default 50; 0 = tools are not told apart).
     pub tool_ttl_min_samples: Option<u32>,
     /// Extension: distinct tool names kept for `toolTtlMinSamples` (0–1024; default 64);
     /// calls of tools beyond them count as calling none.

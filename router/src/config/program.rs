@@ -334,8 +334,8 @@ impl Default for ProgramSchedulingConfig {
             acting_ttl_cost: ActingTtlCost::default(),
             acting_ttl_hold: ActingTtlHold::default(),
             ttl_min_samples: None,
-            // Off: why it is not a default is in docs/generalization.md ("Holds by the tool called").
-            tool_ttl_min_samples: 0,
+            // Chosen on the tuning half (docs/generalization.md, "Holds by the tool called").
+            tool_ttl_min_samples: 50,
             max_tools: 64,
             force_resume_workload_factor: 0.0,
             finished_idle_ratio: 1.0,

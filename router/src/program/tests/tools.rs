@@ -52,8 +52,8 @@ fn a_tools_own_returns_lengthen_its_hold_but_never_shorten_it() {
     assert!((1.0..=1.01).contains(&slow), "never shorter: {slow}");
     assert_eq!(
         ProgramSchedulingConfig::default().tool_ttl_min_samples,
-        0,
-        "opt-in"
+        50,
+        "on by default"
     );
 }
 

@@ -318,7 +318,7 @@ impl Relay {
                     if self.capture.tool && self.tool.is_none() {
                         self.tool = tool_in_json(event);
                     }
-                    let is_usage_chunk = if memchr::memmem::find(event, b"\"usage\"").is_some() {
+                    let is_usage_chunk = if super::sse::names_usage(event) {
                         match sse_usage(event) {
                             Some((u, no_choices)) => {
                                 self.usage = Some(u);

@@ -3,10 +3,12 @@
 //! the shape of its API (also for a stream relayed from another router replica).
 
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame};
+use memchr::memmem::Finder;
 use serde::Deserialize;
 
 use super::usage::TokenUsage;
@@ -35,16 +37,17 @@ impl ErrorEvent {
 
     /// Whether `event` ends a stream of this API normally: `[DONE]`, `message_stop`, a final
     /// `response.*` event, or an error event the model server sent itself.
-    pub(super) fn is_terminal(self, event: &[u8]) -> bool {
-        let has = |needle: &[u8]| memchr::memmem::find(event, needle).is_some();
+    pub fn is_terminal(self, event: &[u8]) -> bool {
+        let n = &*NEEDLES;
+        let has = |needle: &Finder<'static>| needle.find(event).is_some();
         match self {
             // A byte search first: this runs on every event of every stream.
-            ErrorEvent::OpenAi => has(b"[DONE]") && sse_data(event) == Some("[DONE]"),
-            ErrorEvent::Anthropic => has(b"message_stop") || event.starts_with(b"event: error"),
+            ErrorEvent::OpenAi => has(&n.done) && sse_data(event) == Some("[DONE]"),
+            ErrorEvent::Anthropic => has(&n.message_stop) || event.starts_with(b"event: error"),
             ErrorEvent::Responses => {
-                has(b"response.completed")
-                    || has(b"response.incomplete")
-                    || has(b"response.failed")
+                has(&n.completed)
+                    || has(&n.incomplete)
+                    || has(&n.failed)
                     || event.starts_with(b"event: error")
             }
         }
@@ -191,6 +194,31 @@ fn event_len_from(buf: &[u8], mut from: usize) -> Option<usize> {
     }
     None
 }
+
+/// Whether `event` holds a `"usage"` key, looked for in every event before [`sse_usage`] parses one.
+pub fn names_usage(event: &[u8]) -> bool {
+    NEEDLES.usage.find(event).is_some()
+}
+
+/// The byte searches run on every streamed event, built once (`memmem::find` builds its
+/// searcher on each call, which costs more than searching one event).
+struct Needles {
+    done: Finder<'static>,
+    message_stop: Finder<'static>,
+    completed: Finder<'static>,
+    incomplete: Finder<'static>,
+    failed: Finder<'static>,
+    usage: Finder<'static>,
+}
+
+static NEEDLES: LazyLock<Needles> = LazyLock::new(|| Needles {
+    done: Finder::new(b"[DONE]"),
+    message_stop: Finder::new(b"message_stop"),
+    completed: Finder::new(b"response.completed"),
+    incomplete: Finder::new(b"response.incomplete"),
+    failed: Finder::new(b"response.failed"),
+    usage: Finder::new(b"\"usage\""),
+});
 
 /// The usage of an SSE event, and whether the event is a usage-only chunk (`choices: []`).
 pub(crate) fn sse_usage(event: &[u8]) -> Option<(TokenUsage, bool)> {

@@ -10,30 +10,48 @@
 //! (cut off, not a plain string, longer than [`MAX_NAME_BYTES`]) is no name: the response
 //! then counts as calling none. The scheduler keeps a shorter prefix of it.
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
+
 /// The longest tool name read, in bytes once unescaped (it bounds the scan, too).
 pub const MAX_NAME_BYTES: usize = 256;
 
 /// The markers that open a tool call in each API's output.
 const MARKERS: [&[u8]; 3] = [b"\"tool_calls\"", b"\"tool_use\"", b"\"function_call\""];
 
+/// The markers' and the name key's searchers, built once: `memmem::find` builds one per call,
+/// which costs more than scanning a streamed event.
+static FINDERS: LazyLock<([Finder<'static>; 3], Finder<'static>)> =
+    LazyLock::new(|| (MARKERS.map(Finder::new), Finder::new(b"\"name\"")));
+
 /// The name of the first tool call in `json` (a body's tail, or one SSE event).
 pub fn tool_in_json(json: &[u8]) -> Option<String> {
+    let (markers, name) = &*FINDERS;
+    let find = |k: usize, from: usize| markers[k].find(&json[from..]).map(|i| from + i);
+    // Each marker's next place at or after `from`, searched again only once passed: one pass
+    // over the input per marker, however many `null`s and `[]`s it skips.
+    let mut next = [find(0, 0), find(1, 0), find(2, 0)];
     let mut from = 0;
     loop {
-        let (at, marker) = MARKERS
-            .iter()
-            .filter_map(|m| memchr::memmem::find(&json[from..], m).map(|i| (from + i, *m)))
-            .min_by_key(|(i, _)| *i)?;
-        let rest = &json[at + marker.len()..];
+        for (k, at) in next.iter_mut().enumerate() {
+            if at.is_some_and(|at| at < from) {
+                *at = find(k, from);
+            }
+        }
+        let (k, at) = (0..MARKERS.len())
+            .filter_map(|k| next[k].map(|at| (k, at)))
+            .min_by_key(|(_, at)| *at)?;
+        let rest = &json[at + MARKERS[k].len()..];
         if !no_call(rest) {
-            let key = memchr::memmem::find(rest, b"\"name\"")?;
+            let key = name.find(rest)?;
             let after = skip_ws(&rest[key + 6..]);
             let after = skip_ws(after.strip_prefix(b":")?);
             return string_value(after);
         }
         // `"tool_calls": []`, `"function_call": null` (vLLM writes both when no tool is
         // called): look further.
-        from = at + marker.len();
+        from = at + MARKERS[k].len();
     }
 }
 

@@ -26,6 +26,17 @@ fn num(x: f64) -> String {
     format!("{:.0}", (x * 100.0).abs())
 }
 
+/// "(8–15% over 2 seeds)" for the per-seed amounts `a` and `b` (fractions, either order), or
+/// "(5% on each of 2 seeds)" / "(10% on one seed)" when they round to one number.
+fn spread(a: f64, b: f64, n: usize) -> String {
+    let (lo, hi) = (num(a.min(b)), num(a.max(b)));
+    match n {
+        1 => format!("({hi}% on one seed)"),
+        _ if lo == hi => format!("({hi}% on each of {n} seeds)"),
+        _ => format!("({lo}–{hi}% over {n} seeds)"),
+    }
+}
+
 /// "finished sessions 12% sooner on average than WHOM (8–15% over 2 seeds)", "… later …", or
 /// level when the seeds disagree (one seed sooner, another later).
 pub fn sentence(ours: &[f64], theirs: &[f64], whom: &str) -> String {
@@ -38,16 +49,14 @@ pub fn sentence(ours: &[f64], theirs: &[f64], whom: &str) -> String {
     match ratios(ours, theirs) {
         None => format!("could not be compared with {whom} (a run failed)"),
         Some((g, lo, hi)) if hi < 1.0 => format!(
-            "finished sessions {} sooner on average than {whom} ({}–{} over {seeds})",
+            "finished sessions {} sooner on average than {whom} {}",
             pct(1.0 - g),
-            num(1.0 - hi),
-            pct(1.0 - lo)
+            spread(1.0 - hi, 1.0 - lo, n)
         ),
         Some((g, lo, hi)) if lo > 1.0 => format!(
-            "finished sessions {} later on average than {whom} ({}–{} over {seeds})",
+            "finished sessions {} later on average than {whom} {}",
             pct(g - 1.0),
-            num(lo - 1.0),
-            pct(hi - 1.0)
+            spread(lo - 1.0, hi - 1.0, n)
         ),
         Some((_, lo, hi)) => format!(
             "ended level with {whom}: from {} sooner to {} later over {seeds}, within the \
@@ -70,7 +79,11 @@ mod tests {
         );
         assert_eq!(
             sentence(&[110.0], &[100.0], "X"),
-            "finished sessions 10% later on average than X (10–10% over one seed)"
+            "finished sessions 10% later on average than X (10% on one seed)"
+        );
+        assert_eq!(
+            sentence(&[95.2, 94.8], &[100.0, 100.0], "X"),
+            "finished sessions 5% sooner on average than X (5% on each of 2 seeds)"
         );
         let level = sentence(&[95.0, 103.0], &[100.0, 100.0], "X");
         assert!(

@@ -1,5 +1,5 @@
 # Shared by the router benchmarks (sourced): free loopback ports, waiting for a URL, an instant
-# simulator, the wrk bodies (1-token chat completions), one wrk run as one line, and stopping
+# simulator, the wrk bodies (1-token chat completions, or streamed ones), one wrk run as one line, and stopping
 # every process a script started.
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -27,13 +27,17 @@ wrk_line() { # label conns url
     "$(echo "$out" | awk '$1=="50%" {print $2}')" "$(echo "$out" | awk '$1=="99%" {print $2}')"
 }
 
-# The wrk script: POST a 1-token chat completion (removed by the caller's end of run).
+# The wrk script: POST a 1-token chat completion or, with STREAM_TOKENS=N, a streamed one of N
+# tokens with its usage chunk (removed by the caller's end of run).
 chat_lua() {
-  local lua
+  local lua body='{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":1}'
   lua=$(mktemp)
-  cat > "$lua" <<'LUA'
+  if [ "${STREAM_TOKENS:-0}" -gt 0 ]; then
+    body='{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":'"$STREAM_TOKENS"',"stream":true,"stream_options":{"include_usage":true}}'
+  fi
+  cat > "$lua" <<LUA
 wrk.method = "POST"
-wrk.body = '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":1}'
+wrk.body = '$body'
 wrk.headers["Content-Type"] = "application/json"
 LUA
   echo "$lua"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Router overhead, side by side in one run: wrk (c=64, 1-token chat completions) against
+# Router overhead, side by side in one run: wrk (c=64, 1-token chat completions, or streams of
+# STREAM_TOKENS tokens) against
 #   1. vllm-sim directly (--instant: steps take no time),
 #   2. program-router in front of it (default: one I/O thread per core; also with one I/O
 #      thread, and on the shared work-stealing runtime),
@@ -25,7 +26,8 @@
 # PIN=1 (wrk and the simulator on CPU 0, every router on CPU 1: the router under test gets a core
 # of its own instead of sharing two with the load generator and the backend; needs taskset),
 # POLICY (round_robin; the same request-level policy for both routers, e.g. cache_aware, the
-# default of both).
+# default of both), STREAM_TOKENS (0: one-token completions; N: streamed completions of N tokens
+# with their usage chunk, what each proxy costs per relayed event).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-4s}
@@ -156,7 +158,7 @@ results=$(echo "$rounds" | awk -F'\t' 'NF > 1 {
     return (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2 }
   END { for (i = 1; i <= n; i++) { p = order[i]
     printf "%s\t%.0f\t%.2f\t%.2f\t%s\t%s\n", p, median(v[p, 3]), median(v[p, 4]), median(v[p, 5]), median(v[p, 6]), rss[p] } }')
-echo "both routers --policy $POLICY; PIN=${PIN:-0}; wrk -c$CONNS for $DURATION per path, $ROUNDS rounds interleaved, medians"
+echo "both routers --policy $POLICY; PIN=${PIN:-0}; STREAM_TOKENS=${STREAM_TOKENS:-0}; wrk -c$CONNS for $DURATION per path, $ROUNDS rounds interleaved, medians"
 printf 'path\treq/s\tp50 ms\tp99 ms\trouter CPU us/req\tpeak RSS\n%s\n' "$results" | column -t -s $'\t'
 d=$(echo "$results" | awk -F'\t' '$1=="direct" {print $2}')
 p=$(echo "$results" | awk -F'\t' '$1=="program-router" {print $2}')

@@ -155,6 +155,17 @@ mod tests {
     }
 
     #[test]
+    fn markers_that_name_nothing_are_passed_in_any_order() {
+        // Three choices (`n` = 3): the first two call nothing (their keys in both orders), the
+        // third calls a tool; each marker is met again after the others were passed.
+        let body = br#"{"choices":[{"message":{"function_call":null,"tool_calls":[]}},{"message":{"tool_calls":[],"function_call":null}},{"message":{"function_call":null,"tool_calls":[{"function":{"name":"run_tests"}}]}}]}"#;
+        assert_eq!(tool_in_json(body).as_deref(), Some("run_tests"));
+        // A Messages block after empty Responses-style keys.
+        let mixed = br#"{"function_call":null,"tool_calls":[ ],"function_call":null,"content":[{"type":"tool_use","name":"edit"}]}"#;
+        assert_eq!(tool_in_json(mixed).as_deref(), Some("edit"));
+    }
+
+    #[test]
     fn no_call_no_name() {
         for body in [
             &br#"{"choices":[{"message":{"content":"hi","tool_calls":[]},"finish_reason":"stop"}]}"#[..],

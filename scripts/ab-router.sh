@@ -2,7 +2,8 @@
 # Interleaved A/B of two program-router binaries behind one vllm-sim (--instant): a warm-up, then
 # six rounds of 5 s each with wrk (c=64, 1-token chat completions; STREAM_TOKENS=N: streams of N
 # tokens), the order alternating, so a slow minute on this noisy machine hits both. Prints one
-# line per run: binary, req/s, router CPU microseconds per request; then the medians. Loopback only; everything started here is stopped.
+# line per run: binary, req/s, router CPU microseconds per request; then the medians. Loopback
+# only; everything started here is stopped.
 #
 #   scripts/ab-router.sh OLD_BINARY NEW_BINARY
 # (build the old one from a worktree into another CARGO_TARGET_DIR, e.g. `git worktree add

@@ -1,6 +1,6 @@
 # Shared by the router benchmarks (sourced): free loopback ports, waiting for a URL, an instant
-# simulator, the wrk bodies (1-token chat completions, or streamed ones), one wrk run as one line, and stopping
-# every process a script started.
+# simulator, the wrk bodies (1-token chat completions, or streamed ones), one wrk run as one
+# line, and stopping every process a script started.
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
@@ -31,6 +31,7 @@ wrk_line() { # label conns url
 # tokens with its usage chunk (removed by the caller's end of run).
 chat_lua() {
   local lua body='{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":1}'
+  [[ "${STREAM_TOKENS:-0}" =~ ^[0-9]+$ ]] || { echo "STREAM_TOKENS must be a number of tokens, not '$STREAM_TOKENS'" >&2; return 1; }
   lua=$(mktemp)
   if [ "${STREAM_TOKENS:-0}" -gt 0 ]; then
     body='{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":'"$STREAM_TOKENS"',"stream":true,"stream_options":{"include_usage":true}}'

@@ -574,7 +574,9 @@ pub struct ProgramSchedulingParams {
     /// rank (default 32; the spec's is 14); a Program that yielded resumes behind the others once.
     pub max_segment_rounds: Option<u32>,
     /// Extension: only a Program whose context is at most this share of its rank's token
-    /// capacity yields at `maxSegmentRounds` (> 0; default 0.1; 1 = every Program, the spec).
+    /// capacity yields at `maxSegmentRounds`, or a larger one when a forced request at the head
+    /// of its rank's queue would fit once it releases its KV (> 0; default 0.1; 1 = every
+    /// Program, the spec).
     #[x_kube(validation = kube::core::Rule::new("self > 0.0").message("segmentYieldMaxContextRatio must be > 0"))]
     pub segment_yield_max_context_ratio: Option<f64>,
     /// Samples in the rolling windows of request growth and tool intervals (1–100000; default

@@ -216,7 +216,8 @@ pub struct ProgramSchedulingConfig {
     pub low_watermark_ratio: f64,
     pub max_segment_rounds: u32,
     /// Extension: a Program yields at `max_segment_rounds` only while its context is at most
-    /// this share of its rank's token capacity (always on a rank without one). A larger one
+    /// this share of its rank's token capacity (always on a rank without one, or when a forced
+    /// request at the head of the rank's queue would fit once it releases its KV). A larger one
     /// would come back to a re-prefill of that context and wait for that much room at once.
     /// 1 = every Program yields (the spec).
     pub segment_yield_max_context_ratio: f64,

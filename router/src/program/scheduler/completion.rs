@@ -165,7 +165,7 @@ impl Scheduler {
             Some(PauseReason::CapacityRepair)
         } else if p.rounds + 1 >= self.cfg.max_segment_rounds
             && queue_pressure
-            && self.may_yield(rank, context)
+            && self.may_yield(f.program, rank, context, now)
         {
             Some(PauseReason::SegmentYield)
         } else {
@@ -309,13 +309,38 @@ impl Scheduler {
         }
     }
 
-    /// Whether a Program of `context` tokens on `rank` may segment-yield: its context is at most
-    /// `segment_yield_max_context_ratio` of the rank's capacity, or no capacity is known.
-    fn may_yield(&self, rank: Rank, context: u64) -> bool {
-        match self.capacity(rank).0 {
+    /// Whether Program `slot` (`context` tokens on `rank`) may segment-yield: its context is at
+    /// most `segment_yield_max_context_ratio` of the rank's capacity, no capacity is known, or
+    /// it stands in the way of a forced request (below).
+    fn may_yield(&self, slot: usize, rank: Rank, context: u64, now: f64) -> bool {
+        let small = match self.capacity(rank).0 {
             Some(cap) => context as f64 <= self.cfg.segment_yield_max_context_ratio * cap as f64,
             None => true,
-        }
+        };
+        small || self.blocks_forced(slot, rank, now)
+    }
+
+    /// The request at the head of `rank`'s queue is past its force-resume deadline and would
+    /// fit once Program `slot` gives up its KV. A forced request still needs room; a large
+    /// Program served back to back would otherwise keep it waiting until its queue timeout.
+    fn blocks_forced(&self, slot: usize, rank: Rank, now: f64) -> bool {
+        let r = &self.ranks[rank];
+        let Some(head) = r.queue.first().filter(|k| !k.not_forced) else {
+            return false;
+        };
+        let Some(waiting) = self.retained.get(&head.ticket) else {
+            return false;
+        };
+        let held = self.program(slot).reserved;
+        r.active_programs <= 1
+            || self.capacity(rank).0.is_none_or(|cap| {
+                let need = self
+                    .accounted_used(rank, now, cap)
+                    .saturating_sub(held)
+                    .saturating_add(self.shared_floor(rank, now))
+                    .saturating_add(waiting.demand);
+                need as f64 <= cap as f64 * self.low_ratio(rank)
+            })
     }
 
     /// What a second of holding `context` tokens on `rank` costs in the TTL's utility

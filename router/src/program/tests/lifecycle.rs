@@ -426,3 +426,91 @@ fn holding_costs_the_kv_share_scaled_by_the_backlog() {
     );
     assert_eq!(spec.hold_cost(0, 100), 1.0);
 }
+
+/// A Program too large to segment-yield (20 % of its rank), served back to back, still gives
+/// way once a request waiting behind it is forced: at its next completion it yields, the forced
+/// request runs instead of timing out, and the large one runs again after it.
+#[test]
+fn a_large_program_yields_to_a_forced_request() {
+    let c = ProgramSchedulingConfig {
+        max_segment_rounds: 2,
+        segment_yield_max_context_ratio: 0.1,
+        force_resume_timeout_seconds: 5.0,
+        queue_timeout_seconds: 60.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    let a = |t| with_ttl(arrival(t, "a", 200), 100.0);
+    assert_eq!(dispatched(&s.on_arrival(0.0, a(1))), [1]);
+    // b fits the rank alone, not beside a's 200 tokens; it is forced at 5.2 s.
+    assert!(dispatched(&s.on_arrival(0.2, arrival(100, "b", 801))).is_empty());
+    let mut b_ran = None;
+    for k in 1..10u64 {
+        let t = k as f64;
+        if dispatched(&s.on_complete(t, k, usage(200, 10))).contains(&100) {
+            b_ran = Some(t);
+            break;
+        }
+        // The runtime ticks at each deadline: b's force-resume one makes it forced.
+        assert!(
+            dispatched(&s.on_tick(t + 0.25)).is_empty(),
+            "no room beside a"
+        );
+        assert_eq!(
+            dispatched(&s.on_arrival(t + 0.5, a(k + 1))),
+            [k + 1],
+            "a keeps its place"
+        );
+        s.check_invariants().expect("ledger");
+    }
+    assert_eq!(b_ran, Some(6.0), "a's first completion after b is forced");
+    assert_eq!(s.counters.pauses.get("max_segment_yield"), Some(&1));
+    assert!(
+        dispatched(&s.on_arrival(6.5, a(7))).is_empty(),
+        "a waits behind b"
+    );
+    assert_eq!(dispatched(&s.on_complete(8.0, 100, usage(801, 10))), [7]);
+    s.check_invariants().expect("ledger");
+}
+
+/// Of two large Programs served back to back, only the one whose KV makes room for the forced
+/// request yields: releasing the smaller would not let it in.
+#[test]
+fn only_the_program_whose_room_lets_the_forced_request_in_yields() {
+    let c = ProgramSchedulingConfig {
+        max_segment_rounds: 2,
+        segment_yield_max_context_ratio: 0.1,
+        force_resume_timeout_seconds: 5.0,
+        queue_timeout_seconds: 60.0,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    let a = |t| with_ttl(arrival(t, "a", 200), 100.0);
+    let c = |t| with_ttl(arrival(t, "c", 300), 100.0);
+    assert_eq!(dispatched(&s.on_arrival(0.0, a(1))), [1]);
+    assert_eq!(dispatched(&s.on_arrival(0.0, c(1001))), [1001]);
+    // b needs 750: 300 + 750 fits, 200 + 750 fits, 200 + 300 + 750 does not.
+    assert!(dispatched(&s.on_arrival(0.2, arrival(100, "b", 750))).is_empty());
+    let mut b_ran = None;
+    for k in 1..10u64 {
+        let t = k as f64;
+        assert!(
+            dispatched(&s.on_complete(t, k, usage(200, 10))).is_empty(),
+            "a's room alone does not let b in"
+        );
+        if dispatched(&s.on_complete(t + 0.1, 1000 + k, usage(300, 10))).contains(&100) {
+            b_ran = Some(t + 0.1);
+            break;
+        }
+        assert!(
+            dispatched(&s.on_tick(t + 0.25)).is_empty(),
+            "no room beside a and c"
+        );
+        assert_eq!(dispatched(&s.on_arrival(t + 0.5, a(k + 1))), [k + 1]);
+        assert_eq!(dispatched(&s.on_arrival(t + 0.5, c(1001 + k))), [1001 + k]);
+        s.check_invariants().expect("ledger");
+    }
+    assert_eq!(b_ran, Some(6.1), "c's first completion after b is forced");
+    assert_eq!(s.counters.pauses.get("max_segment_yield"), Some(&1));
+    s.check_invariants().expect("ledger");
+}

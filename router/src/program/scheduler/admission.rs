@@ -270,11 +270,18 @@ impl Scheduler {
     /// otherwise wait for nothing until its force-resume deadline (vLLM chunks and preempts).
     /// Without a known capacity, always.
     pub(super) fn fits(&self, rank: Rank, demand: u64, now: f64) -> bool {
+        self.fits_releasing(rank, demand, 0, now)
+    }
+
+    /// [`Self::fits`] once `released` tokens of the rank's ledger are given up (a Program that
+    /// would yield its place).
+    pub(super) fn fits_releasing(&self, rank: Rank, demand: u64, released: u64, now: f64) -> bool {
         let r = &self.ranks[rank];
         r.active_programs == 0
             || self.capacity(rank).0.is_none_or(|cap| {
                 let need = self
                     .accounted_used(rank, now, cap)
+                    .saturating_sub(released)
                     .saturating_add(self.shared_floor(rank, now))
                     .saturating_add(demand);
                 need as f64 <= cap as f64 * self.low_ratio(rank)

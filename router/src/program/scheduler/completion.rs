@@ -331,16 +331,9 @@ impl Scheduler {
         let Some(waiting) = self.retained.get(&head.ticket) else {
             return false;
         };
-        let held = self.program(slot).reserved;
+        // The last active Program leaving empties the rank, which takes any demand.
         r.active_programs <= 1
-            || self.capacity(rank).0.is_none_or(|cap| {
-                let need = self
-                    .accounted_used(rank, now, cap)
-                    .saturating_sub(held)
-                    .saturating_add(self.shared_floor(rank, now))
-                    .saturating_add(waiting.demand);
-                need as f64 <= cap as f64 * self.low_ratio(rank)
-            })
+            || self.fits_releasing(rank, waiting.demand, self.program(slot).reserved, now)
     }
 
     /// What a second of holding `context` tokens on `rank` costs in the TTL's utility

@@ -427,19 +427,24 @@ fn holding_costs_the_kv_share_scaled_by_the_backlog() {
     assert_eq!(spec.hold_cost(0, 100), 1.0);
 }
 
-/// A Program too large to segment-yield (20 % of its rank), served back to back, still gives
-/// way once a request waiting behind it is forced: at its next completion it yields, the forced
-/// request runs instead of timing out, and the large one runs again after it.
-#[test]
-fn a_large_program_yields_to_a_forced_request() {
-    let c = ProgramSchedulingConfig {
+/// One rank of 1,000 tokens where Programs above 100 tokens do not segment-yield at 2 rounds,
+/// and a waiting request is forced after 5 s (it would time out at 60 s).
+fn forced_yield_cfg() -> ProgramSchedulingConfig {
+    ProgramSchedulingConfig {
         max_segment_rounds: 2,
         segment_yield_max_context_ratio: 0.1,
         force_resume_timeout_seconds: 5.0,
         queue_timeout_seconds: 60.0,
         ..cfg()
-    };
-    let mut s = sched(c, 1);
+    }
+}
+
+/// A Program too large to segment-yield (20 % of its rank), served back to back, still gives
+/// way once a request waiting behind it is forced: at its next completion it yields, the forced
+/// request runs instead of timing out, and the large one runs again after it.
+#[test]
+fn a_large_program_yields_to_a_forced_request() {
+    let mut s = sched(forced_yield_cfg(), 1);
     let a = |t| with_ttl(arrival(t, "a", 200), 100.0);
     assert_eq!(dispatched(&s.on_arrival(0.0, a(1))), [1]);
     // b fits the rank alone, not beside a's 200 tokens; it is forced at 5.2 s.
@@ -477,14 +482,7 @@ fn a_large_program_yields_to_a_forced_request() {
 /// request yields: releasing the smaller would not let it in.
 #[test]
 fn only_the_program_whose_room_lets_the_forced_request_in_yields() {
-    let c = ProgramSchedulingConfig {
-        max_segment_rounds: 2,
-        segment_yield_max_context_ratio: 0.1,
-        force_resume_timeout_seconds: 5.0,
-        queue_timeout_seconds: 60.0,
-        ..cfg()
-    };
-    let mut s = sched(c, 1);
+    let mut s = sched(forced_yield_cfg(), 1);
     let a = |t| with_ttl(arrival(t, "a", 200), 100.0);
     let c = |t| with_ttl(arrival(t, "c", 300), 100.0);
     assert_eq!(dispatched(&s.on_arrival(0.0, a(1))), [1]);

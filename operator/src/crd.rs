@@ -613,6 +613,11 @@ pub struct ProgramSchedulingParams {
     /// always forceResumeTimeoutSeconds).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("forceResumeWorkloadFactor must be >= 0"))]
     pub force_resume_workload_factor: Option<f64>,
+    /// Extension: a forced request that the router's KV ledger still keeps out this many seconds
+    /// past its force-resume deadline is admitted once the engine's own KV report shows room for
+    /// it (default 60; queueTimeoutSeconds or more: never).
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("forceResumeEngineGraceSeconds must be >= 0"))]
+    pub force_resume_engine_grace_seconds: Option<f64>,
     /// Extension: a paused Program idle for longer than this multiple of the longest observed
     /// completion-to-next-request interval counts as finished for `least_program_count`
     /// binding (0 = only `expected_resume: false` marks it).

@@ -214,6 +214,7 @@ pub fn scheduler(data: &[u8]) {
         token_capacity_per_dp_rank: Some(4096),
         global_queue: data.first().is_some_and(|b| b & 1 == 1),
         queue_backfill_depth: data.first().map_or(0, |b| u32::from(b >> 1 & 7)),
+        force_resume_engine_grace_seconds: data.first().map_or(60.0, |b| f64::from(b >> 4)),
         ..Default::default()
     };
     let mut s = Scheduler::new(cfg.clone(), vec!["r0".into(), "r1".into(), "r2".into()]);

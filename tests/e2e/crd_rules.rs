@@ -103,6 +103,10 @@ spec:
                 "forceResumeWorkloadFactor must be >= 0",
             ),
             (
+                "programScheduling: {forceResumeEngineGraceSeconds: -1}",
+                "forceResumeEngineGraceSeconds must be >= 0",
+            ),
+            (
                 "programScheduling: {crossRankMinWaitRatio: -0.5}",
                 "crossRankMinWaitRatio must be >= 0",
             ),

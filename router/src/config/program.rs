@@ -243,6 +243,13 @@ pub struct ProgramSchedulingConfig {
     /// rank needs to serve the work already queued or active; 0 = always
     /// `force_resume_timeout_seconds`.
     pub force_resume_workload_factor: f64,
+    /// Extension: a forced request that token capacity still keeps out this many seconds past
+    /// its force-resume deadline is admitted once the engine's own KV report (fresh) shows room
+    /// for it within `high_watermark_ratio`: KV reported in use, plus what was admitted since,
+    /// plus its demand. The ledger counts paused and acting Programs' reservations the engine
+    /// does not hold; waiting on them can outlast the queue limit. `queue_timeout_seconds` or
+    /// more turns it off.
+    pub force_resume_engine_grace_seconds: f64,
     /// Extension: a paused Program idle for longer than this multiple of the longest
     /// completion-to-next-request interval in the automatic TTL's evidence counts as finished
     /// for `least_program_count` binding, as if its last request had said `expected_resume:
@@ -339,6 +346,7 @@ impl Default for ProgramSchedulingConfig {
             tool_ttl_min_samples: 50,
             max_tools: 64,
             force_resume_workload_factor: 0.0,
+            force_resume_engine_grace_seconds: 60.0,
             finished_idle_ratio: 1.0,
             miss_impact_backlog_weight: 1.0,
             max_retained_requests: 10_000,
@@ -540,6 +548,12 @@ impl ProgramSchedulingConfig {
             0.0,
             false,
         )?;
+        finite_min(
+            "force_resume_engine_grace_seconds",
+            self.force_resume_engine_grace_seconds,
+            0.0,
+            false,
+        )?;
         finite_min("finished_idle_ratio", self.finished_idle_ratio, 0.0, false)?;
         finite_min(
             "miss_impact_backlog_weight",
@@ -720,6 +734,10 @@ mod tests {
             (
                 r#"{"force_resume_workload_factor":-1}"#,
                 "force_resume_workload_factor",
+            ),
+            (
+                r#"{"force_resume_engine_grace_seconds":-1}"#,
+                "force_resume_engine_grace_seconds",
             ),
             (
                 r#"{"cross_rank_min_wait_ratio":-0.5}"#,

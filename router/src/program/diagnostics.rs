@@ -62,6 +62,9 @@ pub struct CounterDiagnostics {
     pub batch_gain_admissions: u64,
     /// Requests admitted past a queue head that did not fit (`queue_backfill_depth`, ours).
     pub backfill_admissions: u64,
+    /// Forced requests admitted on the engine's KV report past the ledger
+    /// (`force_resume_engine_grace_seconds`, ours).
+    pub engine_room_admissions: u64,
     /// Paused Programs presumed finished after idling past `finished_idle_ratio` (ours).
     pub idle_finishes: u64,
 }
@@ -557,6 +560,7 @@ pub fn snapshot(
             cross_rank_migrations: s.counters.cross_rank_migrations,
             batch_gain_admissions: s.counters.batch_gain_admissions,
             backfill_admissions: s.counters.backfill_admissions,
+            engine_room_admissions: s.counters.engine_room_admissions,
             idle_finishes: s.counters.idle_finishes,
         },
         ranks,

@@ -18,7 +18,7 @@ use prometheus::{
 #[derive(Clone)]
 pub struct ProgramMetrics {
     /// `{target, reason}`: `program_admit`, `force_resume`, the pause reasons, ours
-    /// (`idle_finish`, `batch_gain_admit`, `backfill_admit`).
+    /// (`idle_finish`, `batch_gain_admit`, `backfill_admit`, `engine_room_admit`).
     pub(crate) transitions: IntCounterVec,
     pub(crate) queue_size: IntGaugeVec,
     pub(crate) active_programs: IntGaugeVec,
@@ -425,6 +425,7 @@ impl ProgramMetrics {
             "idle_finish",
             "batch_gain_admit",
             "backfill_admit",
+            "engine_room_admit",
         ];
         let pauses = crate::program::scheduler::PauseReason::ALL.map(|r| r.as_str());
         for reason in admits.into_iter().chain(pauses) {

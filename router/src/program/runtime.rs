@@ -368,6 +368,12 @@ impl ProgramRuntime {
                     .inc();
                 tracing::debug!(event = "backfill_admit", target = %id(rank));
             }
+            Note::EngineRoom { rank } => {
+                m.transitions
+                    .with_label_values(&[id(rank), "engine_room_admit"])
+                    .inc();
+                tracing::debug!(event = "engine_room_admit", target = %id(rank));
+            }
             Note::BatchGain {
                 rank,
                 benefit,

@@ -1,7 +1,8 @@
 //! Admission and the RequestPool's pump: a Program's demand, the rank's capacity gates
 //! (ledger and watermarks, Program-count guard, vLLM waiting gate), shared-prefix discount,
-//! batch-gain admission, force-resume deadlines, new Programs' queue order, passing a head that
-//! does not fit (`queue_backfill_depth`), and cross-rank resume.
+//! batch-gain admission, force-resume deadlines (and a forced request admitted on the engine's
+//! own KV report past its grace), new Programs' queue order, passing a head that does not fit
+//! (`queue_backfill_depth`), and cross-rank resume.
 
 use super::*;
 
@@ -224,24 +225,43 @@ impl Scheduler {
         (now - at <= 3.0 * self.cfg.metrics_interval_seconds).then_some(o)
     }
 
-    /// How many tokens `rank` would reserve for a retained request, if it can take it now: its
-    /// whole demand, or its demand less the growth reserve when batch gain pays for the bypass.
-    pub(super) fn admission(
-        &self,
-        rank: Rank,
-        r: &Retained,
-        now: f64,
-    ) -> Option<(u64, Option<(f64, f64)>)> {
+    /// How many tokens `rank` would reserve for a retained request, if it can take it now, and
+    /// on what grounds: its whole demand within the ledger, its whole demand on the engine's own
+    /// report for a forced request past its grace ([`Self::engine_has_room`]), or its demand
+    /// less the growth reserve when batch gain pays for the bypass.
+    pub(super) fn admission(&self, rank: Rank, r: &Retained, now: f64) -> Option<(u64, Via)> {
         if self.can_admit(rank, r.demand, now, r.forced()) {
-            return Some((r.demand, None));
+            return Some((r.demand, Via::Ledger));
+        }
+        if r.forced() {
+            let overdue = now - r.force_at >= self.cfg.force_resume_engine_grace_seconds;
+            return (overdue && self.engine_has_room(rank, r.demand, now))
+                .then_some((r.demand, Via::EngineRoom));
         }
         let base = r.demand - r.growth;
-        if r.forced() || !self.can_admit(rank, base, now, false) {
+        if !self.can_admit(rank, base, now, false) {
             return None;
         }
         let cap = self.capacity(rank).0?;
         self.batch_gain(rank, base, r.growth, now, cap)
-            .map(|g| (base, Some(g)))
+            .map(|(benefit, cost)| (base, Via::BatchGain { benefit, cost }))
+    }
+
+    /// Whether the engine's own KV report for `rank` leaves room for `demand`: KV it reported in
+    /// use, plus what the ledger took on since that report, plus `demand`, within capacity ×
+    /// `high_watermark_ratio`. vLLM counts the blocks of running and waiting requests, not the
+    /// cached prefixes of paused or acting Programs that the ledger reserves for. False without
+    /// a fresh report or a known capacity.
+    pub(super) fn engine_has_room(&self, rank: Rank, demand: u64, now: f64) -> bool {
+        let (Some(cap), Some(o)) = (self.capacity(rank).0, self.observation_fresh(rank, now))
+        else {
+            return false;
+        };
+        let r = &self.ranks[rank];
+        let reported = (o.kv_usage.clamp(0.0, 1.0) * cap as f64) as u64;
+        let since = r.used_tokens.saturating_sub(r.used_at_observation);
+        let need = reported.saturating_add(since).saturating_add(demand);
+        need as f64 <= cap as f64 * self.cfg.high_watermark_ratio
     }
 
     /// Whether `rank` can take a Program needing `demand` more tokens. A forced resume skips the
@@ -314,20 +334,27 @@ impl Scheduler {
             };
             let holds = self.program(r.program).active();
             let reserve = if holds {
-                Some((r.demand, None))
+                Some((r.demand, Via::Ledger))
             } else {
                 self.admission(rank, &r, now)
             };
-            let Some((reserve, gain)) = reserve else {
+            let Some((reserve, via)) = reserve else {
                 break;
             };
-            if let Some((benefit, cost)) = gain {
-                self.counters.batch_gain_admissions += 1;
-                self.notes.push(Note::BatchGain {
-                    rank,
-                    benefit,
-                    cost,
-                });
+            match via {
+                Via::Ledger => {}
+                Via::BatchGain { benefit, cost } => {
+                    self.counters.batch_gain_admissions += 1;
+                    self.notes.push(Note::BatchGain {
+                        rank,
+                        benefit,
+                        cost,
+                    });
+                }
+                Via::EngineRoom => {
+                    self.counters.engine_room_admissions += 1;
+                    self.notes.push(Note::EngineRoom { rank });
+                }
             }
             self.admit(ticket, rank, reserve, now, out);
         }
@@ -565,4 +592,15 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// What an admission rests on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Via {
+    /// The ledger has room for the whole demand.
+    Ledger,
+    /// The growth reserve was bypassed on modelled batch gain (seconds).
+    BatchGain { benefit: f64, cost: f64 },
+    /// A forced request past `force_resume_engine_grace_seconds`, on the engine's KV report.
+    EngineRoom,
 }

@@ -463,6 +463,8 @@ pub struct Counters {
     pub batch_gain_admissions: u64,
     /// Requests admitted past a queue head that did not fit (`queue_backfill_depth`).
     pub backfill_admissions: u64,
+    /// Forced requests admitted on the engine's KV report (`force_resume_engine_grace_seconds`).
+    pub engine_room_admissions: u64,
     /// Paused Programs presumed finished after idling past `finished_idle_ratio` × the longest
     /// observed interval.
     pub idle_finishes: u64,
@@ -578,6 +580,11 @@ pub enum Note {
     /// A request passed the head of its rank's queue, which did not fit
     /// (`queue_backfill_depth`).
     Backfill {
+        rank: Rank,
+    },
+    /// A forced request was admitted on the engine's KV report, past the ledger
+    /// (`force_resume_engine_grace_seconds`).
+    EngineRoom {
         rank: Rank,
     },
 }

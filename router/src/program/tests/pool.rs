@@ -20,8 +20,43 @@ fn timed_out(ticket: Ticket) -> Vec<Decision> {
     }]
 }
 
+/// `force_resume_engine_grace_seconds`: a forced request the ledger keeps out (a Program holds
+/// 910 tokens through its tool call) is admitted once it is that long past its deadline and a
+/// fresh report of the engine's KV shows room for it; not within its grace, not on a busy
+/// report.
+#[test]
+fn a_forced_request_past_its_grace_is_admitted_on_the_engines_own_report() {
+    let c = ProgramSchedulingConfig {
+        queue_timeout_seconds: 30.0,
+        force_resume_timeout_seconds: 5.0,
+        force_resume_engine_grace_seconds: 4.0,
+        metrics_interval_seconds: 1.0,
+        ..cfg()
+    };
+    let mut s = held_by_acting(c);
+    s.on_arrival(1.0, arrival(2, "b", 300));
+    let report = |kv_usage| Observation {
+        kv_usage,
+        ..Default::default()
+    };
+    assert!(s.on_tick(6.0).is_empty(), "forced, but 910 + 300 > 1,000");
+    let within = s.on_observation(9.5, 0, report(0.1));
+    assert!(dispatched(&within).is_empty(), "3.5 s past its deadline");
+    let busy = s.on_observation(10.5, 0, report(0.8));
+    assert!(dispatched(&busy).is_empty(), "800 reported + 300 > 1,000");
+    s.take_notes();
+    assert_eq!(dispatched(&s.on_observation(11.0, 0, report(0.1))), [2]);
+    assert_eq!(s.counters.engine_room_admissions, 1);
+    assert_eq!(s.counters.force_resumes, 1);
+    assert!(s.take_notes().contains(&Note::EngineRoom { rank: 0 }));
+    // "a" keeps its reservation: the ledger is over capacity, and nothing else fits it.
+    assert!(dispatched(&s.on_arrival(11.5, arrival(3, "c", 10))).is_empty());
+    s.check_invariants().expect("ledger");
+}
+
 #[test]
 fn forced_requests_still_need_token_room_and_time_out_without_it() {
+    // The engine-room grace (60 s by default) lies past this queue limit.
     let mut s = held_by_acting(short_timeouts());
     s.on_arrival(1.0, arrival(2, "b", 900));
     assert!(

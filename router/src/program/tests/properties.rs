@@ -340,9 +340,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn every_request_ends_exactly_once_and_the_ledger_holds(events in proptest::collection::vec(ev(), 1..120), global in any::<bool>(), order in 0u8..3, binding in 0u8..4, only in proptest::bool::weighted(0.1), backfill in any::<bool>()) {
+    fn every_request_ends_exactly_once_and_the_ledger_holds(events in proptest::collection::vec(ev(), 1..120), global in any::<bool>(), order in 0u8..3, binding in 0u8..4, only in proptest::bool::weighted(0.1), backfill in any::<bool>(), grace in 0u8..3) {
         let c = ProgramSchedulingConfig {
             queue_backfill_depth: if backfill { 8 } else { 0 },
+            // At the deadline, within the queue limit, or past it (never used).
+            force_resume_engine_grace_seconds: [0.0, 5.0, 60.0][usize::from(grace)],
             binding_strategy: strategy(binding),
             binding_only: only,
             global_queue: global,

@@ -266,7 +266,8 @@ impl Scheduler {
 
     /// Whether `rank` can take a Program needing `demand` more tokens. A forced resume skips the
     /// Program-count guard and the waiting gate, but not token capacity (physical KV), unless the
-    /// rank holds no active Program at all (a demand larger than the rank would never run).
+    /// rank holds no active Program at all (a demand larger than the rank would never run); past
+    /// its grace, [`Self::admission`] also reads capacity from the engine's own report.
     pub(super) fn can_admit(&self, rank: Rank, demand: u64, now: f64, forced: bool) -> bool {
         let r = &self.ranks[rank];
         if forced {

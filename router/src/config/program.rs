@@ -246,8 +246,8 @@ pub struct ProgramSchedulingConfig {
     /// Extension: a forced request that token capacity still keeps out this many seconds past
     /// its force-resume deadline is admitted once the engine's own KV report (fresh) shows room
     /// for it within `high_watermark_ratio`: KV reported in use, plus what was admitted since,
-    /// plus its demand. The ledger counts paused and acting Programs' reservations the engine
-    /// does not hold; waiting on them can outlast the queue limit. `queue_timeout_seconds` or
+    /// plus its demand. The ledger reserves for Programs in tool calls and for output not yet
+    /// written, which the engine does not hold; waiting on them can outlast the queue limit. `queue_timeout_seconds` or
     /// more turns it off.
     pub force_resume_engine_grace_seconds: f64,
     /// Extension: a paused Program idle for longer than this multiple of the longest

@@ -250,8 +250,8 @@ impl Scheduler {
     /// Whether the engine's own KV report for `rank` leaves room for `demand`: KV it reported in
     /// use, plus what the ledger took on since that report, plus `demand`, within capacity ×
     /// `high_watermark_ratio`. vLLM counts the blocks of running and waiting requests, not the
-    /// cached prefixes of paused or acting Programs that the ledger reserves for. False without
-    /// a fresh report or a known capacity.
+    /// cached prefixes of Programs in tool calls that the ledger reserves for. False without a
+    /// fresh report or a known capacity.
     pub(super) fn engine_has_room(&self, rank: Rank, demand: u64, now: f64) -> bool {
         let (Some(cap), Some(o)) = (self.capacity(rank).0, self.observation_fresh(rank, now))
         else {

@@ -253,12 +253,13 @@ impl Scheduler {
     /// cached prefixes of Programs in tool calls that the ledger reserves for. False without a
     /// fresh report or a known capacity.
     pub(super) fn engine_has_room(&self, rank: Rank, demand: u64, now: f64) -> bool {
-        let (Some(cap), Some(o)) = (self.capacity(rank).0, self.observation_fresh(rank, now))
-        else {
+        let Some(cap) = self.capacity(rank).0 else {
+            return false;
+        };
+        let Some(reported) = self.reported_used(rank, now, cap) else {
             return false;
         };
         let r = &self.ranks[rank];
-        let reported = (o.kv_usage.clamp(0.0, 1.0) * cap as f64) as u64;
         let since = r.used_tokens.saturating_sub(r.used_at_observation);
         let need = reported.saturating_add(since).saturating_add(demand);
         need as f64 <= cap as f64 * self.cfg.high_watermark_ratio
@@ -315,13 +316,18 @@ impl Scheduler {
     /// requests, decode growth past the estimate). Never less than the ledger.
     pub(super) fn accounted_used(&self, rank: Rank, now: f64, cap: u64) -> u64 {
         let r = &self.ranks[rank];
-        let Some(o) = self.observation_fresh(rank, now) else {
+        let Some(observed) = self.reported_used(rank, now, cap) else {
             return r.used_tokens;
         };
-        let observed = (o.kv_usage.clamp(0.0, 1.0) * cap as f64) as u64;
         let since = r.used_tokens as i128 - r.used_at_observation as i128;
         let estimate = (observed as i128 + since).clamp(0, i128::from(u64::MAX)) as u64;
         r.used_tokens.max(estimate)
+    }
+
+    /// Tokens of `cap` the backend's fresh observation of `rank` reports in use.
+    fn reported_used(&self, rank: Rank, now: f64, cap: u64) -> Option<u64> {
+        let o = self.observation_fresh(rank, now)?;
+        Some((o.kv_usage.clamp(0.0, 1.0) * cap as f64) as u64)
     }
 
     /// Admits retained requests on `rank` in order while capacity allows; with `global_queue`,

@@ -8,11 +8,13 @@
 
 mod ports;
 mod procs;
+mod router_config;
 mod sample;
 
 pub(crate) use ports::free_port;
 use ports::sim_port;
 pub(crate) use procs::*;
+use router_config::*;
 use sample::*;
 
 use std::path::{Path, PathBuf};
@@ -442,10 +444,18 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     if ps.get("cross_rank_headroom_ratio").is_none() {
         ps["cross_rank_headroom_ratio"] = serde_json::json!(3.0);
     }
-    to_workload_time(&mut ps, s.time_scale);
+    to_workload_time(&mut ps, s.time_scale, SECONDS_FIELDS);
     if let Some(c) = &s.calibration {
         c.apply(&mut ps);
     }
+    // What the peer gets (the spec's durations scaled); ours adds its own extensions' scaled.
+    let peer = peer_config(&ps);
+    let extensions = extension_seconds_fields();
+    to_workload_time(
+        &mut ps,
+        s.time_scale,
+        extensions.iter().map(|(k, v)| (k.as_str(), *v)),
+    );
     let mut binding = ps.clone();
     binding["binding_only"] = serde_json::json!(true);
     let mut auto = ps.clone();
@@ -481,7 +491,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
                 args.extend([
                     "--enable-program-scheduling".into(),
                     "--program-scheduling-config-json".into(),
-                    peer_config(&ps).to_string(),
+                    peer.to_string(),
                 ]);
             }
             // vllm-router forwards the canonical object unchanged, which vLLM rejects: use the
@@ -707,34 +717,6 @@ fn roll_times(turns: &[Turn], time_scale: f64, replicas: usize) -> Vec<Duration>
 }
 
 /// Marks runs whose token totals differ from the first successful one (not comparable).
-/// The spec's settings given in seconds, with their defaults (the same in both routers).
-const SECONDS_FIELDS: [(&str, f64); 6] = [
-    ("metrics_interval_seconds", 1.0),
-    ("queue_timeout_seconds", 600.0),
-    ("force_resume_timeout_seconds", 300.0),
-    ("paused_retention_ttl_seconds", 1800.0),
-    ("shared_prefix_freshness_warmup_seconds", 100.0),
-    ("max_acting_ttl_seconds", 10.0),
-];
-
-/// The simulators run `time_scale` times faster than the workload, so every duration the
-/// routers are configured with (given in workload seconds, or defaulted) is divided by it:
-/// a 1 s metrics poll must stay 1 s of workload time, not become 20. Both routers get the
-/// same JSON. The cost-model coefficients are not touched here: [`calibrate`] measures them and
-/// converts them to the simulators' speed.
-fn to_workload_time(ps: &mut serde_json::Value, time_scale: f64) {
-    if time_scale == 1.0 || !time_scale.is_finite() || time_scale <= 0.0 {
-        return;
-    }
-    for (field, default) in SECONDS_FIELDS {
-        let v = ps
-            .get(field)
-            .and_then(serde_json::Value::as_f64)
-            .unwrap_or(default);
-        ps[field] = serde_json::json!(v / time_scale);
-    }
-}
-
 pub fn check_comparable(results: &mut [RunResult]) {
     let Some((requests, tokens, served)) = results
         .iter()
@@ -760,18 +742,6 @@ pub fn check_comparable(results: &mut [RunResult]) {
             );
         }
     }
-}
-
-/// The peer's copy of the Program-scheduling config: a resume order only ours has
-/// (`last_use`) becomes the peer's default (`mru`), so the peer runs as shipped.
-fn peer_config(ps: &serde_json::Value) -> serde_json::Value {
-    use program_router::config::program::ResumeOrder;
-    let mut peer = ps.clone();
-    let order = peer.get("resume_order").cloned();
-    if let Some(Ok(ResumeOrder::LastUse)) = order.map(serde_json::from_value::<ResumeOrder>) {
-        peer["resume_order"] = serde_json::to_value(ResumeOrder::Mru).unwrap_or_default();
-    }
-    peer
 }
 
 #[cfg(test)]

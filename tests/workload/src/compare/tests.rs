@@ -67,7 +67,7 @@ fn runs_that_served_other_turns_are_not_comparable() {
 #[test]
 fn router_durations_follow_the_simulators_time_scale() {
     let mut ps = serde_json::json!({"queue_timeout_seconds": 100.0, "global_queue": true});
-    to_workload_time(&mut ps, 20.0);
+    to_workload_time(&mut ps, 20.0, SECONDS_FIELDS);
     assert_eq!(ps["queue_timeout_seconds"], 5.0, "given: scaled");
     assert_eq!(ps["metrics_interval_seconds"], 0.05, "defaulted: scaled");
     assert_eq!(ps["max_acting_ttl_seconds"], 0.5);
@@ -82,8 +82,41 @@ fn router_durations_follow_the_simulators_time_scale() {
         );
     }
     let mut same = serde_json::json!({});
-    to_workload_time(&mut same, 1.0);
+    to_workload_time(&mut same, 1.0, SECONDS_FIELDS);
     assert_eq!(same, serde_json::json!({}));
+}
+
+#[test]
+fn every_duration_of_ours_follows_the_time_scale() {
+    let ext = extension_seconds_fields();
+    let names: Vec<&str> = ext.iter().map(|(k, _)| k.as_str()).collect();
+    // The engine-room grace ran 20x too long over HTTP (off in effect) while it was missed here.
+    assert!(
+        names.contains(&"force_resume_engine_grace_seconds"),
+        "{names:?}"
+    );
+    assert!(names.contains(&"new_program_demand_aging_seconds"));
+    let d = serde_json::to_value(program_router::config::ProgramSchedulingConfig::default())
+        .expect("json");
+    let all = d.as_object().expect("object");
+    for key in all.keys().filter(|k| k.ends_with("_seconds")) {
+        let spec = SECONDS_FIELDS.iter().any(|(f, _)| f == key);
+        assert!(
+            spec != names.contains(&key.as_str()),
+            "{key}: scaled exactly once"
+        );
+    }
+    let mut ps = serde_json::json!({"force_resume_engine_grace_seconds": 40.0});
+    to_workload_time(&mut ps, 20.0, ext.iter().map(|(k, v)| (k.as_str(), *v)));
+    assert_eq!(
+        ps["force_resume_engine_grace_seconds"], 2.0,
+        "given: scaled"
+    );
+    assert_eq!(ps["new_program_demand_aging_seconds"], 0.0, "0 stays off");
+    assert!(
+        ps.get("queue_timeout_seconds").is_none(),
+        "the spec's are not scaled twice"
+    );
 }
 
 #[test]

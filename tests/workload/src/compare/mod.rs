@@ -247,6 +247,9 @@ pub struct RunResult {
     /// Forced resumes and segment yields the router counted (either router's transition metric).
     pub force_resumes: f64,
     pub segment_yields: f64,
+    /// Forced requests program-router admitted on the engine's own KV report
+    /// (`force_resume_engine_grace_seconds`); 0 for the peer, which has no such rule.
+    pub engine_room_admissions: f64,
     /// Requests and output tokens per workload second, over the replay's duration.
     pub request_throughput: f64,
     pub output_token_throughput: f64,
@@ -299,6 +302,7 @@ impl RunResult {
             program_admissions: 0.0,
             force_resumes: 0.0,
             segment_yields: 0.0,
+            engine_room_admissions: 0.0,
             request_throughput: 0.0,
             output_token_throughput: 0.0,
             mean_queue_wait: 0.0,
@@ -634,6 +638,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     r.program_admissions = admissions(&t);
     r.force_resumes = sum_of(&t, &["force_resume"]);
     r.segment_yields = sum_of(&t, &["max_segment_yield", "segment_yield"]);
+    r.engine_room_admissions = sum_of(&t, &["engine_room_admit"]);
     let mut prompt = 0.0;
     let mut cached = 0.0;
     for sim in &sims {

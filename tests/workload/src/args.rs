@@ -84,6 +84,10 @@ pub(crate) enum Cmd {
         /// Wall-clock limit of one run, seconds.
         #[arg(long, default_value_t = 600.0)]
         limit_secs: f64,
+        /// Run every variant this many times (even rounds in reverse order) and report each
+        /// variant's spread and the excess ratio per round and pooled (1–20).
+        #[arg(long, default_value_t = 1)]
+        rounds: u32,
         /// Program scheduling JSON for both routers, in workload seconds: its durations
         /// (metrics interval, timeouts, TTL cap, retention) are divided by --time-scale. The
         /// cost models come from `program-router calibrate` against a simulator unless given

@@ -180,6 +180,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         max_model_len,
         time_scale,
         limit_secs,
+        rounds,
         program_config,
         member_skew_secs,
         member_skew_seed,
@@ -190,6 +191,9 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     else {
         return Ok(false);
     };
+    if !(1..=20).contains(&rounds) {
+        return Err(format!("--rounds must be between 1 and 20 (got {rounds})"));
+    }
     if !(member_skew_secs.is_finite() && member_skew_secs >= 0.0) {
         return Err(format!(
             "--member-skew-secs must be a number >= 0 (got {member_skew_secs})"
@@ -235,76 +239,21 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     };
     let turns = w.turns();
     let mut results = Vec::new();
-    for v in variants {
-        eprintln!("running {v:?} ...");
-        let r = progbench::compare::run_variant(&turns, v, &setup).await;
-        eprintln!(
-            "  {:?}: {} in {:.0} s",
-            v,
-            if r.ok { "ok" } else { "FAILED" },
-            r.wall_seconds
-        );
-        if !r.peer_counts.is_empty() {
-            let counts: Vec<String> = r
-                .peer_counts
-                .iter()
-                .map(|(k, n)| format!("{k} {n:.0}"))
-                .collect();
-            eprintln!(
-                "  {} router replicas; {}",
-                r.router_replicas,
-                counts.join(", ")
-            );
+    for round in 1..=rounds {
+        // Even rounds in reverse: a drift of the machine over the rounds lands on every variant.
+        let order: Vec<progbench::compare::Variant> = if round % 2 == 0 {
+            variants.iter().rev().copied().collect()
+        } else {
+            variants.clone()
+        };
+        for v in order {
+            let mut r = run_one(&turns, v, &setup, round, rounds).await;
+            r.round = round;
+            results.push(r);
         }
-        if !r.member_spreads.is_empty() {
-            let spreads: Vec<String> = r
-                .member_spreads
-                .iter()
-                .map(|w| w.map_or("not taken".into(), |s| format!("{s:.1} s")))
-                .collect();
-            eprintln!(
-                "  each member-list change, first to last replica taking it (workload time): {}",
-                spreads.join(", ")
-            );
-        }
-        results.push(r);
     }
     progbench::compare::check_comparable(&mut results);
-    println!(
-        "{:<17} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>10} {:>6} {:>6}  status",
-        "variant",
-        "requests",
-        "hit",
-        "JCT mean",
-        "JCT p50",
-        "JCT p90",
-        "JCT p99",
-        "wait",
-        "wait p99",
-        "req/s",
-        "out tokens",
-        "forced",
-        "yield"
-    );
-    for r in &results {
-        println!(
-            "{:<17} {:>9} {:>7.1}% {:>8.1}s {:>8.1}s {:>8.1}s {:>8.1}s {:>7.2}s {:>7.2}s {:>7.2} {:>10} {:>6.0} {:>6.0}  {}",
-            format!("{:?}", r.variant),
-            r.requests,
-            r.server_token_hit * 100.0,
-            r.mean_jct,
-            r.p50_jct,
-            r.p90_jct,
-            r.p99_jct,
-            r.mean_queue_wait,
-            r.p99_queue_wait,
-            r.request_throughput,
-            r.completion_tokens,
-            r.force_resumes,
-            r.segment_yields,
-            r.failure.as_deref().unwrap_or("ok"),
-        );
-    }
+    print_runs(&results);
     let engine = vllm_sim::engine::EngineParams {
         num_gpu_blocks,
         max_model_len,
@@ -325,34 +274,52 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     print_oracle(
         &oracle,
         &kv,
-        results.iter().filter(|r| r.ok).map(|r| {
-            (
-                format!("{:?}", r.variant),
-                r.server_token_hit,
-                r.mean_jct,
-                None,
-            )
-        }),
+        results
+            .iter()
+            .filter(|r| r.ok)
+            .map(|r| (r.label(), r.server_token_hit, r.mean_jct, None)),
     );
     // What KV decisions can act on: each run's JCT above the same scheduler's with no KV
-    // pressure (batching slowdown and the harness's timing are in both).
+    // pressure (batching slowdown and the harness's timing are in both). Issue 35's reading:
+    // above consistent hashing with no KV pressure, and ours over the peer's. Each round against
+    // its own reference run.
     use progbench::compare::Variant;
-    excess_above(
+    for round in 1..=rounds {
+        let these: Vec<&progbench::compare::RunResult> =
+            results.iter().filter(|r| r.round == round).collect();
+        let of = if rounds > 1 {
+            format!(" (round {round})")
+        } else {
+            String::new()
+        };
+        excess_above(
+            &these,
+            Variant::PrUnboundedKv,
+            &format!("the reference without KV pressure{of}"),
+        );
+        let what = format!("the floor, consistent hashing without KV pressure{of}");
+        excess_above(&these, Variant::PrHashUnboundedKv, &what);
+    }
+    let ratio = progbench::compare::excess_ratios(
         &results,
-        Variant::PrUnboundedKv,
-        "the reference without KV pressure",
+        Variant::PrProgram,
+        Variant::VrProgram,
+        Variant::PrHashUnboundedKv,
     );
-    // Issue 35's reading: above consistent hashing with no KV pressure, and ours over the peer's.
-    let what = "the floor, consistent hashing without KV pressure";
-    if let Some(floor) = excess_above(&results, Variant::PrHashUnboundedKv, what) {
-        let ok = |v: Variant| results.iter().find(|r| r.ok && r.variant == v);
-        if let (Some(ours), Some(peer)) = (ok(Variant::PrProgram), ok(Variant::VrProgram))
-            && peer.mean_jct > floor
-        {
+    if rounds > 1 {
+        print_spreads(&results, &variants, rounds);
+    }
+    if let Some(p) = &ratio {
+        if rounds > 1 {
+            let each: Vec<String> = p.per_round.iter().map(|(_, x)| format!("{x:.2}")).collect();
             println!(
-                "PrProgram's excess ÷ VrProgram's: {:.2}",
-                (ours.mean_jct - floor) / (peer.mean_jct - floor)
+                "PrProgram's excess ÷ VrProgram's, each round above its own floor: {}; pooled over {} rounds: {:.2}",
+                each.join(", "),
+                p.per_round.len(),
+                p.pooled
             );
+        } else {
+            println!("PrProgram's excess ÷ VrProgram's: {:.2}", p.pooled);
         }
     }
     let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-compare.html"));
@@ -383,7 +350,8 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         write_json(
             &p,
             &serde_json::json!({"oracle": oracle, "kv_bound": kv,
-                "calibration": setup.calibration, "runs": results}),
+                "calibration": setup.calibration, "rounds": rounds,
+                "excess_ratio_vs_peer": ratio, "runs": results}),
         )?;
     }
     Ok(results.iter().all(|r| r.ok))
@@ -597,18 +565,139 @@ type OracleRow = (String, f64, f64, Option<(f64, f64)>);
 /// Prints each other run's mean JCT above that of `reference` (when it ran and succeeded) and
 /// returns the reference's mean JCT.
 fn excess_above(
-    results: &[progbench::compare::RunResult],
+    results: &[&progbench::compare::RunResult],
     reference: progbench::compare::Variant,
     what: &str,
 ) -> Option<f64> {
     let base = results.iter().find(|r| r.ok && r.variant == reference)?;
     println!("\nmean JCT above {what} ({:.1} s):", base.mean_jct);
     for r in results.iter().filter(|r| r.ok && r.variant != reference) {
-        println!(
-            "{:<22} {:>11.1}s",
-            format!("{:?}", r.variant),
-            r.mean_jct - base.mean_jct
-        );
+        println!("{:<22} {:>11.1}s", r.label(), r.mean_jct - base.mean_jct);
     }
     Some(base.mean_jct)
+}
+
+/// Each variant's figures over the rounds: mean (min–max).
+fn print_spreads(
+    results: &[progbench::compare::RunResult],
+    variants: &[progbench::compare::Variant],
+    rounds: u32,
+) {
+    use progbench::compare::{RunResult, spread};
+    println!(
+        "\nover {rounds} rounds (even rounds in reverse order), mean (min–max) of the clean runs:"
+    );
+    println!(
+        "{:<17} {:>4} {:>23} {:>23} {:>23} {:>19}",
+        "variant", "runs", "JCT mean", "JCT p90", "JCT p99", "hit"
+    );
+    let secs = |x: Option<progbench::compare::Spread>| {
+        x.map_or("—".into(), |s| {
+            format!("{:.1} ({:.1}–{:.1})", s.mean, s.min, s.max)
+        })
+    };
+    for &v in variants {
+        let Some(jct) = spread(results, v, |r: &RunResult| r.mean_jct) else {
+            println!("{:<17} {:>4}", format!("{v:?}"), 0);
+            continue;
+        };
+        let hit = spread(results, v, |r: &RunResult| r.server_token_hit * 100.0)
+            .map_or("—".into(), |s| {
+                format!("{:.1}% ({:.1}–{:.1})", s.mean, s.min, s.max)
+            });
+        println!(
+            "{:<17} {:>4} {:>23} {:>23} {:>23} {:>19}",
+            format!("{v:?}"),
+            jct.runs,
+            secs(Some(jct)),
+            secs(spread(results, v, |r: &RunResult| r.p90_jct)),
+            secs(spread(results, v, |r: &RunResult| r.p99_jct)),
+            hit
+        );
+    }
+}
+
+/// Runs one variant of one round, with its progress on stderr.
+async fn run_one(
+    turns: &[progbench::workload::Turn],
+    v: progbench::compare::Variant,
+    setup: &progbench::compare::Setup,
+    round: u32,
+    rounds: u32,
+) -> progbench::compare::RunResult {
+    if rounds > 1 {
+        eprintln!("round {round} of {rounds}: running {v:?} ...");
+    } else {
+        eprintln!("running {v:?} ...");
+    }
+    let r = progbench::compare::run_variant(turns, v, setup).await;
+    eprintln!(
+        "  {:?}: {} in {:.0} s",
+        v,
+        if r.ok { "ok" } else { "FAILED" },
+        r.wall_seconds
+    );
+    if !r.peer_counts.is_empty() {
+        let counts: Vec<String> = r
+            .peer_counts
+            .iter()
+            .map(|(k, n)| format!("{k} {n:.0}"))
+            .collect();
+        eprintln!(
+            "  {} router replicas; {}",
+            r.router_replicas,
+            counts.join(", ")
+        );
+    }
+    if !r.member_spreads.is_empty() {
+        let spreads: Vec<String> = r
+            .member_spreads
+            .iter()
+            .map(|w| w.map_or("not taken".into(), |s| format!("{s:.1} s")))
+            .collect();
+        eprintln!(
+            "  each member-list change, first to last replica taking it (workload time): {}",
+            spreads.join(", ")
+        );
+    }
+    r
+}
+
+/// The table of every run of `progbench compare`.
+fn print_runs(results: &[progbench::compare::RunResult]) {
+    println!(
+        "{:<17} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>10} {:>6} {:>6}  status",
+        "variant",
+        "requests",
+        "hit",
+        "JCT mean",
+        "JCT p50",
+        "JCT p90",
+        "JCT p99",
+        "wait",
+        "wait p99",
+        "req/s",
+        "out tokens",
+        "forced",
+        "yield"
+    );
+    for r in results {
+        println!(
+            "{:<17} {:>9} {:>7.1}% {:>8.1}s {:>8.1}s {:>8.1}s {:>8.1}s {:>7.2}s {:>7.2}s {:>7.2} {:>10} {:>6.0} {:>6.0}  {}",
+            r.label(),
+            r.requests,
+            r.server_token_hit * 100.0,
+            r.mean_jct,
+            r.p50_jct,
+            r.p90_jct,
+            r.p99_jct,
+            r.mean_queue_wait,
+            r.p99_queue_wait,
+            r.request_throughput,
+            r.completion_tokens,
+            r.force_resumes,
+            r.segment_yields,
+            r.failure.as_deref().unwrap_or("ok"),
+        );
+    }
 }

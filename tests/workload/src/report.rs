@@ -143,7 +143,7 @@ pub fn compare_html(header: &str, results: &[RunResult]) -> String {
         .iter()
         .map(|r| {
             let mut row = vec![
-                format!("{:?}", r.variant),
+                r.label(),
                 r.failure.clone().unwrap_or_else(|| "ok".into()),
                 r.requests.to_string(),
             ];
@@ -164,10 +164,7 @@ pub fn compare_html(header: &str, results: &[RunResult]) -> String {
             row
         })
         .collect();
-    let runs: Vec<(String, &Series)> = results
-        .iter()
-        .map(|r| (format!("{:?}", r.variant), &r.series))
-        .collect();
+    let runs: Vec<(String, &Series)> = results.iter().map(|r| (r.label(), &r.series)).collect();
     document(
         header,
         &columns,

@@ -101,3 +101,88 @@ fn a_negative_member_skew_is_refused_by_name_before_anything_starts() {
         );
     }
 }
+
+#[test]
+fn rounds_run_every_variant_again_in_reverse_and_report_the_spread() {
+    progbench::compare::test_binaries();
+    let dir = std::env::temp_dir().join(format!("progbench-rounds-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json = dir.join("out.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
+        .args([
+            "compare",
+            "--preset",
+            "chat",
+            "--programs",
+            "2",
+            "--rate",
+            "2",
+            "--servers",
+            "1",
+            "--time-scale",
+            "50",
+            "--limit-secs",
+            "120",
+            "--rounds",
+            "2",
+            "--variants",
+            "pr-hash,pr-hash-unbounded-kv",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .arg("--html")
+        .arg(dir.join("out.html"))
+        .output()
+        .expect("run progbench");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("round 2 of 2: running PrHash"), "{stderr}");
+    assert!(stdout.contains("PrHashUnboundedKv #2"), "{stdout}");
+    assert!(stdout.contains("over 2 rounds"), "{stdout}");
+    assert!(stdout.contains("(round 2)"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("--json written")).expect("JSON");
+    assert_eq!(report["rounds"], 2);
+    let runs: Vec<(String, u64)> = report["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| {
+            (
+                r["variant"].as_str().unwrap_or_default().to_string(),
+                r["round"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64)> = [
+        ("PrHash", 1),
+        ("PrHashUnboundedKv", 1),
+        ("PrHashUnboundedKv", 2),
+        ("PrHash", 2),
+    ]
+    .iter()
+    .map(|(v, r)| (v.to_string(), *r))
+    .collect();
+    assert_eq!(runs, want, "the second round in reverse");
+    // No peer ran: no ratio to report.
+    assert!(report["excess_ratio_vs_peer"].is_null(), "{report}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn rounds_out_of_range_are_refused_by_name_before_anything_starts() {
+    for bad in ["0", "21"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
+            .args(["compare", "--programs", "1", "--variants", "pr-program"])
+            .arg(format!("--rounds={bad}"))
+            .output()
+            .expect("run progbench");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad}: {stderr}");
+        assert!(stderr.contains("--rounds"), "{bad}: {stderr}");
+        assert!(!stderr.contains("calibrating"), "{bad}: {stderr}");
+    }
+}

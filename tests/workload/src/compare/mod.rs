@@ -8,12 +8,14 @@
 
 mod ports;
 mod procs;
+mod rounds;
 mod router_config;
 mod sample;
 
 pub(crate) use ports::free_port;
 use ports::sim_port;
 pub(crate) use procs::*;
+pub use rounds::{Pooled, Spread, excess_ratios, spread};
 use router_config::*;
 use sample::*;
 
@@ -229,6 +231,8 @@ pub async fn calibrate(bin_dir: &Path, time_scale: f64) -> Result<Calibrated, St
 #[derive(Debug, Clone, Serialize)]
 pub struct RunResult {
     pub variant: Variant,
+    /// Which round of `--rounds` this run belongs to (1-based).
+    pub round: u32,
     pub ok: bool,
     pub failure: Option<String>,
     pub requests: usize,
@@ -287,6 +291,7 @@ impl RunResult {
     pub fn empty(variant: Variant) -> Self {
         RunResult {
             variant,
+            round: 1,
             ok: false,
             failure: None,
             requests: 0,
@@ -314,6 +319,15 @@ impl RunResult {
             member_spreads: Vec::new(),
             served: Default::default(),
             series: Series::default(),
+        }
+    }
+
+    /// The run's name in tables and plots: its variant, and its round from the second on.
+    pub fn label(&self) -> String {
+        if self.round > 1 {
+            format!("{:?} #{}", self.variant, self.round)
+        } else {
+            format!("{:?}", self.variant)
         }
     }
 }

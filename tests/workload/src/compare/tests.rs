@@ -160,3 +160,53 @@ fn the_peer_gets_its_own_resume_order_and_everything_else_unchanged() {
     let fcfs = serde_json::json!({"resume_order": "fcfs"});
     assert_eq!(peer_config(&fcfs), fcfs);
 }
+
+fn timed(v: Variant, round: u32, jct: f64, ok: bool) -> RunResult {
+    RunResult {
+        round,
+        ok,
+        mean_jct: jct,
+        ..RunResult::empty(v)
+    }
+}
+
+#[test]
+fn rounds_are_ranked_each_above_its_own_floor_and_pooled() {
+    use Variant::{PrHashUnboundedKv as Floor, PrProgram as Ours, VrProgram as Peer};
+    let rs = vec![
+        timed(Ours, 1, 600.0, true),
+        timed(Floor, 1, 200.0, true),
+        timed(Peer, 1, 1000.0, true),
+        timed(Peer, 2, 900.0, true),
+        timed(Floor, 2, 300.0, true),
+        timed(Ours, 2, 700.0, true),
+        // A round whose peer failed counts in neither the list nor the pool.
+        timed(Ours, 3, 650.0, true),
+        timed(Floor, 3, 250.0, true),
+        timed(Peer, 3, 950.0, false),
+    ];
+    let p = excess_ratios(&rs, Ours, Peer, Floor).expect("two full rounds");
+    let rounds: Vec<u32> = p.per_round.iter().map(|(r, _)| *r).collect();
+    assert_eq!(rounds, [1, 2]);
+    assert!((p.per_round[0].1 - 0.5).abs() < 1e-12);
+    assert!((p.per_round[1].1 - 400.0 / 600.0).abs() < 1e-12);
+    // Pooled is the ratio of the sums (800 ÷ 1,400), not the mean of the ratios (0.583).
+    assert!((p.pooled - 800.0 / 1400.0).abs() < 1e-12);
+    assert!(excess_ratios(&rs, Ours, Variant::VrHash, Floor).is_none());
+    // A peer at or below the floor leaves nothing to divide by.
+    let level = vec![
+        timed(Ours, 1, 210.0, true),
+        timed(Floor, 1, 200.0, true),
+        timed(Peer, 1, 200.0, true),
+    ];
+    assert!(excess_ratios(&level, Ours, Peer, Floor).is_none());
+
+    let s = spread(&rs, Ours, |r| r.mean_jct).expect("ours ran");
+    assert_eq!((s.runs, s.min, s.max), (3, 600.0, 700.0));
+    assert!((s.mean - 650.0).abs() < 1e-12);
+    let peer = spread(&rs, Peer, |r| r.mean_jct).expect("the peer ran");
+    assert_eq!(peer.runs, 2, "the failed run is left out");
+    assert!(spread(&rs, Variant::PrHash, |r| r.mean_jct).is_none());
+    assert_eq!(rs[3].label(), "VrProgram #2");
+    assert_eq!(rs[0].label(), "PrProgram");
+}

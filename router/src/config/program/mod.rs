@@ -1,8 +1,9 @@
 //! `program_scheduling`: every field of the reference spec, with its default and constraint.
 //!
 //! Owns the typed configuration and its defaults; `validate.rs` checks it, `tests.rs` tests it.
-//! The scheduler that acts on it lives in `crate::program`. Field names, defaults and the deprecated input alias
-//! `token_capacity_per_target` follow the spec so that a vllm-router JSON config loads unchanged.
+//! The scheduler that acts on it lives in `crate::program`. Field names, defaults and the
+//! deprecated input alias `token_capacity_per_target` follow the spec so that a vllm-router JSON
+//! config loads unchanged.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -84,22 +84,27 @@ fn compare_calibrates_then_reports_runs_against_the_reference() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn a_negative_member_skew_is_refused_by_name_before_anything_starts() {
-    for bad in ["-1", "NaN"] {
+/// `progbench compare` with `flag` at each of `bad` fails, names the flag, and starts nothing.
+fn refused_by_name(flag: &str, bad: &[&str], variant: &str) {
+    for bad in bad {
         let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
-            .args(["compare", "--programs", "1", "--variants", "pr-roll-skew"])
-            .arg(format!("--member-skew-secs={bad}"))
+            .args(["compare", "--programs", "1", "--variants", variant])
+            .arg(format!("{flag}={bad}"))
             .output()
             .expect("run progbench");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{bad}: {stderr}");
-        assert!(stderr.contains("--member-skew-secs"), "{bad}: {stderr}");
+        assert!(stderr.contains(flag), "{bad}: {stderr}");
         assert!(
             !stderr.contains("calibrating"),
             "{bad}: nothing started: {stderr}"
         );
     }
+}
+
+#[test]
+fn a_negative_member_skew_is_refused_by_name_before_anything_starts() {
+    refused_by_name("--member-skew-secs", &["-1", "NaN"], "pr-roll-skew");
 }
 
 #[test]
@@ -174,15 +179,5 @@ fn rounds_run_every_variant_again_in_reverse_and_report_the_spread() {
 
 #[test]
 fn rounds_out_of_range_are_refused_by_name_before_anything_starts() {
-    for bad in ["0", "21"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
-            .args(["compare", "--programs", "1", "--variants", "pr-program"])
-            .arg(format!("--rounds={bad}"))
-            .output()
-            .expect("run progbench");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{bad}: {stderr}");
-        assert!(stderr.contains("--rounds"), "{bad}: {stderr}");
-        assert!(!stderr.contains("calibrating"), "{bad}: {stderr}");
-    }
+    refused_by_name("--rounds", &["0", "21"], "pr-program");
 }

@@ -2,7 +2,27 @@
 //! the table, the oracle, the no-KV-pressure and floor lines, and the JSON with the coefficients
 //! both routers got. No timing assertions.
 
+use std::path::Path;
 use std::process::Command;
+
+/// Runs `progbench compare` with `args`, `--json` and `--html`; its stdout and stderr once it
+/// succeeded.
+fn compare_ok(args: &[&str], json: &Path, html: &Path) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .arg("--html")
+        .arg(html)
+        .output()
+        .expect("run progbench");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
 
 #[test]
 fn compare_calibrates_then_reports_runs_against_the_reference() {
@@ -11,8 +31,8 @@ fn compare_calibrates_then_reports_runs_against_the_reference() {
     let dir = std::env::temp_dir().join(format!("progbench-compare-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let (json, html) = (dir.join("out.json"), dir.join("out.html"));
-    let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
-        .args([
+    let (stdout, stderr) = compare_ok(
+        &[
             "compare",
             "--preset",
             "chat",
@@ -35,18 +55,10 @@ fn compare_calibrates_then_reports_runs_against_the_reference() {
             "120",
             "--variants",
             "pr-program,pr-unbounded-kv,pr-hash-unbounded-kv",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .arg("--html")
-        .arg(&html)
-        .output()
-        .expect("run progbench");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
+        ],
+        &json,
+        &html,
     );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stderr.contains("calibrating the cost models"), "{stderr}");
     assert!(stdout.contains("oracle: H* ="), "{stdout}");
     let above = stdout
@@ -113,8 +125,8 @@ fn rounds_run_every_variant_again_in_reverse_and_report_the_spread() {
     let dir = std::env::temp_dir().join(format!("progbench-rounds-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let json = dir.join("out.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
-        .args([
+    let (stdout, stderr) = compare_ok(
+        &[
             "compare",
             "--preset",
             "chat",
@@ -132,18 +144,10 @@ fn rounds_run_every_variant_again_in_reverse_and_report_the_spread() {
             "2",
             "--variants",
             "pr-hash,pr-hash-unbounded-kv",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .arg("--html")
-        .arg(dir.join("out.html"))
-        .output()
-        .expect("run progbench");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
+        ],
+        &json,
+        &dir.join("out.html"),
     );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stderr.contains("round 2 of 2: running PrHash"), "{stderr}");
     assert!(stdout.contains("PrHashUnboundedKv #2"), "{stdout}");
     assert!(stdout.contains("over 2 rounds"), "{stdout}");

@@ -90,7 +90,7 @@ fn router_durations_follow_the_simulators_time_scale() {
 fn every_duration_of_ours_follows_the_time_scale() {
     let ext = extension_seconds_fields();
     let names: Vec<&str> = ext.iter().map(|(k, _)| k.as_str()).collect();
-    // The engine-room grace ran 20x too long over HTTP (off in effect) while it was missed here.
+    // Unscaled, a duration lasts time_scale times too long: the grace outlasts the queue limit.
     assert!(
         names.contains(&"force_resume_engine_grace_seconds"),
         "{names:?}"

@@ -247,9 +247,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
             variants.clone()
         };
         for v in order {
-            let mut r = run_one(&turns, v, &setup, round, rounds).await;
-            r.round = round;
-            results.push(r);
+            results.push(run_one(&turns, v, &setup, round, rounds).await);
         }
     }
     progbench::compare::check_comparable(&mut results);
@@ -617,7 +615,7 @@ fn print_spreads(
     }
 }
 
-/// Runs one variant of one round, with its progress on stderr.
+/// Runs one variant as round `round` of `rounds`, with its progress on stderr.
 async fn run_one(
     turns: &[progbench::workload::Turn],
     v: progbench::compare::Variant,
@@ -630,7 +628,8 @@ async fn run_one(
     } else {
         eprintln!("running {v:?} ...");
     }
-    let r = progbench::compare::run_variant(turns, v, setup).await;
+    let mut r = progbench::compare::run_variant(turns, v, setup).await;
+    r.round = round;
     eprintln!(
         "  {:?}: {} in {:.0} s",
         v,

@@ -210,3 +210,67 @@ fn rounds_are_ranked_each_above_its_own_floor_and_pooled() {
     assert_eq!(rs[3].label(), "VrProgram #2");
     assert_eq!(rs[0].label(), "PrProgram");
 }
+
+/// `scripts/compare-pool.py` reads what `compare --json` writes: pooled across files, a round
+/// counts only when all three variants ran cleanly in it, and the pool is the ratio of the sums.
+#[test]
+fn the_pooling_script_reads_compare_json_across_files() {
+    use Variant::{PrHashUnboundedKv as Floor, PrProgram as Ours, VrProgram as Peer};
+    let dir = std::env::temp_dir().join(format!("progbench-pool-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let write = |name: &str, runs: Vec<RunResult>| {
+        let path = dir.join(name);
+        let json = serde_json::json!({ "runs": runs });
+        std::fs::write(&path, json.to_string()).expect("write json");
+        path
+    };
+    // Seed A: two full rounds (400 and 400 above the floor; the peer 800 and 600).
+    let a = write(
+        "a.json",
+        vec![
+            timed(Ours, 1, 600.0, true),
+            timed(Floor, 1, 200.0, true),
+            timed(Peer, 1, 1000.0, true),
+            timed(Ours, 2, 700.0, true),
+            timed(Floor, 2, 300.0, true),
+            timed(Peer, 2, 900.0, true),
+        ],
+    );
+    // Seed B: one full round (100 against 500) and one whose peer failed.
+    let b = write(
+        "b.json",
+        vec![
+            timed(Ours, 1, 300.0, true),
+            timed(Floor, 1, 200.0, true),
+            timed(Peer, 1, 700.0, true),
+            timed(Ours, 2, 300.0, true),
+            timed(Floor, 2, 200.0, true),
+            timed(Peer, 2, 650.0, false),
+        ],
+    );
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/compare-pool.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&a)
+        .arg(&b)
+        .output()
+        .expect("python3 runs the script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // (400 + 400 + 100) ÷ (800 + 600 + 500) = 0.474; rounds 0.50, 0.67 and 0.20.
+    assert!(
+        stdout.contains("pooled over 2 files, 3 rounds: 0.474×"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("2 of 3 rounds ≤ 0.5×"), "{stdout}");
+    assert!(
+        stdout.contains("| a.json | 650.0 / 950.0 / 250.0 | 0.50×, 0.67× | 0.57× |"),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Pools `progbench compare --json` files (one per seed, each of one or more rounds) into one
+excess ratio: program-router's mean JCT above each round's floor over vllm-router's.
+
+Each file must have run `pr-program`, `vr-program` and the issue's floor `pr-hash-unbounded-kv`
+(`--variants pr-program,pr-hash-unbounded-kv,vr-program`). A round counts where all three ran
+cleanly and the peer sits above the floor, as `compare --rounds` counts it. Prints a markdown row
+per file (its label is the file name): ours, the peer and the floor (mean over its rounds), the
+ratio per round, the file's pooled ratio, the mean / p90 / p99 ratios ours ÷ the peer and both
+token hits; then the ratio pooled over every file (Σ ours' excess ÷ Σ the peer's), the median
+file's ratio and how many rounds were at or under GOAL.
+
+Usage: scripts/compare-pool.py FILE.json [FILE.json ...]
+"""
+
+import json
+import os
+import statistics
+import sys
+
+OURS, PEER, FLOOR = "PrProgram", "VrProgram", "PrHashUnboundedKv"
+GOAL = 0.5
+
+
+def rounds(path):
+    """(round, {variant: run}) for each round of `path` where all three ran cleanly."""
+    with open(path) as f:
+        data = json.load(f)
+    by_round = {}
+    for r in data["runs"]:
+        if r.get("ok"):
+            by_round.setdefault(r.get("round", 1), {})[r["variant"]] = r
+    return [(k, v) for k, v in sorted(by_round.items()) if all(x in v for x in (OURS, PEER, FLOOR))]
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def tail(rs, figure):
+    """Ours ÷ the peer in `figure`, the mean over rounds; a dash where the peer has none."""
+    ratios = [v[OURS][figure] / v[PEER][figure] for _, v in rs if v[PEER][figure] > 0]
+    return f"{mean(ratios):.2f}" if ratios else "—"
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    print("| file | ours / the peer / floor (s) | ratio per round | pooled | mean, p90, p99 ours ÷ peer | hit ours / peer |")
+    print("|---|---|---|---|---|---|")
+    total_ours = total_peer = 0.0
+    per_file, per_round = [], []
+    for path in sys.argv[1:]:
+        rs = [(k, v) for k, v in rounds(path) if v[PEER]["mean_jct"] > v[FLOOR]["mean_jct"]]
+        if not rs:
+            print(f"| {os.path.basename(path)} | no round with all three runs | | | | |")
+            continue
+        ours = sum(v[OURS]["mean_jct"] - v[FLOOR]["mean_jct"] for _, v in rs)
+        peer = sum(v[PEER]["mean_jct"] - v[FLOOR]["mean_jct"] for _, v in rs)
+        total_ours += ours
+        total_peer += peer
+        ratios = [
+            (v[OURS]["mean_jct"] - v[FLOOR]["mean_jct"]) / (v[PEER]["mean_jct"] - v[FLOOR]["mean_jct"])
+            for _, v in rs
+        ]
+        per_round += ratios
+        per_file.append(ours / peer)
+        m = {k: mean([v[var]["mean_jct"] for _, v in rs]) for k, var in (("o", OURS), ("p", PEER), ("f", FLOOR))}
+        tails = ", ".join(tail(rs, f) for f in ("mean_jct", "p90_jct", "p99_jct"))
+        hit = f"{100 * mean([v[OURS]['server_token_hit'] for _, v in rs]):.1f} / {100 * mean([v[PEER]['server_token_hit'] for _, v in rs]):.1f} %"
+        print(
+            f"| {os.path.basename(path)} | {m['o']:.1f} / {m['p']:.1f} / {m['f']:.1f} | "
+            f"{', '.join(f'{r:.2f}×' for r in ratios)} | {ours / peer:.2f}× | {tails} | {hit} |"
+        )
+    if total_peer <= 0:
+        sys.exit("no file has a round with all three runs and the peer above the floor")
+    met = sum(r <= GOAL for r in per_round)
+    print(
+        f"\npooled over {len(per_file)} files, {len(per_round)} rounds: {total_ours / total_peer:.3f}× "
+        f"(median file {statistics.median(per_file):.2f}×; {met} of {len(per_round)} rounds ≤ {GOAL}×)"
+    )
+
+
+if __name__ == "__main__":
+    main()

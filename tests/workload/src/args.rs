@@ -74,8 +74,14 @@ pub(crate) enum Cmd {
         servers: usize,
         #[arg(long, default_value_t = 2)]
         dp: usize,
+        /// KV blocks per rank (16 tokens each).
         #[arg(long, default_value_t = 6144)]
         num_gpu_blocks: usize,
+        /// Size the KV as `progbench matrix` sizes a cell instead of --num-gpu-blocks: the
+        /// blocks per rank at which the workload's live KV demand at p90 (consistent hashing,
+        /// nothing evicted, virtual time) is this level's multiple of the capacity.
+        #[arg(long, value_enum, conflicts_with = "num_gpu_blocks")]
+        pressure: Option<progbench::matrix::Pressure>,
         #[arg(long, default_value_t = 32768)]
         max_model_len: usize,
         /// Simulated seconds per wall second.

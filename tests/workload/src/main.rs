@@ -177,6 +177,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         servers,
         dp,
         num_gpu_blocks,
+        pressure,
         max_model_len,
         time_scale,
         limit_secs,
@@ -199,14 +200,40 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
             "--member-skew-secs must be a number >= 0 (got {member_skew_secs})"
         ));
     }
-    // The simulators would refuse these; say so before starting anything.
-    vllm_sim::engine::EngineParams {
+    if servers == 0 || dp == 0 {
+        return Err(format!(
+            "--servers and --dp must be at least 1 (got {servers} and {dp})"
+        ));
+    }
+    let engine_with = |num_gpu_blocks| vllm_sim::engine::EngineParams {
         num_gpu_blocks,
         max_model_len,
         ..Default::default()
-    }
+    };
+    // The simulators would refuse these; say so before starting anything (with --pressure, at
+    // the least KV it gives: one max_model_len context per rank).
+    let least = max_model_len.div_ceil(engine_with(1).block_size);
+    engine_with(if pressure.is_some() {
+        least
+    } else {
+        num_gpu_blocks
+    })
     .validate()
     .map_err(|e| format!("--{e}"))?;
+    let turns = w.turns();
+    let num_gpu_blocks = match pressure {
+        Some(p) => {
+            let blocks = progbench::matrix::cell_blocks(&turns, servers * dp, max_model_len, p);
+            eprintln!(
+                "KV: {blocks} blocks per rank ({}, seed {}, {} pressure, as the matrix sizes it)",
+                w.label(),
+                w.seed,
+                p.name()
+            );
+            blocks
+        }
+        None => num_gpu_blocks,
+    };
     let bin_dir = bin_dir()?;
     let vllm_router = vllm_router.or_else(progbench::compare::venv_vllm_router);
     let program_config: serde_json::Value =
@@ -237,7 +264,6 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         member_skew_secs,
         member_skew_seed,
     };
-    let turns = w.turns();
     let mut results = Vec::new();
     for round in 1..=rounds {
         // Even rounds in reverse: a drift of the machine over the rounds lands on every variant.
@@ -252,11 +278,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     }
     progbench::compare::check_comparable(&mut results);
     print_runs(&results);
-    let engine = vllm_sim::engine::EngineParams {
-        num_gpu_blocks,
-        max_model_len,
-        ..Default::default()
-    };
+    let engine = engine_with(num_gpu_blocks);
     // Over the turns the runs served (each run served the same: `check_comparable`), so that
     // JCT* and H* count the Programs and requests the runs' JCT and hit count.
     let (oracle, kv) = match results.iter().find(|r| r.ok) {

@@ -185,3 +185,22 @@ fn rounds_run_every_variant_again_in_reverse_and_report_the_spread() {
 fn rounds_out_of_range_are_refused_by_name_before_anything_starts() {
     refused_by_name("--rounds", &["0", "21"], "pr-program");
 }
+
+/// `--pressure` sizes the KV itself: with `--num-gpu-blocks` as well, or on no ranks, it is
+/// refused by name before anything starts.
+#[test]
+fn a_pressure_with_a_kv_size_or_without_ranks_is_refused_by_name() {
+    refused_by_name("--dp", &["0"], "pr-program");
+    let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
+        .args(["compare", "--programs", "1", "--pressure", "heavy"])
+        .args(["--num-gpu-blocks", "4096"])
+        .output()
+        .expect("run progbench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--pressure") && stderr.contains("--num-gpu-blocks"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("calibrating"), "nothing started: {stderr}");
+}

@@ -4,7 +4,8 @@ excess ratio: program-router's mean JCT above each round's floor over vllm-route
 
 Each file must have run `pr-program`, `vr-program` and the issue's floor `pr-hash-unbounded-kv`
 (`--variants pr-program,pr-hash-unbounded-kv,vr-program`). A round counts where all three ran
-cleanly and the peer sits above the floor, as `compare --rounds` counts it. Prints a markdown row
+cleanly and the peer sits at least MIN_EXCESS seconds above the floor (closer, nothing is left to
+win and the ratio means nothing; such a file is listed, not pooled). Prints a markdown row
 per file (its label is the file name): ours, the peer and the floor (mean over its rounds), the
 ratio per round, the file's pooled ratio, the mean / p90 / p99 ratios ours ÷ the peer and both
 token hits; then the ratio pooled over every file (Σ ours' excess ÷ Σ the peer's), the median
@@ -20,6 +21,7 @@ import sys
 
 OURS, PEER, FLOOR = "PrProgram", "VrProgram", "PrHashUnboundedKv"
 GOAL = 0.5
+MIN_EXCESS = 5.0
 
 
 def rounds(path):
@@ -51,9 +53,14 @@ def main():
     total_ours = total_peer = 0.0
     per_file, per_round = [], []
     for path in sys.argv[1:]:
-        rs = [(k, v) for k, v in rounds(path) if v[PEER]["mean_jct"] > v[FLOOR]["mean_jct"]]
-        if not rs:
+        full = rounds(path)
+        rs = [(k, v) for k, v in full if v[PEER]["mean_jct"] - v[FLOOR]["mean_jct"] >= MIN_EXCESS]
+        if not full:
             print(f"| {os.path.basename(path)} | no round with all three runs | | | | |")
+            continue
+        if not rs:
+            gaps = ", ".join(f"{v[PEER]['mean_jct'] - v[FLOOR]['mean_jct']:+.1f} s" for _, v in full)
+            print(f"| {os.path.basename(path)} | nothing to win: the peer {gaps} from the floor | | | | |")
             continue
         ours = sum(v[OURS]["mean_jct"] - v[FLOOR]["mean_jct"] for _, v in rs)
         peer = sum(v[PEER]["mean_jct"] - v[FLOOR]["mean_jct"] for _, v in rs)
@@ -73,7 +80,7 @@ def main():
             f"{', '.join(f'{r:.2f}×' for r in ratios)} | {ours / peer:.2f}× | {tails} | {hit} |"
         )
     if total_peer <= 0:
-        sys.exit("no file has a round with all three runs and the peer above the floor")
+        sys.exit(f"no file has a round with all three runs and the peer ≥ {MIN_EXCESS} s above the floor")
     met = sum(r <= GOAL for r in per_round)
     print(
         f"\npooled over {len(per_file)} files, {len(per_round)} rounds: {total_ours / total_peer:.3f}× "

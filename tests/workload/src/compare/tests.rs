@@ -212,7 +212,8 @@ fn rounds_are_ranked_each_above_its_own_floor_and_pooled() {
 }
 
 /// `scripts/compare-pool.py` reads what `compare --json` writes: pooled across files, a round
-/// counts only when all three variants ran cleanly in it, and the pool is the ratio of the sums.
+/// counts only when all three variants ran cleanly in it and the peer left something to win,
+/// and the pool is the ratio of the sums.
 #[test]
 fn the_pooling_script_reads_compare_json_across_files() {
     use Variant::{PrHashUnboundedKv as Floor, PrProgram as Ours, VrProgram as Peer};
@@ -248,12 +249,22 @@ fn the_pooling_script_reads_compare_json_across_files() {
             timed(Peer, 2, 650.0, false),
         ],
     );
+    // Seed C: the peer 2 s above the floor, nothing to win: listed, not pooled.
+    let c = write(
+        "c.json",
+        vec![
+            timed(Ours, 1, 199.0, true),
+            timed(Floor, 1, 200.0, true),
+            timed(Peer, 1, 202.0, true),
+        ],
+    );
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/compare-pool.py");
     let out = std::process::Command::new("python3")
         .arg(&script)
         .arg(&a)
         .arg(&b)
+        .arg(&c)
         .output()
         .expect("python3 runs the script");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -268,6 +279,10 @@ fn the_pooling_script_reads_compare_json_across_files() {
         "{stdout}"
     );
     assert!(stdout.contains("2 of 3 rounds ≤ 0.5×"), "{stdout}");
+    assert!(
+        stdout.contains("| c.json | nothing to win: the peer +2.0 s from the floor |"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("| a.json | 650.0 / 950.0 / 250.0 | 0.50×, 0.67× | 0.57× |"),
         "{stdout}"

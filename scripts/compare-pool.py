@@ -26,13 +26,21 @@ MIN_EXCESS = 5.0
 
 def rounds(path):
     """(round, {variant: run}) for each round of `path` where all three ran cleanly."""
-    with open(path) as f:
-        data = json.load(f)
-    by_round = {}
-    for r in data["runs"]:
-        if r.get("ok"):
-            by_round.setdefault(r.get("round", 1), {})[r["variant"]] = r
-    return [(k, v) for k, v in sorted(by_round.items()) if all(x in v for x in (OURS, PEER, FLOOR))]
+    try:
+        with open(path) as f:
+            runs = json.load(f)["runs"]
+        by_round = {}
+        for r in runs:
+            if r.get("ok"):
+                by_round.setdefault(r.get("round", 1), {})[r["variant"]] = r
+        full = [(k, v) for k, v in sorted(by_round.items()) if all(x in v for x in (OURS, PEER, FLOOR))]
+        for _, v in full:
+            for run in v.values():
+                for figure in ("mean_jct", "p90_jct", "p99_jct", "server_token_hit"):
+                    float(run[figure])
+        return full
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        sys.exit(f"{path}: not a `progbench compare --json` file ({type(e).__name__}: {e})")
 
 
 def mean(xs):

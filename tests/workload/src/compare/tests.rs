@@ -287,5 +287,21 @@ fn the_pooling_script_reads_compare_json_across_files() {
         stdout.contains("| a.json | 650.0 / 950.0 / 250.0 | 0.50×, 0.67× | 0.57× |"),
         "{stdout}"
     );
+    // Anything else is refused by name, without a traceback.
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "{\"variant\": 1}").expect("write json");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&a)
+        .arg(&bad)
+        .output()
+        .expect("python3 runs the script");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("bad.json: not a `progbench compare --json` file"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Traceback"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -260,13 +260,14 @@ fn the_pooling_script_reads_compare_json_across_files() {
     );
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/compare-pool.py");
-    let out = std::process::Command::new("python3")
-        .arg(&script)
-        .arg(&a)
-        .arg(&b)
-        .arg(&c)
-        .output()
-        .expect("python3 runs the script");
+    let pool = |files: &[&std::path::PathBuf]| {
+        std::process::Command::new("python3")
+            .arg(&script)
+            .args(files)
+            .output()
+            .expect("python3 runs the script")
+    };
+    let out = pool(&[&a, &b, &c]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -290,12 +291,7 @@ fn the_pooling_script_reads_compare_json_across_files() {
     // Anything else is refused by name, without a traceback.
     let bad = dir.join("bad.json");
     std::fs::write(&bad, "{\"variant\": 1}").expect("write json");
-    let out = std::process::Command::new("python3")
-        .arg(&script)
-        .arg(&a)
-        .arg(&bad)
-        .output()
-        .expect("python3 runs the script");
+    let out = pool(&[&a, &bad]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(

@@ -96,21 +96,28 @@ fn compare_calibrates_then_reports_runs_against_the_reference() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `progbench compare` with `args` fails, names each of `names`, and starts nothing.
+fn refused(args: &[&str], names: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
+        .args(["compare", "--programs", "1"])
+        .args(args)
+        .output()
+        .expect("run progbench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?}: {stderr}");
+    for name in names {
+        assert!(stderr.contains(name), "{args:?}: {stderr}");
+    }
+    assert!(
+        !stderr.contains("calibrating"),
+        "{args:?}: nothing started: {stderr}"
+    );
+}
+
 /// `progbench compare` with `flag` at each of `bad` fails, names the flag, and starts nothing.
 fn refused_by_name(flag: &str, bad: &[&str], variant: &str) {
     for bad in bad {
-        let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
-            .args(["compare", "--programs", "1", "--variants", variant])
-            .arg(format!("{flag}={bad}"))
-            .output()
-            .expect("run progbench");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{bad}: {stderr}");
-        assert!(stderr.contains(flag), "{bad}: {stderr}");
-        assert!(
-            !stderr.contains("calibrating"),
-            "{bad}: nothing started: {stderr}"
-        );
+        refused(&["--variants", variant, &format!("{flag}={bad}")], &[flag]);
     }
 }
 
@@ -186,21 +193,14 @@ fn rounds_out_of_range_are_refused_by_name_before_anything_starts() {
     refused_by_name("--rounds", &["0", "21"], "pr-program");
 }
 
-/// `--pressure` sizes the KV itself: with `--num-gpu-blocks` as well, or on no ranks, it is
-/// refused by name before anything starts.
+/// `--pressure` sizes the KV itself: with `--num-gpu-blocks` as well it is refused by name, and
+/// so are zero ranks (which it would size KV for), before anything starts.
 #[test]
-fn a_pressure_with_a_kv_size_or_without_ranks_is_refused_by_name() {
-    refused_by_name("--dp", &["0"], "pr-program");
-    let out = Command::new(env!("CARGO_BIN_EXE_progbench"))
-        .args(["compare", "--programs", "1", "--pressure", "heavy"])
-        .args(["--num-gpu-blocks", "4096"])
-        .output()
-        .expect("run progbench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("--pressure") && stderr.contains("--num-gpu-blocks"),
-        "{stderr}"
+fn a_pressure_with_a_kv_size_or_on_no_ranks_is_refused_by_name() {
+    refused(
+        &["--pressure", "heavy", "--num-gpu-blocks", "4096"],
+        &["--pressure", "--num-gpu-blocks"],
     );
-    assert!(!stderr.contains("calibrating"), "nothing started: {stderr}");
+    refused(&["--pressure", "heavy", "--dp", "0"], &["--dp"]);
+    refused(&["--pressure", "heavy", "--servers", "0"], &["--servers"]);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fails when a source file holds more than 800 lines or docs/benchmarks.md more than 400: a file a
-# newcomer can hold in their head (docs/architecture.md). Prints every offender.
+# Fails when a source file holds more than 800 lines, docs/benchmarks.md more than 400 or
+# docs/generalization.md more than 1,100: a file a newcomer can hold in their head
+# (docs/architecture.md). Prints every offender.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -11,9 +12,14 @@ while IFS= read -r f; do
     status=1
   fi
 done < <(git ls-files '*.rs' '*.py' '*.sh' '*.go')
-n=$(wc -l < docs/benchmarks.md)
-if [ "$n" -gt 400 ]; then
-  echo "too long: docs/benchmarks.md ($n lines, at most 400)"
-  status=1
-fi
+# The two measurement references: the latest run of each command, not a diary of every run.
+for limit in docs/benchmarks.md:400 docs/generalization.md:1100; do
+  f=${limit%%:*}
+  max=${limit##*:}
+  n=$(wc -l < "$f")
+  if [ "$n" -gt "$max" ]; then
+    echo "too long: $f ($n lines, at most $max)"
+    status=1
+  fi
+done
 exit $status

@@ -50,6 +50,11 @@ pub struct SimArgs {
     /// Every step takes no time (router overhead benchmarks).
     #[arg(long)]
     pub instant: bool,
+    /// A bound for benchmarks, not vLLM's behaviour: a chat request carrying
+    /// `vllm_xargs.sim_end_program` (a non-zero number) is its Program's last, and once it
+    /// finishes its blocks past the system message go to the front of the eviction order.
+    #[arg(long)]
+    pub end_hint: bool,
     #[arg(long, default_value_t = TimingModel::default().prefill_intercept_seconds)]
     pub prefill_intercept_seconds: f64,
     #[arg(long, default_value_t = TimingModel::default().prefill_linear_seconds_per_1k_tokens)]
@@ -207,7 +212,7 @@ impl SimArgs {
             timing,
             // A bound for benchmarks, never the server's behaviour.
             free_retention: false,
-            end_hint: false,
+            end_hint: self.end_hint,
         };
         engine.validate().map_err(|e| format!("--{e}"))?;
         Ok(SimConfig {

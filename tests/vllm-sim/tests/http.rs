@@ -577,3 +577,67 @@ async fn virtual_ttft_through_http_matches_the_formula() {
         "the HTTP layer waited in real time ({wall} s)"
     );
 }
+
+/// `--end-hint` (a benchmark bound): a Program's last request, marked `sim_end_program`, has
+/// its own blocks evicted before older ones once it finishes; the system prompt it shares
+/// with other Programs stays. Without the flag the marker changes nothing: LRU evicts the
+/// older Program's blocks first.
+#[tokio::test]
+async fn an_ended_programs_own_blocks_go_first_under_the_end_hint() {
+    async fn older_programs_cached_tokens(hint: bool) -> (u64, u64) {
+        let mut args = vec![
+            "--instant",
+            "--num-gpu-blocks",
+            "16",
+            "--max-model-len",
+            "256",
+        ];
+        if hint {
+            args.push("--end-hint");
+        }
+        let sim = start(&args).await;
+        let c = client();
+        let system = words(1, 60);
+        let session = |user: String, end: bool| {
+            let mut b = json!({"model": "sim-model", "max_tokens": 1, "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": user}]});
+            if end {
+                b["vllm_xargs"] = json!({"sim_end_program": 1});
+            }
+            b.to_string()
+        };
+        let b = session(words(2, 60), false);
+        assert_eq!(post(&c, &sim.url(CHAT), &b).await.status, 200);
+        // The later Program ends: under the hint its own blocks move ahead of the older one's.
+        let a = post(&c, &sim.url(CHAT), &session(words(3, 60), true)).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        // An unrelated prompt needs more blocks than are free, so some cached ones are evicted.
+        let other = post(&c, &sim.url(CHAT), &chat_body(&words(4, 100), 1)).await;
+        assert_eq!(other.status, 200, "{}", other.text());
+        let cached = |r: serde_json::Value| {
+            r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .expect("cached_tokens")
+        };
+        let older = cached(post(&c, &sim.url(CHAT), &b).await.json());
+        let fresh = cached(
+            post(&c, &sim.url(CHAT), &session(words(5, 60), false))
+                .await
+                .json(),
+        );
+        (older, fresh)
+    }
+    let (with_hint, shared_with_hint) = older_programs_cached_tokens(true).await;
+    let (without, _) = older_programs_cached_tokens(false).await;
+    assert!(
+        with_hint > without,
+        "the older Program keeps more of its prefix when the ended one goes first: {with_hint} vs {without}"
+    );
+    // The system prompt and the user header after it (the first four 16-token blocks) survive
+    // the hint: a new Program still finds them.
+    assert!(
+        shared_with_hint >= 64,
+        "the shared system prompt stayed cached: {shared_with_hint}"
+    );
+}

@@ -419,6 +419,7 @@ async fn replay(cmd: Cmd) -> Result<bool, String> {
             stream,
             max_requests,
             api_key,
+            clairvoyant_capacity: None,
         },
     )
     .await;

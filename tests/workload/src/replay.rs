@@ -87,6 +87,11 @@ pub struct ReplayConfig {
     pub max_requests: Option<u64>,
     /// Sent as `Authorization: Bearer <key>` (a router or vLLM that requires a key).
     pub api_key: Option<String>,
+    /// A bound (`compare`'s `pr-clairvoyant`): clients that know each coming tool gap, on
+    /// ranks of this many KV tokens. Each request asks for the TTL
+    /// [`crate::clients::clairvoyant_ttl`] gives (÷ `time_scale`), and a Program's last one
+    /// carries `vllm_xargs.sim_end_program` for a simulator run with `--end-hint`.
+    pub clairvoyant_capacity: Option<usize>,
 }
 
 /// One request's record.
@@ -328,28 +333,7 @@ async fn program_task(
             return out;
         }
         messages.push(json!({"role": "user", "content": user}));
-        let mut body =
-            json!({"model": cfg.model, "messages": messages, "max_tokens": turn.output_tokens});
-        if cfg.stream {
-            body["stream"] = json!(true);
-            body["stream_options"] = json!({"include_usage": true});
-        }
-        let mut ctx = json!({"program_id": turn.program_id, "task_id": turn.task_id, "step_id": turn.step,
-            "expected_resume": turn.gap_after > 0.0});
-        if let Some(parent) = &turn.parent_program_id {
-            ctx["parent_program_id"] = json!(parent);
-            ctx["root_program_id"] = json!(turn.root_program_id());
-            ctx["blocks_parent"] = json!(turn.blocks_parent);
-        }
-        match cfg.context {
-            ContextMode::Object => body["vllm_xargs"] = json!({"agentic_context": ctx}),
-            ContextMode::String => body["vllm_xargs"] = json!({"agentic_context": ctx.to_string()}),
-            ContextMode::Headers => {}
-        }
-        if let Some(tool) = &turn.tool {
-            // The simulator has no model to choose a tool: its response calls the one named.
-            body["vllm_xargs"]["sim_tool_call"] = json!(tool);
-        }
+        let body = turn_body(&cfg, turn, &messages, context_estimate);
         let mut req = hyper::Request::post(format!(
             "{}/v1/chat/completions",
             cfg.endpoints.pick(index, turn.step)
@@ -561,6 +545,47 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
     report
 }
 
+/// The body of `turn`'s request: the conversation so far (`messages`, ending with the turn's
+/// user message), the turn's output length, and the Program context the routers read (in
+/// `vllm_xargs`, as `cfg.context` says). `context` estimates the prompt's tokens. Clairvoyant
+/// clients (`cfg.clairvoyant_capacity`) add each turn's TTL and mark a Program's last request.
+fn turn_body(cfg: &ReplayConfig, turn: &Turn, messages: &[Value], context: usize) -> Value {
+    let mut body =
+        json!({"model": cfg.model, "messages": messages, "max_tokens": turn.output_tokens});
+    if cfg.stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    let last = turn.gap_after <= 0.0;
+    let mut ctx = json!({"program_id": turn.program_id, "task_id": turn.task_id, "step_id": turn.step,
+        "expected_resume": !last});
+    if let Some(parent) = &turn.parent_program_id {
+        ctx["parent_program_id"] = json!(parent);
+        ctx["root_program_id"] = json!(turn.root_program_id());
+        ctx["blocks_parent"] = json!(turn.blocks_parent);
+    }
+    if let Some(capacity) = cfg.clairvoyant_capacity.filter(|_| !last) {
+        let held = context + turn.output_tokens as usize;
+        let ttl =
+            crate::clients::clairvoyant_ttl(held, turn.gap_after, capacity, &Default::default());
+        ctx["kv_retention_ttl_seconds"] = json!(ttl / cfg.time_scale);
+    }
+    match cfg.context {
+        ContextMode::Object => body["vllm_xargs"] = json!({"agentic_context": ctx}),
+        ContextMode::String => body["vllm_xargs"] = json!({"agentic_context": ctx.to_string()}),
+        ContextMode::Headers => {}
+    }
+    if cfg.clairvoyant_capacity.is_some() && last {
+        // An engine run with `--end-hint` evicts the Program's own blocks first once it ends.
+        body["vllm_xargs"]["sim_end_program"] = json!(1);
+    }
+    if let Some(tool) = &turn.tool {
+        // The simulator has no model to choose a tool: its response calls the one named.
+        body["vllm_xargs"]["sim_tool_call"] = json!(tool);
+    }
+    body
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,6 +596,56 @@ mod tests {
         assert_eq!(vllm_sim::tokenizer::count_tokens(&t), 50);
         assert_eq!(t, text(3, 4, 50));
         assert_ne!(t, text(3, 5, 50));
+    }
+
+    #[test]
+    fn clairvoyant_clients_send_each_turns_ttl_and_mark_the_last_request() {
+        let turns = crate::workload::generate(crate::workload::Preset::SweAgent, 1, 1.0, 7);
+        let (first, last) = (&turns[0], &turns[turns.len() - 1]);
+        assert!(first.gap_after > 0.0 && last.gap_after <= 0.0);
+        let mut cfg = ReplayConfig {
+            endpoints: Endpoints::one("http://127.0.0.1:1".into()),
+            model: "sim-model".into(),
+            context: ContextMode::Object,
+            time_scale: 20.0,
+            max_model_len: 32768,
+            limit: Duration::from_secs(1),
+            stream: false,
+            max_requests: None,
+            api_key: None,
+            clairvoyant_capacity: None,
+        };
+        let messages = [json!({"role": "user", "content": "x"})];
+        let plain = turn_body(&cfg, first, &messages, 4000);
+        assert!(plain["vllm_xargs"]["agentic_context"]["kv_retention_ttl_seconds"].is_null());
+        assert!(turn_body(&cfg, last, &messages, 4000)["vllm_xargs"]["sim_end_program"].is_null());
+        cfg.clairvoyant_capacity = Some(100_000);
+        let held = 4000 + first.output_tokens as usize;
+        let want =
+            crate::clients::clairvoyant_ttl(held, first.gap_after, 100_000, &Default::default());
+        assert!(want > 0.0, "a short gap on a roomy rank is worth holding");
+        let body = turn_body(&cfg, first, &messages, 4000);
+        let ctx = &body["vllm_xargs"]["agentic_context"];
+        assert_eq!(
+            ctx["kv_retention_ttl_seconds"],
+            json!(want / 20.0),
+            "in the simulators' wall seconds"
+        );
+        assert!(body["vllm_xargs"]["sim_end_program"].is_null());
+        let end = turn_body(&cfg, last, &messages, 4000);
+        assert_eq!(end["vllm_xargs"]["sim_end_program"], json!(1));
+        assert_eq!(
+            end["vllm_xargs"]["agentic_context"]["expected_resume"],
+            json!(false)
+        );
+        assert!(end["vllm_xargs"]["agentic_context"]["kv_retention_ttl_seconds"].is_null());
+        // A gap longer than holding is worth: the TTL asks to drop the KV at once.
+        cfg.clairvoyant_capacity = Some(5_000);
+        let tight = turn_body(&cfg, first, &messages, 4000);
+        assert_eq!(
+            tight["vllm_xargs"]["agentic_context"]["kv_retention_ttl_seconds"],
+            json!(0.0)
+        );
     }
 
     #[test]

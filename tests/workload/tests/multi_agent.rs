@@ -110,6 +110,7 @@ fn config(url: String, max_model_len: usize) -> ReplayConfig {
         stream: false,
         max_requests: None,
         api_key: None,
+        clairvoyant_capacity: None,
     }
 }
 

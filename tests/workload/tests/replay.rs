@@ -25,6 +25,7 @@ fn config(url: String, stream: bool, max_requests: Option<u64>) -> ReplayConfig 
         stream,
         max_requests,
         api_key: None,
+        clairvoyant_capacity: None,
     }
 }
 

@@ -157,6 +157,7 @@ fn job(endpoint: Endpoint, turns: &[(String, String)], max_tokens: u32, stream: 
         previous_response_id: None,
         store: false,
         tool_call: None,
+        ends_program: None,
     }
 }
 

@@ -408,7 +408,8 @@ async fn generate(
         output_seed,
         prefix_hashes: Vec::new(),
     };
-    let (mut submission, mut rx) = rank.submit(seq, job.stream || fail_after.is_some());
+    let (mut submission, mut rx) =
+        rank.submit(seq, job.stream || fail_after.is_some(), job.ends_program);
 
     if job.stream {
         let body = SseBody {

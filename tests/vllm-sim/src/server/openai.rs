@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::ApiError;
-use crate::tokenizer::{TemplateMessage, render_chat, tokenize};
+use crate::tokenizer::{GENERATION_PROMPT, TemplateMessage, count_tokens, render_chat, tokenize};
 
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,11 @@ pub struct Job {
     /// A chat completion calls this tool (`vllm_xargs.sim_tool_call`): the simulator has no
     /// model to choose one, so the client names it.
     pub tool_call: Option<String>,
+    /// The request is its Program's last (`vllm_xargs.sim_end_program`, a non-zero number, on a
+    /// chat completion): the leading prompt tokens other Programs may share (its system message
+    /// and the next message's role header; 0 without a system message). Under `--end-hint` the
+    /// blocks past them are evicted first once it finishes.
+    pub ends_program: Option<usize>,
 }
 
 /// What validation needs to know about the server.
@@ -115,6 +120,7 @@ struct CompletionBody {
 
 /// Parses and validates a request body for `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job, ApiError> {
+    let mut system_tokens = 0;
     let (common, prompt) = match endpoint {
         Endpoint::Messages => return super::apis::parse_messages(body, limits),
         Endpoint::Responses => return super::apis::parse_responses(body, limits),
@@ -129,7 +135,9 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
                         .with_param("messages"),
                 );
             }
-            (b.common, chat_prompt(&messages)?)
+            let (prompt, system) = chat_prompt(&messages)?;
+            system_tokens = system;
+            (b.common, prompt)
         }
         Endpoint::Completion => {
             let b: CompletionBody = from_json(body)?;
@@ -197,6 +205,13 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: &Limits<'_>) -> Result<Job
             .and_then(Value::as_str)
             .filter(|_| endpoint == Endpoint::Chat)
             .map(str::to_string),
+        ends_program: common
+            .vllm_xargs
+            .as_ref()
+            .and_then(|x| x.get("sim_end_program"))
+            .and_then(Value::as_f64)
+            .filter(|n| *n != 0.0 && endpoint == Endpoint::Chat)
+            .map(|_| system_tokens),
     })
 }
 
@@ -223,7 +238,7 @@ pub fn tokenize_body(body: &[u8], model: &str) -> Result<Vec<u32>, ApiError> {
         .with_param("model"));
     }
     match (&b.messages, &b.prompt) {
-        (Some(m), None) => chat_prompt(m),
+        (Some(m), None) => chat_prompt(m).map(|(tokens, _)| tokens),
         (None, Some(p)) => completion_prompt(p),
         _ => Err(ApiError::bad_request(
             "give exactly one of `prompt` and `messages`",
@@ -242,7 +257,10 @@ fn from_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     })
 }
 
-fn chat_prompt(messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+/// The prompt's tokens, and how many of them the leading system message takes (0 without
+/// one): the template renders each message alike, so a system message's text is a prefix of
+/// every prompt that starts with it.
+fn chat_prompt(messages: &[ChatMessage]) -> Result<(Vec<u32>, usize), ApiError> {
     let mut texts = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         let mut text = match &m.content {
@@ -277,7 +295,31 @@ fn chat_prompt(messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
         role: &m.role,
         content: t,
     }));
-    Ok(tokenize(&rendered))
+    // What every Program that opens with this system message shares: the message and the next
+    // message's role header (or the generation prompt), which the template renders alike.
+    let system = match (messages.first(), texts.first()) {
+        (Some(m), Some(t)) if m.role == "system" => {
+            let only = render_chat([TemplateMessage {
+                role: &m.role,
+                content: t,
+            }]);
+            let mut prefix = only
+                .strip_suffix(GENERATION_PROMPT)
+                .unwrap_or(&only)
+                .to_string();
+            match messages.get(1) {
+                Some(next) => {
+                    prefix.push_str("<|");
+                    prefix.push_str(&next.role);
+                    prefix.push_str("|>");
+                }
+                None => prefix.push_str(GENERATION_PROMPT),
+            }
+            count_tokens(&prefix)
+        }
+        _ => 0,
+    };
+    Ok((tokenize(&rendered), system))
 }
 
 fn completion_prompt(prompt: &Value) -> Result<Vec<u32>, ApiError> {
@@ -355,6 +397,45 @@ mod tests {
             chat(r#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi there"}]}]}"#)
                 .expect("valid, model omitted");
         assert_eq!(j.max_tokens, 16);
+    }
+
+    #[test]
+    fn a_programs_last_request_names_the_prefix_it_shares() {
+        let body = |system: bool, end: &str| {
+            let sys = if system {
+                r#"{"role":"system","content":" you are a helpful agent"},"#
+            } else {
+                ""
+            };
+            format!(
+                r#"{{"messages":[{sys}{{"role":"user","content":" fix the build"}}],"vllm_xargs":{{"sim_end_program":{end}}}}}"#
+            )
+        };
+        let j = chat(&body(true, "1")).expect("valid");
+        // `<|system|>` (2 tokens), 5 words, `<|end|>`, then `\n<|user|` and `>`.
+        assert_eq!(j.ends_program, Some(10));
+        let t = tokenize(&render_chat([TemplateMessage {
+            role: "system",
+            content: " you are a helpful agent",
+        }]));
+        assert_eq!(
+            j.prompt[..8],
+            t[..8],
+            "the system message's tokens lead the prompt"
+        );
+        assert_eq!(
+            chat(&body(false, "1")).expect("valid").ends_program,
+            Some(0)
+        );
+        assert_eq!(chat(&body(true, "0")).expect("valid").ends_program, None);
+        let plain = r#"{"messages":[{"role":"user","content":"a"}]}"#;
+        assert_eq!(chat(plain).expect("valid").ends_program, None);
+        let completion = r#"{"prompt":"a b","vllm_xargs":{"sim_end_program":1}}"#;
+        let j = parse(Endpoint::Completion, completion.as_bytes(), &LIMITS).expect("valid");
+        assert_eq!(
+            j.ends_program, None,
+            "only chat requests carry a system message"
+        );
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub enum RankMsg {
 struct Subscriber {
     tx: mpsc::UnboundedSender<RankMsg>,
     tokens: bool,
+    /// The request is its Program's last; its first this many prompt tokens may be shared.
+    ends_program: Option<usize>,
 }
 
 struct Inner {
@@ -69,14 +71,36 @@ impl Inner {
                         let _ = s.tx.send(RankMsg::Token { index });
                     }
                 }
-                EngineEvent::Finished { id, outcome, .. } => {
+                EngineEvent::Finished {
+                    id,
+                    outcome,
+                    tokens,
+                } => {
                     if let Some(s) = self.subs.remove(&id) {
+                        if let Some(shared) = s.ends_program {
+                            self.program_ended(&tokens, shared);
+                        }
                         let _ = s.tx.send(RankMsg::Done(outcome));
                     }
                 }
             }
         }
         self.scratch = events;
+    }
+
+    /// A Program's last request finished with `tokens` (prompt and output): the blocks past
+    /// those filled by its `shared` leading tokens are the Program's own, and an engine told of
+    /// ends (`--end-hint`) evicts them first. A block that mixes shared and own tokens is the
+    /// Program's: no other Program has it.
+    fn program_ended(&mut self, tokens: &[u32], shared: usize) {
+        if !self.engine.params().end_hint {
+            return;
+        }
+        let block_size = self.engine.params().block_size;
+        let mut hashes = Vec::with_capacity(tokens.len() / block_size);
+        crate::kv::extend_block_hashes(tokens, block_size, &mut hashes);
+        let own = shared / block_size;
+        self.engine.program_ended(hashes.get(own..).unwrap_or(&[]));
     }
 }
 
@@ -107,11 +131,14 @@ impl Rank {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Submits a request; `stream_tokens` asks for one message per generated token.
+    /// Submits a request; `stream_tokens` asks for one message per generated token;
+    /// `ends_program`: the request is its Program's last, whose first that many prompt tokens
+    /// other Programs may share.
     pub fn submit(
         self: &Arc<Self>,
         req: SeqRequest,
         stream_tokens: bool,
+        ends_program: Option<usize>,
     ) -> (Submission, mpsc::UnboundedReceiver<RankMsg>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let id = {
@@ -124,6 +151,7 @@ impl Rank {
                 Subscriber {
                     tx,
                     tokens: stream_tokens,
+                    ends_program,
                 },
             );
             id

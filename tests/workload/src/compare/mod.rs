@@ -59,6 +59,11 @@ pub enum Variant {
     /// what Program scheduling's placement wins without pressure, so excess above that one is
     /// the stricter reading.
     PrHashUnboundedKv,
+    /// A bound, not a competitor: `pr-program` with clients that know each coming tool gap
+    /// (each request's `kv_retention_ttl_seconds` is [`crate::clients::clairvoyant_ttl`]) on
+    /// simulators told when a Program ends (`--end-hint`: its own blocks are evicted first) —
+    /// `progbench matrix --bounds`' clairvoyant run, over HTTP. Not in the default set.
+    PrClairvoyant,
     /// Two program-router replicas with full Program scheduling behind a load balancer without
     /// affinity (the replay sends a Program's consecutive turns to alternate replicas), each
     /// scheduling what it sees. Not in the default set.
@@ -433,20 +438,18 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     } else {
         s.num_gpu_blocks
     };
+    let mut flags = vec![
+        ("data-parallel-size", s.dp.to_string()),
+        ("num-gpu-blocks", num_gpu_blocks.to_string()),
+        ("max-model-len", s.max_model_len.to_string()),
+        ("time-scale", s.time_scale.to_string()),
+    ];
+    if v == Variant::PrClairvoyant {
+        flags.push(("end-hint", String::new()));
+    }
     for i in 0..s.servers {
         let port = sim_port(i)?;
-        let url = start_sim(
-            &mut procs,
-            &s.bin_dir,
-            port,
-            &[
-                ("data-parallel-size", s.dp.to_string()),
-                ("num-gpu-blocks", num_gpu_blocks.to_string()),
-                ("max-model-len", s.max_model_len.to_string()),
-                ("time-scale", s.time_scale.to_string()),
-            ],
-        )?;
-        sims.push(url);
+        sims.push(start_sim(&mut procs, &s.bin_dir, port, &flags)?);
     }
     let capacity = (num_gpu_blocks * block_size) as u64;
     let mut ps = s.program_config.clone();
@@ -584,6 +587,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         stream: false,
         max_requests: None,
         api_key: keyed.then(|| BENCH_KEY.to_string()),
+        clairvoyant_capacity: (v == Variant::PrClairvoyant).then_some(num_gpu_blocks * block_size),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {

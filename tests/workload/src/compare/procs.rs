@@ -47,8 +47,12 @@ pub(crate) fn start_sim(
         "--log-level".into(),
         "warn".into(),
     ];
+    // An empty value is a flag without one.
     for (name, value) in flags {
-        args.extend([format!("--{name}"), value.clone()]);
+        args.push(format!("--{name}"));
+        if !value.is_empty() {
+            args.push(value.clone());
+        }
     }
     procs.0.push(spawn(&bin_dir.join("vllm-sim"), &args)?);
     let url = format!("http://127.0.0.1:{port}");

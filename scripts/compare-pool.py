@@ -11,7 +11,10 @@ ratio per round, the file's pooled ratio, the mean / p90 / p99 ratios ours ÷ th
 token hits; then the ratio pooled over every file (Σ ours' excess ÷ Σ the peer's), the median
 file's ratio and how many rounds were at or under GOAL.
 
-Usage: scripts/compare-pool.py FILE.json [FILE.json ...]
+`--ours VARIANT` pools another program-router variant of the same files in place of
+`pr-program`, e.g. the clairvoyant bound (`--ours pr-clairvoyant`).
+
+Usage: scripts/compare-pool.py [--ours VARIANT] FILE.json [FILE.json ...]
 """
 
 import json
@@ -54,13 +57,21 @@ def tail(rs, figure):
 
 
 def main():
-    if len(sys.argv) < 2:
+    global OURS
+    files = sys.argv[1:]
+    if files[:1] == ["--ours"]:
+        if len(files) < 2 or not files[1].startswith("pr-"):
+            sys.exit("--ours takes a program-router variant, e.g. --ours pr-clairvoyant")
+        # As `progbench compare --json` names variants: pr-clairvoyant -> PrClairvoyant.
+        OURS = "".join(w.capitalize() for w in files[1].split("-"))
+        files = files[2:]
+    if not files:
         sys.exit(__doc__)
     print("| file | ours / the peer / floor (s) | ratio per round | pooled | mean, p90, p99 ours ÷ peer | hit ours / peer |")
     print("|---|---|---|---|---|---|")
     total_ours = total_peer = 0.0
     per_file, per_round = [], []
-    for path in sys.argv[1:]:
+    for path in files:
         full = rounds(path)
         rs = [(k, v) for k, v in full if v[PEER]["mean_jct"] - v[FLOOR]["mean_jct"] >= MIN_EXCESS]
         if not full:

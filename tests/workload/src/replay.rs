@@ -545,6 +545,11 @@ pub async fn replay(turns: &[Turn], cfg: ReplayConfig) -> ReplayReport {
     report
 }
 
+/// Wall seconds a clairvoyant client's hold lasts past its gap: the response's and the next
+/// request's trips and the replay's timer, which virtual time has none of (without it, holds
+/// run out just before their Program comes back; docs/generalization.md).
+const CLAIRVOYANT_SLACK_SECONDS: f64 = 0.05;
+
 /// The body of `turn`'s request: the conversation so far (`messages`, ending with the turn's
 /// user message), the turn's output length, and the Program context the routers read (in
 /// `vllm_xargs`, as `cfg.context` says). `context` estimates the prompt's tokens. Clairvoyant
@@ -568,7 +573,14 @@ fn turn_body(cfg: &ReplayConfig, turn: &Turn, messages: &[Value], context: usize
         let held = context + turn.output_tokens as usize;
         let ttl =
             crate::clients::clairvoyant_ttl(held, turn.gap_after, capacity, &Default::default());
-        ctx["kv_retention_ttl_seconds"] = json!(ttl / cfg.time_scale);
+        // A hold must cover the gap as the router sees it: from its completion to the next
+        // request's arrival, which the response's and the request's trips lengthen.
+        let wall = if ttl > 0.0 {
+            ttl / cfg.time_scale + CLAIRVOYANT_SLACK_SECONDS
+        } else {
+            0.0
+        };
+        ctx["kv_retention_ttl_seconds"] = json!(wall);
     }
     match cfg.context {
         ContextMode::Object => body["vllm_xargs"] = json!({"agentic_context": ctx}),
@@ -628,8 +640,8 @@ mod tests {
         let ctx = &body["vllm_xargs"]["agentic_context"];
         assert_eq!(
             ctx["kv_retention_ttl_seconds"],
-            json!(want / 20.0),
-            "in the simulators' wall seconds"
+            json!(want / 20.0 + CLAIRVOYANT_SLACK_SECONDS),
+            "in the simulators' wall seconds, with the trips' slack"
         );
         assert!(body["vllm_xargs"]["sim_end_program"].is_null());
         let end = turn_body(&cfg, last, &messages, 4000);

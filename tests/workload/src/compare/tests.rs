@@ -235,6 +235,8 @@ fn the_pooling_script_reads_compare_json_across_files() {
             timed(Ours, 2, 700.0, true),
             timed(Floor, 2, 300.0, true),
             timed(Peer, 2, 900.0, true),
+            timed(Variant::PrClairvoyant, 1, 500.0, true),
+            timed(Variant::PrClairvoyant, 2, 600.0, true),
         ],
     );
     // Seed B: one full round (100 against 500) and one whose peer failed.
@@ -260,13 +262,15 @@ fn the_pooling_script_reads_compare_json_across_files() {
     );
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/compare-pool.py");
-    let pool = |files: &[&std::path::PathBuf]| {
+    let pool_as = |ours: &[&str], files: &[&std::path::PathBuf]| {
         std::process::Command::new("python3")
             .arg(&script)
+            .args(ours)
             .args(files)
             .output()
             .expect("python3 runs the script")
     };
+    let pool = |files: &[&std::path::PathBuf]| pool_as(&[], files);
     let out = pool(&[&a, &b, &c]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -287,6 +291,18 @@ fn the_pooling_script_reads_compare_json_across_files() {
     assert!(
         stdout.contains("| a.json | 650.0 / 950.0 / 250.0 | 0.50×, 0.67× | 0.57× |"),
         "{stdout}"
+    );
+    // Another variant of ours in its place: (300 + 300) ÷ (800 + 600) = 0.429.
+    let out = pool_as(&["--ours", "pr-clairvoyant"], &[&a]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("| a.json | 550.0 / 950.0 / 250.0 | 0.38×, 0.50× | 0.43× |"),
+        "{stdout}"
+    );
+    let out = pool_as(&["--ours", "vr-program"], &[&a]);
+    assert!(
+        !out.status.success(),
+        "only program-router variants stand for ours"
     );
     // Anything else is refused by name, without a traceback.
     let bad = dir.join("bad.json");

@@ -77,14 +77,29 @@ pub struct TemplateMessage<'a> {
 pub fn render_chat<'a>(messages: impl IntoIterator<Item = TemplateMessage<'a>>) -> String {
     let mut s = String::new();
     for m in messages {
-        s.push_str("<|");
-        s.push_str(m.role);
-        s.push_str("|>");
+        push_role(&mut s, m.role);
         s.push_str(m.content);
         s.push_str("<|end|>\n");
     }
     s.push_str(GENERATION_PROMPT);
     s
+}
+
+/// The text every chat that opens with message `first` renders alike, whatever follows: the
+/// message and the next one's role header (`next_role`; the generation prompt when none).
+pub fn render_chat_opening(first: TemplateMessage<'_>, next_role: Option<&str>) -> String {
+    let mut s = render_chat([first]);
+    if let Some(role) = next_role {
+        s.truncate(s.len() - GENERATION_PROMPT.len());
+        push_role(&mut s, role);
+    }
+    s
+}
+
+fn push_role(s: &mut String, role: &str) {
+    s.push_str("<|");
+    s.push_str(role);
+    s.push_str("|>");
 }
 
 /// What the template appends after the last message.
@@ -157,6 +172,25 @@ mod tests {
         let t = "abcdefghijklmnopq"; // 17 chars -> 8 + 8 + 1
         assert_eq!(tokenize(t).len(), 3);
         assert_eq!(count_tokens(t), 3);
+    }
+
+    #[test]
+    fn a_chats_opening_leads_every_chat_that_opens_alike() {
+        let system = TemplateMessage {
+            role: "system",
+            content: " be brief",
+        };
+        let user = |content| TemplateMessage {
+            role: "user",
+            content,
+        };
+        let opening = render_chat_opening(system, Some("user"));
+        let n = tokenize(&opening).len();
+        for other in [" fix it", " run the tests"] {
+            let full = tokenize(&render_chat([system, user(other)]));
+            assert_eq!(full[..n], tokenize(&opening)[..], "{other}");
+        }
+        assert_eq!(render_chat_opening(system, None), render_chat([system]));
     }
 
     #[test]

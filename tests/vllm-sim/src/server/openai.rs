@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::ApiError;
-use crate::tokenizer::{GENERATION_PROMPT, TemplateMessage, count_tokens, render_chat, tokenize};
+use crate::tokenizer::{TemplateMessage, count_tokens, render_chat, render_chat_opening, tokenize};
 
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,9 +257,8 @@ fn from_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     })
 }
 
-/// The prompt's tokens, and how many of them the leading system message takes (0 without
-/// one): the template renders each message alike, so a system message's text is a prefix of
-/// every prompt that starts with it.
+/// The prompt's tokens, and how many leading ones every prompt that opens with the same system
+/// message has too (0 without one): the message and the next role header.
 fn chat_prompt(messages: &[ChatMessage]) -> Result<(Vec<u32>, usize), ApiError> {
     let mut texts = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
@@ -295,28 +294,14 @@ fn chat_prompt(messages: &[ChatMessage]) -> Result<(Vec<u32>, usize), ApiError> 
         role: &m.role,
         content: t,
     }));
-    // What every Program that opens with this system message shares: the message and the next
-    // message's role header (or the generation prompt), which the template renders alike.
     let system = match (messages.first(), texts.first()) {
-        (Some(m), Some(t)) if m.role == "system" => {
-            let only = render_chat([TemplateMessage {
+        (Some(m), Some(t)) if m.role == "system" => count_tokens(&render_chat_opening(
+            TemplateMessage {
                 role: &m.role,
                 content: t,
-            }]);
-            let mut prefix = only
-                .strip_suffix(GENERATION_PROMPT)
-                .unwrap_or(&only)
-                .to_string();
-            match messages.get(1) {
-                Some(next) => {
-                    prefix.push_str("<|");
-                    prefix.push_str(&next.role);
-                    prefix.push_str("|>");
-                }
-                None => prefix.push_str(GENERATION_PROMPT),
-            }
-            count_tokens(&prefix)
-        }
+            },
+            messages.get(1).map(|next| next.role.as_str()),
+        )),
         _ => 0,
     };
     Ok((tokenize(&rendered), system))

@@ -89,8 +89,9 @@ pub struct ReplayConfig {
     pub api_key: Option<String>,
     /// A bound (`compare`'s `pr-clairvoyant`): clients that know each coming tool gap, on
     /// ranks of this many KV tokens. Each request asks for the TTL
-    /// [`crate::clients::clairvoyant_ttl`] gives (÷ `time_scale`), and a Program's last one
-    /// carries `vllm_xargs.sim_end_program` for a simulator run with `--end-hint`.
+    /// [`crate::clients::clairvoyant_ttl`] gives (÷ `time_scale`, plus the trips' slack when it
+    /// holds at all), and a Program's last one carries `vllm_xargs.sim_end_program` for a
+    /// simulator run with `--end-hint`.
     pub clairvoyant_capacity: Option<usize>,
 }
 

@@ -52,7 +52,8 @@ pub struct SimArgs {
     pub instant: bool,
     /// A bound for benchmarks, not vLLM's behaviour: a chat request carrying
     /// `vllm_xargs.sim_end_program` (a non-zero number) is its Program's last, and once it
-    /// finishes its blocks past the system message go to the front of the eviction order.
+    /// finishes its blocks past the opening it shares with other Programs (the system message
+    /// and the next role header) go to the front of the eviction order.
     #[arg(long)]
     pub end_hint: bool,
     #[arg(long, default_value_t = TimingModel::default().prefill_intercept_seconds)]

@@ -60,7 +60,8 @@ pub enum Variant {
     /// the stricter reading.
     PrHashUnboundedKv,
     /// A bound, not a competitor: `pr-program` with clients that know each coming tool gap
-    /// (each request's `kv_retention_ttl_seconds` is [`crate::clients::clairvoyant_ttl`]) on
+    /// (each request's `kv_retention_ttl_seconds` is [`crate::clients::clairvoyant_ttl`], plus
+    /// the trips' slack) on
     /// simulators told when a Program ends (`--end-hint`: its own blocks are evicted first) —
     /// `progbench matrix --bounds`' clairvoyant run, over HTTP. Not in the default set.
     PrClairvoyant,
@@ -451,7 +452,8 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         let port = sim_port(i)?;
         sims.push(start_sim(&mut procs, &s.bin_dir, port, &flags)?);
     }
-    let capacity = (num_gpu_blocks * block_size) as u64;
+    let capacity_tokens = num_gpu_blocks * block_size;
+    let capacity = capacity_tokens as u64;
     let mut ps = s.program_config.clone();
     if ps.get("token_capacity_per_dp_rank").is_none() {
         ps["token_capacity_per_dp_rank"] = serde_json::json!(capacity);
@@ -587,7 +589,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
         stream: false,
         max_requests: None,
         api_key: keyed.then(|| BENCH_KEY.to_string()),
-        clairvoyant_capacity: (v == Variant::PrClairvoyant).then_some(num_gpu_blocks * block_size),
+        clairvoyant_capacity: (v == Variant::PrClairvoyant).then_some(capacity_tokens),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {

@@ -203,7 +203,8 @@ pub(crate) enum Cmd {
         /// Also run every pressured cell under free retention (every prefix ever computed stays
         /// a hit at no KV cost), how far keeping prefixes alone could take each mode; ours on
         /// engines told when a Program ends (its blocks evicted first); and ours with that end
-        /// hint and clients that know every tool gap (clairvoyant retention).
+        /// hint and clients that know every tool gap (clairvoyant retention); and ours with
+        /// clients that know each Program's remaining work (shortest resumed first).
         #[arg(long)]
         bounds: bool,
     },

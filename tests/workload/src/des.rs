@@ -603,6 +603,7 @@ pub fn run_with(
                                     engine,
                                     mode,
                                 ),
+                                priority: clients.priority(&p.turns[p.next..]),
                                 ..Default::default()
                             };
                             let a = Arrival {

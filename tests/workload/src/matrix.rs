@@ -168,6 +168,10 @@ pub struct SeedRun {
     /// it (`des::clairvoyant_ttl`) — what retention decided with every gap known wins on a real
     /// engine, where a held prefix takes KV from the running batch (a strong rule, not an optimum).
     pub bound_clairvoyant: Option<RunStats>,
+    /// With `--bounds`, under pressure: Program scheduling on stock engines with clients that
+    /// know each Program's remaining work and ask to go shortest-remaining first
+    /// (`des::Clients::remaining_work_known`) — what ordering alone could win with that known.
+    pub bound_order: Option<RunStats>,
 }
 
 /// The floor of `turns` on `ranks` ranks shaped like `base` (consistent hashing, KV nothing
@@ -272,6 +276,14 @@ pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
                     let r = des::run_with(&turns, setup.ranks, &hinted, &program_mode, &clients);
                     RunStats::from(&r)
                 }),
+                bound_order: bounded.then(|| {
+                    let clients = des::Clients {
+                        remaining_work_known: true,
+                        ..des::Clients::default()
+                    };
+                    let r = des::run_with(&turns, setup.ranks, &engine, &program_mode, &clients);
+                    RunStats::from(&r)
+                }),
             }
         })
         .collect()
@@ -332,6 +344,9 @@ pub struct Cell {
     pub bound_end_hint_excess: Option<f64>,
     /// Mean over seeds of Program scheduling's excess under clairvoyant retention (`--bounds`).
     pub bound_clairvoyant_excess: Option<f64>,
+    /// Mean over seeds of Program scheduling's excess with each Program's remaining work known
+    /// (`--bounds`).
+    pub bound_order_excess: Option<f64>,
     /// Program scheduling's excess over hashing's, pooled over seeds, and its range per seed.
     pub excess_ratio: Option<f64>,
     pub excess_ratio_range: Option<(f64, f64)>,
@@ -464,6 +479,7 @@ fn cell(family: Family, pressure: Pressure, rs: &[&SeedRun]) -> Cell {
         bound_program_excess: bound_excess(rs, |r| r.bound_program),
         bound_end_hint_excess: bound_excess(rs, |r| r.bound_end_hint),
         bound_clairvoyant_excess: bound_excess(rs, |r| r.bound_clairvoyant),
+        bound_order_excess: bound_excess(rs, |r| r.bound_order),
         excess_ratio,
         excess_ratio_range,
         mean_ratio: geo(&means),
@@ -518,6 +534,7 @@ mod tests {
             bound_program: None,
             bound_end_hint: None,
             bound_clairvoyant: None,
+            bound_order: None,
         }
     }
 
@@ -689,10 +706,15 @@ mod tests {
         let knowing = over.bound_clairvoyant.expect("clairvoyant bound");
         assert!(none.bound_clairvoyant.is_none());
         assert!(knowing.token_hit > over.program.token_hit, "{over:?}");
+        // Knowing each Program's remaining work, the shortest goes first: sooner on average.
+        let ordered = over.bound_order.expect("ordering bound");
+        assert!(none.bound_order.is_none());
+        assert!(ordered.mean_jct < over.program.mean_jct, "{over:?}");
         let cell = &cells(&runs)[1];
         assert!(cell.bound_hash_excess.is_some() && cell.bound_program_excess.is_some());
-        assert!(cell.bound_clairvoyant_excess.is_some());
+        assert!(cell.bound_clairvoyant_excess.is_some() && cell.bound_order_excess.is_some());
         let table = crate::matrix_report::bounds(std::slice::from_ref(cell));
         assert!(table.contains("short-many") && table.contains("clairvoyant"));
+        assert!(table.contains("work known"));
     }
 }

@@ -15,8 +15,9 @@ fn range(r: Option<(f64, f64)>) -> String {
 }
 
 /// The bounds table (`--bounds`): each pressured cell's excess for both modes, then under free
-/// retention, with the engine's end hint, and with clairvoyant retention on top of the end hint,
-/// against the goal (half of hashing's excess). Free retention is not physical (a kept prefix
+/// retention, with the engine's end hint, with clairvoyant retention on top of the end hint, and
+/// with each Program's remaining work known (shortest first, stock engine), against the goal
+/// (half of hashing's excess). Free retention is not physical (a kept prefix
 /// takes no KV): a goal above it cannot be met by keeping prefixes, whatever the router knows.
 /// Clairvoyant retention is physical: a goal below it needs more than retention decisions.
 pub fn bounds(cells: &[Cell]) -> String {
@@ -25,11 +26,12 @@ pub fn bounds(cells: &[Cell]) -> String {
         s,
         "excess, seconds. free: every prefix ever computed stays a hit at no KV cost; end hint: \
          ours on engines that evict an ended Program's blocks first; clairvoyant: the end hint, \
-         and each pause held exactly when holding costs less than re-prefilling (gaps known)"
+         and each pause held exactly when holding costs less than re-prefilling (gaps known); \
+         work known: ours with the Program with the least work left resumed first"
     );
     let _ = writeln!(
         s,
-        "{:<14} {:<9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9} {:>11}  free / clairvoyant vs goal",
+        "{:<14} {:<9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9} {:>11} {:>10}  free / clairvoyant / work known vs goal",
         "family",
         "pressure",
         "hashing",
@@ -38,7 +40,8 @@ pub fn bounds(cells: &[Cell]) -> String {
         "hash free",
         "ours free",
         "end hint",
-        "clairvoyant"
+        "clairvoyant",
+        "work known"
     );
     let secs = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}s"));
     for c in cells {
@@ -56,9 +59,14 @@ pub fn bounds(cells: &[Cell]) -> String {
             Some(_) => " / not met",
             None => "",
         };
+        let order = match c.bound_order_excess {
+            Some(x) if x <= goal => " / met",
+            Some(_) => " / not met",
+            None => "",
+        };
         let _ = writeln!(
             s,
-            "{:<14} {:<9} {:>7.1}s {:>7.1}s {:>7.1}s {:>9.1}s {:>9.1}s {:>9} {:>11}  {free}{clairvoyant}",
+            "{:<14} {:<9} {:>7.1}s {:>7.1}s {:>7.1}s {:>9.1}s {:>9.1}s {:>9} {:>11} {:>10}  {free}{clairvoyant}{order}",
             format!("{}{}", c.family.name(), if c.held_out { "" } else { "*" }),
             c.pressure.name(),
             c.hash_excess,
@@ -68,6 +76,7 @@ pub fn bounds(cells: &[Cell]) -> String {
             bp,
             secs(c.bound_end_hint_excess),
             secs(c.bound_clairvoyant_excess),
+            secs(c.bound_order_excess),
         );
     }
     s

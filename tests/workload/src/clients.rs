@@ -6,6 +6,7 @@ use vllm_sim::engine::EngineParams;
 
 use crate::des::Mode;
 use crate::workload::Turn;
+use std::collections::HashMap;
 
 /// What the clients send beyond the workload itself.
 #[derive(Debug, Clone, Default)]
@@ -18,16 +19,64 @@ pub struct Clients {
     /// its rank less than re-prefilling it ([`clairvoyant_ttl`]), else 0. Replaces
     /// `retention_ttl_seconds`.
     pub clairvoyant: bool,
-    /// Clients that know how much work each Program has left (a bound, `progbench matrix
-    /// --bounds`): every request's `priority` is minus the tokens its Program still has to
-    /// send and receive, this turn's included ([`Clients::priority`]), so the scheduler resumes
-    /// the Program with the least work left first — shortest remaining work first, across work
-    /// in progress and new Programs alike. No router knows this; it measures how far ordering
-    /// alone could go.
-    pub remaining_work_known: bool,
+    /// What the clients know of the work their Program has left, sent as each request's
+    /// `priority` (bounds, `progbench matrix --bounds`; [`Clients::priority`]).
+    pub work_left: WorkLeft,
     /// Clients that identify Programs by headers only (Claude Code's session, agent and parent
     /// ids): no task or step id, and never `expected_resume: false`.
     pub headers_only: bool,
+}
+
+/// How much work a Program has left, as its clients would tell the router: minus it is each
+/// request's `priority`, so the scheduler resumes the Program with the least left first,
+/// across work in progress and new Programs alike (shortest remaining work first).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WorkLeft {
+    /// Nothing: every request has the default priority.
+    #[default]
+    Unknown,
+    /// Each Program's own: the tokens it still has to send and receive, this turn's included.
+    /// No router knows this; it measures how far ordering alone could go.
+    Known,
+    /// What a router could learn from the Programs it saw end: the mean, over the workload's
+    /// Programs of the same class that got further, of what they had left past the tokens this
+    /// one has sent and received. The class is the system prompt's length, standing in for its
+    /// hash (the workload's kinds of Program differ in it).
+    ClassMean,
+}
+
+/// Every Program's total tokens (appended and output), by class, for [`WorkLeft::ClassMean`].
+#[derive(Debug, Clone, Default)]
+pub struct Classes(HashMap<u32, Vec<u64>>);
+
+impl Classes {
+    pub fn new(turns: &[Turn]) -> Self {
+        let mut per: HashMap<&str, (u32, u64)> = HashMap::new();
+        for t in turns {
+            let e = per
+                .entry(t.program_id.as_str())
+                .or_insert((t.system_tokens, 0));
+            e.1 += u64::from(t.append_tokens) + u64::from(t.output_tokens);
+        }
+        let mut classes: HashMap<u32, Vec<u64>> = HashMap::new();
+        for (class, total) in per.into_values() {
+            classes.entry(class).or_default().push(total);
+        }
+        Classes(classes)
+    }
+
+    /// The mean of `total − done` over `class`'s Programs whose total exceeds `done`; 0 when
+    /// none does.
+    pub fn expected_left(&self, class: u32, done: u64) -> u64 {
+        let (n, sum) = self
+            .0
+            .get(&class)
+            .into_iter()
+            .flatten()
+            .filter(|&&t| t > done)
+            .fold((0u64, 0u64), |(n, sum), &t| (n + 1, sum + (t - done)));
+        sum.checked_div(n).unwrap_or(0)
+    }
 }
 
 impl Clients {
@@ -43,16 +92,27 @@ impl Clients {
         })
     }
 
-    /// The `priority` a request asks for when `remaining` are its Program's turns from this
-    /// one on: minus their appended and output tokens with `remaining_work_known`, else 0.
-    pub(crate) fn priority(&self, remaining: &[Turn]) -> i64 {
-        if !self.remaining_work_known {
-            return 0;
-        }
-        -remaining
-            .iter()
-            .map(|t| i64::from(t.append_tokens) + i64::from(t.output_tokens))
-            .sum::<i64>()
+    /// The `priority` of the request for turn `next` of the Program whose turns are `program`:
+    /// minus the work left as [`Clients::work_left`] knows it (`classes` for
+    /// [`WorkLeft::ClassMean`]), 0 when unknown.
+    pub(crate) fn priority(&self, program: &[Turn], next: usize, classes: &Classes) -> i64 {
+        let tokens = |ts: &[Turn]| {
+            ts.iter()
+                .map(|t| u64::from(t.append_tokens) + u64::from(t.output_tokens))
+                .sum::<u64>()
+        };
+        let left = match self.work_left {
+            WorkLeft::Unknown => 0,
+            WorkLeft::Known => tokens(program.get(next..).unwrap_or_default()),
+            WorkLeft::ClassMean => match program.first() {
+                Some(first) => classes.expected_left(
+                    first.system_tokens,
+                    tokens(program.get(..next).unwrap_or_default()),
+                ),
+                None => 0,
+            },
+        };
+        -i64::try_from(left).unwrap_or(i64::MAX)
     }
 
     /// The TTL a request with `context` tokens followed by `gap` seconds asks for.
@@ -122,16 +182,57 @@ mod tests {
     fn knowing_the_work_left_asks_the_least_left_first() {
         let turns = [turn(0, 300, 20), turn(1, 100, 10), turn(2, 50, 5)];
         let knowing = Clients {
-            remaining_work_known: true,
+            work_left: WorkLeft::Known,
             ..Clients::default()
         };
+        let none = Classes::default();
         // This turn's tokens and every later turn's; the system prompt is not work left.
-        assert_eq!(knowing.priority(&turns), -485);
-        assert_eq!(knowing.priority(&turns[2..]), -55);
+        assert_eq!(knowing.priority(&turns, 0, &none), -485);
+        assert_eq!(knowing.priority(&turns, 2, &none), -55);
         // Less left is a higher priority, which the scheduler resumes first.
-        assert!(knowing.priority(&turns[1..]) < knowing.priority(&turns[2..]));
-        assert_eq!(knowing.priority(&[]), 0);
+        assert!(knowing.priority(&turns, 1, &none) < knowing.priority(&turns, 2, &none));
+        assert_eq!(knowing.priority(&turns, 3, &none), 0);
         // Clients that do not know send the default.
-        assert_eq!(Clients::default().priority(&turns), 0);
+        assert_eq!(Clients::default().priority(&turns, 0, &none), 0);
+    }
+
+    #[test]
+    fn a_class_mean_is_what_longer_programs_of_the_class_had_left() {
+        let program = |id: &str, system: u32, sizes: &[(u32, u32)]| -> Vec<Turn> {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &(a, o))| Turn {
+                    program_id: id.into(),
+                    system_tokens: system,
+                    ..turn(i as u32, a, o)
+                })
+                .collect()
+        };
+        // Class 512: totals 100, 300 and 600; class 2048: one of 1000.
+        let short = program("a", 512, &[(90, 10)]);
+        let mid = program("b", 512, &[(100, 50), (100, 50)]);
+        let long = program("c", 512, &[(200, 100), (200, 100)]);
+        let other = program("d", 2048, &[(900, 100)]);
+        let all: Vec<Turn> = [&short, &mid, &long, &other]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+        let classes = Classes::new(&all);
+        // Nothing done yet: the class's mean total; past 150 tokens only 300 and 600 count.
+        assert_eq!(classes.expected_left(512, 0), 333);
+        assert_eq!(classes.expected_left(512, 150), 300);
+        assert_eq!(classes.expected_left(512, 600), 0);
+        assert_eq!(classes.expected_left(2048, 0), 1000);
+        assert_eq!(classes.expected_left(7, 0), 0);
+        let learning = Clients {
+            work_left: WorkLeft::ClassMean,
+            ..Clients::default()
+        };
+        // The Program's own length is not used: only what it has done and its class.
+        assert_eq!(learning.priority(&mid, 1, &classes), -300);
+        assert_eq!(learning.priority(&long, 1, &classes), -300);
+        assert_eq!(learning.priority(&other, 0, &classes), -1000);
     }
 }

@@ -240,6 +240,10 @@ pub fn run_with(
     clients: &Clients,
 ) -> Report {
     let wall = Instant::now();
+    let classes = match clients.work_left {
+        crate::clients::WorkLeft::ClassMean => crate::clients::Classes::new(turns),
+        _ => crate::clients::Classes::default(),
+    };
     let mut engines: Vec<Engine> = (0..ranks)
         .map(|_| {
             let mut e = Engine::new(engine.clone());
@@ -603,7 +607,7 @@ pub fn run_with(
                                     engine,
                                     mode,
                                 ),
-                                priority: clients.priority(&p.turns[p.next..]),
+                                priority: clients.priority(&p.turns, p.next, &classes),
                                 ..Default::default()
                             };
                             let a = Arrival {

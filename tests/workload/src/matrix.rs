@@ -13,6 +13,7 @@ use program_router::config::ProgramSchedulingConfig;
 use serde::Serialize;
 use vllm_sim::engine::EngineParams;
 
+use crate::clients::WorkLeft;
 use crate::des::{self, Mode, Report};
 use crate::families::Family;
 use crate::workload::Turn;
@@ -170,8 +171,11 @@ pub struct SeedRun {
     pub bound_clairvoyant: Option<RunStats>,
     /// With `--bounds`, under pressure: Program scheduling on stock engines with clients that
     /// know each Program's remaining work and ask to go shortest-remaining first
-    /// (`des::Clients::remaining_work_known`) — what ordering alone could win with that known.
+    /// (`WorkLeft::Known`) — what ordering alone could win with that known.
     pub bound_order: Option<RunStats>,
+    /// The same with each Program's remaining work estimated from its class's lengths and what
+    /// it has done (`WorkLeft::ClassMean`) — what a router that learned those could win.
+    pub bound_order_class: Option<RunStats>,
 }
 
 /// The floor of `turns` on `ranks` ranks shaped like `base` (consistent hashing, KV nothing
@@ -252,6 +256,19 @@ pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
                 end_hint: true,
                 ..engine.clone()
             };
+            let ordered = |work_left| {
+                let clients = des::Clients {
+                    work_left,
+                    ..des::Clients::default()
+                };
+                RunStats::from(&des::run_with(
+                    &turns,
+                    setup.ranks,
+                    &engine,
+                    &program_mode,
+                    &clients,
+                ))
+            };
             SeedRun {
                 family,
                 pressure,
@@ -276,14 +293,8 @@ pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
                     let r = des::run_with(&turns, setup.ranks, &hinted, &program_mode, &clients);
                     RunStats::from(&r)
                 }),
-                bound_order: bounded.then(|| {
-                    let clients = des::Clients {
-                        remaining_work_known: true,
-                        ..des::Clients::default()
-                    };
-                    let r = des::run_with(&turns, setup.ranks, &engine, &program_mode, &clients);
-                    RunStats::from(&r)
-                }),
+                bound_order: bounded.then(|| ordered(WorkLeft::Known)),
+                bound_order_class: bounded.then(|| ordered(WorkLeft::ClassMean)),
             }
         })
         .collect()
@@ -344,9 +355,10 @@ pub struct Cell {
     pub bound_end_hint_excess: Option<f64>,
     /// Mean over seeds of Program scheduling's excess under clairvoyant retention (`--bounds`).
     pub bound_clairvoyant_excess: Option<f64>,
-    /// Mean over seeds of Program scheduling's excess with each Program's remaining work known
-    /// (`--bounds`).
+    /// Mean over seeds of Program scheduling's excess with each Program's remaining work known,
+    /// and estimated by its class (`--bounds`).
     pub bound_order_excess: Option<f64>,
+    pub bound_order_class_excess: Option<f64>,
     /// Program scheduling's excess over hashing's, pooled over seeds, and its range per seed.
     pub excess_ratio: Option<f64>,
     pub excess_ratio_range: Option<(f64, f64)>,
@@ -480,6 +492,7 @@ fn cell(family: Family, pressure: Pressure, rs: &[&SeedRun]) -> Cell {
         bound_end_hint_excess: bound_excess(rs, |r| r.bound_end_hint),
         bound_clairvoyant_excess: bound_excess(rs, |r| r.bound_clairvoyant),
         bound_order_excess: bound_excess(rs, |r| r.bound_order),
+        bound_order_class_excess: bound_excess(rs, |r| r.bound_order_class),
         excess_ratio,
         excess_ratio_range,
         mean_ratio: geo(&means),
@@ -535,6 +548,7 @@ mod tests {
             bound_end_hint: None,
             bound_clairvoyant: None,
             bound_order: None,
+            bound_order_class: None,
         }
     }
 
@@ -710,11 +724,15 @@ mod tests {
         let ordered = over.bound_order.expect("ordering bound");
         assert!(none.bound_order.is_none());
         assert!(ordered.mean_jct < over.program.mean_jct, "{over:?}");
+        let learned = over.bound_order_class.expect("class-mean ordering bound");
+        assert!(none.bound_order_class.is_none());
+        assert_eq!(learned.programs_completed, over.program.programs_completed);
         let cell = &cells(&runs)[1];
         assert!(cell.bound_hash_excess.is_some() && cell.bound_program_excess.is_some());
         assert!(cell.bound_clairvoyant_excess.is_some() && cell.bound_order_excess.is_some());
+        assert!(cell.bound_order_class_excess.is_some());
         let table = crate::matrix_report::bounds(std::slice::from_ref(cell));
         assert!(table.contains("short-many") && table.contains("clairvoyant"));
-        assert!(table.contains("work known"));
+        assert!(table.contains("work known") && table.contains("by class"));
     }
 }

@@ -16,8 +16,8 @@ fn range(r: Option<(f64, f64)>) -> String {
 
 /// The bounds table (`--bounds`): each pressured cell's excess for both modes, then under free
 /// retention, with the engine's end hint, with clairvoyant retention on top of the end hint, and
-/// with each Program's remaining work known (shortest first, stock engine), against the goal
-/// (half of hashing's excess). Free retention is not physical (a kept prefix
+/// with each Program's remaining work known (shortest first, stock engine) and estimated from
+/// its class, against the goal (half of hashing's excess). Free retention is not physical (a kept prefix
 /// takes no KV): a goal above it cannot be met by keeping prefixes, whatever the router knows.
 /// Clairvoyant retention is physical: a goal below it needs more than retention decisions.
 pub fn bounds(cells: &[Cell]) -> String {
@@ -27,11 +27,12 @@ pub fn bounds(cells: &[Cell]) -> String {
         "excess, seconds. free: every prefix ever computed stays a hit at no KV cost; end hint: \
          ours on engines that evict an ended Program's blocks first; clairvoyant: the end hint, \
          and each pause held exactly when holding costs less than re-prefilling (gaps known); \
-         work known: ours with the Program with the least work left resumed first"
+         work known: ours with the Program with the least work left resumed first; by class: \
+         the same with the work left estimated from the lengths of its class's Programs"
     );
     let _ = writeln!(
         s,
-        "{:<14} {:<9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9} {:>11} {:>10}  free / clairvoyant / work known vs goal",
+        "{:<14} {:<9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9} {:>11} {:>10} {:>9}  free / clairvoyant / work known vs goal",
         "family",
         "pressure",
         "hashing",
@@ -41,7 +42,8 @@ pub fn bounds(cells: &[Cell]) -> String {
         "ours free",
         "end hint",
         "clairvoyant",
-        "work known"
+        "work known",
+        "by class"
     );
     let secs = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}s"));
     for c in cells {
@@ -66,7 +68,7 @@ pub fn bounds(cells: &[Cell]) -> String {
         };
         let _ = writeln!(
             s,
-            "{:<14} {:<9} {:>7.1}s {:>7.1}s {:>7.1}s {:>9.1}s {:>9.1}s {:>9} {:>11} {:>10}  {free}{clairvoyant}{order}",
+            "{:<14} {:<9} {:>7.1}s {:>7.1}s {:>7.1}s {:>9.1}s {:>9.1}s {:>9} {:>11} {:>10} {:>9}  {free}{clairvoyant}{order}",
             format!("{}{}", c.family.name(), if c.held_out { "" } else { "*" }),
             c.pressure.name(),
             c.hash_excess,
@@ -77,6 +79,7 @@ pub fn bounds(cells: &[Cell]) -> String {
             secs(c.bound_end_hint_excess),
             secs(c.bound_clairvoyant_excess),
             secs(c.bound_order_excess),
+            secs(c.bound_order_class_excess),
         );
     }
     s

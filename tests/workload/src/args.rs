@@ -204,7 +204,8 @@ pub(crate) enum Cmd {
         /// a hit at no KV cost), how far keeping prefixes alone could take each mode; ours on
         /// engines told when a Program ends (its blocks evicted first); and ours with that end
         /// hint and clients that know every tool gap (clairvoyant retention); and ours with
-        /// clients that know each Program's remaining work (shortest resumed first).
+        /// clients that know each Program's remaining work (shortest resumed first), and with it
+        /// estimated from the lengths of Programs of its kind.
         #[arg(long)]
         bounds: bool,
     },

@@ -161,21 +161,7 @@ mod tests {
     use super::*;
 
     fn turn(step: u32, append: u32, output: u32) -> Turn {
-        Turn {
-            program_id: "p".into(),
-            task_id: "t".into(),
-            step,
-            program_arrival: 0.0,
-            system_prompt: 0,
-            system_tokens: 512,
-            append_tokens: append,
-            output_tokens: output,
-            gap_after: 1.0,
-            tool: None,
-            parent_program_id: None,
-            spawned_after_step: None,
-            blocks_parent: false,
-        }
+        Turn::for_test(step, append, output, 1.0)
     }
 
     #[test]

@@ -252,21 +252,7 @@ mod tests {
     use super::*;
 
     fn turn(step: u32, append: u32, output: u32, gap: f64) -> Turn {
-        Turn {
-            program_id: "p".into(),
-            task_id: "t".into(),
-            step,
-            program_arrival: 0.0,
-            system_prompt: 0,
-            system_tokens: 32,
-            append_tokens: append,
-            output_tokens: output,
-            gap_after: gap,
-            tool: None,
-            parent_program_id: None,
-            spawned_after_step: None,
-            blocks_parent: false,
-        }
+        Turn::for_test(step, append, output, gap)
     }
 
     #[test]

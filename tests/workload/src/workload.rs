@@ -57,6 +57,26 @@ impl Turn {
             .as_deref()
             .unwrap_or(&self.program_id)
     }
+
+    /// A test's turn `step` of Program "p" (32 system tokens, no tool, no parent).
+    #[cfg(test)]
+    pub(crate) fn for_test(step: u32, append: u32, output: u32, gap: f64) -> Turn {
+        Turn {
+            program_id: "p".into(),
+            task_id: "t".into(),
+            step,
+            program_arrival: 0.0,
+            system_prompt: 0,
+            system_tokens: 32,
+            append_tokens: append,
+            output_tokens: output,
+            gap_after: gap,
+            tool: None,
+            parent_program_id: None,
+            spawned_after_step: None,
+            blocks_parent: false,
+        }
+    }
 }
 
 /// A workload preset, calibrated to published agentic statistics (see docs/benchmarks.md).

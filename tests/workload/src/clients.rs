@@ -40,8 +40,9 @@ pub enum WorkLeft {
     Known,
     /// What a router could learn from the Programs it saw end: the mean, over the workload's
     /// Programs of the same class that got further, of what they had left past the tokens this
-    /// one has sent and received. The class is the system prompt's length, standing in for its
-    /// hash (the workload's kinds of Program differ in it).
+    /// one has sent and received. The whole workload counts, this Program included, where a
+    /// router would know only the Programs that ended before. The class is the system prompt's
+    /// length, standing in for its hash (the workload's kinds of Program differ in it).
     ClassMean,
 }
 

@@ -2,11 +2,12 @@
 //! or, as bounds, the TTL a client that knows each coming tool gap would ask for and the
 //! priority of one that knows how much work its Program has left.
 
+use std::collections::HashMap;
+
 use vllm_sim::engine::EngineParams;
 
 use crate::des::Mode;
 use crate::workload::Turn;
-use std::collections::HashMap;
 
 /// What the clients send beyond the workload itself.
 #[derive(Debug, Clone, Default)]

@@ -17,9 +17,10 @@ fn range(r: Option<(f64, f64)>) -> String {
 /// The bounds table (`--bounds`): each pressured cell's excess for both modes, then under free
 /// retention, with the engine's end hint, with clairvoyant retention on top of the end hint, and
 /// with each Program's remaining work known (shortest first, stock engine) and estimated from
-/// its class, against the goal (half of hashing's excess). Free retention is not physical (a kept prefix
-/// takes no KV): a goal above it cannot be met by keeping prefixes, whatever the router knows.
-/// Clairvoyant retention is physical: a goal below it needs more than retention decisions.
+/// its class, against the goal (half of hashing's excess). Free retention is not physical (a
+/// kept prefix takes no KV): a goal above it cannot be met by keeping prefixes, whatever the
+/// router knows. Clairvoyant retention is physical: a goal below it needs more than retention
+/// decisions.
 pub fn bounds(cells: &[Cell]) -> String {
     let mut s = String::new();
     let _ = writeln!(
@@ -32,7 +33,7 @@ pub fn bounds(cells: &[Cell]) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<14} {:<9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9} {:>11} {:>10} {:>9}  free / clairvoyant / work known vs goal",
+        "{:<14} {:<9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>9} {:>11} {:>10} {:>9}  free / clairvoyant / work known / by class vs goal",
         "family",
         "pressure",
         "hashing",
@@ -56,19 +57,19 @@ pub fn bounds(cells: &[Cell]) -> String {
         } else {
             "out of reach"
         };
-        let clairvoyant = match c.bound_clairvoyant_excess {
+        let against = |bound: Option<f64>| match bound {
             Some(x) if x <= goal => " / met",
             Some(_) => " / not met",
             None => "",
         };
-        let order = match c.bound_order_excess {
-            Some(x) if x <= goal => " / met",
-            Some(_) => " / not met",
-            None => "",
-        };
+        let (clairvoyant, order, class) = (
+            against(c.bound_clairvoyant_excess),
+            against(c.bound_order_excess),
+            against(c.bound_order_class_excess),
+        );
         let _ = writeln!(
             s,
-            "{:<14} {:<9} {:>7.1}s {:>7.1}s {:>7.1}s {:>9.1}s {:>9.1}s {:>9} {:>11} {:>10} {:>9}  {free}{clairvoyant}{order}",
+            "{:<14} {:<9} {:>7.1}s {:>7.1}s {:>7.1}s {:>9.1}s {:>9.1}s {:>9} {:>11} {:>10} {:>9}  {free}{clairvoyant}{order}{class}",
             format!("{}{}", c.family.name(), if c.held_out { "" } else { "*" }),
             c.pressure.name(),
             c.hash_excess,

@@ -61,9 +61,9 @@ pub enum Variant {
     PrHashUnboundedKv,
     /// A bound, not a competitor: `pr-program` with clients that know each coming tool gap
     /// (each request's `kv_retention_ttl_seconds` is [`crate::clients::clairvoyant_ttl`], plus
-    /// the trips' slack) on
-    /// simulators told when a Program ends (`--end-hint`: its own blocks are evicted first) —
-    /// `progbench matrix --bounds`' clairvoyant run, over HTTP. Not in the default set.
+    /// the trips' slack) on simulators told when a Program ends (`--end-hint`: its own blocks
+    /// are evicted first) — `progbench matrix --bounds`' clairvoyant run, over HTTP. Not in the
+    /// default set.
     PrClairvoyant,
     /// Two program-router replicas with full Program scheduling behind a load balancer without
     /// affinity (the replay sends a Program's consecutive turns to alternate replicas), each

@@ -288,15 +288,21 @@ pub fn generate_with(
             Some(times) => times[p as usize],
             None => poisson,
         };
-        let preset_here = match preset {
+        // Each kind of a mixed fleet has system prompts of its own (a chat app's differs from a
+        // coding agent's): ids 0–15 for the first kind, 16–31 for the second, and so on.
+        let (preset_here, kind) = match preset {
             Preset::Mixed => {
-                [Preset::SweAgent, Preset::Chat, Preset::LongTools][rng.random_range(0..3)]
+                let k = rng.random_range(0..3);
+                (
+                    [Preset::SweAgent, Preset::Chat, Preset::LongTools][k],
+                    k as u32,
+                )
             }
-            other => other,
+            other => (other, 0),
         };
         let s = preset_here.shape();
         let turns = rng.random_range(s.turns.0..=s.turns.1);
-        let system_prompt = rng.random_range(0..s.system_prompts);
+        let system_prompt = 16 * kind + rng.random_range(0..s.system_prompts);
         let program_id = format!("p{p:05}");
         let first = out.len();
         push_program(

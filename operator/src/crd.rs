@@ -494,12 +494,19 @@ pub struct ProgramSchedulingParams {
     /// Let a paused Program resume on another rank when its own is full and the other passes
     /// the headroom checks (default true); false keeps every Program on its bound rank.
     pub global_queue: Option<bool>,
-    /// Order of resumes on a rank among equally urgent Programs: `mru` (default; Programs that
-    /// have run go first, latest first, as their KV is the likeliest to be cached, and new
+    /// Order of resumes on a rank among equally urgent Programs: `kind_size` (default; as
+    /// `mru`, with Programs of a kind — a system prompt — that runs far smaller than the fleet's
+    /// average first, learned from Programs that ended), `mru` (the spec's default; Programs
+    /// that have run go first, latest first, as their KV is the likeliest to be cached, and new
     /// Programs follow oldest first), `fcfs`, or `last_use` (Programs that have run go first,
     /// the one whose KV was used last first; long-idle Programs wait behind busy ones).
-    #[schemars(extend("enum" = ["mru", "fcfs", "last_use"]))]
+    #[schemars(extend("enum" = ["kind_size", "mru", "fcfs", "last_use"]))]
     pub resume_order: Option<String>,
+    /// Extension, for `resumeOrder: kind_size`: the factor between two tiers of Program size (a
+    /// kind's tier is its mean size over the fleet's, rounded on a log scale of this base);
+    /// default 3, above 1 and at most 1000000.
+    #[x_kube(validation = kube::core::Rule::new("self > 1.0 && self <= 1000000.0").message("kindSizeTierRatio must be above 1 and at most 1000000"))]
+    pub kind_size_tier_ratio: Option<f64>,
     /// How much free KV a rank needs before a Program moves to it: the source rank's free
     /// capacity plus this multiple of the Program's context (≥ 0; default 3.0). Higher moves
     /// less. No effect with `globalQueue: false`.

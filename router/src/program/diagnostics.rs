@@ -19,6 +19,9 @@ pub struct Diagnostics {
     pub binding_only: bool,
     pub global_queue: bool,
     pub resume_order: &'static str,
+    /// Kinds of Program (model and system prompt) whose sizes `resume_order: kind_size` has
+    /// learned, at most `MAX_KINDS` (ours).
+    pub program_kinds: usize,
     pub cross_rank_headroom_ratio: f64,
     /// The break-even wait in effect (ours; a null setting resolved by the rank count).
     pub cross_rank_min_wait_ratio: f64,
@@ -541,7 +544,9 @@ pub fn snapshot(
             crate::config::program::ResumeOrder::Mru => "mru",
             crate::config::program::ResumeOrder::Fcfs => "fcfs",
             crate::config::program::ResumeOrder::LastUse => "last_use",
+            crate::config::program::ResumeOrder::KindSize => "kind_size",
         },
+        program_kinds: s.kinds_kept(),
         cross_rank_headroom_ratio: cfg.cross_rank_headroom_ratio,
         cross_rank_min_wait_ratio: s.min_wait_ratio(),
         retained_requests: s.retained_requests(),

@@ -384,7 +384,8 @@ impl ProgramMetrics {
                      the RequestPool held max_retained_requests (request_pool_full) or \
                      max_programs Programs were held and none was idle (programs_full), and idle \
                      Programs forgotten to make room for a new one (program_evicted); tool calls \
-                     left unlabeled because max_tools tool names were kept (tool_unlabeled).",
+                     left unlabeled because max_tools tool names were kept (tool_unlabeled); \
+                     kinds of Program whose sizes were forgotten for a new kind (kind_replaced).",
                     ),
                     &["reason"],
                 )?,

@@ -36,6 +36,10 @@ pub enum ResumeOrder {
     /// likeliest still cached); new Programs after, oldest first. Long-idle Programs wait
     /// behind busy ones, which costs fleets that mix human chat with agents.
     LastUse,
+    /// Extension: Programs of a kind (a system prompt) that runs much smaller than the fleet's
+    /// average first, work in progress and new alike, in tiers of `kind_size_tier_ratio` learned
+    /// from the Programs that ended; as `mru` within a tier. Forced requests still go first.
+    KindSize,
 }
 
 /// Initial home Rank of a new Program generation.
@@ -300,6 +304,10 @@ pub struct ProgramSchedulingConfig {
     /// Smaller first shortens the mean wait where KV bounds the batch, and lengthens the large
     /// ones' tail. 0 = by arrival (the spec). Not applied under `resume_order: fcfs`.
     pub new_program_demand_aging_seconds: f64,
+    /// Extension, for `resume_order: kind_size`: the factor between two tiers of Program size.
+    /// A kind's tier is its mean size over the fleet's, rounded on a log scale of this base, so
+    /// kinds within √ratio of the fleet's mean share its tier (as `mru` within it).
+    pub kind_size_tier_ratio: f64,
     pub prefill_cost_model: PrefillCostModel,
     pub decode_throughput_model: DecodeThroughputModel,
 }
@@ -312,7 +320,10 @@ impl Default for ProgramSchedulingConfig {
             // The spec's default is false; it recommends true for deployment, and true measured
             // better on mixed and multi-agent fleets (docs/benchmarks.md, cross-rank resume).
             global_queue: true,
-            resume_order: ResumeOrder::default(),
+            // The spec's `mru`, with kinds of Program far smaller than the fleet's average first:
+            // identical where every kind is alike, shorter waits where chat mixes with agents
+            // (docs/generalization.md, "Smaller kinds first").
+            resume_order: ResumeOrder::KindSize,
             // The spec's 1.2 moved Programs too eagerly when every rank was full (a queue timeout
             // on a small overloaded cluster); 3 kept the gains elsewhere (docs/benchmarks.md).
             cross_rank_headroom_ratio: 3.0,
@@ -361,6 +372,8 @@ impl Default for ProgramSchedulingConfig {
             adaptive_overcommit_max_rounds: 2.5,
             growth_reserve_min_rounds: 2.5,
             new_program_demand_aging_seconds: 0.0,
+            // Chosen on the tuning half (docs/generalization.md, "Smaller kinds first").
+            kind_size_tier_ratio: 3.0,
             prefill_cost_model: PrefillCostModel::default(),
             decode_throughput_model: DecodeThroughputModel::default(),
         }

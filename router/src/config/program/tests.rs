@@ -139,6 +139,8 @@ fn invalid_values_name_the_field() {
             "new_program_demand_aging_seconds",
         ),
         (r#"{"queue_backfill_depth":1025}"#, "queue_backfill_depth"),
+        (r#"{"kind_size_tier_ratio":1}"#, "kind_size_tier_ratio"),
+        (r#"{"kind_size_tier_ratio":2e6}"#, "kind_size_tier_ratio"),
         (r#"{"resume_order":"lifo"}"#, "unknown variant"),
         (r#"{"acting_ttl_cost":"minutes"}"#, "unknown variant"),
         (r#"{"acting_ttl_hold":"always"}"#, "unknown variant"),

@@ -29,6 +29,8 @@ impl ProgramSchedulingConfig {
         const MAX_TOOLS: u32 = 1_024;
         // A day: far beyond any queue timeout, and far from overflowing the queue's order key.
         const MAX_DEMAND_AGING_SECONDS: f64 = 86_400.0;
+        // One tier holds every estimate up to a million tokens.
+        const MAX_KIND_SIZE_TIER_RATIO: f64 = 1e6;
         finite_min(
             "cross_rank_headroom_ratio",
             self.cross_rank_headroom_ratio,
@@ -154,6 +156,15 @@ impl ProgramSchedulingConfig {
             return Err(err(
                 "new_program_demand_aging_seconds",
                 format!("must be at most {MAX_DEMAND_AGING_SECONDS}"),
+            ));
+        }
+        if !(self.kind_size_tier_ratio.is_finite()
+            && self.kind_size_tier_ratio > 1.0
+            && self.kind_size_tier_ratio <= MAX_KIND_SIZE_TIER_RATIO)
+        {
+            return Err(err(
+                "kind_size_tier_ratio",
+                format!("must be a number above 1 and at most {MAX_KIND_SIZE_TIER_RATIO}"),
             ));
         }
         finite_min("high_watermark_ratio", self.high_watermark_ratio, 0.0, true)?;

@@ -162,15 +162,21 @@ impl Scheduler {
         // sustained load). `mru` orders work in progress by latest arrival; `last_use` by its
         // KV's last use (a subagent shares its parent's prompt, just used), the likeliest still
         // cached first. New Programs follow by arrival, which `new_program_demand_aging_seconds`
-        // ages by the KV each asks for.
+        // ages by the KV each asks for. `kind_size` puts both in tiers by their kind's size first.
         let p = self.program(slot);
         let started = p.last_complete.is_some()
             || a.identity.parent_program_id.is_some() && a.identity.blocks_parent;
         let order = match self.cfg.resume_order {
-            ResumeOrder::Mru if started => -self.arrivals,
+            ResumeOrder::Mru | ResumeOrder::KindSize if started => -self.arrivals,
             ResumeOrder::LastUse if started => -us(p.last_complete.unwrap_or(now)).max(0) - 1,
-            ResumeOrder::Mru | ResumeOrder::LastUse => self.new_program_order(rank, demand, now),
+            ResumeOrder::Mru | ResumeOrder::LastUse | ResumeOrder::KindSize => {
+                self.new_program_order(rank, demand, now)
+            }
             ResumeOrder::Fcfs => self.arrivals,
+        };
+        let size_tier = match self.cfg.resume_order {
+            ResumeOrder::KindSize => self.kind_tier(slot),
+            _ => 0,
         };
         // Start-time fair queueing over tenants: a request's tag is where its tenant's previous
         // request ends in virtual service (or the current virtual time, for a tenant that was
@@ -203,6 +209,7 @@ impl Scheduler {
             neg_priority: a.identity.priority.saturating_neg(),
             yielded,
             fair_tag,
+            size_tier,
             order,
             ticket: a.ticket,
         };

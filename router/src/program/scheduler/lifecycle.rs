@@ -167,6 +167,7 @@ impl Scheduler {
             rounds_since_ttl_pause: 0,
             finished: false,
             last_tool: None,
+            size_learned: false,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -197,6 +198,25 @@ impl Scheduler {
         } else {
             r.finished.saturating_sub(1)
         };
+        if finished {
+            self.learn_size(slot);
+        }
+    }
+
+    /// The Program in `slot` ended (finished, or forgotten idle): its final context teaches its
+    /// kind's size (`resume_order: kind_size`), once per Program.
+    pub(super) fn learn_size(&mut self, slot: usize) {
+        let p = self.program_mut(slot);
+        if p.size_learned || p.last_complete.is_none() {
+            return;
+        }
+        p.size_learned = true;
+        let (kind, total) = (kinds::kind_of(&p.key.0, p.lead), p.context_tokens);
+        if self.kinds.learn(kind, total) {
+            self.notes.push(Note::Shed {
+                reason: "kind_replaced",
+            });
+        }
     }
 
     /// `binding_only`: forget an idle Program's binding after the paused retention.
@@ -242,6 +262,7 @@ impl Scheduler {
             idle.select_nth_unstable_by(batch - 1, by_age);
         }
         for &(_, slot) in &idle[..batch] {
+            self.learn_size(slot);
             self.remove_program(slot);
             self.notes.push(Note::Shed {
                 reason: "program_evicted",

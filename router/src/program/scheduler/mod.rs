@@ -17,6 +17,7 @@ mod completion;
 mod events;
 mod handover;
 mod invariants;
+mod kinds;
 mod lifecycle;
 mod overcommit;
 mod targets;
@@ -39,6 +40,7 @@ use crate::policies::prefix_index::PrefixIndex;
 pub type Ticket = u64;
 /// Index of a rank (target) in the scheduler.
 pub type Rank = usize;
+pub use kinds::{MAX_KINDS, MIN_KIND_SAMPLES};
 pub use tools::{MAX_TOOL_NAME_BYTES, ToolId};
 
 /// A request entering Program scheduling.
@@ -267,6 +269,8 @@ pub(crate) struct Program {
     pub finished: bool,
     /// The tool its latest completion called (`tool_ttl_min_samples`).
     pub last_tool: Option<ToolId>,
+    /// Its total was learned for `resume_order: kind_size` (once per Program).
+    pub size_learned: bool,
 }
 
 impl Program {
@@ -327,14 +331,15 @@ impl Retained {
 }
 
 /// Order within a rank's queue: forced first, then higher priority, then not-yielded, then the
-/// tenant's fair-queueing start tag (0 without fair queueing), then MRU/FCFS; the ticket breaks
-/// ties.
+/// tenant's fair-queueing start tag (0 without fair queueing), then the Program's kind's size
+/// tier (`resume_order: kind_size`; 0 otherwise), then MRU/FCFS; the ticket breaks ties.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct QueueKey {
     not_forced: bool,
     neg_priority: i64,
     yielded: bool,
     fair_tag: u64,
+    size_tier: u64,
     order: i64,
     ticket: Ticket,
 }
@@ -533,8 +538,9 @@ pub enum Note {
         source: TtlSource,
     },
     /// A bound shed something: a request refused (`request_pool_full`, `programs_full`), an
-    /// idle Program forgotten to make room (`program_evicted`) or a tool call left unlabeled
-    /// past `max_tools` (`tool_unlabeled`).
+    /// idle Program forgotten to make room (`program_evicted`), a tool call left unlabeled
+    /// past `max_tools` (`tool_unlabeled`) or a kind's sizes forgotten for a new kind
+    /// (`kind_replaced`).
     Shed {
         reason: &'static str,
     },
@@ -611,6 +617,8 @@ pub struct Scheduler {
     pub(crate) pooled_intervals: Window,
     /// Intervals per tool called (`tool_ttl_min_samples`).
     pub(crate) tools: tools::Tools,
+    /// Ended Programs' totals per kind (`resume_order: kind_size`).
+    kinds: kinds::Kinds,
     /// Start-time fair queueing: each tenant's last finish tag, and the virtual time (start tag
     /// of the latest request to enter service), in weighted tokens.
     tenant_finish: FxHashMap<String, u64>,
@@ -656,6 +664,7 @@ impl Scheduler {
             notes: Vec::new(),
             pooled_intervals: Window::new(w),
             tools,
+            kinds: kinds::Kinds::new(w),
             tenant_finish: FxHashMap::default(),
             virtual_time: 0,
             prefix: PrefixIndex::default(),

@@ -81,6 +81,7 @@ impl Scheduler {
                         let old = r.key;
                         r.key.not_forced = false;
                         // Forced requests go oldest first: MRU among them would starve again.
+                        r.key.size_tier = 0;
                         r.key.order = r.arrival as i64;
                         let (rank, new) = (r.rank, r.key);
                         self.ranks[rank].queue.remove(&old);
@@ -117,6 +118,7 @@ impl Scheduler {
                 }
                 TimerKind::Release => {
                     if self.still_idle(&t).is_some() {
+                        self.learn_size(t.id as usize);
                         self.remove_program(t.id as usize);
                     }
                 }

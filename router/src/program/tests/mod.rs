@@ -11,6 +11,7 @@ mod binding;
 mod bounds;
 mod changes;
 mod cross_rank;
+mod kinds;
 mod lifecycle;
 mod overcommit;
 mod pool;

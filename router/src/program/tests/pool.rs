@@ -189,6 +189,8 @@ fn resume_order_priority_then_work_in_progress_then_new_programs_fcfs() {
         // r1 came back later; the subagent shares its parent's prompt, used as it arrives.
         (ResumeOrder::LastUse, [9, 8, 5, 7, 4, 6]),
         (ResumeOrder::Fcfs, [9, 4, 5, 6, 7, 8]),
+        // Before any Program ended every kind is the fleet's size: as `mru`.
+        (ResumeOrder::KindSize, [9, 8, 7, 5, 4, 6]),
     ] {
         let c = ProgramSchedulingConfig {
             resume_order: order,

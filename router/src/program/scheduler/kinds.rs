@@ -1,0 +1,244 @@
+//! Kinds of Program and their sizes, for `resume_order: kind_size`: Programs of a kind that
+//! runs much smaller than the fleet's average go before those of a kind that runs much larger.
+//!
+//! A kind is the model and the prompt's lead key ([`super::lead_key`]: its system prompt). Each
+//! kind keeps the final context (tokens) of its latest `stats_window_size` Programs that ended;
+//! all kinds' latest are also pooled. A kind's tier is `round(log_r(its mean / the pooled
+//! mean))`, `r` = `kind_size_tier_ratio`, and 0 — the fleet's own tier — until it has
+//! [`MIN_KIND_SAMPLES`] samples and its mean is more than [`DISTINCT_STANDARD_ERRORS`] standard
+//! errors from the pooled one. Kinds that differ only by their samples' noise (two system
+//! prompts of one agent) thus share a tier, and within a tier the queue keeps its `mru` order.
+//!
+//! At most [`MAX_KINDS`] kinds are kept: a new one replaces the kind that learned least
+//! recently (the scheduler counts it in a `Shed` note), so a client sending ever new system
+//! prompts cannot grow the map, only churn it.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+
+/// Kinds kept at once.
+pub const MAX_KINDS: usize = 1024;
+/// Samples a kind needs before it can leave the fleet's tier.
+pub const MIN_KIND_SAMPLES: usize = 5;
+/// How far (in standard errors of its mean) a kind's mean must be from the pooled mean for it
+/// to leave the fleet's tier.
+pub const DISTINCT_STANDARD_ERRORS: f64 = 2.0;
+/// The tier of kinds that are the fleet's size (or not known apart from it).
+const FLEET_TIER: u64 = 1 << 32;
+
+/// A kind's key: a hash of the model and the lead key; `None` without a lead key.
+pub fn kind_of(model: &str, lead: Option<u64>) -> Option<u64> {
+    let lead = lead?;
+    let mut bytes = Vec::with_capacity(model.len() + 8);
+    bytes.extend_from_slice(model.as_bytes());
+    bytes.extend_from_slice(&lead.to_le_bytes());
+    Some(crate::hash::stable_hash(&bytes))
+}
+
+/// The latest totals, at most a window's.
+#[derive(Debug, Clone, Default)]
+struct Totals {
+    samples: VecDeque<u64>,
+    /// When this kind last learned (the [`Kinds`] learn count), for replacement.
+    learned_at: u64,
+}
+
+impl Totals {
+    fn push(&mut self, total: u64, cap: usize) {
+        if self.samples.len() >= cap {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(total);
+    }
+
+    /// The mean and the variance of the samples; `None` when there are none.
+    fn moments(&self) -> Option<(f64, f64)> {
+        if self.samples.is_empty() {
+            return None;
+        }
+        let n = self.samples.len() as f64;
+        let mean = self.samples.iter().map(|&t| t as f64).sum::<f64>() / n;
+        let var = self
+            .samples
+            .iter()
+            .map(|&t| (t as f64 - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        Some((mean, var))
+    }
+}
+
+/// Ended Programs' totals per kind, bounded in kinds and samples.
+#[derive(Debug, Clone)]
+pub struct Kinds {
+    kinds: FxHashMap<u64, Totals>,
+    pooled: Totals,
+    window: usize,
+    learned: u64,
+}
+
+impl Kinds {
+    pub fn new(window: usize) -> Self {
+        Kinds {
+            kinds: FxHashMap::default(),
+            pooled: Totals::default(),
+            window: window.max(1),
+            learned: 0,
+        }
+    }
+
+    /// A Program of `kind` ended with `total` tokens of context. Returns whether a kind was
+    /// replaced to make room for this one.
+    pub fn learn(&mut self, kind: Option<u64>, total: u64) -> bool {
+        if total == 0 {
+            return false;
+        }
+        self.learned += 1;
+        self.pooled.push(total, self.window);
+        let Some(kind) = kind else {
+            return false;
+        };
+        let mut replaced = false;
+        if !self.kinds.contains_key(&kind) && self.kinds.len() >= MAX_KINDS {
+            let oldest = self
+                .kinds
+                .iter()
+                .min_by_key(|(k, t)| (t.learned_at, **k))
+                .map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                self.kinds.remove(&k);
+                replaced = true;
+            }
+        }
+        let t = self.kinds.entry(kind).or_default();
+        t.learned_at = self.learned;
+        t.push(total, self.window);
+        replaced
+    }
+
+    /// The queue tier of a Program of `kind` (smaller first): [`FLEET_TIER`] plus
+    /// `round(log_ratio(kind mean / pooled mean))` for a kind known to differ, [`FLEET_TIER`]
+    /// itself otherwise.
+    pub fn tier(&self, kind: Option<u64>, ratio: f64) -> u64 {
+        let Some(t) = kind.and_then(|k| self.kinds.get(&k)) else {
+            return FLEET_TIER;
+        };
+        let (Some((mean, var)), Some((all, _))) = (t.moments(), self.pooled.moments()) else {
+            return FLEET_TIER;
+        };
+        let n = t.samples.len();
+        let se = (var / n as f64).sqrt();
+        if n < MIN_KIND_SAMPLES
+            || (mean - all).abs() <= DISTINCT_STANDARD_ERRORS * se
+            || ratio <= 1.0
+            || all <= 0.0
+        {
+            return FLEET_TIER;
+        }
+        // Within ±64 tiers of the fleet's (a ratio just above 1 could ask for more).
+        let steps = ((mean / all).ln() / ratio.ln()).round().clamp(-64.0, 64.0) as i64;
+        FLEET_TIER.saturating_add_signed(steps)
+    }
+
+    /// Kinds kept.
+    pub fn len(&self) -> usize {
+        self.kinds.len()
+    }
+}
+
+impl super::Scheduler {
+    /// The queue tier of a request of the Program in `slot` under `resume_order: kind_size`.
+    pub(super) fn kind_tier(&self, slot: usize) -> u64 {
+        let p = self.program(slot);
+        self.kinds
+            .tier(kind_of(&p.key.0, p.lead), self.cfg.kind_size_tier_ratio)
+    }
+
+    /// Kinds of Program whose sizes are kept (diagnostics).
+    pub fn kinds_kept(&self) -> usize {
+        self.kinds.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn learn(k: &mut Kinds, kind: u64, totals: &[u64]) {
+        for &t in totals {
+            k.learn(Some(kind), t);
+        }
+    }
+
+    #[test]
+    fn kinds_far_from_the_fleet_leave_its_tier() {
+        let mut k = Kinds::new(100);
+        // Chat ~1,000 tokens, agents ~16,000, tools ~4,000: pooled mean 7,000.
+        learn(&mut k, 1, &[900, 1000, 1100, 1000, 1000]);
+        learn(&mut k, 2, &[15_000, 16_000, 17_000, 16_000, 16_000]);
+        learn(&mut k, 3, &[3900, 4000, 4100, 4000, 4000]);
+        // log4(1/7) = -1.40, log4(16/7) = 0.60, log4(4/7) = -0.40.
+        assert_eq!(k.tier(Some(1), 4.0), FLEET_TIER - 1);
+        assert_eq!(k.tier(Some(2), 4.0), FLEET_TIER + 1);
+        assert_eq!(k.tier(Some(3), 4.0), FLEET_TIER);
+        // Finer tiers tell the tools kind apart too: log2(4/7) = -0.81.
+        assert_eq!(k.tier(Some(3), 2.0), FLEET_TIER - 1);
+        assert_eq!(
+            k.tier(None, 4.0),
+            FLEET_TIER,
+            "no lead key: the fleet's tier"
+        );
+        assert_eq!(k.tier(Some(9), 4.0), FLEET_TIER, "never seen");
+        assert_eq!(
+            Kinds::new(4).tier(Some(1), 4.0),
+            FLEET_TIER,
+            "nothing ended yet"
+        );
+    }
+
+    #[test]
+    fn kinds_alike_but_for_noise_share_the_fleet_tier() {
+        let mut k = Kinds::new(100);
+        // Two system prompts of one agent: the same spread, means 10 % apart.
+        learn(&mut k, 1, &[2000, 9000, 30_000, 6000, 14_000, 4000]);
+        learn(&mut k, 2, &[3000, 11_000, 33_000, 6000, 12_000, 5000]);
+        assert_eq!(k.tier(Some(1), 2.0), FLEET_TIER);
+        assert_eq!(k.tier(Some(2), 2.0), FLEET_TIER);
+        // Too few samples to tell, however far off.
+        let mut k = Kinds::new(100);
+        learn(&mut k, 1, &[100; MIN_KIND_SAMPLES - 1]);
+        learn(&mut k, 2, &[10_000; 10]);
+        assert_eq!(k.tier(Some(1), 4.0), FLEET_TIER);
+    }
+
+    #[test]
+    fn samples_and_kinds_are_bounded() {
+        let mut k = Kinds::new(3);
+        learn(&mut k, 7, &[9000, 9000, 9000, 10, 10, 10]);
+        assert_eq!(k.kinds[&7].samples.len(), 3, "the latest 3 only");
+        assert_eq!(k.pooled.samples.len(), 3);
+        let mut replaced = 0;
+        for kind in 0..(MAX_KINDS as u64 + 10) {
+            replaced += usize::from(k.learn(Some(1000 + kind), 50));
+        }
+        assert_eq!(k.len(), MAX_KINDS);
+        assert_eq!(
+            replaced, 11,
+            "kind 7 and the ten that learned least recently"
+        );
+        assert!(!k.kinds.contains_key(&7));
+        assert!(
+            !k.learn(Some(1000 + MAX_KINDS as u64 + 9), 50),
+            "kept: none replaced"
+        );
+        assert!(!k.learn(Some(5), 0), "an empty Program teaches nothing");
+    }
+
+    #[test]
+    fn the_same_lead_under_another_model_is_another_kind() {
+        assert_ne!(kind_of("a", Some(1)), kind_of("b", Some(1)));
+        assert_eq!(kind_of("a", Some(1)), kind_of("a", Some(1)));
+        assert_eq!(kind_of("a", None), None);
+    }
+}

@@ -1,0 +1,93 @@
+//! `resume_order: kind_size`: Programs of a kind far smaller than the fleet's go first, once
+//! their kind's size is learned from Programs that ended; the map of kinds is bounded.
+
+use super::*;
+
+/// `a` with lead key `lead` (its system prompt's kind).
+fn of_kind(mut a: Arrival, lead: u64) -> Arrival {
+    a.lead = Some(lead);
+    a
+}
+
+/// Runs five single-request Programs of kind `lead` to their end, each `tokens` long.
+fn end_programs(s: &mut Scheduler, t: &mut f64, ticket: &mut Ticket, lead: u64, tokens: u64) {
+    for _ in 0..5 {
+        *ticket += 1;
+        let name = format!("done-{ticket}");
+        let last = with(arrival(*ticket, &name, tokens - 10), |i| {
+            i.expected_resume = false;
+        });
+        assert_eq!(
+            dispatched(&s.on_arrival(*t, of_kind(last, lead))),
+            [*ticket]
+        );
+        s.on_complete(*t + 0.5, *ticket, usage(tokens - 10, 10));
+        *t += 1.0;
+    }
+}
+
+/// One slot: "hold" runs; an agent-kind Program arrives before a chat-kind one. Which is
+/// dispatched when "hold" completes?
+fn first_after_hold(order: ResumeOrder, learn: bool) -> Ticket {
+    let c = ProgramSchedulingConfig {
+        resume_order: order,
+        max_active_programs_per_target: 1,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    let (mut t, mut ticket) = (0.0, 0);
+    if learn {
+        // Chat sessions end at ~100 tokens, agents at ~900, with some spread.
+        for (chat, agent) in [(100, 900), (110, 880), (90, 920), (105, 910), (95, 890)] {
+            end_programs(&mut s, &mut t, &mut ticket, 1, chat);
+            end_programs(&mut s, &mut t, &mut ticket, 2, agent);
+        }
+    }
+    assert_eq!(
+        dispatched(&s.on_arrival(t, arrival(100, "hold", 50))),
+        [100]
+    );
+    s.on_arrival(t + 1.0, of_kind(arrival(101, "agent", 50), 2));
+    s.on_arrival(t + 2.0, of_kind(arrival(102, "chat", 50), 1));
+    let d = dispatched(&s.on_complete(t + 3.0, 100, usage(50, 1)));
+    assert_eq!(d.len(), 1, "{d:?}");
+    s.check_invariants().expect("ledger");
+    d[0]
+}
+
+#[test]
+fn a_smaller_kind_passes_a_larger_one_once_learned() {
+    assert_eq!(first_after_hold(ResumeOrder::KindSize, true), 102);
+    // Nothing ended yet, or ordered as the spec's `mru`: new Programs oldest first.
+    assert_eq!(first_after_hold(ResumeOrder::KindSize, false), 101);
+    assert_eq!(first_after_hold(ResumeOrder::Mru, true), 101);
+}
+
+#[test]
+fn kinds_are_bounded_and_replacing_one_is_counted() {
+    let mut s = sched(cfg(), 1);
+    let mut replaced = 0;
+    for k in 0..=(MAX_KINDS as u64) {
+        let name = format!("p{k}");
+        let a = with(arrival(k + 1, &name, 10), |i| i.expected_resume = false);
+        s.on_arrival(k as f64, of_kind(a, k));
+        s.on_complete(k as f64 + 0.5, k + 1, usage(10, 1));
+        replaced += s
+            .take_notes()
+            .iter()
+            .filter(|n| {
+                matches!(
+                    n,
+                    Note::Shed {
+                        reason: "kind_replaced"
+                    }
+                )
+            })
+            .count();
+    }
+    assert_eq!(s.kinds_kept(), MAX_KINDS);
+    assert_eq!(
+        replaced, 1,
+        "the kind that learned least recently made room"
+    );
+}

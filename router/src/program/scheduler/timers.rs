@@ -80,7 +80,8 @@ impl Scheduler {
                     {
                         let old = r.key;
                         r.key.not_forced = false;
-                        // Forced requests go oldest first: MRU among them would starve again.
+                        // Forced requests go oldest first, whatever their kind: MRU (or a
+                        // smaller kind) among them would starve again.
                         r.key.size_tier = 0;
                         r.key.order = r.arrival as i64;
                         let (rank, new) = (r.rank, r.key);

@@ -26,12 +26,14 @@ fn end_programs(s: &mut Scheduler, t: &mut f64, ticket: &mut Ticket, lead: u64, 
     }
 }
 
-/// One slot: "hold" runs; an agent-kind Program arrives before a chat-kind one. Which is
-/// dispatched when "hold" completes?
-fn first_after_hold(order: ResumeOrder, learn: bool) -> Ticket {
+/// One slot: "hold" runs; an agent-kind Program arrives before a chat-kind one (with `forced`,
+/// both wait past their force-resume deadline, and the rank has room for one of them only once
+/// "hold" ends). Which is dispatched when "hold" completes?
+fn first_after_hold(order: ResumeOrder, learn: bool, forced: bool) -> Ticket {
     let c = ProgramSchedulingConfig {
         resume_order: order,
         max_active_programs_per_target: 1,
+        force_resume_timeout_seconds: 5.0,
         ..cfg()
     };
     let mut s = sched(c, 1);
@@ -43,13 +45,21 @@ fn first_after_hold(order: ResumeOrder, learn: bool) -> Ticket {
             end_programs(&mut s, &mut t, &mut ticket, 2, agent);
         }
     }
-    assert_eq!(
-        dispatched(&s.on_arrival(t, arrival(100, "hold", 50))),
-        [100]
-    );
-    s.on_arrival(t + 1.0, of_kind(arrival(101, "agent", 50), 2));
-    s.on_arrival(t + 2.0, of_kind(arrival(102, "chat", 50), 1));
-    let d = dispatched(&s.on_complete(t + 3.0, 100, usage(50, 1)));
+    let (held, asked) = if forced { (600, 550) } else { (50, 50) };
+    let hold = arrival(100, "hold", held);
+    assert_eq!(dispatched(&s.on_arrival(t, hold)), [100]);
+    s.on_arrival(t + 1.0, of_kind(arrival(101, "agent", asked), 2));
+    s.on_arrival(t + 2.0, of_kind(arrival(102, "chat", asked), 1));
+    let end = if forced {
+        assert!(dispatched(&s.on_tick(t + 10.0)).is_empty(), "no room yet");
+        let deadlines = s.force_deadlines();
+        assert_eq!(deadlines.len(), 2);
+        assert!(deadlines.values().all(|d| *d == f64::MIN), "both forced");
+        t + 11.0
+    } else {
+        t + 3.0
+    };
+    let d = dispatched(&s.on_complete(end, 100, usage(held, 1)));
     assert_eq!(d.len(), 1, "{d:?}");
     s.check_invariants().expect("ledger");
     d[0]
@@ -57,10 +67,15 @@ fn first_after_hold(order: ResumeOrder, learn: bool) -> Ticket {
 
 #[test]
 fn a_smaller_kind_passes_a_larger_one_once_learned() {
-    assert_eq!(first_after_hold(ResumeOrder::KindSize, true), 102);
+    assert_eq!(first_after_hold(ResumeOrder::KindSize, true, false), 102);
     // Nothing ended yet, or ordered as the spec's `mru`: new Programs oldest first.
-    assert_eq!(first_after_hold(ResumeOrder::KindSize, false), 101);
-    assert_eq!(first_after_hold(ResumeOrder::Mru, true), 101);
+    assert_eq!(first_after_hold(ResumeOrder::KindSize, false, false), 101);
+    assert_eq!(first_after_hold(ResumeOrder::Mru, true, false), 101);
+}
+
+#[test]
+fn forced_requests_go_oldest_first_whatever_their_kind() {
+    assert_eq!(first_after_hold(ResumeOrder::KindSize, true, true), 101);
 }
 
 #[test]

@@ -29,7 +29,7 @@ impl ProgramSchedulingConfig {
         const MAX_TOOLS: u32 = 1_024;
         // A day: far beyond any queue timeout, and far from overflowing the queue's order key.
         const MAX_DEMAND_AGING_SECONDS: f64 = 86_400.0;
-        // One tier holds every estimate up to a million tokens.
+        // Tiers are kinds' sizes over the fleet's: at a million to one every kind is the fleet's.
         const MAX_KIND_SIZE_TIER_RATIO: f64 = 1e6;
         finite_min(
             "cross_rank_headroom_ratio",

@@ -40,7 +40,7 @@ use crate::policies::prefix_index::PrefixIndex;
 pub type Ticket = u64;
 /// Index of a rank (target) in the scheduler.
 pub type Rank = usize;
-pub use kinds::{MAX_KINDS, MIN_KIND_SAMPLES};
+pub use kinds::MAX_KINDS;
 pub use tools::{MAX_TOOL_NAME_BYTES, ToolId};
 
 /// A request entering Program scheduling.

@@ -85,10 +85,11 @@ fn ev() -> impl Strategy<Value = Ev> {
 }
 
 fn resume_order(i: u8) -> ResumeOrder {
-    match i % 3 {
+    match i % 4 {
         0 => ResumeOrder::Mru,
         1 => ResumeOrder::Fcfs,
-        _ => ResumeOrder::LastUse,
+        2 => ResumeOrder::LastUse,
+        _ => ResumeOrder::KindSize,
     }
 }
 
@@ -142,6 +143,8 @@ fn run(
                     2 => Some(("t2".into(), 2.0)),
                     _ => Some(("t3".into(), 0.5)),
                 };
+                // Three kinds of Program (system prompts) for `kind_size`, and some without.
+                a.lead = (program % 4 != 3).then(|| u64::from(program % 4));
                 s.on_arrival(now, a)
             }
             Ev::Complete { pick, growth } if !in_flight.is_empty() => {
@@ -340,7 +343,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn every_request_ends_exactly_once_and_the_ledger_holds(events in proptest::collection::vec(ev(), 1..120), global in any::<bool>(), order in 0u8..3, binding in 0u8..4, only in proptest::bool::weighted(0.1), backfill in any::<bool>(), grace in 0u8..3) {
+    fn every_request_ends_exactly_once_and_the_ledger_holds(events in proptest::collection::vec(ev(), 1..120), global in any::<bool>(), order in 0u8..4, binding in 0u8..4, only in proptest::bool::weighted(0.1), backfill in any::<bool>(), grace in 0u8..3) {
         let c = ProgramSchedulingConfig {
             queue_backfill_depth: if backfill { 8 } else { 0 },
             // At the deadline, within the queue limit, or past it (never used).

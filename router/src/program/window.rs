@@ -54,6 +54,13 @@ impl Window {
         (!self.samples.is_empty()).then(|| self.sum / self.samples.len() as f64)
     }
 
+    /// The samples' (population) variance.
+    pub fn variance(&self) -> Option<f64> {
+        let mean = self.mean()?;
+        let n = self.samples.len() as f64;
+        Some(self.samples.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n)
+    }
+
     /// The largest sample.
     pub fn max(&self) -> Option<f64> {
         self.samples.iter().copied().reduce(f64::max)
@@ -223,6 +230,9 @@ mod tests {
         assert!(w.complete());
         assert_eq!(w.sorted(), vec![2.0, 3.0, 4.0]);
         assert_eq!(w.mean(), Some(3.0));
+        // Of the kept samples only: ((2-3)² + 0 + (4-3)²) / 3.
+        assert_eq!(w.variance(), Some(2.0 / 3.0));
+        assert_eq!(Window::new(3).variance(), None);
     }
 
     #[test]

@@ -13,9 +13,9 @@
 //! recently (the scheduler counts it in a `Shed` note), so a client sending ever new system
 //! prompts cannot grow the map, only churn it.
 
-use std::collections::VecDeque;
-
 use rustc_hash::FxHashMap;
+
+use super::Window;
 
 /// Kinds kept at once.
 pub const MAX_KINDS: usize = 1024;
@@ -36,44 +36,19 @@ pub fn kind_of(model: &str, lead: Option<u64>) -> Option<u64> {
     Some(crate::hash::stable_hash(&bytes))
 }
 
-/// The latest totals, at most a window's.
-#[derive(Debug, Clone, Default)]
+/// A kind's latest totals, and when it last learned (the [`Kinds`] learn count, for
+/// replacement).
+#[derive(Debug, Clone)]
 struct Totals {
-    samples: VecDeque<u64>,
-    /// When this kind last learned (the [`Kinds`] learn count), for replacement.
+    window: Window,
     learned_at: u64,
-}
-
-impl Totals {
-    fn push(&mut self, total: u64, cap: usize) {
-        if self.samples.len() >= cap {
-            self.samples.pop_front();
-        }
-        self.samples.push_back(total);
-    }
-
-    /// The mean and the variance of the samples; `None` when there are none.
-    fn moments(&self) -> Option<(f64, f64)> {
-        if self.samples.is_empty() {
-            return None;
-        }
-        let n = self.samples.len() as f64;
-        let mean = self.samples.iter().map(|&t| t as f64).sum::<f64>() / n;
-        let var = self
-            .samples
-            .iter()
-            .map(|&t| (t as f64 - mean).powi(2))
-            .sum::<f64>()
-            / n;
-        Some((mean, var))
-    }
 }
 
 /// Ended Programs' totals per kind, bounded in kinds and samples.
 #[derive(Debug, Clone)]
 pub struct Kinds {
     kinds: FxHashMap<u64, Totals>,
-    pooled: Totals,
+    pooled: Window,
     window: usize,
     learned: u64,
 }
@@ -82,7 +57,7 @@ impl Kinds {
     pub fn new(window: usize) -> Self {
         Kinds {
             kinds: FxHashMap::default(),
-            pooled: Totals::default(),
+            pooled: Window::new(window),
             window: window.max(1),
             learned: 0,
         }
@@ -95,7 +70,7 @@ impl Kinds {
             return false;
         }
         self.learned += 1;
-        self.pooled.push(total, self.window);
+        self.pooled.push(total as f64);
         let Some(kind) = kind else {
             return false;
         };
@@ -111,9 +86,13 @@ impl Kinds {
                 replaced = true;
             }
         }
-        let t = self.kinds.entry(kind).or_default();
+        let window = self.window;
+        let t = self.kinds.entry(kind).or_insert_with(|| Totals {
+            window: Window::new(window),
+            learned_at: 0,
+        });
         t.learned_at = self.learned;
-        t.push(total, self.window);
+        t.window.push(total as f64);
         replaced
     }
 
@@ -121,15 +100,15 @@ impl Kinds {
     /// `round(log_ratio(kind mean / pooled mean))` for a kind known to differ, [`FLEET_TIER`]
     /// itself otherwise.
     pub fn tier(&self, kind: Option<u64>, ratio: f64) -> u64 {
-        let Some(t) = kind.and_then(|k| self.kinds.get(&k)) else {
+        let Some(t) = kind.and_then(|k| self.kinds.get(&k).map(|t| &t.window)) else {
             return FLEET_TIER;
         };
-        let (Some((mean, var)), Some((all, _))) = (t.moments(), self.pooled.moments()) else {
+        let (Some(mean), Some(var), Some(all)) = (t.mean(), t.variance(), self.pooled.mean())
+        else {
             return FLEET_TIER;
         };
-        let n = t.samples.len();
-        let se = (var / n as f64).sqrt();
-        if n < MIN_KIND_SAMPLES
+        let se = (var / t.len() as f64).sqrt();
+        if t.len() < MIN_KIND_SAMPLES
             || (mean - all).abs() <= DISTINCT_STANDARD_ERRORS * se
             || ratio <= 1.0
             || all <= 0.0
@@ -216,8 +195,8 @@ mod tests {
     fn samples_and_kinds_are_bounded() {
         let mut k = Kinds::new(3);
         learn(&mut k, 7, &[9000, 9000, 9000, 10, 10, 10]);
-        assert_eq!(k.kinds[&7].samples.len(), 3, "the latest 3 only");
-        assert_eq!(k.pooled.samples.len(), 3);
+        assert_eq!(k.kinds[&7].window.len(), 3, "the latest 3 only");
+        assert_eq!(k.pooled.len(), 3);
         let mut replaced = 0;
         for kind in 0..(MAX_KINDS as u64 + 10) {
             replaced += usize::from(k.learn(Some(1000 + kind), 50));

@@ -310,12 +310,6 @@ fn a_fresh_backend_observation_counts_kv_the_ledger_does_not_know() {
     s.check_invariants().expect("ledger");
 }
 
-/// `a` whose prompt starts with the shared prefix keyed `lead`.
-fn led(mut a: Arrival, lead: u64) -> Arrival {
-    a.lead = Some(lead);
-    a
-}
-
 /// Two Programs with a 400-token shared prefix keyed 7 observed at t = 1 on a rank whose
 /// observations live 100 s, and a third with 300 tokens of another prefix, keyed 8.
 fn shared_rank() -> Scheduler {

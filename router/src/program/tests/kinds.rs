@@ -3,12 +3,6 @@
 
 use super::*;
 
-/// `a` with lead key `lead` (its system prompt's kind).
-fn of_kind(mut a: Arrival, lead: u64) -> Arrival {
-    a.lead = Some(lead);
-    a
-}
-
 /// Runs five single-request Programs of kind `lead` to their end, each `tokens` long.
 fn end_programs(s: &mut Scheduler, t: &mut f64, ticket: &mut Ticket, lead: u64, tokens: u64) {
     for _ in 0..5 {
@@ -17,10 +11,7 @@ fn end_programs(s: &mut Scheduler, t: &mut f64, ticket: &mut Ticket, lead: u64, 
         let last = with(arrival(*ticket, &name, tokens - 10), |i| {
             i.expected_resume = false;
         });
-        assert_eq!(
-            dispatched(&s.on_arrival(*t, of_kind(last, lead))),
-            [*ticket]
-        );
+        assert_eq!(dispatched(&s.on_arrival(*t, led(last, lead))), [*ticket]);
         s.on_complete(*t + 0.5, *ticket, usage(tokens - 10, 10));
         *t += 1.0;
     }
@@ -48,8 +39,8 @@ fn first_after_hold(order: ResumeOrder, learn: bool, forced: bool) -> Ticket {
     let (held, asked) = if forced { (600, 550) } else { (50, 50) };
     let hold = arrival(100, "hold", held);
     assert_eq!(dispatched(&s.on_arrival(t, hold)), [100]);
-    s.on_arrival(t + 1.0, of_kind(arrival(101, "agent", asked), 2));
-    s.on_arrival(t + 2.0, of_kind(arrival(102, "chat", asked), 1));
+    s.on_arrival(t + 1.0, led(arrival(101, "agent", asked), 2));
+    s.on_arrival(t + 2.0, led(arrival(102, "chat", asked), 1));
     let end = if forced {
         assert!(dispatched(&s.on_tick(t + 10.0)).is_empty(), "no room yet");
         let deadlines = s.force_deadlines();
@@ -85,7 +76,7 @@ fn kinds_are_bounded_and_replacing_one_is_counted() {
     for k in 0..=(MAX_KINDS as u64) {
         let name = format!("p{k}");
         let a = with(arrival(k + 1, &name, 10), |i| i.expected_resume = false);
-        s.on_arrival(k as f64, of_kind(a, k));
+        s.on_arrival(k as f64, led(a, k));
         s.on_complete(k as f64 + 0.5, k + 1, usage(10, 1));
         replaced += s
             .take_notes()

@@ -54,6 +54,12 @@ fn with(mut a: Arrival, f: impl FnOnce(&mut Identity)) -> Arrival {
     a
 }
 
+/// `a` whose prompt starts with the shared prefix (system prompt) keyed `lead`.
+fn led(mut a: Arrival, lead: u64) -> Arrival {
+    a.lead = Some(lead);
+    a
+}
+
 /// `a` asking to keep its Program's KV `seconds` after it completes.
 fn with_ttl(a: Arrival, seconds: f64) -> Arrival {
     with(a, |i| i.kv_retention_ttl_seconds = Some(seconds))

@@ -495,11 +495,12 @@ pub struct ProgramSchedulingParams {
     /// the headroom checks (default true); false keeps every Program on its bound rank.
     pub global_queue: Option<bool>,
     /// Order of resumes on a rank among equally urgent Programs: `kind_size` (default; as
-    /// `mru`, with Programs of a kind — a system prompt — that runs far smaller than the fleet's
-    /// average first, learned from Programs that ended), `mru` (the spec's default; Programs
-    /// that have run go first, latest first, as their KV is the likeliest to be cached, and new
-    /// Programs follow oldest first), `fcfs`, or `last_use` (Programs that have run go first,
-    /// the one whose KV was used last first; long-idle Programs wait behind busy ones).
+    /// `mru`, with Programs of a kind — a system prompt; subagents apart — that runs far
+    /// smaller than the fleet's average first, learned from Programs that ended), `mru` (the
+    /// spec's default; Programs that have run go first, latest first, as their KV is the
+    /// likeliest to be cached, and new Programs follow oldest first), `fcfs`, or `last_use`
+    /// (Programs that have run go first, the one whose KV was used last first; long-idle
+    /// Programs wait behind busy ones).
     #[schemars(extend("enum" = ["kind_size", "mru", "fcfs", "last_use"]))]
     pub resume_order: Option<String>,
     /// Extension, for `resumeOrder: kind_size`: the factor between two tiers of Program size (a

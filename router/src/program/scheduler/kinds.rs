@@ -1,7 +1,9 @@
 //! Kinds of Program and their sizes, for `resume_order: kind_size`: Programs of a kind that
 //! runs much smaller than the fleet's average go before those of a kind that runs much larger.
 //!
-//! A kind is the model and the prompt's lead key ([`super::lead_key`]: its system prompt). Each
+//! A kind is the model, the prompt's lead key ([`super::lead_key`]: its system prompt) and
+//! whether the Program is a subagent: subagents share their lead's system prompt but not its
+//! size, so they are a kind of their own. Each
 //! kind keeps the final context (tokens) of its latest `stats_window_size` Programs that ended;
 //! all kinds' latest are also pooled. A kind's tier is `round(log_r(its mean / the pooled
 //! mean))`, `r` = `kind_size_tier_ratio`, and 0 — the fleet's own tier — until it has
@@ -27,12 +29,14 @@ pub const DISTINCT_STANDARD_ERRORS: f64 = 2.0;
 /// The tier of kinds that are the fleet's size (or not known apart from it).
 const FLEET_TIER: u64 = 1 << 32;
 
-/// A kind's key: a hash of the model and the lead key; `None` without a lead key.
-pub fn kind_of(model: &str, lead: Option<u64>) -> Option<u64> {
+/// A kind's key: a hash of the model, the lead key and the role (lead or subagent); `None`
+/// without a lead key.
+pub fn kind_of(model: &str, lead: Option<u64>, subagent: bool) -> Option<u64> {
     let lead = lead?;
-    let mut bytes = Vec::with_capacity(model.len() + 8);
+    let mut bytes = Vec::with_capacity(model.len() + 9);
     bytes.extend_from_slice(model.as_bytes());
     bytes.extend_from_slice(&lead.to_le_bytes());
+    bytes.push(u8::from(subagent));
     Some(crate::hash::stable_hash(&bytes))
 }
 
@@ -129,9 +133,14 @@ impl Kinds {
 impl super::Scheduler {
     /// The queue tier of a request of the Program in `slot` under `resume_order: kind_size`.
     pub(super) fn kind_tier(&self, slot: usize) -> u64 {
-        let p = self.program(slot);
         self.kinds
-            .tier(kind_of(&p.key.0, p.lead), self.cfg.kind_size_tier_ratio)
+            .tier(self.kind(slot), self.cfg.kind_size_tier_ratio)
+    }
+
+    /// The kind of the Program in `slot`.
+    pub(super) fn kind(&self, slot: usize) -> Option<u64> {
+        let p = self.program(slot);
+        kind_of(&p.key.0, p.lead, p.identity.parent_program_id.is_some())
     }
 
     /// Kinds of Program whose sizes are kept (diagnostics).
@@ -215,9 +224,10 @@ mod tests {
     }
 
     #[test]
-    fn the_same_lead_under_another_model_is_another_kind() {
-        assert_ne!(kind_of("a", Some(1)), kind_of("b", Some(1)));
-        assert_eq!(kind_of("a", Some(1)), kind_of("a", Some(1)));
-        assert_eq!(kind_of("a", None), None);
+    fn the_same_lead_under_another_model_or_role_is_another_kind() {
+        assert_ne!(kind_of("a", Some(1), false), kind_of("b", Some(1), false));
+        assert_ne!(kind_of("a", Some(1), false), kind_of("a", Some(1), true));
+        assert_eq!(kind_of("a", Some(1), true), kind_of("a", Some(1), true));
+        assert_eq!(kind_of("a", None, false), None);
     }
 }

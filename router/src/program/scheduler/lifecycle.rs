@@ -206,12 +206,12 @@ impl Scheduler {
     /// The Program in `slot` ended (finished, or forgotten idle): its final context teaches its
     /// kind's size (`resume_order: kind_size`), once per Program.
     pub(super) fn learn_size(&mut self, slot: usize) {
-        let p = self.program_mut(slot);
+        let (kind, p) = (self.kind(slot), self.program_mut(slot));
         if p.size_learned || p.last_complete.is_none() {
             return;
         }
         p.size_learned = true;
-        let (kind, total) = (kinds::kind_of(&p.key.0, p.lead), p.context_tokens);
+        let total = p.context_tokens;
         if self.kinds.learn(kind, total) {
             self.notes.push(Note::Shed {
                 reason: "kind_replaced",

@@ -1,15 +1,25 @@
 //! `resume_order: kind_size`: Programs of a kind far smaller than the fleet's go first, once
-//! their kind's size is learned from Programs that ended; the map of kinds is bounded.
+//! their kind's size is learned from Programs that ended; subagents are a kind apart from their
+//! lead's; the map of kinds is bounded.
 
 use super::*;
 
 /// Runs five single-request Programs of kind `lead` to their end, each `tokens` long.
 fn end_programs(s: &mut Scheduler, t: &mut f64, ticket: &mut Ticket, lead: u64, tokens: u64) {
+    end_as(s, t, ticket, (lead, false), tokens);
+}
+
+/// [`end_programs`] as leads or (`kind.1`) as subagents of a Program "parent".
+fn end_as(s: &mut Scheduler, t: &mut f64, ticket: &mut Ticket, kind: (u64, bool), tokens: u64) {
+    let (lead, subagent) = kind;
     for _ in 0..5 {
         *ticket += 1;
         let name = format!("done-{ticket}");
         let last = with(arrival(*ticket, &name, tokens - 10), |i| {
             i.expected_resume = false;
+            if subagent {
+                i.parent_program_id = Some("parent".into());
+            }
         });
         assert_eq!(dispatched(&s.on_arrival(*t, led(last, lead))), [*ticket]);
         s.on_complete(*t + 0.5, *ticket, usage(tokens - 10, 10));
@@ -62,6 +72,38 @@ fn a_smaller_kind_passes_a_larger_one_once_learned() {
     // Nothing ended yet, or ordered as the spec's `mru`: new Programs oldest first.
     assert_eq!(first_after_hold(ResumeOrder::KindSize, false, false), 101);
     assert_eq!(first_after_hold(ResumeOrder::Mru, true, false), 101);
+}
+
+#[test]
+fn subagents_are_a_kind_apart_from_their_leads() {
+    let c = ProgramSchedulingConfig {
+        resume_order: ResumeOrder::KindSize,
+        max_active_programs_per_target: 1,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    let (mut t, mut ticket) = (0.0, 0);
+    // Leads and their subagents share a system prompt (lead key 2); leads end at ~900 tokens,
+    // subagents at ~100.
+    for (sub, lead) in [(100, 900), (110, 880), (90, 920), (105, 910), (95, 890)] {
+        end_as(&mut s, &mut t, &mut ticket, (2, true), sub);
+        end_as(&mut s, &mut t, &mut ticket, (2, false), lead);
+    }
+    assert_eq!(
+        dispatched(&s.on_arrival(t, arrival(100, "hold", 50))),
+        [100]
+    );
+    s.on_arrival(t + 1.0, led(arrival(101, "lead", 50), 2));
+    let sub = with(arrival(102, "sub", 50), |i| {
+        i.parent_program_id = Some("parent".into());
+    });
+    s.on_arrival(t + 2.0, led(sub, 2));
+    // Were subagents their lead's kind, both would share a tier and the older go first.
+    assert_eq!(
+        dispatched(&s.on_complete(t + 3.0, 100, usage(50, 1))),
+        [102]
+    );
+    s.check_invariants().expect("ledger");
 }
 
 #[test]

@@ -250,6 +250,7 @@ pub fn scheduler(data: &[u8]) {
                         prefix: Vec::new(),
                         // Three system prompts and none: renewals under the same key and not.
                         lead: (word(c, 2) % 4 != 3).then(|| word(c, 2) % 4),
+                        system: (word(c, 2) % 4 != 3).then(|| word(c, 2) % 4),
                     },
                 )
             }
@@ -408,6 +409,7 @@ pub fn peers(data: &[u8]) {
                 tenant: None,
                 prefix: Vec::new(),
                 lead: None,
+                system: None,
             };
             let _ = s.on_arrival(1.0 + i as f64, arrival);
             if let Err(e) = s.check_invariants() {

@@ -388,17 +388,18 @@ impl ProgramRuntime {
     }
 
     /// Admits a request with Program identity; `prompt` (the request's messages or prompt, as
-    /// sent) sizes its token estimate and, for `cache_aware` binding, locates cached prefixes.
+    /// sent) sizes its token estimate and, for `cache_aware` binding, locates cached prefixes;
+    /// `system` (its system prompt's leading bytes, or empty) names its Program's kind.
     pub fn admit(
         self: &Arc<Self>,
         model: &str,
         endpoint: &'static str,
         identity: Identity,
-        prompt: &[u8],
+        (prompt, system): (&[u8], &[u8]),
         tenant: Option<(String, f64)>,
     ) -> (ProgramTicket, Admission) {
         let prompt_bytes = prompt.len();
-        let lead = lead_key(prompt);
+        let (lead, system) = (lead_key(prompt), lead_key(system));
         let prefix = if self.cache_binding {
             PrefixIndex::chain(prompt)
         } else {
@@ -427,6 +428,7 @@ impl ProgramRuntime {
                 tenant,
                 prefix,
                 lead,
+                system,
             },
         );
         let admission = match self.deliver(&mut g, ds, Some(ticket)) {

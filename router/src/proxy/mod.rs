@@ -10,6 +10,7 @@ pub mod relay;
 pub mod request;
 pub mod sse;
 pub mod stored;
+pub mod system_prompt;
 pub mod tool_call;
 pub mod upstream;
 pub mod usage;

@@ -94,6 +94,10 @@ pub struct Peeked {
     /// the last of `system` and `messages` (Anthropic Messages) or `instructions` and `input`
     /// (Responses), so that a shared system prompt is part of the prefix.
     pub prompt: Option<Range<usize>>,
+    /// Leading bytes of the system prompt ([`super::system_prompt`]): `system` (Messages),
+    /// `instructions` (Responses), a first `system` or `developer` message of `messages` or
+    /// `input`, else the completions `prompt`; at most [`super::system_prompt::SCAN_BYTES`].
+    pub system: Option<Range<usize>>,
     /// Session-like key from the body (`session_params.session_id` > `user` > `session_id` >
     /// `user_id` > `metadata.user_id`).
     pub body_key: Option<String>,
@@ -137,6 +141,7 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         None => false,
     };
     let user = p.user.clone().filter(|u| !u.is_empty());
+    let system = system_range(body, &p);
     let body_key = p
         .session_params
         .and_then(|s| s.session_id)
@@ -158,10 +163,28 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         stream_options: p.stream_options.map(|r| span(body, r)),
         xargs: p.vllm_xargs.map(|r| span(body, r)),
         prompt,
+        system,
         body_key,
         user,
         previous_response_id: p.previous_response_id.filter(|id| !id.is_empty()),
     })
+}
+
+/// [`Peeked::system`] of a peeked body.
+fn system_range(body: &[u8], p: &Peek<'_>) -> Option<Range<usize>> {
+    use super::system_prompt::{SCAN_BYTES, chat_system};
+    let lead = |r: Range<usize>| r.start..r.end.min(r.start + SCAN_BYTES);
+    let first_message = |raw: Option<&RawValue>| {
+        let raw = raw?;
+        let at = span(body, raw).start;
+        chat_system(raw.get()).map(|r| at + r.start..at + r.end)
+    };
+    p.system
+        .or(p.instructions)
+        .map(|r| lead(span(body, r)))
+        .or_else(|| first_message(p.messages))
+        .or_else(|| first_message(p.input))
+        .or_else(|| p.prompt.map(|r| lead(span(body, r))))
 }
 
 impl Peeked {
@@ -323,6 +346,45 @@ mod tests {
     }
 
     const CTX: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"vllm_xargs":{"agentic_context":{"program_id":"p"},"k":1}}"#;
+
+    fn system(body: &str) -> Option<String> {
+        let p = peek(body.as_bytes()).expect("peek");
+        p.system.map(|r| body[r].to_string())
+    }
+
+    #[test]
+    fn the_system_prompt_of_each_api() {
+        let chat = |user: &str| {
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"system","content":"Be brief."}},{{"role":"user","content":"{user}"}}]}}"#
+            )
+        };
+        let sys = r#"{"role":"system","content":"Be brief."}"#;
+        assert_eq!(system(&chat("a")).as_deref(), Some(sys));
+        assert_eq!(
+            system(&chat("b")),
+            system(&chat("a")),
+            "not the user's words"
+        );
+        assert_eq!(system(CTX), None, "no system message");
+        let messages = r#"{"model":"m","system":[{"type":"text","text":"S"}],"messages":[]}"#;
+        assert_eq!(
+            system(messages).as_deref(),
+            Some(r#"[{"type":"text","text":"S"}]"#)
+        );
+        let responses = r#"{"model":"m","instructions":"I","input":"hi"}"#;
+        assert_eq!(system(responses).as_deref(), Some(r#""I""#));
+        let input = r#"{"model":"m","input":[{"role":"developer","content":"D"},{"role":"user","content":"u"}]}"#;
+        assert_eq!(
+            system(input).as_deref(),
+            Some(r#"{"role":"developer","content":"D"}"#)
+        );
+        // Completions: the prompt's first bytes, all there is.
+        let long = format!(r#"{{"model":"m","prompt":"{}"}}"#, "p".repeat(3000));
+        let s = system(&long).expect("a prompt");
+        assert_eq!(s.len(), crate::proxy::system_prompt::SCAN_BYTES);
+        assert!(s.starts_with(r#""ppp"#));
+    }
 
     #[test]
     fn agentic_context_modes() {

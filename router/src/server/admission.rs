@@ -132,6 +132,8 @@ pub(super) struct ProgramRequest<'a> {
     /// The route it came on.
     pub endpoint: &'static str,
     pub prompt: &'a [u8],
+    /// The system prompt's leading bytes (empty when the request has none).
+    pub system: &'a [u8],
     pub tenant: Option<&'a str>,
 }
 
@@ -161,7 +163,13 @@ pub(super) async fn program_admission(
         .as_ref()
         .zip(req.tenant)
         .map(|(f, t)| (t.to_string(), f.weight(t)));
-    let (ticket, admission) = rt.admit(model, req.endpoint, req.id, req.prompt, tenant);
+    let (ticket, admission) = rt.admit(
+        model,
+        req.endpoint,
+        req.id,
+        (req.prompt, req.system),
+        tenant,
+    );
     let queue_timeout = || {
         ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,

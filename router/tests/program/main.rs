@@ -415,6 +415,7 @@ async fn get_metrics(c: &HttpClient, r: &Router) -> String {
 mod clients;
 mod estimate;
 mod events;
+mod kinds;
 mod metrics_parity;
 mod reloads;
 mod tools;

@@ -215,7 +215,8 @@ fn prefix_chain(prompt: &[u32]) -> Vec<u64> {
     program_router::policies::prefix_index::PrefixIndex::chain(&bytes)
 }
 
-/// The prompt's lead key, as the router computes it from the bytes it is sent.
+/// The prompt's lead key, as the router computes it from the bytes it is sent (of the system
+/// prompt alone, its kind's key).
 fn prompt_lead(prompt: &[u32]) -> Option<u64> {
     let n = prompt
         .len()
@@ -622,6 +623,9 @@ pub fn run_with(
                                     Vec::new()
                                 },
                                 lead: prompt_lead(&p.prompt),
+                                system: prompt_lead(
+                                    &p.prompt[..p.prompt.len().min(turn.system_tokens as usize)],
+                                ),
                             };
                             let start = Instant::now();
                             let ds = s.on_arrival(now, a);

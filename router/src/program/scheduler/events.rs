@@ -63,6 +63,7 @@ impl Scheduler {
             .unwrap_or_else(|| p.last_step.map_or(0, |s| s + 1));
         p.last_step = Some(step);
         p.lead = a.lead;
+        p.system = a.system;
         p.identity = Identity {
             step_id: Some(step),
             ..a.identity.clone()

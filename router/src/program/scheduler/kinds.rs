@@ -1,9 +1,10 @@
 //! Kinds of Program and their sizes, for `resume_order: kind_size`: Programs of a kind that
 //! runs much smaller than the fleet's average go before those of a kind that runs much larger.
 //!
-//! A kind is the model, the prompt's lead key ([`super::lead_key`]: its system prompt) and
-//! whether the Program is a subagent: subagents share their lead's system prompt but not its
-//! size, so they are a kind of their own. Each
+//! A kind is the model, the system prompt ([`super::Arrival::system`]: a hash of its leading
+//! bytes, whatever the session's own messages say) and whether the Program is a subagent:
+//! subagents share their lead's system prompt but not its size, so they are a kind of their
+//! own. Each
 //! kind keeps the final context (tokens) of its latest `stats_window_size` Programs that ended;
 //! all kinds' latest are also pooled. A kind's tier is `round(log_r(its mean / the pooled
 //! mean))`, `r` = `kind_size_tier_ratio`, and 0 — the fleet's own tier — until it has
@@ -29,10 +30,10 @@ pub const DISTINCT_STANDARD_ERRORS: f64 = 2.0;
 /// The tier of kinds that are the fleet's size (or not known apart from it).
 const FLEET_TIER: u64 = 1 << 32;
 
-/// A kind's key: a hash of the model, the lead key and the role (lead or subagent); `None`
-/// without a lead key.
-pub fn kind_of(model: &str, lead: Option<u64>, subagent: bool) -> Option<u64> {
-    let lead = lead?;
+/// A kind's key: a hash of the model, the system prompt's key and the role (lead or
+/// subagent); `None` without a system prompt.
+pub fn kind_of(model: &str, system: Option<u64>, subagent: bool) -> Option<u64> {
+    let lead = system?;
     let mut bytes = Vec::with_capacity(model.len() + 9);
     bytes.extend_from_slice(model.as_bytes());
     bytes.extend_from_slice(&lead.to_le_bytes());
@@ -140,7 +141,7 @@ impl super::Scheduler {
     /// The kind of the Program in `slot`.
     pub(super) fn kind(&self, slot: usize) -> Option<u64> {
         let p = self.program(slot);
-        kind_of(&p.key.0, p.lead, p.identity.parent_program_id.is_some())
+        kind_of(&p.key.0, p.system, p.identity.parent_program_id.is_some())
     }
 
     /// Kinds of Program whose sizes are kept (diagnostics).

@@ -155,6 +155,7 @@ impl Scheduler {
             shared_prefix: 0,
             shared_at: now,
             lead: None,
+            system: None,
             fresh_start: true,
             generation: 0,
             placement: "binding",

@@ -60,6 +60,9 @@ pub struct Arrival {
     /// A hash of the prompt's leading bytes ([`lead_key`]): requests with the same key start
     /// with the same shared prefix (a system prompt); `None` when unknown.
     pub lead: Option<u64>,
+    /// A hash of the system prompt's leading bytes alone ([`lead_key`] of them): its
+    /// Program's kind for `resume_order: kind_size`; `None` without a system prompt.
+    pub system: Option<u64>,
 }
 
 /// Bytes of a prompt that [`lead_key`] hashes: two prompts equal this far are taken to start
@@ -243,6 +246,8 @@ pub(crate) struct Program {
     pub shared_at: f64,
     /// Its latest request's [`Arrival::lead`] key.
     pub lead: Option<u64>,
+    /// Its latest request's [`Arrival::system`] key.
+    pub system: Option<u64>,
     /// The next completion is the first on this placement: its cached tokens measure sharing.
     pub fresh_start: bool,
     /// Times it moved to another rank (cross-rank resume, re-home), and how it got its rank.

@@ -46,6 +46,7 @@ fn arrival(ticket: Ticket, program: &str, prompt: u64) -> Arrival {
         tenant: None,
         prefix: Vec::new(),
         lead: None,
+        system: None,
     }
 }
 
@@ -57,6 +58,7 @@ fn with(mut a: Arrival, f: impl FnOnce(&mut Identity)) -> Arrival {
 /// `a` whose prompt starts with the shared prefix (system prompt) keyed `lead`.
 fn led(mut a: Arrival, lead: u64) -> Arrival {
     a.lead = Some(lead);
+    a.system = Some(lead);
     a
 }
 

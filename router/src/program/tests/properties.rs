@@ -145,6 +145,7 @@ fn run(
                 };
                 // Three kinds of Program (system prompts) for `kind_size`, and some without.
                 a.lead = (program % 4 != 3).then(|| u64::from(program % 4));
+                a.system = a.lead;
                 s.on_arrival(now, a)
             }
             Ev::Complete { pick, growth } if !in_flight.is_empty() => {

@@ -1,0 +1,59 @@
+//! Kinds of Program (`resume_order: kind_size`) are named by the system prompt the router reads
+//! from the request, not by the session's own messages: chat sessions of one app share a kind
+//! however short its system prompt is.
+
+use super::*;
+
+/// A one-request session (it says it ends) with `system` as its system message, if any.
+fn session(program: &str, system: Option<&str>, user: &str) -> String {
+    let mut body: Value =
+        serde_json::from_str(&program_body(program, 0, json!({"expected_resume": false})))
+            .expect("json");
+    let mut messages = vec![json!({"role": "user", "content": user})];
+    if let Some(s) = system {
+        messages.insert(0, json!({"role": "system", "content": s}));
+    }
+    body["messages"] = json!(messages);
+    body.to_string()
+}
+
+#[tokio::test]
+async fn sessions_of_one_system_prompt_are_one_kind_whatever_their_messages() {
+    let (_s, r) = setup(ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(100_000),
+        ..Default::default()
+    })
+    .await;
+    let c = client();
+    let kinds = |d: Value| d["program_kinds"].as_u64();
+    assert_eq!(kinds(diagnostics(&c, &r).await), Some(0));
+    let send = |body: String| {
+        let (c, url) = (c.clone(), r.url(CHAT));
+        async move {
+            let reply = post(&c, &url, &body).await;
+            assert_eq!(reply.status, 200, "{}", reply.text());
+        }
+    };
+    for (i, question) in ["What is KV?", "Summarize this.", "Translate: hola"]
+        .iter()
+        .enumerate()
+    {
+        send(session(&format!("chat-{i}"), Some("Be brief."), question)).await;
+    }
+    assert_eq!(
+        kinds(diagnostics(&c, &r).await),
+        Some(1),
+        "three sessions of one short system prompt"
+    );
+    // No system prompt: no kind (the fleet's tier), however many such sessions end.
+    send(session("bare-0", None, "hi")).await;
+    send(session("bare-1", None, "hello")).await;
+    assert_eq!(kinds(diagnostics(&c, &r).await), Some(1));
+    send(session(
+        "agent-0",
+        Some("You are a coding agent."),
+        "fix it",
+    ))
+    .await;
+    assert_eq!(kinds(diagnostics(&c, &r).await), Some(2), "another app");
+}

@@ -3,16 +3,18 @@
 //! prompt is and whatever their first user message says.
 //!
 //! Chat's system prompt is the first message of `messages` when its role is `system` or
-//! `developer`; reading it costs at most [`SCAN_BYTES`] bytes of the array, whatever its size.
+//! `developer`. Only that message is read, its strings skipped at `memchr` speed, so a client
+//! that writes `content` before `role` costs a scan of its system prompt, not of the whole
+//! conversation.
 
 use std::ops::Range;
 
-/// The most bytes of a system prompt a kind is named by, and of `messages` read to find it.
+/// The most bytes of a system prompt a kind is named by.
 pub const SCAN_BYTES: usize = 1024;
 
 /// The leading bytes (at most [`SCAN_BYTES`]) of the first message of the chat `messages` array
 /// `raw` (valid JSON, as the request's peek validated it), as a range of `raw`, when that
-/// message is an object whose `role` — read within those bytes — is `system` or `developer`.
+/// message is an object whose `role` is `system` or `developer`.
 pub fn chat_system(raw: &str) -> Option<Range<usize>> {
     let b = raw.as_bytes();
     let open = b.iter().position(|c| !c.is_ascii_whitespace())?;
@@ -27,38 +29,31 @@ pub fn chat_system(raw: &str) -> Option<Range<usize>> {
     if b[start] != b'{' {
         return None;
     }
-    let limit = b.len().min(start + SCAN_BYTES);
-    // A small JSON walk of the first element: nesting depth, strings (with escapes), and at
-    // depth 1 which string is a key and which the value after a `:`.
-    let (mut depth, mut string_at, mut escaped, mut after_colon) = (0usize, None, false, false);
+    // A small walk of the first element: nesting depth, strings, and at depth 1 which string
+    // is a key and which the value after a `:`. It stops at the element's end, or once the role
+    // is known and either is not a system role or `SCAN_BYTES` of the element are behind.
+    let (mut depth, mut after_colon, mut i) = (0usize, false, start);
     let (mut key, mut role): (Option<Range<usize>>, Option<Range<usize>>) = (None, None);
-    let mut end = limit;
-    for (i, &c) in b.iter().enumerate().take(limit).skip(start) {
-        if let Some(s) = string_at {
-            if escaped {
-                escaped = false;
-            } else if c == b'\\' {
-                escaped = true;
-            } else if c == b'"' {
-                string_at = None;
+    let mut end = None;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                let close = string_end(b, i + 1)?;
                 if depth == 1 {
-                    let text = s + 1..i;
+                    let text = i + 1..close;
                     if !after_colon {
                         key = Some(text);
                     } else if key.as_ref().is_some_and(|k| &b[k.clone()] == b"role") {
                         role = Some(text);
                     }
                 }
+                i = close;
             }
-            continue;
-        }
-        match c {
-            b'"' => string_at = Some(i),
             b'{' | b'[' => depth += 1,
             b'}' | b']' => {
                 depth = depth.saturating_sub(1);
                 if depth == 0 {
-                    end = i + 1;
+                    end = Some(i + 1);
                     break;
                 }
             }
@@ -69,9 +64,31 @@ pub fn chat_system(raw: &str) -> Option<Range<usize>> {
             }
             _ => {}
         }
+        if role
+            .as_ref()
+            .is_some_and(|r| i >= start + SCAN_BYTES || !is_system(&b[r.clone()]))
+        {
+            break;
+        }
+        i += 1;
     }
-    let role = &b[role?];
-    (role == b"system" || role == b"developer").then_some(start..end)
+    let end = end.unwrap_or(b.len()).min(start + SCAN_BYTES);
+    is_system(&b[role?]).then_some(start..end)
+}
+
+fn is_system(role: &[u8]) -> bool {
+    role == b"system" || role == b"developer"
+}
+
+/// The index of the `"` that closes the string whose text starts at `from`.
+fn string_end(b: &[u8], mut from: usize) -> Option<usize> {
+    loop {
+        let at = from + memchr::memchr2(b'"', b'\\', b.get(from..)?)?;
+        if b[at] == b'"' {
+            return Some(at);
+        }
+        from = at + 2;
+    }
 }
 
 #[cfg(test)]
@@ -113,9 +130,14 @@ mod tests {
         );
         let r = chat_system(&long).expect("system");
         assert_eq!(r, 1..1 + SCAN_BYTES);
-        // Its role past the bytes read: not known, so no system prompt.
-        let late = format!(r#"[{{"content":"{}","role":"system"}}]"#, "a".repeat(5000));
-        assert_eq!(chat_system(&late), None);
+        // Its role after a long content: found all the same.
+        let late = format!(
+            r#"[{{"content":"{}\"","role":"system"}},{{"role":"user"}}]"#,
+            "a".repeat(5000)
+        );
+        assert_eq!(chat_system(&late), Some(1..1 + SCAN_BYTES));
+        let user = format!(r#"[{{"content":"{}","role":"user"}}]"#, "a".repeat(5000));
+        assert_eq!(chat_system(&user), None);
     }
 
     #[test]

@@ -56,4 +56,9 @@ async fn sessions_of_one_system_prompt_are_one_kind_whatever_their_messages() {
     ))
     .await;
     assert_eq!(kinds(diagnostics(&c, &r).await), Some(2), "another app");
+    // A long system prompt whose `content` comes before its `role` (`json!` sorts the keys).
+    let long = "Follow the repository's conventions. ".repeat(100);
+    send(session("long-0", Some(&long), "a")).await;
+    send(session("long-1", Some(&long), "b")).await;
+    assert_eq!(kinds(diagnostics(&c, &r).await), Some(3));
 }

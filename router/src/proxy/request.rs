@@ -173,7 +173,7 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
 /// [`Peeked::system`] of a peeked body.
 fn system_range(body: &[u8], p: &Peek<'_>) -> Option<Range<usize>> {
     use super::system_prompt::{SCAN_BYTES, chat_system};
-    let lead = |r: Range<usize>| r.start..r.end.min(r.start + SCAN_BYTES);
+    let leading = |r: Range<usize>| r.start..r.end.min(r.start + SCAN_BYTES);
     let first_message = |raw: Option<&RawValue>| {
         let raw = raw?;
         let at = span(body, raw).start;
@@ -181,10 +181,10 @@ fn system_range(body: &[u8], p: &Peek<'_>) -> Option<Range<usize>> {
     };
     p.system
         .or(p.instructions)
-        .map(|r| lead(span(body, r)))
+        .map(|r| leading(span(body, r)))
         .or_else(|| first_message(p.messages))
         .or_else(|| first_message(p.input))
-        .or_else(|| p.prompt.map(|r| lead(span(body, r))))
+        .or_else(|| p.prompt.map(|r| leading(span(body, r))))
 }
 
 impl Peeked {

@@ -4,10 +4,9 @@
 //! A kind is the model, the system prompt ([`super::Arrival::system`]: a hash of its leading
 //! bytes, whatever the session's own messages say) and whether the Program is a subagent:
 //! subagents share their lead's system prompt but not its size, so they are a kind of their
-//! own. Each
-//! kind keeps the final context (tokens) of its latest `stats_window_size` Programs that ended;
-//! all kinds' latest are also pooled. A kind's tier is `round(log_r(its mean / the pooled
-//! mean))`, `r` = `kind_size_tier_ratio`, and 0 — the fleet's own tier — until it has
+//! own. Each kind keeps the final context (tokens) of its latest `stats_window_size` Programs
+//! that ended; all kinds' latest are also pooled. A kind's tier is `round(log_r(its mean / the
+//! pooled mean))`, `r` = `kind_size_tier_ratio`, and 0 — the fleet's own tier — until it has
 //! [`MIN_KIND_SAMPLES`] samples and its mean is more than [`DISTINCT_STANDARD_ERRORS`] standard
 //! errors from the pooled one. Kinds that differ only by their samples' noise (two system
 //! prompts of one agent) thus share a tier, and within a tier the queue keeps its `mru` order.
@@ -33,10 +32,10 @@ const FLEET_TIER: u64 = 1 << 32;
 /// A kind's key: a hash of the model, the system prompt's key and the role (lead or
 /// subagent); `None` without a system prompt.
 pub fn kind_of(model: &str, system: Option<u64>, subagent: bool) -> Option<u64> {
-    let lead = system?;
+    let system = system?;
     let mut bytes = Vec::with_capacity(model.len() + 9);
     bytes.extend_from_slice(model.as_bytes());
-    bytes.extend_from_slice(&lead.to_le_bytes());
+    bytes.extend_from_slice(&system.to_le_bytes());
     bytes.push(u8::from(subagent));
     Some(crate::hash::stable_hash(&bytes))
 }

@@ -94,10 +94,8 @@ pub struct Peeked {
     /// the last of `system` and `messages` (Anthropic Messages) or `instructions` and `input`
     /// (Responses), so that a shared system prompt is part of the prefix.
     pub prompt: Option<Range<usize>>,
-    /// Leading bytes of the system prompt ([`super::system_prompt`]): `system` (Messages),
-    /// `instructions` (Responses), a first `system` or `developer` message of `messages` or
-    /// `input`, else the completions `prompt`; at most [`super::system_prompt::SCAN_BYTES`].
-    pub system: Option<Range<usize>>,
+    /// Where the system prompt is, read by [`Peeked::system`] only when asked.
+    system: Option<SystemAt>,
     /// Session-like key from the body (`session_params.session_id` > `user` > `session_id` >
     /// `user_id` > `metadata.user_id`).
     pub body_key: Option<String>,
@@ -141,7 +139,23 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         None => false,
     };
     let user = p.user.clone().filter(|u| !u.is_empty());
-    let system = system_range(body, &p);
+    // The first of these fields present says where a system prompt would be.
+    let system = [
+        (p.system, false),
+        (p.instructions, false),
+        (p.messages, true),
+        (p.input, true),
+        (p.prompt, false),
+    ]
+    .into_iter()
+    .find_map(|(raw, messages)| {
+        let at = span(body, raw?);
+        Some(if messages {
+            SystemAt::FirstMessage(at)
+        } else {
+            SystemAt::Whole(at)
+        })
+    });
     let body_key = p
         .session_params
         .and_then(|s| s.session_id)
@@ -170,24 +184,29 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
     })
 }
 
-/// [`Peeked::system`] of a peeked body.
-fn system_range(body: &[u8], p: &Peek<'_>) -> Option<Range<usize>> {
-    use super::system_prompt::{SCAN_BYTES, chat_system};
-    let leading = |r: Range<usize>| r.start..r.end.min(r.start + SCAN_BYTES);
-    let first_message = |raw: Option<&RawValue>| {
-        let raw = raw?;
-        let at = span(body, raw).start;
-        chat_system(raw.get()).map(|r| at + r.start..at + r.end)
-    };
-    p.system
-        .or(p.instructions)
-        .map(|r| leading(span(body, r)))
-        .or_else(|| first_message(p.messages))
-        .or_else(|| first_message(p.input))
-        .or_else(|| p.prompt.map(|r| leading(span(body, r))))
+/// Where a body's system prompt is: a whole field (Messages `system`, Responses `instructions`,
+/// or for completions the `prompt`), or the first message of a list (`messages`, `input`) when
+/// its role is a system one.
+#[derive(Debug, Clone, PartialEq)]
+enum SystemAt {
+    Whole(Range<usize>),
+    FirstMessage(Range<usize>),
 }
 
 impl Peeked {
+    /// The leading bytes (at most [`super::system_prompt::SCAN_BYTES`]) of the system prompt of
+    /// `body` (the body this was peeked from), as a range of it; `None` without one.
+    pub fn system(&self, body: &[u8]) -> Option<Range<usize>> {
+        use super::system_prompt::{SCAN_BYTES, chat_system};
+        match self.system.as_ref()? {
+            SystemAt::Whole(r) => Some(r.start..r.end.min(r.start + SCAN_BYTES)),
+            SystemAt::FirstMessage(r) => {
+                let raw = std::str::from_utf8(body.get(r.clone())?).ok()?;
+                chat_system(raw).map(|m| r.start + m.start..r.start + m.end)
+            }
+        }
+    }
+
     /// The value of `vllm_xargs.agentic_context`, if present.
     pub fn agentic_context(&self, body: &[u8]) -> Result<Option<serde_json::Value>, ApiError> {
         let Some(r) = &self.xargs else {
@@ -349,7 +368,7 @@ mod tests {
 
     fn system(body: &str) -> Option<String> {
         let p = peek(body.as_bytes()).expect("peek");
-        p.system.map(|r| body[r].to_string())
+        p.system(body.as_bytes()).map(|r| body[r].to_string())
     }
 
     #[test]

@@ -334,8 +334,6 @@ struct Generation<'a> {
     peeked: Peeked,
     /// Zero-copy view of the prompt in the client's buffer (edits never touch it).
     prompt: Bytes,
-    /// The same of the system prompt's leading bytes ([`Peeked::system`]).
-    system: Bytes,
 }
 
 impl<'a> Generation<'a> {
@@ -346,16 +344,10 @@ impl<'a> Generation<'a> {
             .clone()
             .map(|r| admitted.body.slice(r))
             .unwrap_or_default();
-        let system = peeked
-            .system
-            .clone()
-            .map(|r| admitted.body.slice(r))
-            .unwrap_or_default();
         Ok(Generation {
             admitted,
             peeked,
             prompt,
-            system,
         })
     }
 
@@ -489,7 +481,11 @@ impl<'a> Generation<'a> {
             model: self.peeked.model.as_deref(),
             endpoint: self.admitted.route,
             prompt: &self.prompt,
-            system: &self.system,
+            system: self
+                .peeked
+                .system(&self.admitted.body)
+                .and_then(|r| self.admitted.body.get(r))
+                .unwrap_or_default(),
             tenant,
         };
         let started = Instant::now();

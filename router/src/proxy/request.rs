@@ -201,8 +201,7 @@ impl Peeked {
         match self.system.as_ref()? {
             SystemAt::Whole(r) => Some(r.start..r.end.min(r.start + SCAN_BYTES)),
             SystemAt::FirstMessage(r) => {
-                let raw = std::str::from_utf8(body.get(r.clone())?).ok()?;
-                chat_system(raw).map(|m| r.start + m.start..r.start + m.end)
+                chat_system(body.get(r.clone())?).map(|m| r.start + m.start..r.start + m.end)
             }
         }
     }

@@ -13,10 +13,9 @@ use std::ops::Range;
 pub const SCAN_BYTES: usize = 1024;
 
 /// The leading bytes (at most [`SCAN_BYTES`]) of the first message of the chat `messages` array
-/// `raw` (valid JSON, as the request's peek validated it), as a range of `raw`, when that
+/// `b` (valid JSON, as the request's peek validated it), as a range of `b`, when that
 /// message is an object whose `role` is `system` or `developer`.
-pub fn chat_system(raw: &str) -> Option<Range<usize>> {
-    let b = raw.as_bytes();
+pub fn chat_system(b: &[u8]) -> Option<Range<usize>> {
     let open = b.iter().position(|c| !c.is_ascii_whitespace())?;
     if b[open] != b'[' {
         return None;
@@ -96,7 +95,7 @@ mod tests {
     use super::*;
 
     fn system(raw: &str) -> Option<&str> {
-        chat_system(raw).map(|r| &raw[r])
+        chat_system(raw.as_bytes()).map(|r| &raw[r])
     }
 
     #[test]
@@ -128,16 +127,16 @@ mod tests {
             r#"[{{"role":"system","content":"{}"}},{{"role":"user","content":"x"}}]"#,
             "a".repeat(5000)
         );
-        let r = chat_system(&long).expect("system");
+        let r = chat_system(long.as_bytes()).expect("system");
         assert_eq!(r, 1..1 + SCAN_BYTES);
         // Its role after a long content: found all the same.
         let late = format!(
             r#"[{{"content":"{}\"","role":"system"}},{{"role":"user"}}]"#,
             "a".repeat(5000)
         );
-        assert_eq!(chat_system(&late), Some(1..1 + SCAN_BYTES));
+        assert_eq!(chat_system(late.as_bytes()), Some(1..1 + SCAN_BYTES));
         let user = format!(r#"[{{"content":"{}","role":"user"}}]"#, "a".repeat(5000));
-        assert_eq!(chat_system(&user), None);
+        assert_eq!(chat_system(user.as_bytes()), None);
     }
 
     #[test]
@@ -153,7 +152,7 @@ mod tests {
             "",
             "[",
         ] {
-            assert_eq!(chat_system(raw), None, "{raw}");
+            assert_eq!(chat_system(raw.as_bytes()), None, "{raw}");
         }
     }
 }

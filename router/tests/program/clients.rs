@@ -317,8 +317,7 @@ async fn claude_code_messages_and_codex_responses_are_program_scheduled() {
     // their session headers make Programs, and each API's own usage reaches the scheduler.
     let (_s, r) = setup(ProgramSchedulingConfig {
         program_scheduling_enable_key: program_router::config::program::EnableKey::Auto,
-        token_capacity_per_dp_rank: Some(100_000),
-        ..Default::default()
+        ..roomy()
     })
     .await;
     let c = client();
@@ -393,10 +392,9 @@ async fn a_session_header_program_idle_past_every_tool_call_counts_as_finished()
     // pauses the Program, which then counts as finished once idle for longer than that.
     let (_s, r) = setup(ProgramSchedulingConfig {
         program_scheduling_enable_key: program_router::config::program::EnableKey::Auto,
-        token_capacity_per_dp_rank: Some(100_000),
         ttl_min_samples: Some(1),
         max_acting_ttl_seconds: 0.0,
-        ..Default::default()
+        ..roomy()
     })
     .await;
     let c = client();

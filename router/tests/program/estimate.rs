@@ -8,11 +8,7 @@ use super::*;
 /// series says so.
 #[tokio::test]
 async fn the_estimate_error_is_recorded_for_every_completion_with_usage() {
-    let (_s, r) = setup(ProgramSchedulingConfig {
-        token_capacity_per_dp_rank: Some(100_000),
-        ..Default::default()
-    })
-    .await;
+    let (_s, r) = setup(roomy()).await;
     let c = client();
     for turn in 0..4 {
         let body = program_body("estimated", 200 + turn * 20, json!({}));

@@ -19,11 +19,7 @@ fn session(program: &str, system: Option<&str>, user: &str) -> String {
 
 #[tokio::test]
 async fn sessions_of_one_system_prompt_are_one_kind_whatever_their_messages() {
-    let (_s, r) = setup(ProgramSchedulingConfig {
-        token_capacity_per_dp_rank: Some(100_000),
-        ..Default::default()
-    })
-    .await;
+    let (_s, r) = setup(roomy()).await;
     let c = client();
     let kinds = |d: Value| d["program_kinds"].as_u64();
     assert_eq!(kinds(diagnostics(&c, &r).await), Some(0));

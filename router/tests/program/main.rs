@@ -29,6 +29,14 @@ fn program_body(program: &str, words: usize, ctx_extra: Value) -> String {
     .to_string()
 }
 
+/// Program scheduling with room for every request the tests send (100K tokens per rank).
+fn roomy() -> ProgramSchedulingConfig {
+    ProgramSchedulingConfig {
+        token_capacity_per_dp_rank: Some(100_000),
+        ..Default::default()
+    }
+}
+
 async fn setup(ps: ProgramSchedulingConfig) -> (vllm_sim::server::Spawned, Router) {
     let s = sim(&["--time-scale", "20"]).await;
     let cfg = RouterConfig {
@@ -370,11 +378,7 @@ async fn capacity_is_read_from_the_backend_when_not_configured() {
 
 #[tokio::test]
 async fn streamed_program_requests_report_usage_to_the_scheduler() {
-    let (_s, r) = setup(ProgramSchedulingConfig {
-        token_capacity_per_dp_rank: Some(100_000),
-        ..Default::default()
-    })
-    .await;
+    let (_s, r) = setup(roomy()).await;
     let c = client();
     let mut body: Value =
         serde_json::from_str(&program_body("streamer", 100, json!({}))).expect("json");

@@ -116,11 +116,7 @@ async fn a_reload_that_changes_targets_keeps_programs_and_retained_requests() {
 
 #[tokio::test]
 async fn a_prefix_shared_between_programs_is_observed_and_reported() {
-    let ps = ProgramSchedulingConfig {
-        token_capacity_per_dp_rank: Some(100_000),
-        ..Default::default()
-    };
-    let (_s, r) = setup(ps).await;
+    let (_s, r) = setup(roomy()).await;
     let c = client();
     let system = "s ".repeat(400);
     let body = |program: &str| {

@@ -22,17 +22,16 @@ async fn send(c: &HttpClient, r: &Router, body: String) -> String {
     reply.text()
 }
 
-fn roomy(tool_ttl_min_samples: u32) -> ProgramSchedulingConfig {
+fn roomy_with(tool_ttl_min_samples: u32) -> ProgramSchedulingConfig {
     ProgramSchedulingConfig {
-        token_capacity_per_dp_rank: Some(100_000),
         tool_ttl_min_samples,
-        ..Default::default()
+        ..roomy()
     }
 }
 
 #[tokio::test]
 async fn the_tool_a_response_calls_is_read_streamed_or_not() {
-    let (_s, r) = setup(roomy(50)).await;
+    let (_s, r) = setup(roomy_with(50)).await;
     let c = client();
     let keys = |d: Value| d["return_time_profile_keys"].as_u64();
     assert_eq!(keys(diagnostics(&c, &r).await), Some(0));
@@ -54,7 +53,7 @@ async fn the_tool_a_response_calls_is_read_streamed_or_not() {
 
 #[tokio::test]
 async fn with_tools_not_told_apart_responses_are_not_read_for_them() {
-    let (_s, r) = setup(roomy(0)).await;
+    let (_s, r) = setup(roomy_with(0)).await;
     let c = client();
     send(&c, &r, calling("p", Some("read_file"), false)).await;
     send(&c, &r, calling("p", Some("run_tests"), true)).await;

@@ -385,7 +385,8 @@ impl ProgramMetrics {
                      max_programs Programs were held and none was idle (programs_full), and idle \
                      Programs forgotten to make room for a new one (program_evicted); tool calls \
                      left unlabeled because max_tools tool names were kept (tool_unlabeled); \
-                     kinds of Program whose sizes were forgotten for a new kind (kind_replaced).",
+                     kinds of Program whose sizes were forgotten for a new kind (kind_replaced; \
+                     kind_replaced_unsettled for a kind with fewer than 5 Programs ended).",
                     ),
                     &["reason"],
                 )?,

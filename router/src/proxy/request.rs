@@ -185,8 +185,8 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
 }
 
 /// Where a body's system prompt is: a whole field (Messages `system`, Responses `instructions`,
-/// or for completions the `prompt`), or the first message of a list (`messages`, `input`) when
-/// its role is a system one.
+/// or for completions the `prompt`), or the first message of a list (`messages`, `input`): the
+/// system message, or without one the first user message (an agent's template).
 #[derive(Debug, Clone, PartialEq)]
 enum SystemAt {
     Whole(Range<usize>),
@@ -195,13 +195,14 @@ enum SystemAt {
 
 impl Peeked {
     /// The leading bytes (at most [`super::system_prompt::SCAN_BYTES`]) of the system prompt of
-    /// `body` (the body this was peeked from), as a range of it; `None` without one.
+    /// `body` (the body this was peeked from), or of its first message without one, as a range
+    /// of it; `None` when the body has neither.
     pub fn system(&self, body: &[u8]) -> Option<Range<usize>> {
-        use super::system_prompt::{SCAN_BYTES, chat_system};
+        use super::system_prompt::{SCAN_BYTES, first_message};
         match self.system.as_ref()? {
             SystemAt::Whole(r) => Some(r.start..r.end.min(r.start + SCAN_BYTES)),
             SystemAt::FirstMessage(r) => {
-                chat_system(body.get(r.clone())?).map(|m| r.start + m.start..r.start + m.end)
+                first_message(body.get(r.clone())?).map(|m| r.start + m.start..r.start + m.end)
             }
         }
     }
@@ -384,7 +385,13 @@ mod tests {
             system(&chat("a")),
             "not the user's words"
         );
-        assert_eq!(system(CTX), None, "no system message");
+        assert_eq!(
+            system(CTX).as_deref(),
+            Some(r#"{"role":"user","content":"hi"}"#),
+            "no system message: the first message"
+        );
+        assert_eq!(system(r#"{"model":"m","messages":[]}"#), None);
+        assert_eq!(system(r#"{"model":"m"}"#), None);
         let messages = r#"{"model":"m","system":[{"type":"text","text":"S"}],"messages":[]}"#;
         assert_eq!(
             system(messages).as_deref(),

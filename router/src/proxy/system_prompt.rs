@@ -1,82 +1,58 @@
 //! Where a request's system prompt starts: the bytes that name a Program's kind for
 //! `resume_order: kind_size`, so that sessions of one app share a kind however short its system
-//! prompt is and whatever their first user message says.
+//! prompt is and whatever their later messages say.
 //!
-//! Chat's system prompt is the first message of `messages` when its role is `system` or
-//! `developer`. Only that message is read, its strings skipped at `memchr` speed, so a client
-//! that writes `content` before `role` costs a scan of its system prompt, not of the whole
-//! conversation.
+//! For `messages` (chat, Anthropic Messages) and Responses `input` these are the leading bytes
+//! of the first message: the system prompt when there is one, and otherwise the first user
+//! message, which agents that keep their instructions in a template put there. Only that message
+//! is read, its strings skipped at `memchr` speed and at most [`SCAN_BYTES`] of it, so the walk
+//! costs a KiB, not the conversation.
 
 use std::ops::Range;
 
 /// The most bytes of a system prompt a kind is named by.
 pub const SCAN_BYTES: usize = 1024;
 
-/// The leading bytes (at most [`SCAN_BYTES`]) of the first message of the chat `messages` array
-/// `b` (valid JSON, as the request's peek validated it), as a range of `b`, when that
-/// message is an object whose `role` is `system` or `developer`.
-pub fn chat_system(b: &[u8]) -> Option<Range<usize>> {
+/// The leading bytes (at most [`SCAN_BYTES`]) of the first message of the list `b` (valid
+/// JSON, as the request's peek validated it), as a range of `b`; of `b` itself when it is not
+/// a list (a Responses `input` string). `None` for an empty list.
+pub fn first_message(b: &[u8]) -> Option<Range<usize>> {
     let open = b.iter().position(|c| !c.is_ascii_whitespace())?;
     if b[open] != b'[' {
-        return None;
+        let end = b.iter().rposition(|c| !c.is_ascii_whitespace())? + 1;
+        return Some(open..end.min(open + SCAN_BYTES));
     }
     let start = open
         + 1
         + b[open + 1..]
             .iter()
             .position(|c| !c.is_ascii_whitespace())?;
-    if b[start] != b'{' {
+    if b[start] == b']' {
         return None;
     }
-    // A small walk of the first element: nesting depth, strings, and at depth 1 which string
-    // is a key and which the value after a `:`. It stops at the element's end, or once the role
-    // is known and either is not a system role or `SCAN_BYTES` of the element are behind.
-    let (mut depth, mut after_colon, mut i) = (0usize, false, start);
-    let (mut key, mut role): (Option<Range<usize>>, Option<Range<usize>>) = (None, None);
-    let mut end = None;
-    while i < b.len() {
+    // The element ends where its depth returns to 0: after its closing bracket or quote, or
+    // (a bare number or literal) before the `,` or `]` after it.
+    let (mut depth, mut i) = (0usize, start);
+    let end = loop {
+        if i >= b.len() || i >= start + SCAN_BYTES {
+            break i;
+        }
         match b[i] {
             b'"' => {
-                let close = string_end(b, i + 1)?;
-                if depth == 1 {
-                    let text = i + 1..close;
-                    if !after_colon {
-                        key = Some(text);
-                    } else if key.as_ref().is_some_and(|k| &b[k.clone()] == b"role") {
-                        role = Some(text);
-                    }
+                i = string_end(b, i + 1)?;
+                if depth == 0 {
+                    break i + 1;
                 }
-                i = close;
             }
             b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth = depth.saturating_sub(1);
-                if depth == 0 {
-                    end = Some(i + 1);
-                    break;
-                }
-            }
-            b':' if depth == 1 => after_colon = true,
-            b',' if depth == 1 => {
-                after_colon = false;
-                key = None;
-            }
+            b'}' | b']' if depth <= 1 => break i + usize::from(depth == 1),
+            b'}' | b']' => depth -= 1,
+            b',' if depth == 0 => break i,
             _ => {}
         }
-        if role
-            .as_ref()
-            .is_some_and(|r| i >= start + SCAN_BYTES || !is_system(&b[r.clone()]))
-        {
-            break;
-        }
         i += 1;
-    }
-    let end = end.unwrap_or(b.len()).min(start + SCAN_BYTES);
-    is_system(&b[role?]).then_some(start..end)
-}
-
-fn is_system(role: &[u8]) -> bool {
-    role == b"system" || role == b"developer"
+    };
+    Some(start..end.min(start + SCAN_BYTES).min(b.len()))
 }
 
 /// The index of the `"` that closes the string whose text starts at `from`.
@@ -94,65 +70,67 @@ fn string_end(b: &[u8], mut from: usize) -> Option<usize> {
 mod tests {
     use super::*;
 
-    fn system(raw: &str) -> Option<&str> {
-        chat_system(raw.as_bytes()).map(|r| &raw[r])
+    fn first(raw: &str) -> Option<&str> {
+        first_message(raw.as_bytes()).map(|r| &raw[r])
     }
 
     #[test]
-    fn a_short_system_message_is_the_whole_first_element() {
+    fn a_short_first_message_is_the_whole_element() {
         let a = r#"[{"role":"system","content":"You help."},{"role":"user","content":"hi"}]"#;
         let b = r#" [ {"role":"system","content":"You help."}, {"role":"user","content":"bye"}]"#;
+        assert_eq!(first(a), Some(r#"{"role":"system","content":"You help."}"#));
+        assert_eq!(first(a), first(b), "the later messages do not change it");
+        let dev = r#"[{"content":"Be brief, \"always\" [}].","role":"developer"}]"#;
         assert_eq!(
-            system(a),
-            Some(r#"{"role":"system","content":"You help."}"#)
-        );
-        assert_eq!(system(a), system(b), "the user's messages do not change it");
-        let dev = r#"[{"content":"Be brief, \"always\".","role":"developer"}]"#;
-        assert_eq!(
-            system(dev),
+            first(dev),
             Some(&dev[1..dev.len() - 1]),
-            "role after content"
+            "brackets in strings"
         );
-        let parts = r#"[{"role":"system","content":[{"type":"text","text":"x","role":"user"}]}]"#;
+        let parts = r#"[{"role":"user","content":[{"type":"text","text":"x"}]},{"role":"a"}]"#;
         assert_eq!(
-            system(parts),
-            Some(&parts[1..parts.len() - 1]),
-            "a nested role is not the message's"
+            first(parts),
+            Some(r#"{"role":"user","content":[{"type":"text","text":"x"}]}"#)
+        );
+        assert_eq!(
+            first(r#"["a \" b", "c"]"#),
+            Some(r#""a \" b""#),
+            "a string element"
+        );
+        assert_eq!(first("[12 , 3]"), Some("12 "), "a bare element");
+        assert_eq!(
+            first(r#" "just text" "#),
+            Some(r#""just text""#),
+            "not a list"
         );
     }
 
     #[test]
-    fn a_long_system_message_is_its_first_bytes() {
-        let long = format!(
-            r#"[{{"role":"system","content":"{}"}},{{"role":"user","content":"x"}}]"#,
-            "a".repeat(5000)
-        );
-        let r = chat_system(long.as_bytes()).expect("system");
-        assert_eq!(r, 1..1 + SCAN_BYTES);
-        // Its role after a long content: found all the same.
-        let late = format!(
-            r#"[{{"content":"{}\"","role":"system"}},{{"role":"user"}}]"#,
-            "a".repeat(5000)
-        );
-        assert_eq!(chat_system(late.as_bytes()), Some(1..1 + SCAN_BYTES));
-        let user = format!(r#"[{{"content":"{}","role":"user"}}]"#, "a".repeat(5000));
-        assert_eq!(chat_system(user.as_bytes()), None);
+    fn a_long_first_message_is_its_first_bytes() {
+        for first_key in ["role", "content"] {
+            let (role, content) = (
+                r#""role":"system""#,
+                format!(r#""content":"{}""#, "a".repeat(5000)),
+            );
+            let element = if first_key == "role" {
+                format!("{{{role},{content}}}")
+            } else {
+                format!("{{{content},{role}}}")
+            };
+            let raw = format!(r#"[{element},{{"role":"user","content":"x"}}]"#);
+            assert_eq!(
+                first_message(raw.as_bytes()),
+                Some(1..1 + SCAN_BYTES),
+                "{first_key}"
+            );
+        }
+        let text = format!(r#""{}""#, "t".repeat(3000));
+        assert_eq!(first_message(text.as_bytes()), Some(0..SCAN_BYTES));
     }
 
     #[test]
-    fn no_system_message_no_range() {
-        for raw in [
-            r#"[{"role":"user","content":"You help."}]"#,
-            r#"[{"role":"assistant","content":"system"}]"#,
-            r#"[{"content":"system"}]"#,
-            r#"[{"role":"sys\"tem"}]"#,
-            "[]",
-            r#"["system"]"#,
-            r#"{"role":"system"}"#,
-            "",
-            "[",
-        ] {
-            assert_eq!(chat_system(raw.as_bytes()), None, "{raw}");
+    fn nothing_to_read_no_range() {
+        for raw in ["[]", " [ ] ", "", "  ", "["] {
+            assert_eq!(first_message(raw.as_bytes()), None, "{raw:?}");
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Kinds of Program (`resume_order: kind_size`) are named by the system prompt the router reads
 //! from the request, not by the session's own messages: chat sessions of one app share a kind
-//! however short its system prompt is.
+//! however short its system prompt is. Without a system prompt the first message names it.
 
 use super::*;
 
@@ -41,10 +41,6 @@ async fn sessions_of_one_system_prompt_are_one_kind_whatever_their_messages() {
         Some(1),
         "three sessions of one short system prompt"
     );
-    // No system prompt: no kind (the fleet's tier), however many such sessions end.
-    send(session("bare-0", None, "hi")).await;
-    send(session("bare-1", None, "hello")).await;
-    assert_eq!(kinds(diagnostics(&c, &r).await), Some(1));
     send(session(
         "agent-0",
         Some("You are a coding agent."),
@@ -57,4 +53,23 @@ async fn sessions_of_one_system_prompt_are_one_kind_whatever_their_messages() {
     send(session("long-0", Some(&long), "a")).await;
     send(session("long-1", Some(&long), "b")).await;
     assert_eq!(kinds(diagnostics(&c, &r).await), Some(3));
+    // No system prompt: the first message names the kind. An agent that keeps its instructions
+    // in a template before the task is one kind; two chats that open differently are two.
+    let template = "You are an agent. Work in the repository below. ".repeat(30);
+    send(session(
+        "tpl-0",
+        None,
+        &format!("{template}Task: fix bug 1"),
+    ))
+    .await;
+    send(session(
+        "tpl-1",
+        None,
+        &format!("{template}Task: fix bug 2"),
+    ))
+    .await;
+    assert_eq!(kinds(diagnostics(&c, &r).await), Some(4), "one template");
+    send(session("bare-0", None, "hi")).await;
+    send(session("bare-1", None, "hello")).await;
+    assert_eq!(kinds(diagnostics(&c, &r).await), Some(6));
 }

@@ -11,9 +11,11 @@
 //! errors from the pooled one. Kinds that differ only by their samples' noise (two system
 //! prompts of one agent) thus share a tier, and within a tier the queue keeps its `mru` order.
 //!
-//! At most [`MAX_KINDS`] kinds are kept: a new one replaces the kind that learned least
-//! recently (the scheduler counts it in a `Shed` note), so a client sending ever new system
-//! prompts cannot grow the map, only churn it.
+//! At most [`MAX_KINDS`] kinds are kept. A new one replaces, of the kinds still short of
+//! [`MIN_KIND_SAMPLES`], the one that learned least recently, and only when every kept kind has
+//! that many, the settled kind that learned least recently (the scheduler counts either in a
+//! `Shed` note). One-off first messages (chats without a system prompt) and a client sending
+//! ever new system prompts thus churn among themselves, not the kinds the fleet has learned.
 
 use rustc_hash::FxHashMap;
 
@@ -30,7 +32,7 @@ pub const DISTINCT_STANDARD_ERRORS: f64 = 2.0;
 const FLEET_TIER: u64 = 1 << 32;
 
 /// A kind's key: a hash of the model, the system prompt's key and the role (lead or
-/// subagent); `None` without a system prompt.
+/// subagent); `None` without a system prompt (nor a first message standing for one).
 pub fn kind_of(model: &str, system: Option<u64>, subagent: bool) -> Option<u64> {
     let system = system?;
     let mut bytes = Vec::with_capacity(model.len() + 9);
@@ -38,6 +40,24 @@ pub fn kind_of(model: &str, system: Option<u64>, subagent: bool) -> Option<u64> 
     bytes.extend_from_slice(&system.to_le_bytes());
     bytes.push(u8::from(subagent));
     Some(crate::hash::stable_hash(&bytes))
+}
+
+/// Which kind [`Kinds::learn`] replaced: one with [`MIN_KIND_SAMPLES`] samples or more, whose
+/// size the fleet had learned, or one short of that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replaced {
+    Settled,
+    Unsettled,
+}
+
+impl Replaced {
+    /// The `Shed` note's reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Replaced::Settled => "kind_replaced",
+            Replaced::Unsettled => "kind_replaced_unsettled",
+        }
+    }
 }
 
 /// A kind's latest totals, and when it last learned (the [`Kinds`] learn count, for
@@ -67,27 +87,30 @@ impl Kinds {
         }
     }
 
-    /// A Program of `kind` ended with `total` tokens of context. Returns whether a kind was
-    /// replaced to make room for this one.
-    pub fn learn(&mut self, kind: Option<u64>, total: u64) -> bool {
+    /// A Program of `kind` ended with `total` tokens of context. Returns the kind replaced to
+    /// make room for this one, if one was.
+    pub fn learn(&mut self, kind: Option<u64>, total: u64) -> Option<Replaced> {
         if total == 0 {
-            return false;
+            return None;
         }
         self.learned += 1;
         self.pooled.push(total as f64);
-        let Some(kind) = kind else {
-            return false;
-        };
-        let mut replaced = false;
+        let kind = kind?;
+        let mut replaced = None;
         if !self.kinds.contains_key(&kind) && self.kinds.len() >= MAX_KINDS {
+            // Unsettled kinds first, then the least recently learned.
             let oldest = self
                 .kinds
                 .iter()
-                .min_by_key(|(k, t)| (t.learned_at, **k))
-                .map(|(k, _)| *k);
-            if let Some(k) = oldest {
+                .min_by_key(|(k, t)| (t.window.len() >= MIN_KIND_SAMPLES, t.learned_at, **k))
+                .map(|(k, t)| (*k, t.window.len() >= MIN_KIND_SAMPLES));
+            if let Some((k, settled)) = oldest {
                 self.kinds.remove(&k);
-                replaced = true;
+                replaced = Some(if settled {
+                    Replaced::Settled
+                } else {
+                    Replaced::Unsettled
+                });
             }
         }
         let window = self.window;
@@ -206,21 +229,52 @@ mod tests {
         learn(&mut k, 7, &[9000, 9000, 9000, 10, 10, 10]);
         assert_eq!(k.kinds[&7].window.len(), 3, "the latest 3 only");
         assert_eq!(k.pooled.len(), 3);
-        let mut replaced = 0;
+        let mut replaced = Vec::new();
         for kind in 0..(MAX_KINDS as u64 + 10) {
-            replaced += usize::from(k.learn(Some(1000 + kind), 50));
+            replaced.extend(k.learn(Some(1000 + kind), 50));
         }
         assert_eq!(k.len(), MAX_KINDS);
         assert_eq!(
-            replaced, 11,
-            "kind 7 and the ten that learned least recently"
+            replaced,
+            [Replaced::Unsettled; 11],
+            "kind 7 (3 samples) and the ten that learned least recently"
         );
         assert!(!k.kinds.contains_key(&7));
-        assert!(
-            !k.learn(Some(1000 + MAX_KINDS as u64 + 9), 50),
+        assert_eq!(
+            k.learn(Some(1000 + MAX_KINDS as u64 + 9), 50),
+            None,
             "kept: none replaced"
         );
-        assert!(!k.learn(Some(5), 0), "an empty Program teaches nothing");
+        assert_eq!(
+            k.learn(Some(5), 0),
+            None,
+            "an empty Program teaches nothing"
+        );
+    }
+
+    #[test]
+    fn one_off_kinds_churn_among_themselves() {
+        let mut k = Kinds::new(100);
+        // A settled kind that learned first of all, then a flood of one-off kinds.
+        learn(&mut k, 1, &[800; MIN_KIND_SAMPLES]);
+        let mut replaced = Vec::new();
+        for kind in 0..(3 * MAX_KINDS as u64) {
+            replaced.extend(k.learn(Some(10_000 + kind), 20_000));
+        }
+        assert!(replaced.iter().all(|r| *r == Replaced::Unsettled));
+        assert_eq!(replaced.len(), 2 * MAX_KINDS + 1);
+        assert!(k.kinds.contains_key(&1), "the learned kind is kept");
+        assert!(k.tier(Some(1), 3.0) < FLEET_TIER, "and still told apart");
+        // Once every kept kind is settled, the least recently learned settled one goes.
+        let mut k = Kinds::new(100);
+        for kind in 0..MAX_KINDS as u64 {
+            learn(&mut k, kind, &[100; MIN_KIND_SAMPLES]);
+        }
+        assert_eq!(
+            k.learn(Some(MAX_KINDS as u64), 100),
+            Some(Replaced::Settled)
+        );
+        assert!(!k.kinds.contains_key(&0));
     }
 
     #[test]

@@ -213,9 +213,9 @@ impl Scheduler {
         }
         p.size_learned = true;
         let total = p.context_tokens;
-        if self.kinds.learn(kind, total) {
+        if let Some(replaced) = self.kinds.learn(kind, total) {
             self.notes.push(Note::Shed {
-                reason: "kind_replaced",
+                reason: replaced.reason(),
             });
         }
     }

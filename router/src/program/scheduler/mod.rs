@@ -60,8 +60,9 @@ pub struct Arrival {
     /// A hash of the prompt's leading bytes ([`lead_key`]): requests with the same key start
     /// with the same shared prefix (a system prompt); `None` when unknown.
     pub lead: Option<u64>,
-    /// A hash of the system prompt's leading bytes alone ([`lead_key`] of them): its
-    /// Program's kind for `resume_order: kind_size`; `None` without a system prompt.
+    /// A hash of the system prompt's leading bytes alone ([`lead_key`] of them; of the first
+    /// message without a system prompt): its Program's kind for `resume_order: kind_size`;
+    /// `None` when the request has neither.
     pub system: Option<u64>,
 }
 
@@ -545,7 +546,8 @@ pub enum Note {
     /// A bound shed something: a request refused (`request_pool_full`, `programs_full`), an
     /// idle Program forgotten to make room (`program_evicted`), a tool call left unlabeled
     /// past `max_tools` (`tool_unlabeled`) or a kind's sizes forgotten for a new kind
-    /// (`kind_replaced`).
+    /// (`kind_replaced`; `kind_replaced_unsettled` for a kind short of the samples that could
+    /// set it apart).
     Shed {
         reason: &'static str,
     },

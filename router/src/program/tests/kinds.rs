@@ -127,7 +127,7 @@ fn kinds_are_bounded_and_replacing_one_is_counted() {
                 matches!(
                     n,
                     Note::Shed {
-                        reason: "kind_replaced"
+                        reason: "kind_replaced_unsettled"
                     }
                 )
             })
@@ -136,6 +136,6 @@ fn kinds_are_bounded_and_replacing_one_is_counted() {
     assert_eq!(s.kinds_kept(), MAX_KINDS);
     assert_eq!(
         replaced, 1,
-        "the kind that learned least recently made room"
+        "the kind that learned least recently made room (one Program each: unsettled)"
     );
 }

@@ -22,6 +22,11 @@ pub struct Diagnostics {
     /// Kinds of Program (model and system prompt) whose sizes `resume_order: kind_size` has
     /// learned, at most `MAX_KINDS` (ours).
     pub program_kinds: usize,
+    /// Of those, the kinds whose tier is not the fleet's: the ones `kind_size` reorders (ours).
+    pub program_kinds_apart: usize,
+    /// The mean final context (tokens) of the latest Programs that ended, all kinds: what a
+    /// kind's mean is compared with (ours; null before any ended).
+    pub program_size_mean_tokens: Option<f64>,
     pub cross_rank_headroom_ratio: f64,
     /// The break-even wait in effect (ours; a null setting resolved by the rank count).
     pub cross_rank_min_wait_ratio: f64,
@@ -195,6 +200,9 @@ pub struct ProgramDiagnostics {
     pub home_target: String,
     pub last_target: Option<String>,
     pub placement: &'static str,
+    /// Under `resume_order: kind_size`, its kind's tier in steps from the fleet's: negative goes
+    /// ahead (a kind that runs smaller), 0 is the fleet's (ours; null under other orders).
+    pub kind_tier: Option<i64>,
     pub context_tokens: u64,
     pub estimated_context_tokens: u64,
     /// Prompt tokens shared with other Programs (observed on its first run on this rank) and
@@ -402,6 +410,9 @@ pub fn snapshot(
                         home_target: r.id.clone(),
                         last_target: p.last_rank.and_then(target),
                         placement: p.placement,
+                        kind_tier: (cfg.resume_order
+                            == crate::config::program::ResumeOrder::KindSize)
+                            .then(|| s.kind_tier_steps(*slot)),
                         context_tokens: p.context_tokens,
                         estimated_context_tokens: p.context_tokens,
                         shared_prefix_tokens: p.shared_prefix,
@@ -547,6 +558,8 @@ pub fn snapshot(
             crate::config::program::ResumeOrder::KindSize => "kind_size",
         },
         program_kinds: s.kinds_kept(),
+        program_kinds_apart: s.kinds_apart(),
+        program_size_mean_tokens: s.program_size_mean(),
         cross_rank_headroom_ratio: cfg.cross_rank_headroom_ratio,
         cross_rank_min_wait_ratio: s.min_wait_ratio(),
         retained_requests: s.retained_requests(),

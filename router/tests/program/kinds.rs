@@ -71,5 +71,14 @@ async fn sessions_of_one_system_prompt_are_one_kind_whatever_their_messages() {
     assert_eq!(kinds(diagnostics(&c, &r).await), Some(4), "one template");
     send(session("bare-0", None, "hi")).await;
     send(session("bare-1", None, "hello")).await;
-    assert_eq!(kinds(diagnostics(&c, &r).await), Some(6));
+    let d = diagnostics(&c, &r).await;
+    assert_eq!(kinds(d.clone()), Some(6));
+    // None has the 5 ended Programs that could set it apart from the fleet's mean.
+    assert_eq!(d["program_kinds_apart"].as_u64(), Some(0));
+    assert!(
+        d["program_size_mean_tokens"]
+            .as_f64()
+            .is_some_and(|m| m > 0.0),
+        "{d}"
+    );
 }

@@ -151,6 +151,25 @@ impl Kinds {
     pub fn len(&self) -> usize {
         self.kinds.len()
     }
+
+    /// Kinds kept whose tier is not the fleet's.
+    pub fn apart(&self, ratio: f64) -> usize {
+        self.kinds
+            .keys()
+            .filter(|k| self.tier(Some(**k), ratio) != FLEET_TIER)
+            .count()
+    }
+
+    /// The pooled mean size (tokens) of the latest Programs that ended, all kinds together.
+    pub fn pooled_mean(&self) -> Option<f64> {
+        self.pooled.mean()
+    }
+}
+
+/// A tier as steps from the fleet's (negative: ahead of it).
+pub fn tier_steps(tier: u64) -> i64 {
+    // Tiers stay within ±64 of FLEET_TIER, so the difference fits.
+    tier.wrapping_sub(FLEET_TIER) as i64
 }
 
 impl super::Scheduler {
@@ -169,6 +188,21 @@ impl super::Scheduler {
     /// Kinds of Program whose sizes are kept (diagnostics).
     pub fn kinds_kept(&self) -> usize {
         self.kinds.len()
+    }
+
+    /// Kinds of Program kept whose `kind_size` tier is not the fleet's (diagnostics).
+    pub fn kinds_apart(&self) -> usize {
+        self.kinds.apart(self.cfg.kind_size_tier_ratio)
+    }
+
+    /// The mean final context of the latest Programs that ended, all kinds (diagnostics).
+    pub fn program_size_mean(&self) -> Option<f64> {
+        self.kinds.pooled_mean()
+    }
+
+    /// The `kind_size` tier of the Program in `slot`, in steps from the fleet's (diagnostics).
+    pub fn kind_tier_steps(&self, slot: usize) -> i64 {
+        tier_steps(self.kind_tier(slot))
     }
 }
 
@@ -193,6 +227,10 @@ mod tests {
         assert_eq!(k.tier(Some(1), 4.0), FLEET_TIER - 1);
         assert_eq!(k.tier(Some(2), 4.0), FLEET_TIER + 1);
         assert_eq!(k.tier(Some(3), 4.0), FLEET_TIER);
+        assert_eq!(tier_steps(k.tier(Some(1), 4.0)), -1);
+        assert_eq!(tier_steps(k.tier(Some(2), 4.0)), 1);
+        assert_eq!(k.apart(4.0), 2, "chat and agents, not tools");
+        assert_eq!(k.pooled_mean(), Some(7000.0));
         // Finer tiers tell the tools kind apart too: log2(4/7) = -0.81.
         assert_eq!(k.tier(Some(3), 2.0), FLEET_TIER - 1);
         assert_eq!(

@@ -98,6 +98,22 @@ fn subagents_are_a_kind_apart_from_their_leads() {
         i.parent_program_id = Some("parent".into());
     });
     s.on_arrival(t + 2.0, led(sub, 2));
+    // The diagnostics show it: two kinds apart from the fleet (mean ~500 tokens), each waiting
+    // Program's tier, and none for one without a system prompt.
+    let d = crate::program::diagnostics::snapshot(&s, t + 2.0, &[], 0.25, 10);
+    assert_eq!((d.program_kinds, d.program_kinds_apart), (2, 2));
+    assert_eq!(d.program_size_mean_tokens, Some(500.0));
+    let tier = |name: &str| {
+        d.ranks[0]
+            .programs
+            .iter()
+            .find(|p| p.program == name)
+            .and_then(|p| p.kind_tier)
+    };
+    assert_eq!(
+        (tier("sub"), tier("lead"), tier("hold")),
+        (Some(-1), Some(1), Some(0))
+    );
     // Were subagents their lead's kind, both would share a tier and the older go first.
     assert_eq!(
         dispatched(&s.on_complete(t + 3.0, 100, usage(50, 1))),

@@ -13,6 +13,14 @@ pub fn request(data: &[u8]) {
         return;
     };
     let _ = crate::proxy::request::hash_key(&http::HeaderMap::new(), &peeked);
+    // The bytes that name the Program's kind: inside the body, at most SCAN_BYTES of it.
+    if let Some(r) = peeked.system(data) {
+        assert!(
+            r.start <= r.end && r.end <= data.len(),
+            "system range {r:?} outside the body"
+        );
+        assert!(r.len() <= crate::proxy::system_prompt::SCAN_BYTES);
+    }
     let modes = [
         AgenticContextMode::Strip,
         AgenticContextMode::JsonString,

@@ -31,15 +31,20 @@ pub fn first_message(b: &[u8]) -> Option<Range<usize>> {
         return None;
     }
     // The element ends where its depth returns to 0: after its closing bracket or quote, or
-    // (a bare number or literal) before the `,` or `]` after it.
+    // (a bare number or literal) before the `,` or `]` after it. Only the window is read: an
+    // element that does not end in it is cut at its end (a long string included).
+    let window = &b[..b.len().min(start + SCAN_BYTES)];
     let (mut depth, mut i) = (0usize, start);
     let end = loop {
-        if i >= b.len() || i >= start + SCAN_BYTES {
-            break i;
+        if i >= window.len() {
+            break window.len();
         }
-        match b[i] {
+        match window[i] {
             b'"' => {
-                i = string_end(b, i + 1)?;
+                let Some(close) = string_end(window, i + 1) else {
+                    break window.len();
+                };
+                i = close;
                 if depth == 0 {
                     break i + 1;
                 }
@@ -52,7 +57,7 @@ pub fn first_message(b: &[u8]) -> Option<Range<usize>> {
         }
         i += 1;
     };
-    Some(start..end.min(start + SCAN_BYTES).min(b.len()))
+    Some(start..end)
 }
 
 /// The index of the `"` that closes the string whose text starts at `from`.
@@ -125,6 +130,9 @@ mod tests {
         }
         let text = format!(r#""{}""#, "t".repeat(3000));
         assert_eq!(first_message(text.as_bytes()), Some(0..SCAN_BYTES));
+        // A string that closes only past the window, an escape at its edge.
+        let edge = format!(r#"[{{"content":"{}"x"}}]"#, "e".repeat(SCAN_BYTES - 13));
+        assert_eq!(first_message(edge.as_bytes()), Some(1..1 + SCAN_BYTES));
     }
 
     #[test]

@@ -63,7 +63,9 @@ impl Scheduler {
             .unwrap_or_else(|| p.last_step.map_or(0, |s| s + 1));
         p.last_step = Some(step);
         p.lead = a.lead;
-        p.system = a.system;
+        // A Program's kind is set by its first request that names one: a later request may not
+        // repeat it (a Responses turn that continues a stored response without `instructions`).
+        p.system = p.system.or(a.system);
         p.identity = Identity {
             step_id: Some(step),
             ..a.identity.clone()

@@ -247,7 +247,7 @@ pub(crate) struct Program {
     pub shared_at: f64,
     /// Its latest request's [`Arrival::lead`] key.
     pub lead: Option<u64>,
-    /// Its latest request's [`Arrival::system`] key.
+    /// The [`Arrival::system`] key of its first request that had one: its kind.
     pub system: Option<u64>,
     /// The next completion is the first on this placement: its cached tokens measure sharing.
     pub fresh_start: bool,

@@ -123,6 +123,44 @@ fn subagents_are_a_kind_apart_from_their_leads() {
 }
 
 #[test]
+fn a_program_keeps_the_kind_its_first_request_named() {
+    let c = ProgramSchedulingConfig {
+        resume_order: ResumeOrder::KindSize,
+        ..cfg()
+    };
+    let mut s = sched(c, 1);
+    let (mut t, mut ticket) = (0.0, 0);
+    // Chats of system prompt 1: their second request names another (as a Responses turn that
+    // continues a stored response names its own input); agents of prompt 2 end far larger.
+    for (i, size) in [100, 110, 90, 105, 95].into_iter().enumerate() {
+        let name = format!("chat-{i}");
+        ticket += 1;
+        assert_eq!(
+            dispatched(&s.on_arrival(t, led(arrival(ticket, &name, 40), 1))),
+            [ticket]
+        );
+        s.on_complete(t + 0.5, ticket, usage(40, 10));
+        ticket += 1;
+        let last = with(arrival(ticket, &name, size - 10), |i| {
+            i.expected_resume = false
+        });
+        assert_eq!(
+            dispatched(&s.on_arrival(t + 1.0, led(last, 1000 + ticket))),
+            [ticket]
+        );
+        s.on_complete(t + 1.5, ticket, usage(size - 10, 10));
+        t += 2.0;
+    }
+    end_programs(&mut s, &mut t, &mut ticket, 2, 900);
+    let d = crate::program::diagnostics::snapshot(&s, t, &[], 0.25, 10);
+    assert_eq!(
+        (d.program_kinds, d.program_kinds_apart),
+        (2, 2),
+        "the chats taught kind 1, not five kinds of one"
+    );
+}
+
+#[test]
 fn forced_requests_go_oldest_first_whatever_their_kind() {
     assert_eq!(first_after_hold(ResumeOrder::KindSize, true, true), 101);
 }

@@ -99,7 +99,7 @@ fn subagents_are_a_kind_apart_from_their_leads() {
     });
     s.on_arrival(t + 2.0, led(sub, 2));
     // The diagnostics show it: two kinds apart from the fleet (mean ~500 tokens), each waiting
-    // Program's tier, and none for one without a system prompt.
+    // Program's tier, and the fleet's tier (0) for one without a system prompt.
     let d = crate::program::diagnostics::snapshot(&s, t + 2.0, &[], 0.25, 10);
     assert_eq!((d.program_kinds, d.program_kinds_apart), (2, 2));
     assert_eq!(d.program_size_mean_tokens, Some(500.0));

@@ -36,9 +36,10 @@ pub enum ResumeOrder {
     /// likeliest still cached); new Programs after, oldest first. Long-idle Programs wait
     /// behind busy ones, which costs fleets that mix human chat with agents.
     LastUse,
-    /// Extension: Programs of a kind (a system prompt; its subagents a kind apart) that runs
-    /// much smaller than the fleet's average first, work in progress and new alike, in tiers of
-    /// `kind_size_tier_ratio` learned from the Programs that ended; as `mru` within a tier.
+    /// Extension: Programs of a kind (a system prompt, or the first message without one; its
+    /// subagents a kind apart) that runs much smaller than the fleet's average first, work in
+    /// progress and new alike, in tiers of `kind_size_tier_ratio` learned from the Programs that
+    /// ended; as `mru` within a tier.
     /// Forced requests still go first.
     KindSize,
 }

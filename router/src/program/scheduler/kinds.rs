@@ -68,6 +68,13 @@ struct Totals {
     learned_at: u64,
 }
 
+impl Totals {
+    /// It has the samples a kind needs before it can leave the fleet's tier.
+    fn settled(&self) -> bool {
+        self.window.len() >= MIN_KIND_SAMPLES
+    }
+}
+
 /// Ended Programs' totals per kind, bounded in kinds and samples.
 #[derive(Debug, Clone)]
 pub struct Kinds {
@@ -102,8 +109,8 @@ impl Kinds {
             let oldest = self
                 .kinds
                 .iter()
-                .min_by_key(|(k, t)| (t.window.len() >= MIN_KIND_SAMPLES, t.learned_at, **k))
-                .map(|(k, t)| (*k, t.window.len() >= MIN_KIND_SAMPLES));
+                .min_by_key(|(k, t)| (t.settled(), t.learned_at, **k))
+                .map(|(k, t)| (*k, t.settled()));
             if let Some((k, settled)) = oldest {
                 self.kinds.remove(&k);
                 replaced = Some(if settled {
@@ -127,19 +134,19 @@ impl Kinds {
     /// `round(log_ratio(kind mean / pooled mean))` for a kind known to differ, [`FLEET_TIER`]
     /// itself otherwise.
     pub fn tier(&self, kind: Option<u64>, ratio: f64) -> u64 {
-        let Some(t) = kind.and_then(|k| self.kinds.get(&k).map(|t| &t.window)) else {
+        let Some(t) = kind
+            .and_then(|k| self.kinds.get(&k))
+            .filter(|t| t.settled())
+        else {
             return FLEET_TIER;
         };
+        let t = &t.window;
         let (Some(mean), Some(var), Some(all)) = (t.mean(), t.variance(), self.pooled.mean())
         else {
             return FLEET_TIER;
         };
         let se = (var / t.len() as f64).sqrt();
-        if t.len() < MIN_KIND_SAMPLES
-            || (mean - all).abs() <= DISTINCT_STANDARD_ERRORS * se
-            || ratio <= 1.0
-            || all <= 0.0
-        {
+        if (mean - all).abs() <= DISTINCT_STANDARD_ERRORS * se || ratio <= 1.0 || all <= 0.0 {
             return FLEET_TIER;
         }
         // Within ±64 tiers of the fleet's (a ratio just above 1 could ask for more).

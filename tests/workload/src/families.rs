@@ -38,11 +38,15 @@ pub enum Family {
     /// than appends, unlike the eight above). Held out of the default run and of every choice
     /// of a default: run it by name.
     Reasoning,
+    /// Questions about a long document (retrieval, file upload): a first turn of ~9K tokens,
+    /// 2–6 turns in all, short follow-ups, a person's think time between them. Held out like
+    /// reasoning: run it by name.
+    Documents,
 }
 
 impl Family {
-    /// The matrix's default families. [`Family::Reasoning`] is left out: it came after every
-    /// default was set, as a shape none of them was chosen on.
+    /// The matrix's default families. [`Family::Reasoning`] and [`Family::Documents`] are left
+    /// out: they came after every default was set, as shapes none of them was chosen on.
     pub const ALL: [Family; 8] = [
         Family::Coding,
         Family::SharedPrompt,
@@ -66,6 +70,7 @@ impl Family {
             Family::Bursty => "bursty",
             Family::MixedChat => "mixed-chat",
             Family::Reasoning => "reasoning",
+            Family::Documents => "documents",
         }
     }
 
@@ -81,6 +86,7 @@ impl Family {
             Family::Bursty => (320, 0.3),
             Family::MixedChat => (400, 0.4),
             Family::Reasoning => (300, 0.3),
+            Family::Documents => (400, 0.5),
         }
     }
 
@@ -168,6 +174,19 @@ impl Family {
                 gaps: Gaps::Mixture([(0.6, 1.0, 0.6), (0.3, 5.0, 0.5), (0.1, 20.0, 0.4)]),
                 gap_cap: 60.0,
                 tools: Some(workload::AGENT_TOOLS),
+            },
+            Family::Documents => Shape {
+                turns: (2, 6),
+                system_tokens: 512,
+                system_prompts: 3,
+                first_append_median: 9000.0,
+                append_median: 120.0,
+                append_sigma: 0.6,
+                output_median: 250.0,
+                output_sigma: 0.6,
+                gaps: Gaps::Mixture([(0.5, 15.0, 0.5), (0.4, 40.0, 0.4), (0.1, 90.0, 0.3)]),
+                gap_cap: 120.0,
+                tools: None,
             },
             Family::Coding | Family::Subagents | Family::MixedChat => Preset::SweAgent.shape(),
         }
@@ -348,16 +367,18 @@ mod tests {
         assert!(chat.iter().all(|t| t.tool.is_none()));
     }
 
-    /// The held-out family: seeded and valid like the rest, outside the default set, and
-    /// decode-heavy where every default family is prefill-heavy.
+    /// The held-out families: seeded and valid like the rest, outside the default set, each a
+    /// shape no default family has. Reasoning agents decode more than they append.
     #[test]
-    fn reasoning_agents_decode_more_than_they_append() {
+    fn held_out_families_are_their_own_shapes() {
+        for f in [Family::Reasoning, Family::Documents] {
+            assert!(!Family::ALL.contains(&f));
+            let w = f.generate(0.25, 3);
+            assert!(w == f.generate(0.25, 3) && w != f.generate(0.25, 4));
+            let rows: Vec<(usize, Turn)> = w.iter().cloned().enumerate().collect();
+            workload::validate(&rows).unwrap_or_else(|e| panic!("{f:?}: {e}"));
+        }
         let f = Family::Reasoning;
-        assert!(!Family::ALL.contains(&f));
-        let w = f.generate(0.25, 3);
-        assert!(w == f.generate(0.25, 3) && w != f.generate(0.25, 4));
-        let rows: Vec<(usize, Turn)> = w.iter().cloned().enumerate().collect();
-        workload::validate(&rows).unwrap_or_else(|e| panic!("{e}"));
         let ratio = |f: Family| {
             let w = f.generate(1.0, 1);
             let later = w.iter().filter(|t| t.step > 0);
@@ -373,5 +394,22 @@ mod tests {
         for other in Family::ALL {
             assert!(ratio(other) < 1.0, "{other:?}: {}", ratio(other));
         }
+        // Documents: a first turn tens of times its follow-ups, and a person (no tool) between.
+        let w = Family::Documents.generate(1.0, 1);
+        let mean = |first: bool| {
+            let v: Vec<f64> = w
+                .iter()
+                .filter(|t| (t.step == 0) == first)
+                .map(|t| f64::from(t.append_tokens))
+                .collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        assert!(
+            mean(true) > 30.0 * mean(false),
+            "{} {}",
+            mean(true),
+            mean(false)
+        );
+        assert!(w.iter().all(|t| t.tool.is_none()));
     }
 }

@@ -1,6 +1,7 @@
-//! The workload families of `progbench matrix`: eight agentic traffic shapes, each its own
-//! generator with its own parameters (turn counts, context growth, tool gaps, arrivals, system
-//! prompts), so that a scheduler default has to hold across shapes rather than on one preset.
+//! The workload families of `progbench matrix`: eight agentic traffic shapes in the default run
+//! and two held out of it and of every choice of a default, each its own generator with its own
+//! parameters (turn counts, context growth, tool gaps, arrivals, system prompts), so that a
+//! scheduler default has to hold across shapes rather than on one preset.
 //!
 //! Owns each family's parameters and its default size (Programs and arrival rate, chosen so that
 //! the family keeps enough Programs live for the matrix's pressure levels to be reachable on four

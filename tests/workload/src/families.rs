@@ -176,18 +176,14 @@ impl Family {
                 gap_cap: 60.0,
                 tools: Some(workload::AGENT_TOOLS),
             },
+            // A person reads each answer and asks again: a chat's think time, no tool.
             Family::Documents => Shape {
                 turns: (2, 6),
-                system_tokens: 512,
                 system_prompts: 3,
                 first_append_median: 9000.0,
                 append_median: 120.0,
                 append_sigma: 0.6,
-                output_median: 250.0,
-                output_sigma: 0.6,
-                gaps: Gaps::Mixture([(0.5, 15.0, 0.5), (0.4, 40.0, 0.4), (0.1, 90.0, 0.3)]),
-                gap_cap: 120.0,
-                tools: None,
+                ..Preset::Chat.shape()
             },
             Family::Coding | Family::Subagents | Family::MixedChat => Preset::SweAgent.shape(),
         }

@@ -662,6 +662,11 @@ pub struct ProgramSchedulingParams {
     /// every rank).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("adaptiveOvercommitMaxRounds must be >= 0"))]
     pub adaptive_overcommit_max_rounds: Option<f64>,
+    /// Extension: on a rank where none of the latest resumed Programs had held its place (people
+    /// thinking between turns), a request is admitted once all but this share of its demand
+    /// fits (default 0.5; 0 = never; at most 1).
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0 && self <= 1.0").message("holdFreeAdmissionSlackRatio must be between 0 and 1"))]
+    pub hold_free_admission_slack_ratio: Option<f64>,
     /// Extension: an admission reserves the rank's mean context growth only on a rank whose
     /// Programs ran more than this many rounds per activation on average (default 2.5; 0:
     /// always, the spec's behaviour).

@@ -73,6 +73,9 @@ pub struct CounterDiagnostics {
     /// Forced requests admitted on the engine's KV report past the ledger
     /// (`force_resume_engine_grace_seconds`, ours).
     pub engine_room_admissions: u64,
+    /// Requests admitted past the ledger on a hold-free rank
+    /// (`hold_free_admission_slack_ratio`, ours).
+    pub hold_free_admissions: u64,
     /// Paused Programs presumed finished after idling past `finished_idle_ratio` (ours).
     pub idle_finishes: u64,
 }
@@ -90,6 +93,9 @@ pub struct RankDiagnostics {
     pub router_estimated_headroom_tokens: Option<u64>,
     /// Admission's share of capacity past `low_watermark_ratio` now (adaptive overcommit, ours).
     pub overcommit_ratio: f64,
+    /// Share of the rank's latest resumed Programs that had held their place; 0 makes it
+    /// hold-free (`hold_free_admission_slack_ratio`); null until enough came back (ours).
+    pub held_resume_share: Option<f64>,
     /// vLLM's KV usage × capacity, and the router's ledger minus it.
     pub vllm_usage_scaled_tokens: Option<u64>,
     pub router_minus_vllm_used_tokens: Option<i64>,
@@ -275,6 +281,8 @@ pub struct RollingGauges {
     pub context_growth_tokens: f64,
     /// How far past `low_watermark_ratio` the rank admits now (adaptive overcommit).
     pub overcommit_ratio: f64,
+    /// Share of the latest resumed Programs that had held their place (`None`: too few yet).
+    pub held_resume_share: Option<f64>,
 }
 
 /// [`RollingGauges`] of `rank`.
@@ -299,6 +307,7 @@ pub fn rolling_gauges(s: &Scheduler, rank: usize, now: f64) -> Option<RollingGau
         ),
         context_growth_tokens: r.growth.mean().unwrap_or(0.0),
         overcommit_ratio: r.overcommit,
+        held_resume_share: s.held_resume_share(rank),
     })
 }
 
@@ -476,6 +485,7 @@ pub fn snapshot(
                 router_estimated_used_tokens: r.used_tokens,
                 router_estimated_headroom_tokens: cap.map(|c| c.saturating_sub(r.used_tokens)),
                 overcommit_ratio: r.overcommit,
+                held_resume_share: s.held_resume_share(i),
                 vllm_usage_scaled_tokens: scaled,
                 router_minus_vllm_used_tokens: scaled.map(|v| r.used_tokens as i64 - v as i64),
                 observed_active_reasoning_tokens: reserved_where(&reasoning),
@@ -579,6 +589,7 @@ pub fn snapshot(
             batch_gain_admissions: s.counters.batch_gain_admissions,
             backfill_admissions: s.counters.backfill_admissions,
             engine_room_admissions: s.counters.engine_room_admissions,
+            hold_free_admissions: s.counters.hold_free_admissions,
             idle_finishes: s.counters.idle_finishes,
         },
         ranks,

@@ -39,6 +39,7 @@ pub struct ProgramMetrics {
     pub(crate) miss_impact_mean: GaugeVec,
     pub(crate) context_growth: GaugeVec,
     pub(crate) overcommit: GaugeVec,
+    pub(crate) held_resumes: GaugeVec,
     /// `{model_pool, endpoint}`: prompt tokens per request byte (one estimate over all).
     pub(crate) coefficient: GaugeVec,
     /// `{model_pool, endpoint, outcome}`: `observed` (usage fed the estimate) or `missing`.
@@ -347,6 +348,12 @@ impl ProgramMetrics {
                 "How far past low_watermark_ratio the rank admits now (adaptive overcommit).",
                 &["target"],
             )?,
+            held_resumes: gauges(
+                r,
+                "program_router_program_held_resume_ratio",
+                "Share of the rank's latest resumed Programs that had held their place; 0 = hold-free.",
+                &["target"],
+            )?,
             coefficient: gauges(
                 r,
                 &format!("{p}token_estimate_coefficient"),
@@ -412,6 +419,7 @@ impl ProgramMetrics {
             &self.miss_impact_mean,
             &self.context_growth,
             &self.overcommit,
+            &self.held_resumes,
         ] {
             let _ = g.remove_label_values(&[id]);
         }

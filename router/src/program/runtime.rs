@@ -374,6 +374,12 @@ impl ProgramRuntime {
                     .inc();
                 tracing::debug!(event = "engine_room_admit", target = %id(rank));
             }
+            Note::HoldFree { rank } => {
+                m.transitions
+                    .with_label_values(&[id(rank), "hold_free_admit"])
+                    .inc();
+                tracing::debug!(event = "hold_free_admit", target = %id(rank));
+            }
             Note::BatchGain {
                 rank,
                 benefit,
@@ -545,6 +551,13 @@ impl ProgramRuntime {
             m.overcommit
                 .with_label_values(&[id])
                 .set(r.overcommit_ratio);
+            // Unknown until enough Programs came back: no sample rather than a made-up share.
+            match r.held_resume_share {
+                Some(share) => m.held_resumes.with_label_values(&[id]).set(share),
+                None => {
+                    let _ = m.held_resumes.remove_label_values(&[id]);
+                }
+            }
         }
     }
 

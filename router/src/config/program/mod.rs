@@ -294,6 +294,13 @@ pub struct ProgramSchedulingConfig {
     /// leaves within a few rounds. Long activations (agents held through short tool calls)
     /// would keep the excess for a session's length, at their prefixes' cost.
     pub adaptive_overcommit_max_rounds: f64,
+    /// Extension: on a hold-free rank — none of its latest resumed Programs (a
+    /// `stats_window_size` window, read once 16 came back) had its place held since its previous
+    /// request, as when people think between turns — a queued request is admitted once all but this
+    /// share of its demand fits under capacity × the low watermark. The engine starts its
+    /// prefill in the blocks that are free while running requests finish, and no held Program's
+    /// KV is at stake. 0 = never; at most 1.
+    pub hold_free_admission_slack_ratio: f64,
     /// Extension: an admission reserves the rank's mean context growth (the next round's
     /// append) only on a rank whose Programs ran more than this many rounds per activation on
     /// average, or none measured yet. Where activations are shorter, most admitted rounds are
@@ -372,6 +379,8 @@ impl Default for ProgramSchedulingConfig {
             adaptive_overcommit_step_ratio: 0.01,
             adaptive_overcommit_wait_ratio: 10.0,
             adaptive_overcommit_max_rounds: 2.5,
+            // Chosen on the tuning half (docs/generalization.md, "Hold-free ranks").
+            hold_free_admission_slack_ratio: 0.5,
             growth_reserve_min_rounds: 2.5,
             new_program_demand_aging_seconds: 0.0,
             // Chosen on the tuning half (docs/generalization.md, "Smaller kinds first").

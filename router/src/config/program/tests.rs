@@ -127,6 +127,14 @@ fn invalid_values_name_the_field() {
             "adaptive_overcommit_max_rounds",
         ),
         (
+            r#"{"hold_free_admission_slack_ratio":-0.1}"#,
+            "hold_free_admission_slack_ratio",
+        ),
+        (
+            r#"{"hold_free_admission_slack_ratio":1.5}"#,
+            "hold_free_admission_slack_ratio",
+        ),
+        (
             r#"{"growth_reserve_min_rounds":-1}"#,
             "growth_reserve_min_rounds",
         ),

@@ -141,6 +141,15 @@ impl ProgramSchedulingConfig {
             false,
         )?;
         finite_min(
+            "hold_free_admission_slack_ratio",
+            self.hold_free_admission_slack_ratio,
+            0.0,
+            false,
+        )?;
+        if self.hold_free_admission_slack_ratio > 1.0 {
+            return Err(err("hold_free_admission_slack_ratio", "must be at most 1"));
+        }
+        finite_min(
             "growth_reserve_min_rounds",
             self.growth_reserve_min_rounds,
             0.0,

@@ -136,7 +136,7 @@ impl Scheduler {
     /// measured request throughput; `None` until enough completions are measured.
     pub fn drain_seconds(&self, rank: Rank) -> Option<f64> {
         let r = &self.ranks[rank];
-        let min_samples = (self.cfg.stats_window_size as usize).clamp(2, 16);
+        let min_samples = self.min_samples();
         let rate = r
             .throughput
             .requests_per_second()
@@ -226,12 +226,17 @@ impl Scheduler {
     }
 
     /// How many tokens `rank` would reserve for a retained request, if it can take it now, and
-    /// on what grounds: its whole demand within the ledger, its whole demand on the engine's own
-    /// report for a forced request past its grace ([`Self::engine_has_room`]), or its demand
-    /// less the growth reserve when batch gain pays for the bypass.
+    /// on what grounds: its whole demand within the ledger, or past it by the hold-free slack
+    /// ([`Self::hold_free_slack`]), its whole demand on the engine's own report for a forced
+    /// request past its grace ([`Self::engine_has_room`]), or its demand less the growth
+    /// reserve when batch gain pays for the bypass.
     pub(super) fn admission(&self, rank: Rank, r: &Retained, now: f64) -> Option<(u64, Via)> {
         if self.can_admit(rank, r.demand, now, r.forced()) {
             return Some((r.demand, Via::Ledger));
+        }
+        let slack = self.hold_free_slack(rank, r.demand);
+        if slack > 0 && self.can_admit_past(rank, r.demand, slack, now, r.forced()) {
+            return Some((r.demand, Via::HoldFree));
         }
         if r.forced() {
             let overdue = now - r.force_at >= self.cfg.force_resume_engine_grace_seconds;
@@ -265,14 +270,20 @@ impl Scheduler {
         need as f64 <= cap as f64 * self.cfg.high_watermark_ratio
     }
 
-    /// Whether `rank` can take a Program needing `demand` more tokens. A forced resume skips the
-    /// Program-count guard and the waiting gate, but not token capacity (physical KV), unless the
-    /// rank holds no active Program at all (a demand larger than the rank would never run); past
-    /// its grace, [`Self::admission`] also reads capacity from the engine's own report.
+    /// Whether `rank` can take a Program needing `demand` more tokens within the ledger. A
+    /// forced resume skips the Program-count guard and the waiting gate, but not token capacity
+    /// (physical KV), unless the rank holds no active Program at all (a demand larger than the
+    /// rank would never run); past its grace, [`Self::admission`] also reads capacity from the
+    /// engine's own report.
     pub(super) fn can_admit(&self, rank: Rank, demand: u64, now: f64, forced: bool) -> bool {
+        self.can_admit_past(rank, demand, 0, now, forced)
+    }
+
+    /// [`Self::can_admit`] with `slack` tokens allowed past capacity × the low watermark.
+    fn can_admit_past(&self, rank: Rank, demand: u64, slack: u64, now: f64, forced: bool) -> bool {
         let r = &self.ranks[rank];
         if forced {
-            return self.fits(rank, demand, now);
+            return self.fits_within(rank, demand, 0, slack, now);
         }
         if self.cfg.admission_waiting_request_threshold > 0
             && let Some(o) = self.observation_fresh(rank, now)
@@ -283,21 +294,21 @@ impl Scheduler {
         if r.active_programs >= self.cfg.max_active_programs_per_target {
             return false;
         }
-        self.fits(rank, demand, now)
+        self.fits_within(rank, demand, 0, slack, now)
     }
 
-    /// Token capacity: the rank's ledger, its shared prefix (counted once) and `demand` within
-    /// capacity × [`Self::low_ratio`] (`low_watermark_ratio` + the rank's adaptive overcommit).
-    /// A rank that holds no active Program takes any demand: one larger than the rank would
-    /// otherwise wait for nothing until its force-resume deadline (vLLM chunks and preempts).
-    /// Without a known capacity, always.
-    pub(super) fn fits(&self, rank: Rank, demand: u64, now: f64) -> bool {
-        self.fits_releasing(rank, demand, 0, now)
-    }
-
-    /// [`Self::fits`] once `released` tokens of the rank's ledger are given up (a Program that
-    /// would yield its place).
+    /// Whether `rank` has token capacity for `demand` once `released` tokens of its ledger are
+    /// given up (a Program that would yield its place): see [`Self::fits_within`].
     pub(super) fn fits_releasing(&self, rank: Rank, demand: u64, released: u64, now: f64) -> bool {
+        self.fits_within(rank, demand, released, 0, now)
+    }
+
+    /// Token capacity: the rank's ledger less `released`, its shared prefix (counted once) and
+    /// `demand` within capacity × [`Self::low_ratio`] (`low_watermark_ratio` + the rank's
+    /// adaptive overcommit) + `slack` (hold-free slack). A rank that holds no active Program
+    /// takes any demand: one larger than the rank would otherwise wait for nothing until its
+    /// force-resume deadline (vLLM chunks and preempts). Without a known capacity, always.
+    fn fits_within(&self, rank: Rank, demand: u64, released: u64, slack: u64, now: f64) -> bool {
         let r = &self.ranks[rank];
         r.active_programs == 0
             || self.capacity(rank).0.is_none_or(|cap| {
@@ -306,7 +317,7 @@ impl Scheduler {
                     .saturating_sub(released)
                     .saturating_add(self.shared_floor(rank, now))
                     .saturating_add(demand);
-                need as f64 <= cap as f64 * self.low_ratio(rank)
+                need as f64 <= cap as f64 * self.low_ratio(rank) + slack as f64
             })
     }
 
@@ -361,6 +372,10 @@ impl Scheduler {
                 Via::EngineRoom => {
                     self.counters.engine_room_admissions += 1;
                     self.notes.push(Note::EngineRoom { rank });
+                }
+                Via::HoldFree => {
+                    self.counters.hold_free_admissions += 1;
+                    self.notes.push(Note::HoldFree { rank });
                 }
             }
             self.admit(ticket, rank, reserve, now, out);
@@ -466,7 +481,11 @@ impl Scheduler {
             let long_gaps = p.last_return.is_some_and(|gap| gap > cap)
                 && 2 * u64::from(p.long_returns) > u64::from(p.returns);
             let demand = q.demand;
-            if !(cold || long_gaps) || p.active() || !self.can_admit(rank, demand, now, false) {
+            let slack = self.hold_free_slack(rank, demand);
+            if !(cold || long_gaps)
+                || p.active()
+                || !self.can_admit_past(rank, demand, slack, now, false)
+            {
                 continue;
             }
             self.counters.backfill_admissions += 1;
@@ -610,4 +629,6 @@ pub(super) enum Via {
     BatchGain { benefit: f64, cost: f64 },
     /// A forced request past `force_resume_engine_grace_seconds`, on the engine's KV report.
     EngineRoom,
+    /// Past the ledger by `hold_free_admission_slack_ratio` of its demand, on a hold-free rank.
+    HoldFree,
 }

@@ -68,6 +68,7 @@ impl Scheduler {
         p.rounds_since_ttl_pause += 1;
         let mut discontinuity = None;
         let mut resume_miss = false;
+        let resumed = usage.is_some() && prev_context > 0 && !p.fresh_start;
         if let Some(u) = usage {
             // Less than half its context cached: its prefix was evicted (a miss on its rank
             // unless this is its first run there).
@@ -91,6 +92,11 @@ impl Scheduler {
         let context = p.context_tokens;
         if resume_miss {
             self.ranks[rank].resume_miss = true;
+        }
+        if resumed {
+            self.ranks[rank]
+                .held_resumes
+                .push(if f.held { 1.0 } else { 0.0 });
         }
         if let Some(u) = usage {
             let r = &mut self.ranks[rank];

@@ -421,6 +421,9 @@ pub(crate) struct RankState {
     pub overcommit: f64,
     /// A Program came back to this rank to find its prefix evicted since the last observation.
     pub resume_miss: bool,
+    /// 1 for each request of a Program coming back to this rank that had held its place since
+    /// its previous completion, 0 for one whose Program had paused: all 0 is a hold-free rank.
+    pub held_resumes: Window,
     /// Per-request measurements of the latest completions (diagnostics).
     pub requests: RequestWindows,
 }
@@ -447,6 +450,7 @@ impl RankState {
             used_at_observation: 0,
             overcommit: 0.0,
             resume_miss: false,
+            held_resumes: Window::new(window),
             requests: RequestWindows::new(window),
         }
     }
@@ -476,6 +480,8 @@ pub struct Counters {
     pub backfill_admissions: u64,
     /// Forced requests admitted on the engine's KV report (`force_resume_engine_grace_seconds`).
     pub engine_room_admissions: u64,
+    /// Requests admitted past the ledger on a hold-free rank (`hold_free_admission_slack_ratio`).
+    pub hold_free_admissions: u64,
     /// Paused Programs presumed finished after idling past `finished_idle_ratio` × the longest
     /// observed interval.
     pub idle_finishes: u64,
@@ -598,6 +604,11 @@ pub enum Note {
     /// A forced request was admitted on the engine's KV report, past the ledger
     /// (`force_resume_engine_grace_seconds`).
     EngineRoom {
+        rank: Rank,
+    },
+    /// A request was admitted past the ledger on a hold-free rank
+    /// (`hold_free_admission_slack_ratio`).
+    HoldFree {
         rank: Rank,
     },
 }

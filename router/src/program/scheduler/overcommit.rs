@@ -11,6 +11,13 @@
 //! it to 0. It grows only where Programs run at most `adaptive_overcommit_max_rounds` rounds per
 //! activation: what it admits then leaves soon, while a long activation would hold the excess
 //! for a whole session and cost the prefixes it displaces.
+//!
+//! Hold-free slack: on a rank where none of the latest resumed Programs had held its place (a
+//! person's think time, tool calls longer than any hold), the ledger's margin protects no held
+//! prefix, only what the engine's LRU happens to keep. There a queued request is admitted once
+//! all but `hold_free_admission_slack_ratio` of its demand fits: the engine starts its prefill in
+//! the free blocks while running requests finish, instead of leaving them idle until the whole
+//! demand is free.
 
 use super::*;
 
@@ -52,5 +59,30 @@ impl Scheduler {
         }
         // A lowered maximum (a reload) applies at once.
         r.overcommit = r.overcommit.min(max);
+    }
+
+    /// Completions a rank's windows need before the scheduler reads them (throughput for the
+    /// force-resume deadline, held resumes for hold-free slack).
+    pub(super) fn min_samples(&self) -> usize {
+        (self.cfg.stats_window_size as usize).clamp(2, 16)
+    }
+
+    /// Share of the rank's latest resumed Programs that had held their place; `None` until
+    /// [`Self::min_samples`] have resumed.
+    pub fn held_resume_share(&self, rank: Rank) -> Option<f64> {
+        let w = &self.ranks.get(rank)?.held_resumes;
+        (w.len() >= self.min_samples()).then(|| w.mean()).flatten()
+    }
+
+    /// Tokens past capacity × the low watermark that a request needing `demand` may take on
+    /// `rank`: `hold_free_admission_slack_ratio` × `demand` on a hold-free rank (no held resume
+    /// in its window), else 0.
+    pub(super) fn hold_free_slack(&self, rank: Rank, demand: u64) -> u64 {
+        match self.held_resume_share(rank) {
+            Some(share) if share <= 0.0 => {
+                (self.cfg.hold_free_admission_slack_ratio * demand as f64) as u64
+            }
+            _ => 0,
+        }
     }
 }

@@ -11,6 +11,7 @@ mod binding;
 mod bounds;
 mod changes;
 mod cross_rank;
+mod hold_free;
 mod kinds;
 mod lifecycle;
 mod overcommit;

@@ -168,7 +168,7 @@ pub(crate) enum Cmd {
     /// Program scheduling, each above the cell's floor (hashing with KV nothing fills), with the
     /// goals each cell is held to and an HTML heat map.
     Matrix {
-        /// Families (default: the eight, not the two held out of it).
+        /// Families (default: the eight; reasoning and documents run by name).
         #[arg(long, value_delimiter = ',')]
         families: Vec<progbench::families::Family>,
         /// Pressure levels (default: all four).

@@ -1,5 +1,5 @@
 //! The workload families of `progbench matrix`: eight agentic traffic shapes in the default run
-//! and two held out of it and of every choice of a default, each its own generator with its own
+//! and two added after its defaults were set and run by name, each its own generator with its own
 //! parameters (turn counts, context growth, tool gaps, arrivals, system prompts), so that a
 //! scheduler default has to hold across shapes rather than on one preset.
 //!
@@ -36,18 +36,18 @@ pub enum Family {
     /// Human chat mixed with coding agents and long-tool agents.
     MixedChat,
     /// Agents on a reasoning model: 4–14 turns, each decoding about 700 tokens (outputs larger
-    /// than appends, unlike the eight above). Held out of the default run and of every choice
-    /// of a default: run it by name.
+    /// than appends, unlike the eight above). Outside the default run (run it by name) and held
+    /// out of every choice of a default.
     Reasoning,
     /// Questions about a long document (retrieval, file upload): a first turn of ~9K tokens,
-    /// 2–6 turns in all, short follow-ups, a person's think time between them. Held out like
-    /// reasoning: run it by name.
+    /// 2–6 turns in all, short follow-ups, a person's think time between them. Outside the
+    /// default run like reasoning; its odd seeds chose `hold_free_admission_slack_ratio`.
     Documents,
 }
 
 impl Family {
     /// The matrix's default families. [`Family::Reasoning`] and [`Family::Documents`] are left
-    /// out: they came after every default was set, as shapes none of them was chosen on.
+    /// out: they came after the eight's defaults were set, as shapes none of those was chosen on.
     pub const ALL: [Family; 8] = [
         Family::Coding,
         Family::SharedPrompt,
@@ -364,10 +364,10 @@ mod tests {
         assert!(chat.iter().all(|t| t.tool.is_none()));
     }
 
-    /// The held-out families: seeded and valid like the rest, outside the default set, each a
+    /// The added families: seeded and valid like the rest, outside the default set, each a
     /// shape no default family has. Reasoning agents decode more than they append.
     #[test]
-    fn held_out_families_are_their_own_shapes() {
+    fn added_families_are_their_own_shapes() {
         for f in [Family::Reasoning, Family::Documents] {
             assert!(!Family::ALL.contains(&f));
             let w = f.generate(0.25, 3);

@@ -80,12 +80,13 @@ impl Half {
 }
 
 /// Families whose traffic may set scheduler defaults (with the tuning seeds); the others are
-/// held out entirely.
-pub const TUNING_FAMILIES: [Family; 4] = [
+/// held out entirely. Documents chose one, `hold_free_admission_slack_ratio`, after the rest.
+pub const TUNING_FAMILIES: [Family; 5] = [
     Family::Coding,
     Family::SharedPrompt,
     Family::ShortMany,
     Family::Subagents,
+    Family::Documents,
 ];
 
 /// What to run.

@@ -260,6 +260,9 @@ pub struct RunResult {
     /// Forced requests program-router admitted on the engine's own KV report
     /// (`force_resume_engine_grace_seconds`); 0 for the peer, which has no such rule.
     pub engine_room_admissions: f64,
+    /// Requests program-router admitted past the ledger on a hold-free rank
+    /// (`hold_free_admission_slack_ratio`); 0 for the peer.
+    pub hold_free_admissions: f64,
     /// Requests and output tokens per workload second, over the replay's duration.
     pub request_throughput: f64,
     pub output_token_throughput: f64,
@@ -314,6 +317,7 @@ impl RunResult {
             force_resumes: 0.0,
             segment_yields: 0.0,
             engine_room_admissions: 0.0,
+            hold_free_admissions: 0.0,
             request_throughput: 0.0,
             output_token_throughput: 0.0,
             mean_queue_wait: 0.0,
@@ -659,6 +663,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     r.force_resumes = sum_of(&t, &["force_resume"]);
     r.segment_yields = sum_of(&t, &["max_segment_yield", "segment_yield"]);
     r.engine_room_admissions = sum_of(&t, &["engine_room_admit"]);
+    r.hold_free_admissions = sum_of(&t, &["hold_free_admit"]);
     let mut prompt = 0.0;
     let mut cached = 0.0;
     for sim in &sims {

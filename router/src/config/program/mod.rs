@@ -295,11 +295,11 @@ pub struct ProgramSchedulingConfig {
     /// would keep the excess for a session's length, at their prefixes' cost.
     pub adaptive_overcommit_max_rounds: f64,
     /// Extension: on a hold-free rank — none of its latest resumed Programs (a
-    /// `stats_window_size` window, read once 16 came back) had its place held since its previous
-    /// request, as when people think between turns — a queued request is admitted once all but this
-    /// share of its demand fits under capacity × the low watermark. The engine starts its
-    /// prefill in the blocks that are free while running requests finish, and no held Program's
-    /// KV is at stake. 0 = never; at most 1.
+    /// `stats_window_size` window, read once 16 came back) had its place held since its
+    /// previous request, as when people think between turns — a queued request is admitted
+    /// once all but this share of its demand fits under capacity × the low watermark. The
+    /// engine starts its prefill in the blocks that are free while running requests finish, and
+    /// no held Program's KV is at stake. 0 = never; at most 1.
     pub hold_free_admission_slack_ratio: f64,
     /// Extension: an admission reserves the rank's mean context growth (the next round's
     /// append) only on a rank whose Programs ran more than this many rounds per activation on

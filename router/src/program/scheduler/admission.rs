@@ -490,6 +490,11 @@ impl Scheduler {
             }
             self.counters.backfill_admissions += 1;
             self.notes.push(Note::Backfill { rank });
+            // A passer that only the slack let in is counted as a hold-free admission too.
+            if slack > 0 && !self.can_admit(rank, demand, now, false) {
+                self.counters.hold_free_admissions += 1;
+                self.notes.push(Note::HoldFree { rank });
+            }
             self.admit(key.ticket, rank, demand, now, out);
         }
     }

@@ -79,3 +79,25 @@ fn too_few_resumes_say_nothing() {
     assert_eq!(s.held_resume_share(0), None, "4 of the 8 needed");
     assert!(dispatched(&s.on_arrival(t + 1.0, arrival(2, "b", 200))).is_empty());
 }
+
+#[test]
+fn the_slack_never_takes_a_rank_more_than_half_a_request_past_its_watermark() {
+    let (mut s, t) = four_resumes_then_a(cfg4(), 0);
+    // New Programs of 50–400 tokens keep arriving while "a" runs: each admission counts the
+    // whole demand of those before it, so the ledger stays within 1,000 + half the largest.
+    let (mut largest, mut past) = (0, false);
+    for i in 0..40u64 {
+        let prompt = 50 + (i * 97) % 351;
+        s.on_arrival(
+            t + 1.0 + i as f64,
+            arrival(100 + i, &format!("n{i}"), prompt),
+        );
+        largest = largest.max(prompt);
+        let used = s.ranks[0].used_tokens;
+        assert!(used <= 1000 + largest / 2, "ledger {used} after {i}");
+        past |= used > 1000;
+    }
+    assert!(past, "the slack took the rank past its watermark");
+    assert!(s.counters.hold_free_admissions >= 1);
+    s.check_invariants().expect("ledger");
+}

@@ -231,12 +231,8 @@ impl Scheduler {
     /// request past its grace ([`Self::engine_has_room`]), or its demand less the growth
     /// reserve when batch gain pays for the bypass.
     pub(super) fn admission(&self, rank: Rank, r: &Retained, now: f64) -> Option<(u64, Via)> {
-        if self.can_admit(rank, r.demand, now, r.forced()) {
-            return Some((r.demand, Via::Ledger));
-        }
-        let slack = self.hold_free_slack(rank, r.demand);
-        if slack > 0 && self.can_admit_past(rank, r.demand, slack, now, r.forced()) {
-            return Some((r.demand, Via::HoldFree));
+        if let Some(via) = self.ledger_or_slack(rank, r.demand, now, r.forced()) {
+            return Some((r.demand, via));
         }
         if r.forced() {
             let overdue = now - r.force_at >= self.cfg.force_resume_engine_grace_seconds;
@@ -277,6 +273,17 @@ impl Scheduler {
     /// engine's own report.
     pub(super) fn can_admit(&self, rank: Rank, demand: u64, now: f64, forced: bool) -> bool {
         self.can_admit_past(rank, demand, 0, now, forced)
+    }
+
+    /// Whether `rank` can take `demand` within the ledger ([`Via::Ledger`]), or only past it by
+    /// the hold-free slack ([`Via::HoldFree`], [`Self::hold_free_slack`]).
+    fn ledger_or_slack(&self, rank: Rank, demand: u64, now: f64, forced: bool) -> Option<Via> {
+        if self.can_admit(rank, demand, now, forced) {
+            return Some(Via::Ledger);
+        }
+        let slack = self.hold_free_slack(rank, demand);
+        (slack > 0 && self.can_admit_past(rank, demand, slack, now, forced))
+            .then_some(Via::HoldFree)
     }
 
     /// [`Self::can_admit`] with `slack` tokens allowed past capacity × the low watermark.
@@ -481,17 +488,16 @@ impl Scheduler {
             let long_gaps = p.last_return.is_some_and(|gap| gap > cap)
                 && 2 * u64::from(p.long_returns) > u64::from(p.returns);
             let demand = q.demand;
-            let slack = self.hold_free_slack(rank, demand);
-            if !(cold || long_gaps)
-                || p.active()
-                || !self.can_admit_past(rank, demand, slack, now, false)
-            {
+            if !(cold || long_gaps) || p.active() {
                 continue;
             }
+            let Some(via) = self.ledger_or_slack(rank, demand, now, false) else {
+                continue;
+            };
             self.counters.backfill_admissions += 1;
             self.notes.push(Note::Backfill { rank });
             // A passer that only the slack let in is counted as a hold-free admission too.
-            if slack > 0 && !self.can_admit(rank, demand, now, false) {
+            if via == Via::HoldFree {
                 self.counters.hold_free_admissions += 1;
                 self.notes.push(Note::HoldFree { rank });
             }

@@ -667,6 +667,10 @@ pub struct ProgramSchedulingParams {
     /// fits (default 0.5; 0 = never; at most 1).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0 && self <= 1.0").message("holdFreeAdmissionSlackRatio must be between 0 and 1"))]
     pub hold_free_admission_slack_ratio: Option<f64>,
+    /// Extension: the hold-free slack also applies, on any rank, to requests of a kind (model
+    /// and system prompt) none of whose latest resumed Programs had held its place (default
+    /// true).
+    pub hold_free_admission_by_kind: Option<bool>,
     /// Extension: an admission reserves the rank's mean context growth only on a rank whose
     /// Programs ran more than this many rounds per activation on average (default 2.5; 0:
     /// always, the spec's behaviour).

@@ -19,11 +19,14 @@ pub struct Diagnostics {
     pub binding_only: bool,
     pub global_queue: bool,
     pub resume_order: &'static str,
-    /// Kinds of Program (model and system prompt) whose sizes `resume_order: kind_size` has
-    /// learned, at most `MAX_KINDS` (ours).
+    /// Kinds of Program (model and system prompt) whose sizes (`resume_order: kind_size`) or
+    /// resumes (`hold_free_admission_by_kind`) the scheduler keeps, at most `MAX_KINDS` (ours).
     pub program_kinds: usize,
     /// Of those, the kinds whose tier is not the fleet's: the ones `kind_size` reorders (ours).
     pub program_kinds_apart: usize,
+    /// Of those, the kinds none of whose latest resumed Programs had held its place: their
+    /// requests take the hold-free slack on any rank (`hold_free_admission_by_kind`, ours).
+    pub program_kinds_hold_free: usize,
     /// The mean final context (tokens) of the latest Programs that ended, all kinds: what a
     /// kind's mean is compared with (ours; null before any ended).
     pub program_size_mean_tokens: Option<f64>,
@@ -569,6 +572,7 @@ pub fn snapshot(
         },
         program_kinds: s.kinds_kept(),
         program_kinds_apart: s.kinds_apart(),
+        program_kinds_hold_free: s.kinds_hold_free(),
         program_size_mean_tokens: s.program_size_mean(),
         cross_rank_headroom_ratio: cfg.cross_rank_headroom_ratio,
         cross_rank_min_wait_ratio: s.min_wait_ratio(),

@@ -301,6 +301,10 @@ pub struct ProgramSchedulingConfig {
     /// engine starts its prefill in the blocks that are free while running requests finish, and
     /// no held Program's KV is at stake. 0 = never; at most 1.
     pub hold_free_admission_slack_ratio: f64,
+    /// Extension: the hold-free slack also applies, on any rank, to a request whose Program's
+    /// kind (model and system prompt) is hold-free — none of its latest resumed Programs had
+    /// held its place — as people chatting beside agents that hold.
+    pub hold_free_admission_by_kind: bool,
     /// Extension: an admission reserves the rank's mean context growth (the next round's
     /// append) only on a rank whose Programs ran more than this many rounds per activation on
     /// average, or none measured yet. Where activations are shorter, most admitted rounds are
@@ -381,6 +385,7 @@ impl Default for ProgramSchedulingConfig {
             adaptive_overcommit_max_rounds: 2.5,
             // Chosen on the tuning half (docs/generalization.md, "Hold-free ranks").
             hold_free_admission_slack_ratio: 0.5,
+            hold_free_admission_by_kind: true,
             growth_reserve_min_rounds: 2.5,
             new_program_demand_aging_seconds: 0.0,
             // Chosen on the tuning half (docs/generalization.md, "Smaller kinds first").

@@ -231,7 +231,7 @@ impl Scheduler {
     /// request past its grace ([`Self::engine_has_room`]), or its demand less the growth
     /// reserve when batch gain pays for the bypass.
     pub(super) fn admission(&self, rank: Rank, r: &Retained, now: f64) -> Option<(u64, Via)> {
-        if let Some(via) = self.ledger_or_slack(rank, r.demand, now, r.forced()) {
+        if let Some(via) = self.ledger_or_slack(rank, r, now) {
             return Some((r.demand, via));
         }
         if r.forced() {
@@ -275,13 +275,15 @@ impl Scheduler {
         self.can_admit_past(rank, demand, 0, now, forced)
     }
 
-    /// Whether `rank` can take `demand` within the ledger ([`Via::Ledger`]), or only past it by
-    /// the hold-free slack ([`Via::HoldFree`], [`Self::hold_free_slack`]).
-    fn ledger_or_slack(&self, rank: Rank, demand: u64, now: f64, forced: bool) -> Option<Via> {
+    /// Whether `rank` can take retained request `r`'s whole demand within the ledger
+    /// ([`Via::Ledger`]), or only past it by the hold-free slack ([`Via::HoldFree`],
+    /// [`Self::hold_free_slack`]).
+    fn ledger_or_slack(&self, rank: Rank, r: &Retained, now: f64) -> Option<Via> {
+        let (demand, forced) = (r.demand, r.forced());
         if self.can_admit(rank, demand, now, forced) {
             return Some(Via::Ledger);
         }
-        let slack = self.hold_free_slack(rank, demand);
+        let slack = self.hold_free_slack(rank, demand, r.program);
         (slack > 0 && self.can_admit_past(rank, demand, slack, now, forced))
             .then_some(Via::HoldFree)
     }
@@ -491,7 +493,8 @@ impl Scheduler {
             if !(cold || long_gaps) || p.active() {
                 continue;
             }
-            let Some(via) = self.ledger_or_slack(rank, demand, now, false) else {
+            // Behind a head that is not forced none is: `q` is not either.
+            let Some(via) = self.ledger_or_slack(rank, q, now) else {
                 continue;
             };
             self.counters.backfill_admissions += 1;

@@ -97,6 +97,12 @@ impl Scheduler {
             self.ranks[rank]
                 .held_resumes
                 .push(if f.held { 1.0 } else { 0.0 });
+            let kind = self.kind(f.program);
+            if let Some(replaced) = self.kinds.resumed(kind, f.held) {
+                self.notes.push(Note::Shed {
+                    reason: replaced.reason(),
+                });
+            }
         }
         if let Some(u) = usage {
             let r = &mut self.ranks[rank];

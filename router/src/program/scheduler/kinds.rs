@@ -1,5 +1,6 @@
-//! Kinds of Program and their sizes, for `resume_order: kind_size`: Programs of a kind that
-//! runs much smaller than the fleet's average go before those of a kind that runs much larger.
+//! Kinds of Program, their sizes and their resumes. Sizes, for `resume_order: kind_size`:
+//! Programs of a kind that runs much smaller than the fleet's average go before those of a kind
+//! that runs much larger.
 //!
 //! A kind is the model, the system prompt ([`super::Arrival::system`]: a hash of its leading
 //! bytes, whatever the session's own messages say) and whether the Program is a subagent:
@@ -11,11 +12,17 @@
 //! errors from the pooled one. Kinds that differ only by their samples' noise (two system
 //! prompts of one agent) thus share a tier, and within a tier the queue keeps its `mru` order.
 //!
+//! Each kind also counts its resumed Programs and how many resumed since the latest that had
+//! held its place ([`Kinds::hold_free`]): requests of a kind none of whose latest resumed
+//! Programs held (people thinking between turns) take the hold-free slack on any rank, not only
+//! on a rank where nobody held (`hold_free_admission_by_kind`).
+//!
 //! At most [`MAX_KINDS`] kinds are kept. A new one replaces, of the kinds still short of
-//! [`MIN_KIND_SAMPLES`], the one that learned least recently, and only when every kept kind has
-//! that many, the settled kind that learned least recently (the scheduler counts either in a
-//! `Shed` note). One-off first messages (chats without a system prompt) and a client sending
-//! ever new system prompts thus churn among themselves, not the kinds the fleet has learned.
+//! [`MIN_KIND_SAMPLES`], the one that learned least recently (an end or a resume), and only when
+//! every kept kind has that many, the settled kind that learned least recently (the scheduler
+//! counts either in a `Shed` note). One-off first messages (chats without a system prompt) and a
+//! client sending ever new system prompts thus churn among themselves, not the kinds the fleet
+//! has learned.
 
 use rustc_hash::FxHashMap;
 
@@ -60,12 +67,29 @@ impl Replaced {
     }
 }
 
-/// A kind's latest totals, and when it last learned (the [`Kinds`] learn count, for
-/// replacement).
+/// A kind's latest totals, its resumes, and when it last learned (the [`Kinds`] learn count,
+/// for replacement).
 #[derive(Debug, Clone)]
 struct Totals {
     window: Window,
+    resumes: Resumes,
     learned_at: u64,
+}
+
+/// A kind's resumed Programs: how many resumed, and how many of those since the latest that had
+/// held its place (all of them while none had).
+#[derive(Debug, Clone, Copy, Default)]
+struct Resumes {
+    count: u64,
+    since_held: u64,
+}
+
+impl Resumes {
+    /// None of the latest `window` resumes held, and at least `min` of them are counted.
+    fn hold_free(self, window: usize, min: usize) -> bool {
+        let seen = self.count.min(window as u64);
+        seen >= min as u64 && self.since_held >= seen
+    }
 }
 
 impl Totals {
@@ -100,9 +124,44 @@ impl Kinds {
         if total == 0 {
             return None;
         }
-        self.learned += 1;
         self.pooled.push(total as f64);
-        let kind = kind?;
+        let (t, replaced) = self.entry(kind?);
+        t.window.push(total as f64);
+        replaced
+    }
+
+    /// A Program of `kind` resumed after a pause or a tool call; `held`: it had held its place
+    /// meanwhile. Returns the kind replaced to make room for this one, if one was.
+    pub fn resumed(&mut self, kind: Option<u64>, held: bool) -> Option<Replaced> {
+        let (t, replaced) = self.entry(kind?);
+        let r = &mut t.resumes;
+        r.count = r.count.saturating_add(1);
+        r.since_held = if held {
+            0
+        } else {
+            r.since_held.saturating_add(1)
+        };
+        replaced
+    }
+
+    /// Whether none of the latest `window` resumed Programs of `kind` had held its place, with
+    /// at least `min` of them counted.
+    pub fn hold_free(&self, kind: Option<u64>, window: usize, min: usize) -> bool {
+        kind.and_then(|k| self.kinds.get(&k))
+            .is_some_and(|t| t.resumes.hold_free(window, min))
+    }
+
+    /// Kinds kept that [`Self::hold_free`] holds for.
+    pub fn hold_free_count(&self, window: usize, min: usize) -> usize {
+        self.kinds
+            .values()
+            .filter(|t| t.resumes.hold_free(window, min))
+            .count()
+    }
+
+    /// The totals of `kind`, made room for when it is new; and the kind replaced to make room.
+    fn entry(&mut self, kind: u64) -> (&mut Totals, Option<Replaced>) {
+        self.learned += 1;
         let mut replaced = None;
         if !self.kinds.contains_key(&kind) && self.kinds.len() >= MAX_KINDS {
             // Unsettled kinds first, then the least recently learned.
@@ -120,14 +179,14 @@ impl Kinds {
                 });
             }
         }
-        let window = self.window;
+        let (window, learned) = (self.window, self.learned);
         let t = self.kinds.entry(kind).or_insert_with(|| Totals {
             window: Window::new(window),
+            resumes: Resumes::default(),
             learned_at: 0,
         });
-        t.learned_at = self.learned;
-        t.window.push(total as f64);
-        replaced
+        t.learned_at = learned;
+        (t, replaced)
     }
 
     /// The queue tier of a Program of `kind` (smaller first): [`FLEET_TIER`] plus
@@ -192,7 +251,7 @@ impl super::Scheduler {
         kind_of(&p.key.0, p.system, p.identity.parent_program_id.is_some())
     }
 
-    /// Kinds of Program whose sizes are kept (diagnostics).
+    /// Kinds of Program kept, by their sizes or their resumes (diagnostics).
     pub fn kinds_kept(&self) -> usize {
         self.kinds.len()
     }
@@ -320,6 +379,54 @@ mod tests {
             Some(Replaced::Settled)
         );
         assert!(!k.kinds.contains_key(&0));
+    }
+
+    #[test]
+    fn a_kind_is_hold_free_once_its_latest_resumes_never_held() {
+        let mut k = Kinds::new(100);
+        k.resumed(Some(1), true);
+        for _ in 0..10 {
+            k.resumed(Some(1), false);
+        }
+        assert!(
+            !k.hold_free(Some(1), 16, 16),
+            "11 resumes counted, 16 needed"
+        );
+        for _ in 0..10 {
+            k.resumed(Some(1), false);
+        }
+        assert!(
+            k.hold_free(Some(1), 16, 16),
+            "the held one left the latest 16"
+        );
+        assert!(
+            !k.hold_free(Some(1), 100, 16),
+            "and is still among the latest 100"
+        );
+        k.resumed(Some(1), true);
+        assert!(!k.hold_free(Some(1), 16, 16), "one held resume ends it");
+        assert!(!k.hold_free(None, 16, 1), "no kind");
+        assert!(!k.hold_free(Some(2), 16, 1), "never seen");
+        assert_eq!(k.resumed(None, false), None);
+        assert_eq!(k.len(), 1, "resumes make a kind kept, without a size");
+        assert_eq!(k.tier(Some(1), 2.0), FLEET_TIER);
+        for _ in 0..16 {
+            k.resumed(Some(3), false);
+        }
+        assert_eq!(k.hold_free_count(16, 16), 1);
+    }
+
+    #[test]
+    fn resumes_make_room_like_ends() {
+        let mut k = Kinds::new(100);
+        learn(&mut k, 1, &[100; MIN_KIND_SAMPLES]);
+        let mut replaced = Vec::new();
+        for kind in 0..(2 * MAX_KINDS as u64) {
+            replaced.extend(k.resumed(Some(10_000 + kind), false));
+        }
+        assert_eq!(k.len(), MAX_KINDS);
+        assert!(replaced.iter().all(|r| *r == Replaced::Unsettled));
+        assert!(k.kinds.contains_key(&1), "the settled kind is kept");
     }
 
     #[test]

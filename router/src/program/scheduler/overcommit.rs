@@ -17,7 +17,9 @@
 //! prefix, only what the engine's LRU happens to keep. There a queued request is admitted once
 //! all but `hold_free_admission_slack_ratio` of its demand fits: the engine starts its prefill in
 //! the free blocks while running requests finish, instead of leaving them idle until the whole
-//! demand is free.
+//! demand is free. With `hold_free_admission_by_kind`, so is a request on any rank whose
+//! Program's kind is hold-free (chat beside agents): the request would not have been held
+//! either way, and admitting it takes no more than the slack past the watermark.
 
 use super::*;
 
@@ -74,15 +76,32 @@ impl Scheduler {
         (w.len() >= self.min_samples()).then(|| w.mean()).flatten()
     }
 
-    /// Tokens past capacity × the low watermark that a request needing `demand` may take on
-    /// `rank`: `hold_free_admission_slack_ratio` × `demand` on a hold-free rank (no held resume
-    /// in its window), else 0.
-    pub(super) fn hold_free_slack(&self, rank: Rank, demand: u64) -> u64 {
-        match self.held_resume_share(rank) {
-            Some(share) if share <= 0.0 => {
-                (self.cfg.hold_free_admission_slack_ratio * demand as f64) as u64
-            }
-            _ => 0,
+    /// Tokens past capacity × the low watermark that a request of the Program in `slot`
+    /// needing `demand` may take on `rank`: `hold_free_admission_slack_ratio` × `demand` on a
+    /// hold-free rank (no held resume in its window) or, with `hold_free_admission_by_kind`,
+    /// for a Program of a hold-free kind ([`Self::kind_hold_free`]); else 0.
+    pub(super) fn hold_free_slack(&self, rank: Rank, demand: u64, slot: usize) -> u64 {
+        let rank_free = self
+            .held_resume_share(rank)
+            .is_some_and(|share| share <= 0.0);
+        if rank_free || self.cfg.hold_free_admission_by_kind && self.kind_hold_free(slot) {
+            (self.cfg.hold_free_admission_slack_ratio * demand as f64) as u64
+        } else {
+            0
         }
+    }
+
+    /// Whether none of the latest `stats_window_size` resumed Programs of the kind of the
+    /// Program in `slot` had held its place, once [`Self::min_samples`] of them resumed.
+    pub(super) fn kind_hold_free(&self, slot: usize) -> bool {
+        let window = self.cfg.stats_window_size as usize;
+        self.kinds
+            .hold_free(self.kind(slot), window, self.min_samples())
+    }
+
+    /// Kinds of Program kept that are hold-free (diagnostics).
+    pub fn kinds_hold_free(&self) -> usize {
+        let window = self.cfg.stats_window_size as usize;
+        self.kinds.hold_free_count(window, self.min_samples())
     }
 }

@@ -522,6 +522,14 @@ mod tests {
     }
 
     #[test]
+    fn a_mistyped_program_scheduling_field_is_named_by_its_path() {
+        let doc = br#"{"program_scheduling": {"hold_free_admission_by_kind": "yes"}}"#;
+        let e = parse_config(doc).expect_err("a string for a bool");
+        assert_eq!(e.field, "program_scheduling.hold_free_admission_by_kind");
+        assert!(e.message.contains("expected a boolean"), "{e}");
+    }
+
+    #[test]
     fn vllm_router_flags_are_accepted() {
         let c = flags(&[
             "--host",

@@ -191,6 +191,14 @@ pub(crate) enum Cmd {
         /// Program scheduling overrides (the router's program_scheduling JSON).
         #[arg(long, default_value = "{}")]
         program_config: String,
+        /// The engines' step-time model: the spec's reference coefficients (every default was
+        /// chosen on them) or another deployment's; the router is calibrated to it.
+        #[arg(long, value_enum, default_value = "reference")]
+        engine: progbench::engines::EngineProfile,
+        /// On another engine, the router keeps the reference cost models (a deployment that
+        /// did not calibrate).
+        #[arg(long)]
+        uncalibrated: bool,
         /// Worker threads (default: the machine's cores).
         #[arg(long)]
         threads: Option<usize>,

@@ -7,6 +7,7 @@
 pub mod clients;
 pub mod compare;
 pub mod des;
+pub mod engines;
 pub mod fairness;
 pub mod families;
 pub mod fleet;

@@ -15,6 +15,7 @@ use vllm_sim::engine::EngineParams;
 
 use crate::clients::WorkLeft;
 use crate::des::{self, Mode, Report};
+use crate::engines::EngineProfile;
 use crate::families::Family;
 use crate::workload::Turn;
 
@@ -101,6 +102,10 @@ pub struct Setup {
     pub scale: f64,
     pub max_model_len: usize,
     pub program: ProgramSchedulingConfig,
+    /// The engines' step-time model ([`EngineProfile`]); the reference unless asked.
+    pub engine: EngineProfile,
+    /// The router keeps its reference cost models on another engine (not calibrated to it).
+    pub uncalibrated: bool,
     /// Also run both modes under free retention (see [`SeedRun::bound_hash`]).
     pub bounds: bool,
     /// Worker threads over (family, seed) pairs.
@@ -225,13 +230,18 @@ pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
     let turns = family.generate(setup.scale, seed);
     let base = EngineParams {
         max_model_len: setup.max_model_len,
+        timing: setup.engine.timing(),
         ..EngineParams::default()
     };
     let (floor, demand_tokens) = self::floor(&turns, setup.ranks, &base);
-    let program_mode = Mode::Program(Box::new(setup.program.clone()));
+    let mut program = setup.program.clone();
+    if !setup.uncalibrated {
+        crate::engines::calibrate(&mut program, &base.timing);
+    }
+    let program_mode = Mode::Program(Box::new(program.clone()));
     let affinity_mode = Mode::Program(Box::new(ProgramSchedulingConfig {
         binding_only: true,
-        ..setup.program.clone()
+        ..program.clone()
     }));
     setup
         .pressures
@@ -565,6 +575,8 @@ mod tests {
             scale: 0.2,
             max_model_len,
             program: ProgramSchedulingConfig::default(),
+            engine: EngineProfile::Reference,
+            uncalibrated: false,
             bounds: false,
             threads: 1,
         };
@@ -664,9 +676,40 @@ mod tests {
             scale: 0.25,
             max_model_len: 32768,
             program: ProgramSchedulingConfig::default(),
+            engine: EngineProfile::Reference,
+            uncalibrated: false,
             threads: 1,
             bounds,
         }
+    }
+
+    /// Another engine profile changes the engines' timing, and the router is calibrated to it
+    /// unless the run says not to.
+    #[test]
+    fn an_engine_profile_times_the_engines_and_calibrates_the_router() {
+        let at = |engine, uncalibrated| {
+            let setup = Setup {
+                engine,
+                uncalibrated,
+                scale: 0.1,
+                ..small(Family::Coding, vec![Pressure::Overload], false)
+            };
+            run_pair(&setup, Family::Coding, 1).remove(0)
+        };
+        let reference = at(EngineProfile::Reference, false);
+        let fast = at(EngineProfile::FastPrefill, false);
+        // Cheaper prefill finishes the same floor sooner.
+        assert!(
+            fast.floor.mean_jct < reference.floor.mean_jct,
+            "{fast:?} {reference:?}"
+        );
+        // The reference's own coefficients are the router's defaults: nothing to calibrate.
+        let reference_kept = at(EngineProfile::Reference, true);
+        assert_eq!(reference_kept.program.mean_jct, reference.program.mean_jct);
+        // On another engine, keeping them is another schedule of the same engines.
+        let fast_kept = at(EngineProfile::FastPrefill, true);
+        assert_eq!(fast_kept.floor.mean_jct, fast.floor.mean_jct);
+        assert_ne!(fast_kept.program.mean_jct, fast.program.mean_jct);
     }
 
     #[test]

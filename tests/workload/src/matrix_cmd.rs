@@ -1,6 +1,7 @@
 //! `progbench matrix`: flags to a [`progbench::matrix::Setup`], the run, the table and the files.
 
 use super::*;
+use progbench::engines::EngineProfile;
 use progbench::families::Family;
 use progbench::matrix::{self, Pressure};
 
@@ -14,6 +15,8 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
         scale,
         ranks,
         program_config,
+        engine,
+        uncalibrated,
         threads,
         json,
         html,
@@ -58,6 +61,8 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
         scale,
         max_model_len: 32768,
         program,
+        engine,
+        uncalibrated,
         bounds,
         threads: threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
@@ -79,13 +84,19 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
     });
     let cells = matrix::cells(&runs);
     let header = format!(
-        "{} ranks × vllm-sim's engine model, virtual time; seeds {:?}; Programs × {scale}; \
-         {:.0} s wall.\nfloor = consistent hashing with KV nothing fills; excess = mean JCT − \
+        "{} ranks × vllm-sim's engine model ({}{}), virtual time; seeds {:?}; Programs × \
+         {scale}; {:.0} s wall.\nfloor = consistent hashing with KV nothing fills; excess = mean JCT − \
          floor; demand = the floor's live KV at p90 over the cell's KV;\n\
          ours÷aff = ours' mean JCT over affinity only's (`binding_only`: the same Program-to-rank \
          binding with nothing held back), above 1 where holding did not pay.\n\
          * = a family that helped choose the defaults (with the odd seeds); the rest are held out.",
         ranks,
+        engine.name(),
+        if uncalibrated && engine != EngineProfile::Reference {
+            ", the router not calibrated to it"
+        } else {
+            ""
+        },
         setup.seeds,
         started.elapsed().as_secs_f64()
     );
@@ -100,7 +111,15 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
     let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-matrix.html"));
     write_report(&html, &progbench::matrix_report::html(&header, &cells))?;
     if let Some(p) = json {
-        write_json(&p, &serde_json::json!({"runs": runs, "cells": cells}))?;
+        write_json(
+            &p,
+            &serde_json::json!({
+                "engine": engine,
+                "calibrated": !uncalibrated,
+                "runs": runs,
+                "cells": cells
+            }),
+        )?;
     }
     Ok(true)
 }

@@ -132,9 +132,52 @@ fn matrix_refuses_bad_settings_by_name() {
             "--program-config",
         ),
         (vec!["matrix", "--families", "nope"], "--families"),
+        (vec!["matrix", "--engine", "nope"], "--engine"),
     ] {
         let (ok, _, err) = progbench(&args);
         assert!(!ok, "{args:?}");
         assert!(err.contains(flag), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn another_engine_is_named_in_the_table_and_the_json() {
+    let dir = std::env::temp_dir().join(format!("progbench-engine-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json = dir.join("m.json");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "matrix",
+            "--quick",
+            "--families",
+            "short-many",
+            "--pressures",
+            "overload",
+            "--html",
+        ];
+        let html = dir.join("m.html");
+        args.push(html.to_str().expect("utf-8"));
+        args.extend_from_slice(&["--json", json.to_str().expect("utf-8")]);
+        args.extend_from_slice(extra);
+        let (ok, out, err) = progbench(&args);
+        assert!(ok, "{out}\n{err}");
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("json");
+        (out, doc)
+    };
+    let (out, reference) = run(&[]);
+    assert!(out.contains("engine model (reference)"), "{out}");
+    assert_eq!(reference["engine"], "reference");
+    assert_eq!(reference["calibrated"], true);
+    let (out, fast) = run(&["--engine", "fast-prefill", "--uncalibrated"]);
+    assert!(
+        out.contains("(fast-prefill, the router not calibrated to it)"),
+        "{out}"
+    );
+    assert_eq!(fast["engine"], "fast-prefill");
+    assert_eq!(fast["calibrated"], false);
+    // A cheaper prefill finishes the same Programs' floor sooner.
+    let floor = |d: &serde_json::Value| d["runs"][0]["floor"]["mean_jct"].as_f64().expect("floor");
+    assert!(floor(&fast) < floor(&reference), "{fast} {reference}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -192,11 +192,12 @@ pub(crate) enum Cmd {
         #[arg(long, default_value = "{}")]
         program_config: String,
         /// The engines' step-time model: the spec's reference coefficients (every default was
-        /// chosen on them) or another deployment's; the router is calibrated to it.
+        /// chosen on them) or another deployment's; the router is calibrated to it (its cost
+        /// models replace any in --program-config).
         #[arg(long, value_enum, default_value = "reference")]
         engine: progbench::engines::EngineProfile,
-        /// On another engine, the router keeps the reference cost models (a deployment that
-        /// did not calibrate).
+        /// The router keeps the cost models --program-config gives (the reference's by
+        /// default) whatever the engine: a deployment that did not calibrate.
         #[arg(long)]
         uncalibrated: bool,
         /// Worker threads (default: the machine's cores).

@@ -33,13 +33,6 @@ pub enum EngineProfile {
 }
 
 impl EngineProfile {
-    pub const ALL: [EngineProfile; 4] = [
-        EngineProfile::Reference,
-        EngineProfile::FastPrefill,
-        EngineProfile::SlowPrefill,
-        EngineProfile::SlowDecode,
-    ];
-
     pub fn name(self) -> &'static str {
         match self {
             EngineProfile::Reference => "reference",
@@ -77,7 +70,8 @@ impl EngineProfile {
     }
 }
 
-/// Gives the router `t`'s coefficients, as calibrating against that engine would.
+/// Gives the router `t`'s coefficients, as calibrating against that engine would (replacing
+/// whatever cost models `cfg` had).
 pub fn calibrate(cfg: &mut ProgramSchedulingConfig, t: &TimingModel) {
     cfg.prefill_cost_model = PrefillCostModel {
         intercept_seconds: t.prefill_intercept_seconds,

@@ -3,9 +3,9 @@
 //! run can show whether the defaults carry over to hardware and models they were not chosen on.
 //!
 //! A profile scales the reference's prefill or decode coefficients; the router is given the
-//! profile's own coefficients (what `program-router calibrate` fits against that engine, R² ≥
-//! 0.999 on vllm-sim) unless the run asks for it to keep the reference ones, as a deployment
-//! that skipped calibration would.
+//! profile's own coefficients (what `program-router calibrate` fits against that engine) unless
+//! the run asks it to keep those of `--program-config`, as a deployment that skipped calibration
+//! would.
 
 use program_router::config::ProgramSchedulingConfig;
 use program_router::config::program::{DecodeThroughputModel, PrefillCostModel};

@@ -100,6 +100,12 @@ pub(crate) enum Cmd {
         /// here (then in wall seconds of the time-scaled simulators).
         #[arg(long, default_value = "{}")]
         program_config: String,
+        /// The simulators' step-time model (as `progbench matrix --engine`): the spec's
+        /// reference coefficients or another deployment's. The calibration runs against the
+        /// same profile, so both routers get its cost models; --pressure sizes the KV from the
+        /// floor on this engine.
+        #[arg(long, value_enum, default_value = "reference")]
+        engine: progbench::engines::EngineProfile,
         /// pr-roll-skew(-norev): the longest a changed member list takes to reach a router
         /// replica, workload seconds (each replica's delay is uniform up to it; the default is
         /// the kubelet's ConfigMap sync period).

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use progbench::compare::{self, RunResult, Variant};
+use progbench::engines::EngineProfile;
 use progbench::matrix::{self, Pressure};
 use progbench::verdict;
 use progbench::workload::{self, Preset, Turn};
@@ -137,7 +138,7 @@ pub(crate) async fn demo(html: Option<PathBuf>) -> Result<bool, String> {
          {TIME_SCALE} simulated seconds per wall second; {} runs over HTTP, about 2 minutes ...",
         POINTS.len() * HTTP_SEEDS.len() * variants.len()
     );
-    let calibration = compare::calibrate(&dir, TIME_SCALE).await?;
+    let calibration = compare::calibrate(&dir, TIME_SCALE, EngineProfile::Reference).await?;
     let mut points = Vec::new();
     for pressure in POINTS {
         let mut point = Point {
@@ -185,6 +186,7 @@ pub(crate) async fn demo(html: Option<PathBuf>) -> Result<bool, String> {
                 calibration: Some(calibration.clone()),
                 member_skew_secs: 0.0,
                 member_skew_seed: 1,
+                engine: EngineProfile::Reference,
             };
             let mut results = Vec::new();
             for v in &variants {

@@ -70,6 +70,38 @@ impl EngineProfile {
     }
 }
 
+impl EngineProfile {
+    /// vllm-sim's flags that give a simulator this profile's step timing (`progbench compare
+    /// --engine`), the reference's included.
+    pub fn sim_flags(self) -> Vec<(&'static str, String)> {
+        let t = self.timing();
+        [
+            ("prefill-intercept-seconds", t.prefill_intercept_seconds),
+            (
+                "prefill-linear-seconds-per-1k-tokens",
+                t.prefill_linear_seconds_per_1k_tokens,
+            ),
+            (
+                "prefill-quadratic-seconds-per-1k-tokens-squared",
+                t.prefill_quadratic_seconds_per_1k_tokens_squared,
+            ),
+            ("decode-throughput-alpha", t.decode_throughput_alpha),
+            ("decode-fixed-step-seconds", t.decode_fixed_step_seconds),
+            (
+                "decode-batch-step-seconds-per-request",
+                t.decode_batch_step_seconds_per_request,
+            ),
+            (
+                "decode-context-step-seconds-per-token",
+                t.decode_context_step_seconds_per_token,
+            ),
+        ]
+        .into_iter()
+        .map(|(flag, v)| (flag, v.to_string()))
+        .collect()
+    }
+}
+
 /// Gives the router `t`'s coefficients, as calibrating against that engine would (replacing
 /// whatever cost models `cfg` had).
 pub fn calibrate(cfg: &mut ProgramSchedulingConfig, t: &TimingModel) {
@@ -123,5 +155,32 @@ mod tests {
         );
         assert!((est - 8.0 / slow.decode_step_seconds(8, 100_000)).abs() < 1e-9);
         cfg.validate().expect("a calibrated config is valid");
+    }
+
+    #[test]
+    fn a_simulator_given_a_profiles_flags_runs_its_timing() {
+        use clap::Parser;
+        for profile in [
+            EngineProfile::Reference,
+            EngineProfile::FastPrefill,
+            EngineProfile::SlowPrefill,
+            EngineProfile::SlowDecode,
+        ] {
+            let mut argv = vec!["vllm-sim".to_string()];
+            for (flag, value) in profile.sim_flags() {
+                argv.push(format!("--{flag}"));
+                argv.push(value);
+            }
+            let sim = vllm_sim::config::SimArgs::try_parse_from(&argv)
+                .map_err(|e| e.to_string())
+                .and_then(|a| a.validate())
+                .unwrap_or_else(|e| panic!("{}: {e}", profile.name()));
+            assert_eq!(sim.engine.timing, profile.timing(), "{}", profile.name());
+        }
+        assert_ne!(
+            EngineProfile::FastPrefill.timing(),
+            TimingModel::default(),
+            "the profiles differ from the simulator's defaults"
+        );
     }
 }

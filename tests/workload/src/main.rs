@@ -183,6 +183,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         limit_secs,
         rounds,
         program_config,
+        engine: profile,
         member_skew_secs,
         member_skew_seed,
         vllm_router,
@@ -208,6 +209,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     let engine_with = |num_gpu_blocks| vllm_sim::engine::EngineParams {
         num_gpu_blocks,
         max_model_len,
+        timing: profile.timing(),
         ..Default::default()
     };
     // The simulators would refuse these; say so before starting anything (with --pressure, at
@@ -223,12 +225,15 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     let turns = w.turns();
     let num_gpu_blocks = match pressure {
         Some(p) => {
-            let blocks = progbench::matrix::cell_blocks(&turns, servers * dp, max_model_len, p);
+            let blocks =
+                progbench::matrix::cell_blocks(&turns, servers * dp, max_model_len, p, profile);
             eprintln!(
-                "KV: {blocks} blocks per rank ({}, seed {}, {} pressure, as the matrix sizes it)",
+                "KV: {blocks} blocks per rank ({}, seed {}, {} pressure, {} engine, as the matrix \
+                 sizes it)",
                 w.label(),
                 w.seed,
-                p.name()
+                p.name(),
+                profile.name()
             );
             blocks
         }
@@ -240,7 +245,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         serde_json::from_str(&program_config).map_err(|e| format!("--program-config: {e}"))?;
     let calibration = if variants.iter().any(|v| v.schedules_programs()) {
         eprintln!("calibrating the cost models against a simulator (program-router calibrate) ...");
-        let c = progbench::compare::calibrate(&bin_dir, time_scale).await?;
+        let c = progbench::compare::calibrate(&bin_dir, time_scale, profile).await?;
         eprintln!(
             "  prefill R² {:.4}, decode R² {:.4}; both routers get these coefficients \
              (converted to {time_scale}× time) unless --program-config gives them",
@@ -263,6 +268,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         calibration,
         member_skew_secs,
         member_skew_seed,
+        engine: profile,
     };
     let mut results = Vec::new();
     for round in 1..=rounds {
@@ -352,7 +358,8 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         None => "no Program scheduling run, no calibration".into(),
     };
     let header = format!(
-        "{} Programs ({}, seed {}), {} servers × {} DP ranks × {} KV blocks, {}× time\n\
+        "{} Programs ({}, seed {}), {} servers × {} DP ranks × {} KV blocks, {}× time, {} \
+         engine\n\
          oracle: H* = {:.1}% token hit, JCT* = {:.1} s mean; times are the workload's seconds\n\
          {calibrated}",
         program_count(&turns),
@@ -362,6 +369,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         dp,
         num_gpu_blocks,
         time_scale,
+        profile.name(),
         oracle.token_hit * 100.0,
         oracle.mean_jct_seconds
     );
@@ -370,7 +378,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         write_json(
             &p,
             &serde_json::json!({"oracle": oracle, "kv_bound": kv,
-                "calibration": setup.calibration, "rounds": rounds,
+                "calibration": setup.calibration, "rounds": rounds, "engine": profile,
                 "excess_ratio_vs_peer": ratio, "runs": results}),
         )?;
     }

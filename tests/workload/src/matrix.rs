@@ -210,16 +210,19 @@ pub fn blocks_at(
         .max(base.max_model_len.div_ceil(base.block_size))
 }
 
-/// KV blocks per rank that put `turns` on `ranks` ranks at `pressure`, sized as a matrix cell is
-/// (from its floor's live KV demand at p90); `progbench compare --pressure` sizes its runs so.
+/// KV blocks per rank that put `turns` on `ranks` ranks at `pressure` on `engine`, sized as a
+/// matrix cell is (from its floor's live KV demand at p90); `progbench compare --pressure` sizes
+/// its runs so.
 pub fn cell_blocks(
     turns: &[Turn],
     ranks: usize,
     max_model_len: usize,
     pressure: Pressure,
+    engine: EngineProfile,
 ) -> usize {
     let base = EngineParams {
         max_model_len,
+        timing: engine.timing(),
         ..EngineParams::default()
     };
     blocks_at(floor(turns, ranks, &base).1, ranks, &base, pressure)
@@ -563,37 +566,45 @@ mod tests {
         }
     }
 
-    /// `compare --pressure` gets the KV the matrix gives the same family, seed and level.
+    /// `compare --pressure` gets the KV the matrix gives the same family, seed, level and engine.
     #[test]
     fn a_cell_is_sized_alike_for_compare_and_the_matrix() {
         let (family, seed, max_model_len) = (Family::ShortMany, 3, 8192);
-        let setup = Setup {
-            families: vec![family],
-            pressures: vec![Pressure::Heavy, Pressure::Overload],
-            seeds: vec![seed],
-            ranks: 4,
-            scale: 0.2,
-            max_model_len,
-            program: ProgramSchedulingConfig::default(),
-            engine: EngineProfile::Reference,
-            uncalibrated: false,
-            bounds: false,
-            threads: 1,
-        };
-        let turns = family.generate(setup.scale, seed);
-        let runs = run_pair(&setup, family, seed);
-        let sized: Vec<(usize, usize)> = runs
-            .iter()
-            .map(|r| {
-                let blocks = cell_blocks(&turns, setup.ranks, max_model_len, r.pressure);
-                (blocks, r.blocks_per_rank)
-            })
-            .collect();
-        assert!(sized.iter().all(|(a, b)| a == b), "{sized:?}");
-        assert!(
-            sized[0].0 > sized[1].0,
-            "overload has less KV than heavy: {sized:?}"
-        );
+        let mut heavy = Vec::new();
+        for engine in [EngineProfile::Reference, EngineProfile::SlowDecode] {
+            let setup = Setup {
+                families: vec![family],
+                pressures: vec![Pressure::Heavy, Pressure::Overload],
+                seeds: vec![seed],
+                ranks: 4,
+                scale: 0.2,
+                max_model_len,
+                program: ProgramSchedulingConfig::default(),
+                engine,
+                uncalibrated: false,
+                bounds: false,
+                threads: 1,
+            };
+            let turns = family.generate(setup.scale, seed);
+            let runs = run_pair(&setup, family, seed);
+            let sized: Vec<(usize, usize)> = runs
+                .iter()
+                .map(|r| {
+                    let blocks =
+                        cell_blocks(&turns, setup.ranks, max_model_len, r.pressure, engine);
+                    (blocks, r.blocks_per_rank)
+                })
+                .collect();
+            assert!(sized.iter().all(|(a, b)| a == b), "{sized:?}");
+            assert!(
+                sized[0].0 > sized[1].0,
+                "overload has less KV than heavy: {sized:?}"
+            );
+            heavy.push(sized[0].0);
+        }
+        // Slower decode keeps more sessions live at once: the floor's demand, and so the KV a
+        // level gives, is the engine's own.
+        assert_ne!(heavy[0], heavy[1], "{heavy:?}");
     }
 
     #[test]

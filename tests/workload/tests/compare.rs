@@ -4,13 +4,14 @@
 use std::time::Duration;
 
 use progbench::compare::{Setup, Variant, calibrate, check_comparable, run_variant};
+use progbench::engines::EngineProfile;
 use progbench::workload::{Preset, generate};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn program_router_variants_serve_identical_work() {
     let (dir, vllm_router) = progbench::compare::test_binaries();
     // What both routers get: program-router calibrate against a simulator, converted to 50×.
-    let calibration = calibrate(&dir, 50.0)
+    let calibration = calibrate(&dir, 50.0, EngineProfile::Reference)
         .await
         .expect("program-router calibrate against a simulator");
     // The coefficients are the simulator's own cost model, in wall seconds at 50×.
@@ -28,6 +29,22 @@ async fn program_router_variants_serve_identical_work() {
         let ratio = got * 50.0 / want;
         assert!((0.5..2.0).contains(&ratio), "{calibration:?}: {ratio}");
     }
+    // Against a simulator running another engine profile, calibrate fits that engine: prefill
+    // a third of the reference's, decode the same.
+    let fast = calibrate(&dir, 50.0, EngineProfile::FastPrefill)
+        .await
+        .expect("program-router calibrate against a fast-prefill simulator");
+    let ratio = |model: &str, field: &str| {
+        let get = |c: &progbench::compare::Calibrated| match model {
+            "prefill" => c.prefill_cost_model[field],
+            _ => c.decode_throughput_model[field],
+        };
+        get(&fast) / get(&calibration)
+    };
+    let prefill = ratio("prefill", "linear_seconds_per_1k_tokens");
+    assert!((0.2..0.5).contains(&prefill), "{fast:?}: {prefill}");
+    let decode = ratio("decode", "fixed_step_seconds");
+    assert!((0.6..1.6).contains(&decode), "{fast:?}: {decode}");
     let setup = Setup {
         servers: 1,
         dp: 2,
@@ -41,6 +58,7 @@ async fn program_router_variants_serve_identical_work() {
         calibration: Some(calibration.clone()),
         member_skew_secs: 60.0,
         member_skew_seed: 1,
+        engine: EngineProfile::Reference,
     };
     let turns = generate(Preset::Chat, 3, 2.0, 5);
     // pr-auto: the same scheduling, identity from session headers only (`enable_key: auto`).

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::des::{Series, percentile};
+use crate::engines::EngineProfile;
 use crate::oracle::unloaded_service_seconds;
 use crate::replay::{ContextMode, Endpoints, ReplayConfig, replay};
 use crate::workload::Turn;
@@ -131,6 +132,8 @@ pub struct Setup {
     pub member_skew_secs: f64,
     /// Seeds those delays; every variant of one comparison gets the same.
     pub member_skew_seed: u64,
+    /// The simulators' step timing (`--engine`); calibrate against the same profile.
+    pub engine: EngineProfile,
 }
 
 /// How fast the simulator that `program-router calibrate` measures runs. Its clock is linear
@@ -180,27 +183,28 @@ fn scaled_fields(fit: &impl Serialize, factor: f64) -> Result<BTreeMap<String, f
 /// calibration's largest batch, [`CALIBRATION_TIME_SCALE`]) and converts the coefficients to
 /// simulators running `time_scale` times faster than the workload. An unusable fit is an error:
 /// a comparison with cost models off by an unknown factor would not say what it seems to.
-pub async fn calibrate(bin_dir: &Path, time_scale: f64) -> Result<Calibrated, String> {
+pub async fn calibrate(
+    bin_dir: &Path,
+    time_scale: f64,
+    engine: EngineProfile,
+) -> Result<Calibrated, String> {
     #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
         args: program_router::calibrate::CalibrateArgs,
     }
     let mut sim = Procs(Vec::new());
-    let url = start_sim(
-        &mut sim,
-        bin_dir,
-        free_port()?,
-        &[
-            ("data-parallel-size", "1".into()),
-            ("num-gpu-blocks", "16384".into()),
-            // Room for the largest calibration prompt whatever the comparison's own limit: the
-            // cost model does not depend on it.
-            ("max-model-len", "32768".into()),
-            ("time-scale", CALIBRATION_TIME_SCALE.to_string()),
-        ],
-    )
-    .map_err(|e| format!("calibration: {e}"))?;
+    let mut flags = vec![
+        ("data-parallel-size", "1".into()),
+        ("num-gpu-blocks", "16384".into()),
+        // Room for the largest calibration prompt whatever the comparison's own limit: the
+        // cost model does not depend on it.
+        ("max-model-len", "32768".into()),
+        ("time-scale", CALIBRATION_TIME_SCALE.to_string()),
+    ];
+    flags.extend(engine.sim_flags());
+    let url = start_sim(&mut sim, bin_dir, free_port()?, &flags)
+        .map_err(|e| format!("calibration: {e}"))?;
     let cli = <Cli as clap::Parser>::try_parse_from([
         "calibrate",
         "--worker-url",
@@ -221,10 +225,10 @@ pub async fn calibrate(bin_dir: &Path, time_scale: f64) -> Result<Calibrated, St
     let f = CALIBRATION_TIME_SCALE / time_scale;
     let mut prefill_cost_model = scaled_fields(&c.prefill_cost_model, f)?;
     // Not fitted by calibrate, and a ratio (no time scale): the simulators' own value, which
-    // they use when a step mixes prefill with decode (they all run the default timing model).
+    // they use when a step mixes prefill with decode (all of them run `engine`'s timing).
     prefill_cost_model.insert(
         "decode_throughput_alpha".into(),
-        vllm_sim::timing::TimingModel::default().decode_throughput_alpha,
+        engine.timing().decode_throughput_alpha,
     );
     Ok(Calibrated {
         prefill_cost_model,
@@ -422,6 +426,21 @@ pub(crate) fn wait_ok(url: &str, secs: f64) -> bool {
     false
 }
 
+/// The flags of a simulator for a run of `v` with `num_gpu_blocks` per rank.
+fn sim_flags(s: &Setup, v: Variant, num_gpu_blocks: usize) -> Vec<(&'static str, String)> {
+    let mut flags = vec![
+        ("data-parallel-size", s.dp.to_string()),
+        ("num-gpu-blocks", num_gpu_blocks.to_string()),
+        ("max-model-len", s.max_model_len.to_string()),
+        ("time-scale", s.time_scale.to_string()),
+    ];
+    flags.extend(s.engine.sim_flags());
+    if v == Variant::PrClairvoyant {
+        flags.push(("end-hint", String::new()));
+    }
+    flags
+}
+
 /// Runs one variant on fresh simulators.
 pub async fn run_variant(turns: &[Turn], v: Variant, s: &Setup) -> RunResult {
     let started = Instant::now();
@@ -443,15 +462,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     } else {
         s.num_gpu_blocks
     };
-    let mut flags = vec![
-        ("data-parallel-size", s.dp.to_string()),
-        ("num-gpu-blocks", num_gpu_blocks.to_string()),
-        ("max-model-len", s.max_model_len.to_string()),
-        ("time-scale", s.time_scale.to_string()),
-    ];
-    if v == Variant::PrClairvoyant {
-        flags.push(("end-hint", String::new()));
-    }
+    let flags = sim_flags(s, v, num_gpu_blocks);
     for i in 0..s.servers {
         let port = sim_port(i)?;
         sims.push(start_sim(&mut procs, &s.bin_dir, port, &flags)?);
@@ -695,6 +706,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     let engine = EngineParams {
         num_gpu_blocks: s.num_gpu_blocks,
         max_model_len: s.max_model_len,
+        timing: s.engine.timing(),
         ..Default::default()
     };
     let mut waits: Vec<f64> = rep

@@ -317,3 +317,42 @@ fn the_pooling_script_reads_compare_json_across_files() {
     assert!(!stderr.contains("Traceback"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn every_simulator_of_a_run_gets_the_engine_profiles_timing() {
+    let setup = |engine| Setup {
+        servers: 2,
+        dp: 2,
+        num_gpu_blocks: 1000,
+        max_model_len: 32768,
+        time_scale: 20.0,
+        limit: std::time::Duration::from_secs(1),
+        bin_dir: std::path::PathBuf::new(),
+        vllm_router: None,
+        program_config: serde_json::json!({}),
+        calibration: None,
+        member_skew_secs: 0.0,
+        member_skew_seed: 1,
+        engine,
+    };
+    let fast = EngineProfile::FastPrefill;
+    let flags = sim_flags(&setup(fast), Variant::PrClairvoyant, 1234);
+    for (flag, value) in fast.sim_flags() {
+        assert!(
+            flags.contains(&(flag, value.clone())),
+            "{flag} {value}: {flags:?}"
+        );
+    }
+    assert!(flags.contains(&("num-gpu-blocks", "1234".into())));
+    assert!(flags.contains(&("end-hint", String::new())));
+    // Another profile, other values: the flags follow the setup, not a constant.
+    let slow = sim_flags(&setup(EngineProfile::SlowPrefill), Variant::PrProgram, 1234);
+    assert_ne!(
+        slow.iter()
+            .find(|f| f.0 == "prefill-linear-seconds-per-1k-tokens"),
+        flags
+            .iter()
+            .find(|f| f.0 == "prefill-linear-seconds-per-1k-tokens")
+    );
+    assert!(!slow.iter().any(|f| f.0 == "end-hint"));
+}

@@ -245,6 +245,13 @@ pub(crate) enum Cmd {
         /// Program scheduling overrides (the router's program_scheduling JSON).
         #[arg(long, default_value = "{}")]
         program_config: String,
+        /// The engines' step-time model, as `progbench matrix --engine`; the router is
+        /// calibrated to it (its cost models replace any in --program-config).
+        #[arg(long, value_enum, default_value = "reference")]
+        engine: progbench::engines::EngineProfile,
+        /// The router keeps the cost models --program-config gives whatever the engine.
+        #[arg(long)]
+        uncalibrated: bool,
         /// Every request carries this client `kv_retention_ttl_seconds` (replacing the
         /// automatic TTL): what holding paused Programs' KV that long would buy.
         #[arg(long)]

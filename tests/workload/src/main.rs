@@ -494,6 +494,8 @@ fn run(cli: Cli) -> Result<(), String> {
             max_model_len,
             modes,
             program_config,
+            engine: profile,
+            uncalibrated,
             client_retention_ttl,
             headers_only_clients,
             json,
@@ -507,15 +509,19 @@ fn run(cli: Cli) -> Result<(), String> {
                 ..des::Clients::with_retention_ttl(client_retention_ttl)?
             };
             let turns = load_turns(&w, input.as_deref())?;
-            let ps: ProgramSchedulingConfig = serde_json::from_str(&program_config)
+            let mut ps: ProgramSchedulingConfig = serde_json::from_str(&program_config)
                 .map_err(|e| format!("--program-config: {e}"))?;
             ps.validate()
                 .map_err(|e| format!("--program-config: {e}"))?;
             let engine = EngineParams {
                 num_gpu_blocks,
                 max_model_len,
+                timing: profile.timing(),
                 ..Default::default()
             };
+            if !uncalibrated {
+                progbench::engines::calibrate(&mut ps, &engine.timing);
+            }
             engine.validate().map_err(|e| format!("--{e}"))?;
             let mut reports: Vec<Report> = Vec::new();
             for m in &modes {
@@ -557,11 +563,12 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             let html = html.unwrap_or_else(|| std::env::temp_dir().join("progbench-report.html"));
             let header = format!(
-                "{} Programs ({}), {} ranks × {} KV blocks\noracle: H* = {:.1}% token hit, JCT* = {:.1} s mean",
+                "{} Programs ({}), {} ranks × {} KV blocks, {} engine\noracle: H* = {:.1}% token hit, JCT* = {:.1} s mean",
                 program_count(&turns),
                 w.label(),
                 ranks,
                 num_gpu_blocks,
+                profile.name(),
                 oracle.token_hit * 100.0,
                 oracle.mean_jct_seconds
             );

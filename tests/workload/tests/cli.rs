@@ -39,3 +39,50 @@ fn sim_refuses_bad_settings_by_name() {
     assert!(!ok);
     assert!(err.contains("--client-retention-ttl"), "{err}");
 }
+
+#[test]
+fn sim_runs_the_engine_profile_it_is_given() {
+    let (ok, err) = progbench(&["sim", "--engine", "nope"]);
+    assert!(!ok);
+    assert!(err.contains("--engine"), "{err}");
+    let dir = std::env::temp_dir().join(format!("progbench-sim-engine-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mean_jct = |engine: &str| {
+        let json = dir.join(format!("{engine}.json"));
+        let (json_arg, html_arg) = (
+            json.display().to_string(),
+            dir.join(format!("{engine}.html")).display().to_string(),
+        );
+        let (ok, err) = progbench(&[
+            "sim",
+            "--preset",
+            "chat",
+            "--programs",
+            "6",
+            "--modes",
+            "program",
+            "--engine",
+            engine,
+            "--json",
+            &json_arg,
+            "--html",
+            &html_arg,
+        ]);
+        assert!(ok, "{err}");
+        let html = std::fs::read_to_string(&html_arg).expect("the report");
+        assert!(
+            html.contains(&format!("{engine} engine")),
+            "the report names the engine"
+        );
+        let reports: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).expect("the JSON")).expect("JSON");
+        reports[0]["mean_jct_seconds"].as_f64().expect("mean JCT")
+    };
+    // Virtual time: the same sessions take longer where every prefill takes twice as long.
+    let (reference, slow) = (mean_jct("reference"), mean_jct("slow-prefill"));
+    assert!(
+        slow > reference,
+        "slow-prefill {slow} vs reference {reference}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,6 +1,7 @@
-//! Engine profiles for `progbench matrix --engine`: vllm-sim's step-time model set to the spec's
-//! reference coefficients (what every default was chosen on) or to another deployment's, so a
-//! run can show whether the defaults carry over to hardware and models they were not chosen on.
+//! Engine profiles for `progbench matrix`, `sim` and `compare --engine`: vllm-sim's step-time
+//! model (in virtual time, or a simulator's flags over HTTP) set to the spec's reference
+//! coefficients (what every default was chosen on) or to another deployment's, so a run can show
+//! whether the defaults carry over to hardware and models they were not chosen on.
 //!
 //! A profile scales the reference's prefill or decode coefficients; the router is given the
 //! profile's own coefficients (what `program-router calibrate` fits against that engine) unless

@@ -100,9 +100,10 @@ impl TimingModel {
         }
     }
 
-    /// Checks every coefficient against the spec's constraints; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
-        let nonneg = [
+    /// Every coefficient by the name of the flag that sets it (`--prefill-intercept-seconds`
+    /// and so on), so a harness can start a simulator with this model.
+    pub fn flags(&self) -> [(&'static str, f64); 7] {
+        [
             ("prefill-intercept-seconds", self.prefill_intercept_seconds),
             (
                 "prefill-linear-seconds-per-1k-tokens",
@@ -112,6 +113,7 @@ impl TimingModel {
                 "prefill-quadratic-seconds-per-1k-tokens-squared",
                 self.prefill_quadratic_seconds_per_1k_tokens_squared,
             ),
+            ("decode-throughput-alpha", self.decode_throughput_alpha),
             ("decode-fixed-step-seconds", self.decode_fixed_step_seconds),
             (
                 "decode-batch-step-seconds-per-request",
@@ -121,17 +123,19 @@ impl TimingModel {
                 "decode-context-step-seconds-per-token",
                 self.decode_context_step_seconds_per_token,
             ),
-        ];
-        for (name, v) in nonneg {
-            if !v.is_finite() || v < 0.0 {
+        ]
+    }
+
+    /// Checks every coefficient against the spec's constraints; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in self.flags() {
+            if name == "decode-throughput-alpha" {
+                if !v.is_finite() || !(0.0..=1.0).contains(&v) {
+                    return Err(format!("{name} must be within [0, 1] (got {v})"));
+                }
+            } else if !v.is_finite() || v < 0.0 {
                 return Err(format!("{name} must be finite and >= 0 (got {v})"));
             }
-        }
-        let a = self.decode_throughput_alpha;
-        if !a.is_finite() || !(0.0..=1.0).contains(&a) {
-            return Err(format!(
-                "decode-throughput-alpha must be within [0, 1] (got {a})"
-            ));
         }
         Ok(())
     }

@@ -75,31 +75,11 @@ impl EngineProfile {
     /// vllm-sim's flags that give a simulator this profile's step timing (`progbench compare
     /// --engine`), the reference's included.
     pub fn sim_flags(self) -> Vec<(&'static str, String)> {
-        let t = self.timing();
-        [
-            ("prefill-intercept-seconds", t.prefill_intercept_seconds),
-            (
-                "prefill-linear-seconds-per-1k-tokens",
-                t.prefill_linear_seconds_per_1k_tokens,
-            ),
-            (
-                "prefill-quadratic-seconds-per-1k-tokens-squared",
-                t.prefill_quadratic_seconds_per_1k_tokens_squared,
-            ),
-            ("decode-throughput-alpha", t.decode_throughput_alpha),
-            ("decode-fixed-step-seconds", t.decode_fixed_step_seconds),
-            (
-                "decode-batch-step-seconds-per-request",
-                t.decode_batch_step_seconds_per_request,
-            ),
-            (
-                "decode-context-step-seconds-per-token",
-                t.decode_context_step_seconds_per_token,
-            ),
-        ]
-        .into_iter()
-        .map(|(flag, v)| (flag, v.to_string()))
-        .collect()
+        self.timing()
+            .flags()
+            .into_iter()
+            .map(|(flag, v)| (flag, v.to_string()))
+            .collect()
     }
 }
 

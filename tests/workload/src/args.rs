@@ -246,11 +246,12 @@ pub(crate) enum Cmd {
         #[arg(long, default_value = "{}")]
         program_config: String,
         /// The engines' step-time model, as `progbench matrix --engine`; the router is
-        /// calibrated to it (its cost models replace any in --program-config).
-        #[arg(long, value_enum, default_value = "reference")]
-        engine: progbench::engines::EngineProfile,
-        /// The router keeps the cost models --program-config gives whatever the engine.
-        #[arg(long)]
+        /// calibrated to it (its cost models replace any in --program-config). Without it, the
+        /// reference engine and --program-config's cost models (the reference's by default).
+        #[arg(long, value_enum)]
+        engine: Option<progbench::engines::EngineProfile>,
+        /// With --engine: the router keeps the cost models --program-config gives.
+        #[arg(long, requires = "engine")]
         uncalibrated: bool,
         /// Every request carries this client `kv_retention_ttl_seconds` (replacing the
         /// automatic TTL): what holding paused Programs' KV that long would buy.

@@ -69,9 +69,7 @@ impl EngineProfile {
             decode_context_step_seconds_per_token: r.decode_context_step_seconds_per_token * d,
         }
     }
-}
 
-impl EngineProfile {
     /// vllm-sim's flags that give a simulator this profile's step timing (`progbench compare
     /// --engine`), the reference's included.
     pub fn sim_flags(self) -> Vec<(&'static str, String)> {

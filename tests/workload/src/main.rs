@@ -494,7 +494,7 @@ fn run(cli: Cli) -> Result<(), String> {
             max_model_len,
             modes,
             program_config,
-            engine: profile,
+            engine: chosen,
             uncalibrated,
             client_retention_ttl,
             headers_only_clients,
@@ -513,13 +513,14 @@ fn run(cli: Cli) -> Result<(), String> {
                 .map_err(|e| format!("--program-config: {e}"))?;
             ps.validate()
                 .map_err(|e| format!("--program-config: {e}"))?;
+            let profile = chosen.unwrap_or_default();
             let engine = EngineParams {
                 num_gpu_blocks,
                 max_model_len,
                 timing: profile.timing(),
                 ..Default::default()
             };
-            if !uncalibrated {
+            if chosen.is_some() && !uncalibrated {
                 progbench::engines::calibrate(&mut ps, &engine.timing);
             }
             engine.validate().map_err(|e| format!("--{e}"))?;

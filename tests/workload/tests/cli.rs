@@ -84,5 +84,57 @@ fn sim_runs_the_engine_profile_it_is_given() {
         slow > reference,
         "slow-prefill {slow} vs reference {reference}"
     );
+    let (ok, err) = progbench(&["sim", "--uncalibrated"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--engine"),
+        "--uncalibrated needs an engine: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sim_keeps_the_given_cost_models_unless_an_engine_is_named() {
+    let dir = std::env::temp_dir().join(format!("progbench-sim-costs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    // Ten times the reference's prefill: a router that believes misses cost that much holds
+    // differently under KV pressure.
+    let dear = r#"{"prefill_cost_model":{"intercept_seconds":0.6,"linear_seconds_per_1k_tokens":0.5,"quadratic_seconds_per_1k_tokens_squared":0.04,"decode_throughput_alpha":0.15}}"#;
+    let mean_jct = |config: &str, engine: Option<&str>| {
+        let json = dir.join("run.json").display().to_string();
+        let html = dir.join("run.html").display().to_string();
+        let mut args = vec![
+            "sim",
+            "--preset",
+            "swe-agent",
+            "--programs",
+            "8",
+            "--ranks",
+            "2",
+            "--num-gpu-blocks",
+            "2048",
+            "--modes",
+            "program",
+            "--program-config",
+            config,
+            "--json",
+            &json,
+            "--html",
+            &html,
+        ];
+        if let Some(e) = engine {
+            args.extend(["--engine", e]);
+        }
+        let (ok, err) = progbench(&args);
+        assert!(ok, "{err}");
+        let reports: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).expect("the JSON")).expect("JSON");
+        reports[0]["mean_jct_seconds"].as_f64().expect("mean JCT")
+    };
+    let defaults = mean_jct("{}", None);
+    let kept = mean_jct(dear, None);
+    assert_ne!(kept, defaults, "the given cost models steer the run");
+    // Naming the engine calibrates the router to it: the given models are replaced.
+    assert_eq!(mean_jct(dear, Some("reference")), defaults);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -34,16 +34,11 @@ async fn program_router_variants_serve_identical_work() {
     let fast = calibrate(&dir, 50.0, EngineProfile::FastPrefill)
         .await
         .expect("program-router calibrate against a fast-prefill simulator");
-    let ratio = |model: &str, field: &str| {
-        let get = |c: &progbench::compare::Calibrated| match model {
-            "prefill" => c.prefill_cost_model[field],
-            _ => c.decode_throughput_model[field],
-        };
-        get(&fast) / get(&calibration)
-    };
-    let prefill = ratio("prefill", "linear_seconds_per_1k_tokens");
+    let linear = "linear_seconds_per_1k_tokens";
+    let prefill = fast.prefill_cost_model[linear] / calibration.prefill_cost_model[linear];
     assert!((0.2..0.5).contains(&prefill), "{fast:?}: {prefill}");
-    let decode = ratio("decode", "fixed_step_seconds");
+    let fixed = "fixed_step_seconds";
+    let decode = fast.decode_throughput_model[fixed] / calibration.decode_throughput_model[fixed];
     assert!((0.6..1.6).contains(&decode), "{fast:?}: {decode}");
     let setup = Setup {
         servers: 1,

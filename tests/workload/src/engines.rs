@@ -138,13 +138,8 @@ mod tests {
 
     #[test]
     fn a_simulator_given_a_profiles_flags_runs_its_timing() {
-        use clap::Parser;
-        for profile in [
-            EngineProfile::Reference,
-            EngineProfile::FastPrefill,
-            EngineProfile::SlowPrefill,
-            EngineProfile::SlowDecode,
-        ] {
+        use clap::{Parser, ValueEnum};
+        for &profile in EngineProfile::value_variants() {
             let mut argv = vec!["vllm-sim".to_string()];
             for (flag, value) in profile.sim_flags() {
                 argv.push(format!("--{flag}"));

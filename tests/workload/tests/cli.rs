@@ -40,21 +40,37 @@ fn sim_refuses_bad_settings_by_name() {
     assert!(err.contains("--client-retention-ttl"), "{err}");
 }
 
+/// Runs `progbench sim` with `args` plus a JSON and an HTML report in `dir` named `name`;
+/// returns the first mode's mean JCT and the HTML report.
+fn sim_mean_jct(args: &[&str], dir: &std::path::Path, name: &str) -> (f64, String) {
+    let json = dir.join(format!("{name}.json")).display().to_string();
+    let html = dir.join(format!("{name}.html")).display().to_string();
+    let mut all = vec!["sim"];
+    all.extend_from_slice(args);
+    all.extend(["--json", &json, "--html", &html]);
+    let (ok, err) = progbench(&all);
+    assert!(ok, "{err}");
+    let reports: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON")).expect("JSON");
+    let mean = reports[0]["mean_jct_seconds"].as_f64().expect("mean JCT");
+    (mean, std::fs::read_to_string(&html).expect("the report"))
+}
+
 #[test]
 fn sim_runs_the_engine_profile_it_is_given() {
     let (ok, err) = progbench(&["sim", "--engine", "nope"]);
     assert!(!ok);
     assert!(err.contains("--engine"), "{err}");
+    let (ok, err) = progbench(&["sim", "--uncalibrated"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--engine"),
+        "--uncalibrated needs an engine: {err}"
+    );
     let dir = std::env::temp_dir().join(format!("progbench-sim-engine-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let mean_jct = |engine: &str| {
-        let json = dir.join(format!("{engine}.json"));
-        let (json_arg, html_arg) = (
-            json.display().to_string(),
-            dir.join(format!("{engine}.html")).display().to_string(),
-        );
-        let (ok, err) = progbench(&[
-            "sim",
+        let args = [
             "--preset",
             "chat",
             "--programs",
@@ -63,32 +79,19 @@ fn sim_runs_the_engine_profile_it_is_given() {
             "program",
             "--engine",
             engine,
-            "--json",
-            &json_arg,
-            "--html",
-            &html_arg,
-        ]);
-        assert!(ok, "{err}");
-        let html = std::fs::read_to_string(&html_arg).expect("the report");
+        ];
+        let (mean, html) = sim_mean_jct(&args, &dir, engine);
         assert!(
             html.contains(&format!("{engine} engine")),
             "the report names the engine"
         );
-        let reports: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&json).expect("the JSON")).expect("JSON");
-        reports[0]["mean_jct_seconds"].as_f64().expect("mean JCT")
+        mean
     };
     // Virtual time: the same sessions take longer where every prefill takes twice as long.
     let (reference, slow) = (mean_jct("reference"), mean_jct("slow-prefill"));
     assert!(
         slow > reference,
         "slow-prefill {slow} vs reference {reference}"
-    );
-    let (ok, err) = progbench(&["sim", "--uncalibrated"]);
-    assert!(!ok);
-    assert!(
-        err.contains("--engine"),
-        "--uncalibrated needs an engine: {err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -100,11 +103,8 @@ fn sim_keeps_the_given_cost_models_unless_an_engine_is_named() {
     // Ten times the reference's prefill: a router that believes misses cost that much holds
     // differently under KV pressure.
     let dear = r#"{"prefill_cost_model":{"intercept_seconds":0.6,"linear_seconds_per_1k_tokens":0.5,"quadratic_seconds_per_1k_tokens_squared":0.04,"decode_throughput_alpha":0.15}}"#;
-    let mean_jct = |config: &str, engine: Option<&str>| {
-        let json = dir.join("run.json").display().to_string();
-        let html = dir.join("run.html").display().to_string();
+    let mean_jct = |config: &str, engine: &[&str]| {
         let mut args = vec![
-            "sim",
             "--preset",
             "swe-agent",
             "--programs",
@@ -117,24 +117,14 @@ fn sim_keeps_the_given_cost_models_unless_an_engine_is_named() {
             "program",
             "--program-config",
             config,
-            "--json",
-            &json,
-            "--html",
-            &html,
         ];
-        if let Some(e) = engine {
-            args.extend(["--engine", e]);
-        }
-        let (ok, err) = progbench(&args);
-        assert!(ok, "{err}");
-        let reports: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&json).expect("the JSON")).expect("JSON");
-        reports[0]["mean_jct_seconds"].as_f64().expect("mean JCT")
+        args.extend_from_slice(engine);
+        sim_mean_jct(&args, &dir, "run").0
     };
-    let defaults = mean_jct("{}", None);
-    let kept = mean_jct(dear, None);
+    let defaults = mean_jct("{}", &[]);
+    let kept = mean_jct(dear, &[]);
     assert_ne!(kept, defaults, "the given cost models steer the run");
     // Naming the engine calibrates the router to it: the given models are replaced.
-    assert_eq!(mean_jct(dear, Some("reference")), defaults);
+    assert_eq!(mean_jct(dear, &["--engine", "reference"]), defaults);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -70,6 +70,7 @@ impl Scheduler {
             step_id: Some(step),
             ..a.identity.clone()
         };
+        p.kind = kinds::kind_of(&p.key.0, p.system, p.identity.parent_program_id.is_some());
         let interval = p.last_complete.map(|t| now - t);
         if let Some(iv) = interval {
             p.last_return = interval;

@@ -247,8 +247,7 @@ impl super::Scheduler {
 
     /// The kind of the Program in `slot`.
     pub(super) fn kind(&self, slot: usize) -> Option<u64> {
-        let p = self.program(slot);
-        kind_of(&p.key.0, p.system, p.identity.parent_program_id.is_some())
+        self.program(slot).kind
     }
 
     /// Kinds of Program kept, by their sizes or their resumes (diagnostics).

@@ -156,6 +156,7 @@ impl Scheduler {
             shared_at: now,
             lead: None,
             system: None,
+            kind: None,
             fresh_start: true,
             generation: 0,
             placement: "binding",

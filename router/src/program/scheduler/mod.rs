@@ -247,8 +247,11 @@ pub(crate) struct Program {
     pub shared_at: f64,
     /// Its latest request's [`Arrival::lead`] key.
     pub lead: Option<u64>,
-    /// The [`Arrival::system`] key of its first request that had one: its kind.
+    /// The [`Arrival::system`] key of its first request that had one.
     pub system: Option<u64>,
+    /// Its kind ([`kinds::kind_of`] of its model, `system` and role), kept current wherever
+    /// either changes (its requests' arrivals) so that queueing and admission do not rehash it.
+    pub kind: Option<u64>,
     /// The next completion is the first on this placement: its cached tokens measure sharing.
     pub fresh_start: bool,
     /// Times it moved to another rank (cross-rank resume, re-home), and how it got its rank.

@@ -12,9 +12,8 @@ use crate::engines::EngineProfile;
 
 /// How fast the simulator that `program-router calibrate` measures runs. Its clock is linear
 /// (simulated seconds = wall seconds × scale), so coefficients measured at one speed convert
-/// exactly to another; at the comparison's own speeds (20–50×) one decode step lasts a fraction
-/// of a millisecond of wall time and scheduling noise dominates the decode fit (R² 0.64 measured
-/// at 50× on a loaded machine, against 0.9999 at 4×, which takes ≈ 6 s).
+/// exactly to another; at the comparison's own speeds a decode step is too short on the wall
+/// clock to fit through scheduling noise (docs/engine-profiles.md).
 pub const CALIBRATION_TIME_SCALE: f64 = 4.0;
 
 /// Cost-model coefficients measured by `program-router calibrate` against a simulator, in the

@@ -1,4 +1,5 @@
-//! The matrix's sizing, aggregation and goals on hand-made runs.
+//! Tests of the matrix: a cell's KV sized from its floor, seeds pooled into cells and held to
+//! their goals, engine profiles, and the retention bounds, on small runs and hand-made ones.
 
 use super::*;
 

@@ -631,6 +631,10 @@ pub struct ProgramSchedulingParams {
     /// binding (0 = only `expected_resume: false` marks it).
     #[x_kube(validation = kube::core::Rule::new("self >= 0.0").message("finishedIdleRatio must be >= 0"))]
     pub finished_idle_ratio: Option<f64>,
+    /// Extension: a Program that has called a tool, whose client leaves `expected_resume`
+    /// unsaid (session headers), ends its turn when a response calls no tool: it pauses without
+    /// a hold and counts as finished until its next request (default true).
+    pub answer_ends_program: Option<bool>,
     /// Extension: the automatic TTL's cache-miss impact is multiplied by 1 + this × (requests
     /// queued for the rank ÷ its active Programs): a re-prefill delays what waits behind it
     /// (0 = the spec's impact).

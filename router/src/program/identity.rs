@@ -45,6 +45,9 @@ pub struct Identity {
     pub root_program_id: Option<String>,
     pub blocks_parent: bool,
     pub expected_resume: bool,
+    /// The client said `expected_resume` itself (otherwise it is assumed: true, or false for a
+    /// blocking `agent_hint`).
+    pub resume_stated: bool,
     pub agent_role: Option<String>,
     pub spawn_reason: Option<String>,
     // Request-scoped.
@@ -185,6 +188,7 @@ pub fn from_agentic_context(raw: &Value) -> Result<Identity, IdentityError> {
         root_program_id: nonempty(c.root_program_id),
         blocks_parent: c.blocks_parent.unwrap_or(false),
         expected_resume: c.expected_resume.unwrap_or(true),
+        resume_stated: c.expected_resume.is_some(),
         agent_role: nonempty(c.agent_role),
         spawn_reason: nonempty(c.spawn_reason),
         request_id: nonempty(c.request_id),
@@ -220,6 +224,7 @@ fn from_agent_hint(raw: &Value) -> Result<Identity, IdentityError> {
         blocks_parent,
         // A blocking subagent returns to its parent rather than resuming, unless told otherwise.
         expected_resume: h.expected_resume.unwrap_or(!blocks_parent),
+        resume_stated: h.expected_resume.is_some(),
         priority: h.priority.unwrap_or(0),
         request_id: nonempty(h.request_id),
         expected_output_length: h.expected_output_length,

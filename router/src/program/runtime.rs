@@ -18,8 +18,8 @@ use crate::policies::prefix_index::PrefixIndex;
 use crate::program::diagnostics::{Diagnostics, RankInfo, snapshot};
 use crate::program::identity::Identity;
 use crate::program::scheduler::{
-    Arrival, Decision, HandedOver, Note, Observation, Rank, RejectReason, Scheduler, Ticket, Usage,
-    lead_key,
+    Arrival, Decision, HandedOver, Note, Observation, Rank, RejectReason, Scheduler, Ticket,
+    ToolCall, Usage, lead_key,
 };
 
 /// The scheduler's ranks as the data plane knows them: target ids (what a decision names), base
@@ -420,7 +420,7 @@ impl ProgramRuntime {
             prompt_bytes,
             prompt_tokens,
             endpoint,
-            wants_tool: g.sched.cfg.tool_ttl_min_samples > 0,
+            wants_tool: g.sched.cfg.tool_ttl_min_samples > 0 || g.sched.cfg.answer_ends_program,
             done: false,
         };
         let now = self.now();
@@ -450,7 +450,7 @@ impl ProgramRuntime {
         (guard, admission)
     }
 
-    fn complete(&self, t: &ProgramTicket, usage: Option<Usage>, tool: Option<&str>) {
+    fn complete(&self, t: &ProgramTicket, usage: Option<Usage>, tool: ToolCall<'_>) {
         let (ticket, prompt_bytes, endpoint) = (t.ticket, t.prompt_bytes, t.endpoint);
         let fed = usage.filter(|u| prompt_bytes > 0 && u.prompt_tokens > 0);
         // The series that need no scheduler state are written before taking its lock.
@@ -679,16 +679,16 @@ pub struct ProgramTicket {
     prompt_tokens: u64,
     /// The route the request came on (labels the token estimate's series).
     endpoint: &'static str,
-    /// The scheduler tells tools apart (`tool_ttl_min_samples`): the response's first tool
-    /// call is worth reading.
+    /// The scheduler tells tools apart (`tool_ttl_min_samples`) or ends a Program's turn on an
+    /// answer without one (`answer_ends_program`): the response's tool calls are worth reading.
     wants_tool: bool,
     done: bool,
 }
 
 impl ProgramTicket {
-    /// Finishes the request with what the backend reported and the name of the response's
-    /// first tool call, if it made one.
-    pub fn complete(mut self, usage: Option<Usage>, tool: Option<&str>) {
+    /// Finishes the request with what the backend reported and what was read of the
+    /// response's tool calls.
+    pub fn complete(mut self, usage: Option<Usage>, tool: ToolCall<'_>) {
         self.done = true;
         self.rt.complete(&self, usage, tool);
     }

@@ -87,6 +87,9 @@ pub struct Ended<'a> {
     /// The response's first tool call, when [`Outbound::capture_tool`] asked for it and one
     /// was read.
     pub tool: Option<String>,
+    /// [`Outbound::capture_tool`] asked for it and the whole response was searched: without
+    /// `tool`, it called none.
+    pub tool_searched: bool,
     /// The target that served it (its id, `url@rank`).
     pub target: &'a str,
     pub ending: crate::observe::access::Ending,
@@ -418,6 +421,7 @@ impl<H: Hold> Finish for Completion<H> {
                 complete: end == End::Complete && self.status.is_success(),
                 usage,
                 tool: tapped.tool,
+                tool_searched: tapped.tool_searched,
                 target: &target.id,
                 ending: match end {
                     End::Complete => Ending::Complete,

@@ -36,6 +36,9 @@ pub struct Tapped {
     pub response_id: Option<String>,
     /// The first tool call's name, when asked for (see `super::tool_call`).
     pub tool: Option<String>,
+    /// Tools were asked for and the whole response was searched: no `tool` means it called
+    /// none (a JSON body longer than the kept tail is searched only there).
+    pub tool_searched: bool,
 }
 
 /// What the relay looks for beyond usage.
@@ -63,11 +66,54 @@ enum Tap {
         /// The stream's last event was seen (see [`ErrorEvent::is_terminal`]).
         terminated: bool,
     },
-    /// The last chunks of a JSON body (shared, not copied), at least `TAIL` bytes when available.
-    Json {
-        tail: std::collections::VecDeque<Bytes>,
-        len: usize,
-    },
+    Json(JsonTail),
+}
+
+/// The last chunks of a JSON body (shared, not copied): at least `TAIL` bytes when available.
+#[derive(Debug, Default)]
+struct JsonTail {
+    chunks: std::collections::VecDeque<Bytes>,
+    len: usize,
+    /// Bytes went by that the tail no longer holds.
+    partial: bool,
+}
+
+impl JsonTail {
+    /// A tail that starts part-way through a body.
+    fn partial() -> Self {
+        JsonTail {
+            partial: true,
+            ..JsonTail::default()
+        }
+    }
+
+    fn push(&mut self, chunk: Bytes) {
+        self.len += chunk.len();
+        self.chunks.push_back(chunk);
+        while self
+            .chunks
+            .front()
+            .is_some_and(|f| self.len - f.len() >= TAIL)
+        {
+            if let Some(f) = self.chunks.pop_front() {
+                self.len -= f.len();
+                self.partial = true;
+            }
+        }
+    }
+
+    /// `f` of the kept bytes, in one slice.
+    fn read<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        match self.chunks.len() {
+            0 => f(&[]),
+            1 => f(&self.chunks[0]),
+            _ => f(&self
+                .chunks
+                .iter()
+                .flat_map(|b| b.iter().copied())
+                .collect::<Vec<u8>>()),
+        }
+    }
 }
 
 /// The relaying body.
@@ -129,10 +175,7 @@ impl Relay {
                 terminated: false,
             }
         } else {
-            Tap::Json {
-                tail: Default::default(),
-                len: 0,
-            }
+            Tap::Json(JsonTail::default())
         };
         Relay {
             inner,
@@ -238,26 +281,22 @@ impl Relay {
     }
 
     fn end(&mut self, end: End) {
-        if let Tap::Json { tail, .. } = &self.tap
+        let tool_searched = self.capture.tool
+            && end == End::Complete
+            && !matches!(&self.tap, Tap::Json(t) if t.partial);
+        if let Tap::Json(t) = &self.tap
             && end == End::Complete
         {
-            let joined;
-            let tail: &[u8] = match tail.len() {
-                0 => &[],
-                1 => &tail[0],
-                _ => {
-                    joined = tail
-                        .iter()
-                        .flat_map(|b| b.iter().copied())
-                        .collect::<Vec<u8>>();
-                    &joined
-                }
-            };
-            self.usage = (!tail.is_empty())
-                .then(|| usage_in_json_tail(tail))
-                .flatten();
-            if self.capture.tool {
-                self.tool = tool_in_json(tail);
+            let tool = self.capture.tool;
+            let (usage, called) = t.read(|tail| {
+                let usage = (!tail.is_empty())
+                    .then(|| usage_in_json_tail(tail))
+                    .flatten();
+                (usage, if tool { tool_in_json(tail) } else { None })
+            });
+            self.usage = usage;
+            if tool {
+                self.tool = called;
             }
         }
         if end == End::Complete
@@ -273,6 +312,7 @@ impl Relay {
                     usage: self.usage,
                     response_id: self.response_id.take(),
                     tool: self.tool.take(),
+                    tool_searched,
                 },
             );
         }
@@ -281,17 +321,11 @@ impl Relay {
     /// Processes one upstream chunk; returns what goes to the client.
     fn process(&mut self, chunk: Bytes) -> Bytes {
         match &mut self.tap {
-            Tap::Json { tail, len } => {
+            Tap::Json(tail) => {
                 if self.capture.response_id && self.head.is_none() {
                     self.head = Some(chunk.slice(..chunk.len().min(super::stored::HEAD)));
                 }
-                *len += chunk.len();
-                tail.push_back(chunk.clone());
-                while tail.front().is_some_and(|f| *len - f.len() >= TAIL) {
-                    if let Some(f) = tail.pop_front() {
-                        *len -= f.len();
-                    }
-                }
+                tail.push(chunk.clone());
                 chunk
             }
             Tap::Sse {
@@ -341,10 +375,7 @@ impl Relay {
                         out.extend_from_slice(pending.rest());
                     }
                     pending.clear();
-                    self.tap = Tap::Json {
-                        tail: Default::default(),
-                        len: 0,
-                    };
+                    self.tap = Tap::Json(JsonTail::partial());
                     return if filter { out.freeze() } else { chunk };
                 }
                 if filter { out.freeze() } else { chunk }
@@ -522,6 +553,28 @@ mod tests {
         assert_eq!((u.prompt_tokens, u.completion_tokens), (9, 4));
         let created = b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"usage\":null}}\n\n";
         assert!(sse_usage(created).is_none());
+    }
+
+    #[test]
+    fn a_json_tail_knows_whether_it_holds_the_whole_body() {
+        let mut one = JsonTail::default();
+        one.push(Bytes::from(vec![b' '; 3 * TAIL]));
+        assert!(
+            !one.partial,
+            "a body in one chunk is kept whole, however long"
+        );
+        let mut many = JsonTail::default();
+        for _ in 0..2 {
+            many.push(Bytes::from(vec![b' '; TAIL / 2]));
+        }
+        assert!(!many.partial, "exactly TAIL: every chunk is still needed");
+        many.push(Bytes::from(vec![b' '; TAIL / 2]));
+        assert!(many.partial, "1.5 × TAIL: the first chunk left");
+        assert_eq!(many.read(<[u8]>::len), TAIL);
+        assert!(
+            JsonTail::partial().partial,
+            "after a stream that was not SSE"
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ use crate::net::body::Body;
 use crate::observe::access::Access;
 use crate::policies::RequestInfo;
 use crate::program::identity::Identity;
+use crate::program::scheduler::ToolCall;
 use crate::proxy::request::{self, Outgoing, Peeked};
 use crate::proxy::{self, Outbound};
 use crate::state::RouterState;
@@ -290,6 +291,7 @@ impl proxy::Hold for Held {
             complete,
             usage,
             ref tool,
+            tool_searched,
             ..
         } = ended;
         if let Some(a) = self.access.take() {
@@ -305,7 +307,11 @@ impl proxy::Hold for Held {
                     completion_tokens: u.completion_tokens,
                     cached_tokens: u.cached_tokens(),
                 }),
-                tool.as_deref(),
+                match (tool.as_deref(), tool_searched) {
+                    (Some(name), _) => ToolCall::Named(name),
+                    (None, true) => ToolCall::None,
+                    (None, false) => ToolCall::Unknown,
+                },
             );
         }
         if let (Some(permit), Some(u)) = (self.fair.take(), usage) {

@@ -1,5 +1,6 @@
-//! The tool a response called reaches the scheduler (`tool_ttl_min_samples`): read from
-//! non-streamed and streamed chat completions on the way through, the body left as it was.
+//! The tool a response called reaches the scheduler (`tool_ttl_min_samples`,
+//! `answer_ends_program`): read from non-streamed and streamed chat completions on the way
+//! through, the body left as it was.
 
 use super::*;
 
@@ -61,4 +62,68 @@ async fn with_tools_not_told_apart_responses_are_not_read_for_them() {
         diagnostics(&c, &r).await["return_time_profile_keys"].as_u64(),
         Some(0)
     );
+}
+
+/// A session named by a header alone (`auto`, `x-session-id`): its client never says
+/// `expected_resume`. A turn that calls a tool, then one that answers without one — streamed
+/// or not — ends the Program (`answer_ends_program`); a session that never calls a tool (a
+/// chat) is not ended by its answers.
+#[tokio::test]
+async fn an_answer_without_a_tool_ends_a_session_header_program() {
+    let (_s, r) = setup(ProgramSchedulingConfig {
+        program_scheduling_enable_key: program_router::config::program::EnableKey::Auto,
+        ..roomy()
+    })
+    .await;
+    let c = client();
+    let turn = |session: &'static str, tool: Option<&'static str>, stream: bool| {
+        let (c, url) = (c.clone(), r.url(CHAT));
+        async move {
+            let mut body: Value = serde_json::from_str(&chat("w w w", 4)).expect("json");
+            if let Some(t) = tool {
+                body["vllm_xargs"] = json!({"sim_tool_call": t});
+            }
+            body["stream"] = json!(stream);
+            let reply = common::send(
+                &c,
+                "POST",
+                &url,
+                &body.to_string(),
+                &[("x-session-id", session)],
+            )
+            .await;
+            assert_eq!(reply.status, 200, "{}", reply.text());
+        }
+    };
+    let ended = || async {
+        let m = get_metrics(&c, &r).await;
+        let d = diagnostics(&c, &r).await;
+        (
+            metric_in(
+                &m,
+                "vllm_router_agent_aware_transitions_total",
+                &[("reason", "answered")],
+            ),
+            d["ranks"][0]["router_finished_programs"].as_u64(),
+        )
+    };
+    for (session, stream) in [("agent-1", false), ("agent-2", true)] {
+        turn(session, Some("bash"), stream).await;
+        turn(session, None, stream).await;
+    }
+    assert!(
+        eventually(5.0, || async { ended().await == (2.0, Some(2)) }).await,
+        "{:?}",
+        ended().await
+    );
+    turn("chat", None, false).await;
+    turn("chat", None, false).await;
+    assert_eq!(
+        ended().await,
+        (2.0, Some(2)),
+        "a chat's answers end nothing"
+    );
+    // The agent's person answers: live again.
+    turn("agent-1", Some("bash"), false).await;
+    assert_eq!(ended().await.1, Some(1));
 }

@@ -13,7 +13,9 @@ use std::time::Instant;
 
 use program_router::config::ProgramSchedulingConfig;
 use program_router::program::identity::Identity;
-use program_router::program::scheduler::{Arrival, Decision, Observation, Scheduler, Usage};
+use program_router::program::scheduler::{
+    Arrival, Decision, Observation, Scheduler, ToolCall, Usage,
+};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use vllm_sim::engine::{Engine, EngineEvent, EngineParams, SeqRequest};
@@ -499,8 +501,9 @@ pub fn run_with(
                                 cached_tokens: outcome.cached_tokens as u64,
                             };
                             let start = Instant::now();
-                            let ds =
-                                s.on_complete_with_tool(now, done_ticket, Some(u), tool.as_deref());
+                            // The engine's whole response is known here: no tool is none.
+                            let called = tool.as_deref().map_or(ToolCall::None, ToolCall::Named);
+                            let ds = s.on_complete_with_tool(now, done_ticket, Some(u), called);
                             timed(&mut sched_ns, start);
                             dispatch!(ds, now);
                         }
@@ -602,6 +605,7 @@ pub fn run_with(
                                 task_id: (!clients.headers_only).then(|| turn.task_id.clone()),
                                 step_id: (!clients.headers_only).then_some(u64::from(turn.step)),
                                 expected_resume: clients.headers_only || p.next + 1 < p.turns.len(),
+                                resume_stated: !clients.headers_only,
                                 kv_retention_ttl_seconds: clients.ttl(
                                     p.context,
                                     turn.gap_after,

@@ -265,6 +265,13 @@ pub struct ProgramSchedulingConfig {
     /// false` (clients that identify Programs by headers only never say it). A new request
     /// makes it live again. 0 = only the explicit mark.
     pub finished_idle_ratio: f64,
+    /// Extension: a Program whose client does not say `expected_resume` (headers only, or an
+    /// `agentic_context` without it) and does not set `kv_retention_ttl_seconds`, and that has
+    /// called a tool before, is taken to have ended its turn when a response (read whole) calls
+    /// none: an agent's loop hands control back to a person then. It pauses without a hold and
+    /// counts as finished (a later request makes it live again), as `expected_resume: false`
+    /// would have it. false = only the explicit mark and `finished_idle_ratio`.
+    pub answer_ends_program: bool,
     /// Extension: the automatic TTL counts a cache miss on a rank with a backlog as costing the
     /// backlog too. Its miss impact is multiplied by 1 + this × (requests queued for the rank ÷
     /// the rank's active Programs, at least 1): a re-prefill there delays what waits behind it.
@@ -375,6 +382,7 @@ impl Default for ProgramSchedulingConfig {
             force_resume_workload_factor: 0.0,
             force_resume_engine_grace_seconds: 60.0,
             finished_idle_ratio: 1.0,
+            answer_ends_program: true,
             miss_impact_backlog_weight: 1.0,
             max_retained_requests: 10_000,
             max_programs: 100_000,

@@ -7,21 +7,21 @@ impl Scheduler {
     /// A dispatched request finished with `usage` (`None` if the backend reported none). A
     /// Program whose rank became unreachable moves once its last request there ended.
     pub fn on_complete(&mut self, now: f64, ticket: Ticket, usage: Option<Usage>) -> Vec<Decision> {
-        self.on_complete_with_tool(now, ticket, usage, None)
+        self.on_complete_with_tool(now, ticket, usage, ToolCall::Unknown)
     }
 
-    /// [`Scheduler::on_complete`] for a response whose first tool call named `tool` (`None`: it
-    /// called none, or the data plane did not read it).
+    /// [`Scheduler::on_complete`] for a response of which the data plane read `tool`: the
+    /// name of its first tool call, that it called none, or nothing known.
     pub fn on_complete_with_tool(
         &mut self,
         now: f64,
         ticket: Ticket,
         usage: Option<Usage>,
-        tool: Option<&str>,
+        tool: ToolCall<'_>,
     ) -> Vec<Decision> {
         let slot = self.in_flight.get(&ticket).map(|f| f.program);
-        let tool = match tool {
-            Some(name) if slot.is_some() && self.cfg.tool_ttl_min_samples > 0 => {
+        let labeled = match tool {
+            ToolCall::Named(name) if slot.is_some() && self.cfg.tool_ttl_min_samples > 0 => {
                 let id = self.tools.label(name);
                 if id.is_none() {
                     self.notes.push(Note::Shed {
@@ -32,7 +32,7 @@ impl Scheduler {
             }
             _ => None,
         };
-        let mut out = self.complete(now, ticket, usage, tool);
+        let mut out = self.complete(now, ticket, usage, (tool, labeled));
         if let Some(slot) = slot
             && let Some(home) = self.rehome(slot, now)
         {
@@ -41,13 +41,13 @@ impl Scheduler {
         out
     }
 
-    /// `tool`: the kept tool the response called.
+    /// `tool`: what was read of the response's tool calls, and the kept tool it called.
     fn complete(
         &mut self,
         now: f64,
         ticket: Ticket,
         usage: Option<Usage>,
-        tool: Option<ToolId>,
+        (called, tool): (ToolCall<'_>, Option<ToolId>),
     ) -> Vec<Decision> {
         let usage = usage.map(Usage::bounded);
         let mut out = Vec::new();
@@ -57,11 +57,20 @@ impl Scheduler {
         let rank = f.rank;
         let binding_only = self.cfg.binding_only;
         let queue_pressure = !self.ranks[rank].queue.is_empty();
+        let answer_ends = self.cfg.answer_ends_program;
         let p = self.program_mut(f.program);
         p.in_flight = p.in_flight.saturating_sub(1);
         p.last_complete = Some(now);
         p.last_activity = now;
         p.last_tool = tool;
+        // An agent (it called a tool before) answering without one hands its turn back to a
+        // person: the end of its loop, unless its client says whether it resumes.
+        p.answered = answer_ends
+            && called == ToolCall::None
+            && p.called_tool
+            && !p.identity.resume_stated
+            && f.kv_retention_ttl.is_none();
+        p.called_tool |= matches!(called, ToolCall::Named(_));
         let prev_context = p.context_tokens;
         let mut shared = None;
         let mut rehit = None;
@@ -173,6 +182,8 @@ impl Scheduler {
         let p = self.program(f.program);
         let reason = if !p.identity.expected_resume {
             Some(PauseReason::NoResumeExpected)
+        } else if p.answered {
+            Some(PauseReason::Answered)
         } else if p.pause_on_complete {
             Some(PauseReason::CapacityRepair)
         } else if p.rounds + 1 >= self.cfg.max_segment_rounds
@@ -222,11 +233,13 @@ impl Scheduler {
         out
     }
 
-    /// Marks the Program finished when its last request said no further request follows and
-    /// nothing else of it is active, queued or in flight.
+    /// Marks the Program finished when its last request said no further request follows, or
+    /// its latest response ended its turn (`answer_ends_program`), and nothing else of it is
+    /// active, queued or in flight.
     fn finish_if_done(&mut self, slot: usize) {
         let p = self.program(slot);
-        if !p.identity.expected_resume && !p.active() && p.in_flight == 0 && p.retained == 0 {
+        let ended = !p.identity.expected_resume || p.answered;
+        if ended && !p.active() && p.in_flight == 0 && p.retained == 0 {
             self.set_finished(slot, true);
         }
     }

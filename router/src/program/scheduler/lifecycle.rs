@@ -169,6 +169,8 @@ impl Scheduler {
             rounds_since_ttl_pause: 0,
             finished: false,
             last_tool: None,
+            called_tool: false,
+            answered: false,
             size_learned: false,
         };
         let slot = match self.free_slots.pop() {

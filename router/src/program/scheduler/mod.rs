@@ -112,6 +112,17 @@ pub struct Usage {
     pub cached_tokens: u64,
 }
 
+/// What the data plane read of a finished response's tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolCall<'a> {
+    /// Its first tool call named this tool.
+    Named(&'a str),
+    /// It was read whole and called no tool.
+    None,
+    /// Not known: tools were not looked for, or the body was longer than the part kept.
+    Unknown,
+}
+
 /// A backend observation of one rank.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Observation {
@@ -168,10 +179,12 @@ pub enum PauseReason {
     TargetRemoved,
     /// Another router replica took it over (`peers`), or handed it here.
     HandedOver,
+    /// Its response called no tool after earlier ones did (`answer_ends_program`).
+    Answered,
 }
 
 impl PauseReason {
-    pub const ALL: [PauseReason; 7] = [
+    pub const ALL: [PauseReason; 8] = [
         PauseReason::TtlExpired,
         PauseReason::NoResumeExpected,
         PauseReason::SegmentYield,
@@ -179,6 +192,7 @@ impl PauseReason {
         PauseReason::Cancelled,
         PauseReason::TargetRemoved,
         PauseReason::HandedOver,
+        PauseReason::Answered,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -190,6 +204,7 @@ impl PauseReason {
             PauseReason::Cancelled => "cancelled",
             PauseReason::TargetRemoved => "target_removed",
             PauseReason::HandedOver => "handed_over",
+            PauseReason::Answered => "answered",
         }
     }
 }
@@ -278,6 +293,12 @@ pub(crate) struct Program {
     pub finished: bool,
     /// The tool its latest completion called (`tool_ttl_min_samples`).
     pub last_tool: Option<ToolId>,
+    /// One of its responses called a tool (an agent, for `answer_ends_program`).
+    pub called_tool: bool,
+    /// Its latest response called no tool after earlier ones did, and its client leaves
+    /// `expected_resume` unsaid: the end of its turn (`answer_ends_program`). Cleared by its
+    /// next request.
+    pub answered: bool,
     /// Its total was learned for `resume_order: kind_size` (once per Program).
     pub size_learned: bool,
 }

@@ -7,6 +7,7 @@ use crate::config::ProgramSchedulingConfig;
 use crate::config::program::{ActingTtlCost, BindingStrategy, PrefillCostModel, ResumeOrder};
 
 mod admission;
+mod answers;
 mod binding;
 mod bounds;
 mod changes;

@@ -28,7 +28,7 @@ fn armed_after_each(c: ProgramSchedulingConfig) -> [f64; 3] {
             ticket += 1;
             s.on_arrival(t, arrival(ticket, "a", 20_000));
             t += 0.5;
-            s.on_complete_with_tool(t, ticket, usage(20_000, 10), Some(name));
+            s.on_complete_with_tool(t, ticket, usage(20_000, 10), ToolCall::Named(name));
             armed[i] = find(&s, "a").armed_ttl;
             t += gap;
         }
@@ -105,7 +105,7 @@ fn tool_names_past_the_cap_go_unlabeled_and_are_counted() {
             f64::from(ticket as u32) + 0.5,
             ticket,
             usage(100, 1),
-            Some(name),
+            ToolCall::Named(name),
         );
     }
     let shed: Vec<_> = s
@@ -121,6 +121,6 @@ fn tool_names_past_the_cap_go_unlabeled_and_are_counted() {
     // Off, names are not even kept.
     let mut off = sched(tool_window(0), 1);
     off.on_arrival(0.0, arrival(1, "p", 100));
-    off.on_complete_with_tool(0.5, 1, usage(100, 1), Some("a"));
+    off.on_complete_with_tool(0.5, 1, usage(100, 1), ToolCall::Named("a"));
     assert_eq!(off.tools.len(), 0);
 }

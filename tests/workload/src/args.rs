@@ -223,6 +223,11 @@ pub(crate) enum Cmd {
         /// estimated from the lengths of Programs of its kind.
         #[arg(long)]
         bounds: bool,
+        /// Drive ours and affinity only with clients that identify Programs by headers alone
+        /// (Claude Code, Codex, `x-session-id`): no task or step ids, never `expected_resume:
+        /// false`. Not with --bounds, whose runs keep full clients.
+        #[arg(long, conflicts_with = "bounds")]
+        headers_only_clients: bool,
     },
     /// Replay a workload through the scheduler core and simulated ranks in virtual time, side by
     /// side for each mode.

@@ -21,6 +21,7 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
         json,
         html,
         bounds,
+        headers_only_clients,
     } = cmd
     else {
         return Err("not a matrix".into());
@@ -64,6 +65,7 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
         engine,
         uncalibrated,
         bounds,
+        headers_only: headers_only_clients,
         threads: threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
     };
@@ -85,7 +87,7 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
     let cells = matrix::cells(&runs);
     let header = format!(
         "{} ranks × vllm-sim's engine model ({}{}), virtual time; seeds {:?}; Programs × \
-         {scale}; {:.0} s wall.\nfloor = consistent hashing with KV nothing fills; excess = mean JCT − \
+         {scale}{}; {:.0} s wall.\nfloor = consistent hashing with KV nothing fills; excess = mean JCT − \
          floor; demand = the floor's live KV at p90 over the cell's KV;\n\
          ours÷aff = ours' mean JCT over affinity only's (`binding_only`: the same Program-to-rank \
          binding with nothing held back), above 1 where holding did not pay.\n\
@@ -98,6 +100,11 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
             ""
         },
         setup.seeds,
+        if headers_only_clients {
+            "; clients identify Programs by headers only"
+        } else {
+            ""
+        },
         started.elapsed().as_secs_f64()
     );
     println!("{header}\n");
@@ -116,6 +123,7 @@ pub(crate) fn matrix(cmd: Cmd) -> Result<bool, String> {
             &serde_json::json!({
                 "engine": engine,
                 "calibrated": !uncalibrated,
+                "headers_only_clients": headers_only_clients,
                 "runs": runs,
                 "cells": cells
             }),

@@ -108,6 +108,9 @@ pub struct Setup {
     pub uncalibrated: bool,
     /// Also run both modes under free retention (see [`SeedRun::bound_hash`]).
     pub bounds: bool,
+    /// Ours and affinity only are driven by clients that identify Programs by headers alone
+    /// ([`des::Clients::headers_only`]); the bounds keep full clients.
+    pub headers_only: bool,
     /// Worker threads over (family, seed) pairs.
     pub threads: usize,
 }
@@ -256,8 +259,12 @@ pub fn run_pair(setup: &Setup, family: Family, seed: u64) -> Vec<SeedRun> {
                 ..base.clone()
             };
             let hash = des::run(&turns, setup.ranks, &engine, &Mode::ConsistentHash);
-            let program = des::run(&turns, setup.ranks, &engine, &program_mode);
-            let affinity = des::run(&turns, setup.ranks, &engine, &affinity_mode);
+            let clients = des::Clients {
+                headers_only: setup.headers_only,
+                ..des::Clients::default()
+            };
+            let program = des::run_with(&turns, setup.ranks, &engine, &program_mode, &clients);
+            let affinity = des::run_with(&turns, setup.ranks, &engine, &affinity_mode, &clients);
             let free = EngineParams {
                 free_retention: true,
                 ..engine.clone()

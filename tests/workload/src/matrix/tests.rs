@@ -62,6 +62,7 @@ fn a_cell_is_sized_alike_for_compare_and_the_matrix() {
             engine,
             uncalibrated: false,
             bounds: false,
+            headers_only: false,
             threads: 1,
         };
         let turns = family.generate(setup.scale, seed);
@@ -169,7 +170,40 @@ fn small(family: Family, pressures: Vec<Pressure>, bounds: bool) -> Setup {
         uncalibrated: false,
         threads: 1,
         bounds,
+        headers_only: false,
     }
+}
+
+/// Clients that identify Programs by headers alone never say a Program ended; an agent's answer
+/// without a tool call says it for them (`answer_ends_program`): on an agent family ours then
+/// runs as with clients that send `expected_resume: false`, and without the rule it holds KV
+/// for sessions that are over.
+#[test]
+fn an_answer_without_a_tool_ends_a_headers_only_program() {
+    let run = |headers_only, answer_ends_program| {
+        let setup = Setup {
+            headers_only,
+            program: ProgramSchedulingConfig {
+                answer_ends_program,
+                ..ProgramSchedulingConfig::default()
+            },
+            ..small(Family::ShortMany, vec![Pressure::Heavy], false)
+        };
+        run_pair(&setup, Family::ShortMany, 1).remove(0)
+    };
+    let full = run(false, true);
+    let inferred = run(true, true);
+    let blind = run(true, false);
+    assert_eq!(inferred.program.mean_jct, full.program.mean_jct);
+    assert_eq!(inferred.program.token_hit, full.program.token_hit);
+    assert!(
+        blind.program.mean_jct > full.program.mean_jct,
+        "holding ended sessions costs: {} against {}",
+        blind.program.mean_jct,
+        full.program.mean_jct
+    );
+    // Hashing has no Program state: the clients change nothing there.
+    assert_eq!(blind.hash.mean_jct, full.hash.mean_jct);
 }
 
 /// Another engine profile changes the engines' timing, and the router is calibrated to it

@@ -37,7 +37,7 @@ pub struct Tapped {
     /// The first tool call's name, when asked for (see `super::tool_call`).
     pub tool: Option<String>,
     /// Tools were asked for and the whole response was searched: no `tool` means it called
-    /// none (a JSON body longer than the kept tail is searched only there).
+    /// none (a JSON body whose start the kept tail no longer holds was not searched whole).
     pub tool_searched: bool,
 }
 

@@ -65,7 +65,7 @@ impl Scheduler {
         p.last_tool = tool;
         // An agent (it called a tool before) answering without one hands its turn back to a
         // person: the end of its loop, unless its client says whether it resumes.
-        p.answered = answer_ends
+        let answered = answer_ends
             && called == ToolCall::None
             && p.called_tool
             && !p.identity.resume_stated
@@ -161,7 +161,7 @@ impl Scheduler {
             // Nothing to schedule, but the binding is forgotten after the paused retention like
             // any idle Program's (or a long-running router would keep every Program forever).
             if self.program(f.program).in_flight == 0 {
-                self.finish_if_done(f.program);
+                self.finish_if_done(f.program, answered);
                 self.release_later(f.program, now);
             }
             return out;
@@ -182,7 +182,7 @@ impl Scheduler {
         let p = self.program(f.program);
         let reason = if !p.identity.expected_resume {
             Some(PauseReason::NoResumeExpected)
-        } else if p.answered {
+        } else if answered {
             Some(PauseReason::Answered)
         } else if p.pause_on_complete {
             Some(PauseReason::CapacityRepair)
@@ -228,17 +228,17 @@ impl Scheduler {
             p.armed_ttl = 0.0;
             self.pause(f.program, reason.unwrap_or(PauseReason::TtlExpired), now);
         }
-        self.finish_if_done(f.program);
+        self.finish_if_done(f.program, answered);
         self.pump(rank, now, &mut out);
         out
     }
 
     /// Marks the Program finished when its last request said no further request follows, or
-    /// its latest response ended its turn (`answer_ends_program`), and nothing else of it is
-    /// active, queued or in flight.
-    fn finish_if_done(&mut self, slot: usize) {
+    /// its response just `answered` (ended its turn, `answer_ends_program`), and nothing else
+    /// of it is active, queued or in flight.
+    fn finish_if_done(&mut self, slot: usize, answered: bool) {
         let p = self.program(slot);
-        let ended = !p.identity.expected_resume || p.answered;
+        let ended = !p.identity.expected_resume || answered;
         if ended && !p.active() && p.in_flight == 0 && p.retained == 0 {
             self.set_finished(slot, true);
         }

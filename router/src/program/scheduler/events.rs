@@ -62,7 +62,6 @@ impl Scheduler {
             .step_id
             .unwrap_or_else(|| p.last_step.map_or(0, |s| s + 1));
         p.last_step = Some(step);
-        p.answered = false;
         p.lead = a.lead;
         // A Program's kind is set by its first request that names one: a later request may not
         // repeat it (a Responses turn that continues a stored response without `instructions`).

@@ -170,7 +170,6 @@ impl Scheduler {
             finished: false,
             last_tool: None,
             called_tool: false,
-            answered: false,
             size_learned: false,
         };
         let slot = match self.free_slots.pop() {

@@ -295,10 +295,6 @@ pub(crate) struct Program {
     pub last_tool: Option<ToolId>,
     /// One of its responses called a tool (an agent, for `answer_ends_program`).
     pub called_tool: bool,
-    /// Its latest response called no tool after earlier ones did, and its client leaves
-    /// `expected_resume` unsaid: the end of its turn (`answer_ends_program`). Cleared by its
-    /// next request.
-    pub answered: bool,
     /// Its total was learned for `resume_order: kind_size` (once per Program).
     pub size_learned: bool,
 }

@@ -41,7 +41,7 @@ fn an_ended_program_that_comes_back_is_live_again() {
     let d = s.on_arrival(61.5, arrival(3, "a", 200));
     assert_eq!(dispatched(&d), vec![3]);
     let p = find(&s, "a");
-    assert!(!p.finished && !p.answered);
+    assert!(!p.finished);
     assert_eq!(s.ranks[0].finished, 0);
     // It calls a tool again: held as any agent is.
     s.on_complete_with_tool(62.0, 3, usage(200, 10), ToolCall::Named("bash"));

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sse::{ErrorEvent, SseSplitter, sse_usage, usage_only_chunk};
-use super::tool_call::tool_in_json;
+use super::tool_call::{Ending, ending_in_json_tail, tool_in_json};
 use super::usage::{TokenUsage, usage_in_json_tail};
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame, Incoming};
@@ -36,8 +36,9 @@ pub struct Tapped {
     pub response_id: Option<String>,
     /// The first tool call's name, when asked for (see `super::tool_call`).
     pub tool: Option<String>,
-    /// Tools were asked for and the whole response was searched: no `tool` means it called
-    /// none (a JSON body whose start the kept tail no longer holds was not searched whole).
+    /// Tools were asked for and the response is known to call none when `tool` is `None`:
+    /// every event of a stream was searched, or a JSON body was searched whole or ends with a
+    /// reason that is not a tool call (one whose start is gone says so only that way).
     pub tool_searched: bool,
 }
 
@@ -100,6 +101,20 @@ impl JsonTail {
                 self.partial = true;
             }
         }
+    }
+
+    /// The first tool call's name in the kept bytes, and whether the body is known to call
+    /// none when there is no name: searched whole, unless its ending says a tool was called (a
+    /// name this could not read); with its start gone, only if its ending says it answered.
+    fn tool_call(&self) -> (Option<String>, bool) {
+        self.read(|tail| {
+            let searched = match ending_in_json_tail(tail) {
+                Some(Ending::Tool) => false,
+                Some(Ending::Answer) => true,
+                None => !self.partial,
+            };
+            (tool_in_json(tail), searched)
+        })
     }
 
     /// `f` of the kept bytes, in one slice.
@@ -281,22 +296,17 @@ impl Relay {
     }
 
     fn end(&mut self, end: End) {
-        let tool_searched = self.capture.tool
-            && end == End::Complete
-            && !matches!(&self.tap, Tap::Json(t) if t.partial);
+        let mut tool_searched = self.capture.tool && end == End::Complete;
         if let Tap::Json(t) = &self.tap
             && end == End::Complete
         {
-            let tool = self.capture.tool;
-            let (usage, called) = t.read(|tail| {
-                let usage = (!tail.is_empty())
+            self.usage = t.read(|tail| {
+                (!tail.is_empty())
                     .then(|| usage_in_json_tail(tail))
-                    .flatten();
-                (usage, if tool { tool_in_json(tail) } else { None })
+                    .flatten()
             });
-            self.usage = usage;
-            if tool {
-                self.tool = called;
+            if self.capture.tool {
+                (self.tool, tool_searched) = t.tool_call();
             }
         }
         if end == End::Complete
@@ -575,6 +585,45 @@ mod tests {
             JsonTail::partial().partial,
             "after a stream that was not SSE"
         );
+    }
+
+    #[test]
+    fn a_long_bodys_ending_says_whether_it_called_a_tool() {
+        let long = |ending: &str| {
+            let mut t = JsonTail::default();
+            t.push(Bytes::from_static(
+                br#"{"choices":[{"message":{"content":""#,
+            ));
+            for _ in 0..3 {
+                t.push(Bytes::from(vec![b'w'; TAIL / 2]));
+            }
+            t.push(Bytes::from(format!(r#""}},{ending}}}],"usage":{{}}}}"#)));
+            assert!(t.partial);
+            t.tool_call()
+        };
+        assert_eq!(
+            long(r#""finish_reason":"stop""#),
+            (None, true),
+            "it answered"
+        );
+        assert_eq!(long(r#""finish_reason":"tool_calls""#), (None, false));
+        assert_eq!(long(r#""finish_reason":null"#), (None, false), "not known");
+        let mut whole = JsonTail::default();
+        whole.push(Bytes::from_static(
+            br#"{"choices":[{"message":{"content":"x","tool_calls":[]},"finish_reason":"stop"}]}"#,
+        ));
+        assert_eq!(whole.tool_call(), (None, true));
+        // A call whose name this cannot read is a call, not an answer.
+        let mut unread = JsonTail::default();
+        unread.push(Bytes::from_static(
+            br#"{"choices":[{"message":{"tool_calls":[{"function":{"name":42}}]},"finish_reason":"tool_calls"}]}"#,
+        ));
+        assert_eq!(unread.tool_call(), (None, false));
+        let mut named = JsonTail::default();
+        named.push(Bytes::from_static(
+            br#"{"content":[{"type":"tool_use","name":"edit","input":{}}],"stop_reason":"tool_use"}"#,
+        ));
+        assert_eq!(named.tool_call(), (Some("edit".into()), false));
     }
 
     #[test]

@@ -1,18 +1,20 @@
 //! Which tool a response called: the name of its first tool call, for the tool-aware TTL
 //! (`tool_ttl_min_samples`).
 //!
-//! Owns [`tool_in_json`]. It reads the shapes the three APIs write — a chat completion's
+//! Owns [`tool_in_json`] and [`ending_in_json_tail`]. The first reads the shapes the three APIs write — a chat completion's
 //! `"tool_calls": [{…, "function": {"name": …}}]`, a Messages API `{"type": "tool_use", …,
 //! "name": …}` block and a Responses API `{"type": "function_call", …, "name": …}` item — in a
 //! JSON body's kept tail or in one streamed event, without parsing the document: the first
 //! `"name"` key after the first marker that is not a key of `null` or `[]` (vLLM writes
 //! `"function_call": null, "tool_calls": []` when nothing was called), its string unescaped. A name it cannot read
 //! (cut off, not a plain string, longer than [`MAX_NAME_BYTES`]) is no name: the response
-//! then counts as calling none. The scheduler keeps a shorter prefix of it.
+//! then counts as calling none. The scheduler keeps a shorter prefix of it. The second reads
+//! why a JSON body ended (`finish_reason`, a Messages `stop_reason`) from its last bytes, for a
+//! body too long for its start to be kept.
 
 use std::sync::LazyLock;
 
-use memchr::memmem::Finder;
+use memchr::memmem::{Finder, FinderRev};
 
 /// The longest tool name read, in bytes once unescaped (it bounds the scan, too).
 pub const MAX_NAME_BYTES: usize = 256;
@@ -54,6 +56,43 @@ pub fn tool_in_json(json: &[u8]) -> Option<String> {
         from = at + MARKERS[k].len();
     }
 }
+
+/// Why a response ended, as its body's tail says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The model answered (stopped, or ran out of tokens) without calling a tool.
+    Answer,
+    /// The model called a tool (its name may lie before the tail).
+    Tool,
+}
+
+/// Why the response whose JSON body ends with `tail` ended: the last `"finish_reason"` (chat and
+/// text completions) or, without one, the last `"stop_reason"` (the Messages API; vLLM's chat
+/// completions write that key too, for the stop string, after `finish_reason`). The last one,
+/// as both follow the content; a key inside a JSON string is escaped and never matches. `None`
+/// for any other value (`null`, an abort, a reason this does not know) or none found.
+pub fn ending_in_json_tail(tail: &[u8]) -> Option<Ending> {
+    let (finish, stop) = &*ENDINGS;
+    let (key, value) = match finish.rfind(tail) {
+        Some(at) => (at + FINISH_KEY.len(), true),
+        None => (stop.rfind(tail)? + STOP_KEY.len(), false),
+    };
+    let v = skip_ws(skip_ws(&tail[key..]).strip_prefix(b":")?);
+    let reason = string_value(v)?;
+    match (value, reason.as_str()) {
+        (true, "stop" | "length" | "content_filter") => Some(Ending::Answer),
+        (true, "tool_calls" | "function_call") => Some(Ending::Tool),
+        (false, "end_turn" | "max_tokens" | "stop_sequence" | "refusal") => Some(Ending::Answer),
+        (false, "tool_use") => Some(Ending::Tool),
+        _ => None,
+    }
+}
+
+const FINISH_KEY: &[u8] = b"\"finish_reason\"";
+const STOP_KEY: &[u8] = b"\"stop_reason\"";
+
+static ENDINGS: LazyLock<(FinderRev<'static>, FinderRev<'static>)> =
+    LazyLock::new(|| (FinderRev::new(FINISH_KEY), FinderRev::new(STOP_KEY)));
 
 /// The marker is a key whose value is `null` or `[]`.
 fn no_call(rest: &[u8]) -> bool {
@@ -163,6 +202,31 @@ mod tests {
         // A Messages block after empty Responses-style keys.
         let mixed = br#"{"function_call":null,"tool_calls":[ ],"function_call":null,"content":[{"type":"tool_use","name":"edit"}]}"#;
         assert_eq!(tool_in_json(mixed).as_deref(), Some("edit"));
+    }
+
+    #[test]
+    fn a_tail_says_why_its_body_ended() {
+        use Ending::*;
+        for (tail, want) in [
+            // A chat completion's long answer, and vLLM's `stop_reason` after the finish.
+            (&br#"lo","tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"usage":{}}"#[..], Some(Answer)),
+            (br#"ng"},"finish_reason" : "length"}]}"#, Some(Answer)),
+            (br#"\"}"}}]},"finish_reason":"tool_calls","stop_reason":null}]}"#, Some(Tool)),
+            // A stop string that looks like a Messages reason is not read as one.
+            (br#"x"},"finish_reason":"stop","stop_reason":"tool_use"}]}"#, Some(Answer)),
+            // Messages: the content's own keys (a tool input's, escaped text's) come before.
+            (br#"x\"stop_reason\":\"tool_use\""}],"stop_reason":"end_turn","stop_sequence":null}"#, Some(Answer)),
+            (br#"{"stop_reason":"end_turn"}}],"stop_reason":"tool_use","usage":{}}"#, Some(Tool)),
+            (br#"d"}],"stop_reason":"max_tokens"}"#, Some(Answer)),
+            // Unknown, absent or cut.
+            (br#"x"}],"finish_reason":null}"#, None),
+            (br#"x"}],"finish_reason":"abort"}"#, None),
+            (br#"x"}],"stop_reason":"pause_turn"}"#, None),
+            (br#"x"}],"status":"completed","usage":{}}"#, None),
+            (br#"x"}],"finish_reason":"sto"#, None),
+        ] {
+            assert_eq!(ending_in_json_tail(tail), want, "{}", String::from_utf8_lossy(tail));
+        }
     }
 
     #[test]

@@ -267,7 +267,7 @@ pub struct ProgramSchedulingConfig {
     pub finished_idle_ratio: f64,
     /// Extension: a Program whose client does not say `expected_resume` (headers only, or an
     /// `agentic_context` without it) and does not set `kv_retention_ttl_seconds`, and that has
-    /// called a tool before, is taken to have ended its turn when a response (read whole) calls
+    /// called a tool before, is taken to have ended its turn when a response is known to call
     /// none: an agent's loop hands control back to a person then. It pauses without a hold and
     /// counts as finished (a later request makes it live again), as `expected_resume: false`
     /// would have it. false = only the explicit mark and `finished_idle_ratio`.

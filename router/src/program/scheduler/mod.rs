@@ -117,9 +117,10 @@ pub struct Usage {
 pub enum ToolCall<'a> {
     /// Its first tool call named this tool.
     Named(&'a str),
-    /// It was read whole and called no tool.
+    /// It called no tool: searched whole, or its ending (`finish_reason`) says it answered.
     None,
-    /// Not known: tools were not looked for, or the body was longer than the part kept.
+    /// Not known: tools were not looked for, or a body longer than the part kept ended in a
+    /// call whose name was lost, or for a reason not known.
     Unknown,
 }
 

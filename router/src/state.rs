@@ -663,9 +663,10 @@ impl RouterState {
 /// `prefix` and `n` in lower-case hex, written without the formatting machinery (it runs for
 /// every request without an id of its own).
 fn request_id(prefix: &str, n: u64) -> http::HeaderValue {
-    let mut id = Vec::with_capacity(prefix.len() + 16);
-    id.extend_from_slice(prefix.as_bytes());
     let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
+    // Exactly as long as the id: `Bytes` then owns the vector's buffer with no header of its own.
+    let mut id = Vec::with_capacity(prefix.len() + digits as usize);
+    id.extend_from_slice(prefix.as_bytes());
     for i in (0..digits).rev() {
         id.push(b"0123456789abcdef"[((n >> (i * 4)) & 0xf) as usize]);
     }

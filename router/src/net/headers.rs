@@ -83,6 +83,29 @@ pub fn copy_end_to_end(src: &HeaderMap, dst: &mut HeaderMap) {
     }
 }
 
+/// A `Content-Length` value for a body of `len` bytes: `client`'s own when it says the same
+/// (a clone shares its bytes), else one allocation of exactly the digits.
+pub fn content_length(len: usize, client: Option<&http::HeaderValue>) -> http::HeaderValue {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = len;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let digits = &digits[at..];
+    match client {
+        Some(v) if v.as_bytes() == digits => v.clone(),
+        // Decimal digits are a valid header value.
+        _ => http::HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(digits))
+            .unwrap_or_else(|_| http::HeaderValue::from(len)),
+    }
+}
+
 /// The request id's header name (also a consistent-hash key, `crate::proxy::request`).
 pub const X_REQUEST_ID_NAME: &str = "x-request-id";
 /// The request id, taken from the client or made by the router, sent upstream and answered.
@@ -110,6 +133,19 @@ pub fn internal(name: &HeaderName) -> bool {
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    #[test]
+    fn content_length_is_the_clients_when_it_agrees() {
+        for len in [0, 7, 10, 4096, usize::MAX] {
+            assert_eq!(content_length(len, None), HeaderValue::from(len));
+        }
+        let client = HeaderValue::from_static("42");
+        assert_eq!(content_length(42, Some(&client)), client);
+        assert_eq!(content_length(43, Some(&client)), HeaderValue::from(43));
+        // A value with leading zeros or spaces is not the same bytes: made anew.
+        let odd = HeaderValue::from_static("042");
+        assert_eq!(content_length(42, Some(&odd)).as_bytes(), b"42");
+    }
 
     #[test]
     fn connection_nominates_extra_hop_by_hop_headers() {

@@ -73,7 +73,7 @@ pub struct Route<'a> {
 
 /// What the caller holds for a request until its response ends (a place, body bytes, a queue
 /// seat, a Program ticket, a quota charge), told how it ended.
-pub trait Hold: Send + 'static {
+pub trait Hold: Send + Unpin + 'static {
     /// How the response ended (see [`Ended`]).
     fn end(self, ended: Ended<'_>);
 }
@@ -147,8 +147,11 @@ fn upstream_request<H: Hold>(
     let connection_scoped = nominated(out.headers);
     // A client key the router checked stays with the router (the workers get `api_key`).
     let checked = applied.strip_client_key;
+    let mut client_length = None;
     for (k, v) in out.headers {
-        if !is_hop_by_hop(k)
+        if k == header::CONTENT_LENGTH {
+            client_length = Some(v);
+        } else if !is_hop_by_hop(k)
             && !headers::internal(k)
             && !connection_scoped.contains(k)
             && !(checked && (k == header::AUTHORIZATION || *k == crate::auth::X_API_KEY))
@@ -164,7 +167,8 @@ fn upstream_request<H: Hold>(
     }
     h.insert(headers::X_REQUEST_ID.clone(), out.request_id.clone());
     if !out.body.is_empty() {
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.body.len()));
+        let length = headers::content_length(out.body.len(), client_length);
+        h.insert(header::CONTENT_LENGTH, length);
     }
     if !span.is_none() {
         crate::observe::trace::inject(span, h);
@@ -352,7 +356,7 @@ pub fn forward<'a, H: Hold>(
             if sse && out.filter_usage_chunk {
                 parts.headers.remove(header::CONTENT_LENGTH);
             }
-            let finish = Box::new(Completion {
+            let finish = Completion {
                 span: crate::observe::trace::relay(),
                 guard,
                 conn: Some((conn, pool)),
@@ -362,7 +366,7 @@ pub fn forward<'a, H: Hold>(
                 route: out.route,
                 generation: out.generation,
                 received: out.received,
-            });
+            };
             let relay = Relay::new(
                 body,
                 sse.then(|| sse::ErrorEvent::for_route(out.route)),
@@ -402,7 +406,7 @@ struct Completion<H: Hold> {
 }
 
 impl<H: Hold> Finish for Completion<H> {
-    fn finish(mut self: Box<Self>, end: End, tapped: Tapped) {
+    fn finish(mut self, end: End, tapped: Tapped) {
         let usage = tapped.usage;
         if !self.span.is_none() {
             self.span

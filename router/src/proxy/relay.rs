@@ -52,8 +52,8 @@ pub struct Capture {
 }
 
 /// Called once when the relay ends.
-pub trait Finish: Send + 'static {
-    fn finish(self: Box<Self>, end: End, tapped: Tapped);
+pub trait Finish: Send + Unpin + 'static {
+    fn finish(self, end: End, tapped: Tapped);
 }
 
 const TAIL: usize = 16 * 1024;
@@ -73,6 +73,8 @@ enum Tap {
 /// The last chunks of a JSON body (shared, not copied): at least `TAIL` bytes when available.
 #[derive(Debug, Default)]
 struct JsonTail {
+    /// A body's only chunk so far (most bodies come in one): kept without the deque's buffer.
+    one: Option<Bytes>,
     chunks: std::collections::VecDeque<Bytes>,
     len: usize,
     /// Bytes went by that the tail no longer holds.
@@ -90,6 +92,13 @@ impl JsonTail {
 
     fn push(&mut self, chunk: Bytes) {
         self.len += chunk.len();
+        if self.one.is_none() && self.chunks.is_empty() {
+            self.one = Some(chunk);
+            return;
+        }
+        if let Some(first) = self.one.take() {
+            self.chunks.push_back(first);
+        }
         self.chunks.push_back(chunk);
         while self
             .chunks
@@ -119,6 +128,9 @@ impl JsonTail {
 
     /// `f` of the kept bytes, in one slice.
     fn read<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        if let Some(one) = &self.one {
+            return f(one);
+        }
         match self.chunks.len() {
             0 => f(&[]),
             1 => f(&self.chunks[0]),
@@ -131,8 +143,8 @@ impl JsonTail {
     }
 }
 
-/// The relaying body.
-pub struct Relay {
+/// The relaying body; `F` runs when it ends (kept inline: the body is boxed once, with it).
+pub struct Relay<F: Finish> {
     inner: Incoming,
     tap: Tap,
     usage: Option<TokenUsage>,
@@ -142,7 +154,7 @@ pub struct Relay {
     head: Option<Bytes>,
     response_id: Option<String>,
     tool: Option<String>,
-    finish: Option<Box<dyn Finish>>,
+    finish: Option<F>,
     deadline: Option<tokio::time::Instant>,
     /// Armed only once the body has to wait (most short bodies never do).
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -171,7 +183,7 @@ pub enum RelayError {
     Incomplete,
 }
 
-impl Relay {
+impl<F: Finish> Relay<F> {
     /// `sse`: the body is an event stream whose failures end with this error event.
     pub fn new(
         inner: Incoming,
@@ -180,7 +192,7 @@ impl Relay {
         capture: Capture,
         deadline: Option<tokio::time::Instant>,
         idle: Option<std::time::Duration>,
-        finish: Box<dyn Finish>,
+        finish: F,
     ) -> Self {
         let tap = if let Some(errors) = sse {
             Tap::Sse {
@@ -394,7 +406,7 @@ impl Relay {
     }
 }
 
-impl HttpBody for Relay {
+impl<F: Finish> HttpBody for Relay<F> {
     type Data = Bytes;
     type Error = RelayError;
 
@@ -511,7 +523,7 @@ impl HttpBody for Relay {
     }
 }
 
-impl Drop for Relay {
+impl<F: Finish> Drop for Relay<F> {
     fn drop(&mut self) {
         if self.finish.is_some() {
             let end = if self.inner.is_end_stream() {

@@ -50,19 +50,21 @@ pub(super) async fn dispatch(
         }
     };
     let generate = proxied_route(req.method(), req.uri().path())?;
-    // In the admission span only when there is one: the wrapper would copy the admission.
-    let admit = Admitted::admit(state, req, route, request_id, received, access);
+    // In the admission span only when there is one: the wrapper would copy the admission. Built
+    // where it is awaited: a local would be copied into the await's slot.
     let span = crate::observe::trace::admission();
-    let admitted = if span.is_none() {
-        admit.await?
+    let mut admitted = if span.is_none() {
+        Admitted::admit(state, req, route, request_id, received, access).await?
     } else {
-        admit.instrument(span).await?
+        Admitted::admit(state, req, route, request_id, received, access)
+            .instrument(span)
+            .await?
     };
     if !generate {
         // Written into its box in place (as `handle` boxes this future), not copied there.
         return Box::into_pin(Box::write(Box::new_uninit(), admitted.pass_through(state))).await;
     }
-    let mut g = Generation::peek(admitted)?;
+    let mut g = Generation::peek(&mut admitted)?;
     let stored_home = g.stored_home(state).await;
     let identity = g.identity(stored_home)?;
     if let (Some(a), Some(id)) = (access, &identity) {
@@ -100,7 +102,7 @@ pub(super) async fn dispatch(
     };
     let sse = (g.peeked.stream, outgoing.usage_injected);
     let out = outbound(
-        &mut g.admitted,
+        g.admitted,
         outgoing.body,
         Some(&g.peeked),
         &g.prompt,
@@ -335,15 +337,16 @@ struct Placed {
 }
 
 /// A generation request (chat, completions, messages, responses) with its body peeked.
-struct Generation<'a> {
-    admitted: Admitted<'a>,
+struct Generation<'a, 'b> {
+    /// Borrowed: `dispatch` keeps it in place instead of moving it into this.
+    admitted: &'b mut Admitted<'a>,
     peeked: Peeked,
     /// Zero-copy view of the prompt in the client's buffer (edits never touch it).
     prompt: Bytes,
 }
 
-impl<'a> Generation<'a> {
-    fn peek(admitted: Admitted<'a>) -> Result<Self, ApiError> {
+impl<'a, 'b> Generation<'a, 'b> {
+    fn peek(admitted: &'b mut Admitted<'a>) -> Result<Self, ApiError> {
         let peeked = request::peek(&admitted.body)?;
         let prompt = peeked
             .prompt
@@ -393,7 +396,7 @@ impl<'a> Generation<'a> {
         state: &Arc<RouterState>,
         identity: Option<&Identity>,
     ) -> Option<Result<Response<Body>, ApiError>> {
-        let a = &mut self.admitted;
+        let a = &mut *self.admitted;
         let (Some(peers), Some(id)) = (a.applied.peers.clone(), identity) else {
             return None;
         };

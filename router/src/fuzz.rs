@@ -302,6 +302,7 @@ pub fn scheduler(data: &[u8]) {
                     context_tokens: word(c, 3) << (word(c, 2) % 40),
                     idle_seconds: word(c, 3) as f64 / 8.0,
                     finished: word(c, 2) % 3 == 0,
+                    called_tool: word(c, 2) % 2 == 0,
                 });
                 s.adopt(now, &[h]);
                 Vec::new()

@@ -27,6 +27,7 @@ impl Scheduler {
             context_tokens: p.context_tokens,
             idle_seconds: (now - p.last_activity).max(0.0),
             finished: p.finished,
+            called_tool: p.called_tool,
         }
     }
 
@@ -82,6 +83,7 @@ impl Scheduler {
             p.last_activity = since;
             // Its KV is already on the rank: the first completion here measures no sharing.
             p.fresh_start = false;
+            p.called_tool = h.called_tool;
             p.placement = "handed_over";
             p.phase = Phase::Paused {
                 since,

@@ -329,6 +329,10 @@ pub struct HandedOver {
     /// when false, and false when missing (a replica of an earlier version).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub finished: bool,
+    /// It has called a tool ([`Program::called_tool`]: an answer then ends its turn, under
+    /// `answer_ends_program`); optional on the wire like `finished`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub called_tool: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -51,7 +51,7 @@ fn an_ended_program_that_comes_back_is_live_again() {
 
 #[test]
 fn only_what_is_known_to_be_an_agents_answer_ends_it() {
-    // Not read whole (a body longer than the kept tail, or tools not looked for).
+    // Not known (tools not looked for, or a long body that ended in a call whose name was lost).
     let s = agent_then_answer(cfg(), ToolCall::Unknown);
     assert!(!find(&s, "a").finished);
     assert_ne!(paused_by(&s, "a"), Some(PauseReason::Answered));
@@ -92,4 +92,33 @@ fn a_client_that_says_whether_it_resumes_is_taken_at_its_word() {
     let s = run(|i| i.kv_retention_ttl_seconds = Some(30.0));
     assert!(matches!(find(&s, "a").phase, Phase::Acting { .. }));
     assert!(!find(&s, "a").finished);
+}
+
+#[test]
+fn a_replica_that_takes_an_agent_over_knows_it_is_one() {
+    let mut a = sched(cfg(), 1);
+    a.on_arrival(0.0, arrival(1, "a", 100));
+    a.on_complete_with_tool(0.5, 1, usage(100, 10), ToolCall::Named("bash"));
+    let key = ("m".to_string(), "a".to_string());
+    let (given, _) = a.hand_over(1.0, &key);
+    let given = given.expect("nothing in flight: handed over");
+    assert!(given.called_tool);
+    let wire = serde_json::to_string(&given).expect("json");
+    let mut b = sched(cfg(), 1);
+    let back: HandedOver = serde_json::from_str(&wire).expect("parses");
+    assert_eq!(b.adopt(1.0, &[back]), 1);
+    // Its first answer on the new owner, with no tool called there yet, ends its turn.
+    b.on_arrival(2.0, arrival(2, "a", 150));
+    b.on_complete_with_tool(2.5, 2, usage(150, 10), ToolCall::None);
+    assert_eq!(paused_by(&b, "a"), Some(PauseReason::Answered));
+    b.check_invariants().expect("ledger");
+    // A replica of an earlier version sends no mark: a chat as far as this one knows.
+    let older = wire.replace(r#","called_tool":true"#, "");
+    assert!(!older.contains("called_tool"), "{older}");
+    let mut c = sched(cfg(), 1);
+    let back: HandedOver = serde_json::from_str(&older).expect("parses");
+    assert_eq!(c.adopt(1.0, &[back]), 1);
+    c.on_arrival(2.0, arrival(2, "a", 150));
+    c.on_complete_with_tool(2.5, 2, usage(150, 10), ToolCall::None);
+    assert!(!find(&c, "a").finished);
 }

@@ -87,6 +87,7 @@ fn at_the_program_cap_the_longest_idle_program_makes_room_and_none_idle_refuses(
         context_tokens: 10,
         idle_seconds: 1.0,
         finished: false,
+        called_tool: false,
     };
     assert_eq!(s.adopt(13.0, std::slice::from_ref(&handed)), 0);
     // A known Program's next request is never refused by the cap.
@@ -275,6 +276,7 @@ proptest::proptest! {
                         context_tokens: *context,
                         idle_seconds: *idle,
                         finished: false,
+                        called_tool: false,
                     };
                     s.adopt(now, std::slice::from_ref(&h));
                     Vec::new()

@@ -190,6 +190,7 @@ fn an_adopted_program_nobody_asks_for_is_forgotten_after_the_paused_retention() 
         context_tokens: 100,
         idle_seconds: 1.0,
         finished: false,
+        called_tool: false,
     };
     let done = HandedOver {
         program_id: "done".into(),

@@ -125,6 +125,9 @@ pub struct Outbound<'a, H: Hold> {
     pub hold: Option<H>,
     /// Read the name of the response's first tool call for the hold ([`Ended::tool`]).
     pub capture_tool: bool,
+    /// The request's `tool_choice` forces a call: a response's `finish_reason: "stop"` does
+    /// not say it answered (see [`relay::Capture::tool_forced`]).
+    pub tool_forced: bool,
 }
 
 /// The request one attempt sends to `target`, carrying `span`'s trace context when it has one.
@@ -374,6 +377,7 @@ pub fn forward<'a, H: Hold>(
                 relay::Capture {
                     response_id: out.route == "/v1/responses" && status.is_success(),
                     tool: out.capture_tool && status.is_success(),
+                    tool_forced: out.tool_forced,
                 },
                 Some(deadline),
                 cfg.limits
@@ -522,6 +526,7 @@ mod tests {
             generation: true,
             hold: None::<()>,
             capture_tool: false,
+            tool_forced: false,
         };
         let req = upstream_request(route, &targets.targets[0], &out, &tracing::Span::none())
             .expect("request");

@@ -49,6 +49,9 @@ pub struct Capture {
     pub response_id: bool,
     /// The first tool call's name (see `super::tool_call`).
     pub tool: bool,
+    /// The request forced a tool call (`tool_choice`): vLLM ends such a response as it ends an
+    /// answer (`finish_reason: "stop"`), so a body whose start is gone is not known to answer.
+    pub tool_forced: bool,
 }
 
 /// Called once when the relay ends.
@@ -114,13 +117,14 @@ impl JsonTail {
 
     /// The first tool call's name in the kept bytes, and whether the body is known to call
     /// none when there is no name: searched whole, unless its ending says a tool was called (a
-    /// name this could not read); with its start gone, only if its ending says it answered.
-    fn tool_call(&self) -> (Option<String>, bool) {
+    /// name this could not read); with its start gone, only if its ending says it answered and
+    /// the request did not force a call (`forced`).
+    fn tool_call(&self, forced: bool) -> (Option<String>, bool) {
         self.read(|tail| {
             let searched = match ending_in_json_tail(tail) {
                 Some(Ending::Tool) => false,
-                Some(Ending::Answer) => true,
-                None => !self.partial,
+                Some(Ending::Answer) if !forced => true,
+                _ => !self.partial,
             };
             (tool_in_json(tail), searched)
         })
@@ -318,7 +322,7 @@ impl<F: Finish> Relay<F> {
                     .flatten()
             });
             if self.capture.tool {
-                (self.tool, tool_searched) = t.tool_call();
+                (self.tool, tool_searched) = t.tool_call(self.capture.tool_forced);
             }
         }
         if end == End::Complete
@@ -611,31 +615,33 @@ mod tests {
             }
             t.push(Bytes::from(format!(r#""}},{ending}}}],"usage":{{}}}}"#)));
             assert!(t.partial);
-            t.tool_call()
+            (t.tool_call(false), t.tool_call(true))
         };
+        // It answered, unless the request forced a call (vLLM says "stop" for those too).
+        let (auto, forced) = long(r#""finish_reason":"stop""#);
+        assert_eq!((auto, forced), ((None, true), (None, false)));
+        assert_eq!(long(r#""finish_reason":"tool_calls""#).0, (None, false));
         assert_eq!(
-            long(r#""finish_reason":"stop""#),
-            (None, true),
-            "it answered"
+            long(r#""finish_reason":null"#).0,
+            (None, false),
+            "not known"
         );
-        assert_eq!(long(r#""finish_reason":"tool_calls""#), (None, false));
-        assert_eq!(long(r#""finish_reason":null"#), (None, false), "not known");
         let mut whole = JsonTail::default();
         whole.push(Bytes::from_static(
             br#"{"choices":[{"message":{"content":"x","tool_calls":[]},"finish_reason":"stop"}]}"#,
         ));
-        assert_eq!(whole.tool_call(), (None, true));
+        assert_eq!(whole.tool_call(true), (None, true), "searched whole");
         // A call whose name this cannot read is a call, not an answer.
         let mut unread = JsonTail::default();
         unread.push(Bytes::from_static(
             br#"{"choices":[{"message":{"tool_calls":[{"function":{"name":42}}]},"finish_reason":"tool_calls"}]}"#,
         ));
-        assert_eq!(unread.tool_call(), (None, false));
+        assert_eq!(unread.tool_call(false), (None, false));
         let mut named = JsonTail::default();
         named.push(Bytes::from_static(
             br#"{"content":[{"type":"tool_use","name":"edit","input":{}}],"stop_reason":"tool_use"}"#,
         ));
-        assert_eq!(named.tool_call(), (Some("edit".into()), false));
+        assert_eq!(named.tool_call(false), (Some("edit".into()), false));
     }
 
     #[test]

@@ -54,6 +54,8 @@ struct Peek<'a> {
     user_id: Option<String>,
     #[serde(default)]
     session_params: Option<SessionParams>,
+    #[serde(borrow, default)]
+    tool_choice: Option<&'a RawValue>,
 }
 
 fn raw_even_if_null<'de, D: serde::Deserializer<'de>>(
@@ -103,6 +105,9 @@ pub struct Peeked {
     pub user: Option<String>,
     /// Responses API: the stored response this request continues.
     pub previous_response_id: Option<String>,
+    /// `tool_choice` makes the model call a tool (`required`, `any`, a named tool): vLLM then
+    /// ends such a response with `finish_reason: "stop"`, as it ends an answer.
+    pub forces_tool: bool,
 }
 
 fn span(body: &[u8], raw: &RawValue) -> Range<usize> {
@@ -181,7 +186,24 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
         body_key,
         user,
         previous_response_id: p.previous_response_id.filter(|id| !id.is_empty()),
+        forces_tool: p.tool_choice.is_some_and(forces_tool),
     })
+}
+
+/// Whether a `tool_choice` makes the model call a tool: anything but `"auto"`, `"none"`, `null`
+/// and Anthropic's `{"type": "auto"}` / `{"type": "none"}`.
+fn forces_tool(raw: &RawValue) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Typed<'a> {
+        #[serde(borrow, default, rename = "type")]
+        kind: Option<&'a str>,
+    }
+    match raw.get().trim() {
+        "null" | r#""auto""# | r#""none""# => false,
+        v if v.starts_with('{') => serde_json::from_str::<Typed<'_>>(v)
+            .map_or(true, |t| !matches!(t.kind, Some("auto" | "none"))),
+        _ => true,
+    }
 }
 
 /// Where a body's system prompt is: a whole field (Messages `system`, Responses `instructions`,
@@ -369,6 +391,39 @@ mod tests {
     fn system(body: &str) -> Option<String> {
         let p = peek(body.as_bytes()).expect("peek");
         p.system(body.as_bytes()).map(|r| body[r].to_string())
+    }
+
+    #[test]
+    fn a_tool_choice_that_forces_a_call_is_seen_in_each_apis_shape() {
+        let forces = |choice: &str| {
+            let body = format!(r#"{{"model":"m","messages":[],"tool_choice":{choice}}}"#);
+            peek(body.as_bytes()).expect("peek").forces_tool
+        };
+        for choice in [
+            r#""required""#,
+            r#"{"type":"function","function":{"name":"f"}}"#,
+            r#"{"type":"function","name":"f"}"#,
+            r#"{"type":"any"}"#,
+            r#"{"type":"tool","name":"f"}"#,
+            // Not read as a word this knows: taken as forcing (the answer is then unknown).
+            r#""\u0061uto""#,
+        ] {
+            assert!(forces(choice), "{choice}");
+        }
+        for choice in [
+            r#""auto""#,
+            r#""none""#,
+            "null",
+            r#"{"type":"auto"}"#,
+            r#"{"type":"none"}"#,
+        ] {
+            assert!(!forces(choice), "{choice}");
+        }
+        assert!(
+            !peek(br#"{"model":"m","messages":[]}"#)
+                .expect("peek")
+                .forces_tool
+        );
     }
 
     #[test]

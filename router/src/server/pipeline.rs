@@ -273,6 +273,7 @@ fn outbound<'s>(
         generation: peeked.is_some(),
         hold: Some(hold),
         capture_tool,
+        tool_forced: peeked.is_some_and(|p| p.forces_tool),
     }
 }
 

@@ -66,8 +66,9 @@ async fn with_tools_not_told_apart_responses_are_not_read_for_them() {
 
 /// A session named by a header alone (`auto`, `x-session-id`): its client never says
 /// `expected_resume`. A turn that calls a tool, then one that answers without one — streamed
-/// or not — ends the Program (`answer_ends_program`); a session that never calls a tool (a
-/// chat) is not ended by its answers.
+/// or not, or a JSON answer far longer than the tail the relay keeps — ends the Program
+/// (`answer_ends_program`); a session that never calls a tool (a chat) is not ended by its
+/// answers.
 #[tokio::test]
 async fn an_answer_without_a_tool_ends_a_session_header_program() {
     let (_s, r) = setup(ProgramSchedulingConfig {
@@ -76,10 +77,10 @@ async fn an_answer_without_a_tool_ends_a_session_header_program() {
     })
     .await;
     let c = client();
-    let turn = |session: &'static str, tool: Option<&'static str>, stream: bool| {
+    let turn_of = |session: &'static str, tool: Option<&'static str>, stream: bool, tokens| {
         let (c, url) = (c.clone(), r.url(CHAT));
         async move {
-            let mut body: Value = serde_json::from_str(&chat("w w w", 4)).expect("json");
+            let mut body: Value = serde_json::from_str(&chat("w w w", tokens)).expect("json");
             if let Some(t) = tool {
                 body["vllm_xargs"] = json!({"sim_tool_call": t});
             }
@@ -95,6 +96,7 @@ async fn an_answer_without_a_tool_ends_a_session_header_program() {
             assert_eq!(reply.status, 200, "{}", reply.text());
         }
     };
+    let turn = |session, tool, stream| turn_of(session, tool, stream, 4);
     let ended = || async {
         let m = get_metrics(&c, &r).await;
         let d = diagnostics(&c, &r).await;
@@ -111,8 +113,11 @@ async fn an_answer_without_a_tool_ends_a_session_header_program() {
         turn(session, Some("bash"), stream).await;
         turn(session, None, stream).await;
     }
+    // ~55 KB of JSON: the relay keeps its last 16 KiB, and reads that it ended without a call.
+    turn("agent-3", Some("bash"), false).await;
+    turn_of("agent-3", None, false, 8_000).await;
     assert!(
-        eventually(5.0, || async { ended().await == (2.0, Some(2)) }).await,
+        eventually(5.0, || async { ended().await == (3.0, Some(3)) }).await,
         "{:?}",
         ended().await
     );
@@ -120,10 +125,10 @@ async fn an_answer_without_a_tool_ends_a_session_header_program() {
     turn("chat", None, false).await;
     assert_eq!(
         ended().await,
-        (2.0, Some(2)),
+        (3.0, Some(3)),
         "a chat's answers end nothing"
     );
     // The agent's person answers: live again.
     turn("agent-1", Some("bash"), false).await;
-    assert_eq!(ended().await.1, Some(1));
+    assert_eq!(ended().await.1, Some(2));
 }

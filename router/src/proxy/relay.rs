@@ -121,12 +121,15 @@ impl JsonTail {
     /// the request did not force a call (`forced`).
     fn tool_call(&self, forced: bool) -> (Option<String>, bool) {
         self.read(|tail| {
+            if let Some(name) = tool_in_json(tail) {
+                return (Some(name), false);
+            }
             let searched = match ending_in_json_tail(tail) {
                 Some(Ending::Tool) => false,
                 Some(Ending::Answer) if !forced => true,
                 _ => !self.partial,
             };
-            (tool_in_json(tail), searched)
+            (None, searched)
         })
     }
 

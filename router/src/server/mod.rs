@@ -251,9 +251,14 @@ async fn handle(
     let span = tracing::info_span!(parent: &trace, "request", id = ?request_id, method = %req.method(), path = %path);
     // Entered outside the log span, so that spans start under it at any log level.
     let traced = trace.clone();
-    // A request from another replica gets this replica's name on its answer (`peers`).
-    let from_peer = req.headers().contains_key(&crate::peers::FORWARDED_BY);
-    if let Some(sender) = req.headers().get(&crate::peers::FORWARDED_BY)
+    // A request from another replica gets this replica's name on its answer (`peers`). Only
+    // the peer listener lets the marker through (`plane::admit`): no lookup on the API one.
+    let sender = match plane {
+        Plane::Peer => req.headers().get(&crate::peers::FORWARDED_BY),
+        Plane::Api => None,
+    };
+    let from_peer = sender.is_some();
+    if let Some(sender) = sender
         && let Ok(sender) = sender.to_str()
         && let Some(peers) = state.applied.load().peers.as_ref()
     {

@@ -115,22 +115,20 @@ impl JsonTail {
         }
     }
 
-    /// The first tool call's name in the kept bytes, and whether the body is known to call
-    /// none when there is no name: searched whole, unless its ending says a tool was called (a
-    /// name this could not read); with its start gone, only if its ending says it answered and
-    /// the request did not force a call (`forced`).
-    fn tool_call(&self, forced: bool) -> (Option<String>, bool) {
-        self.read(|tail| {
-            if let Some(name) = tool_in_json(tail) {
-                return (Some(name), false);
-            }
-            let searched = match ending_in_json_tail(tail) {
-                Some(Ending::Tool) => false,
-                Some(Ending::Answer) if !forced => true,
-                _ => !self.partial,
-            };
-            (None, searched)
-        })
+    /// The first tool call's name in `tail` (the kept bytes, [`Self::read`]), and whether the
+    /// body is known to call none when there is no name: searched whole, unless its ending says
+    /// a tool was called (a name this could not read); with its start gone, only if its ending
+    /// says it answered and the request did not force a call (`forced`).
+    fn tool_call(&self, tail: &[u8], forced: bool) -> (Option<String>, bool) {
+        if let Some(name) = tool_in_json(tail) {
+            return (Some(name), false);
+        }
+        let searched = match ending_in_json_tail(tail) {
+            Some(Ending::Tool) => false,
+            Some(Ending::Answer) if !forced => true,
+            _ => !self.partial,
+        };
+        (None, searched)
     }
 
     /// `f` of the kept bytes, in one slice.
@@ -319,13 +317,16 @@ impl<F: Finish> Relay<F> {
         if let Tap::Json(t) = &self.tap
             && end == End::Complete
         {
-            self.usage = t.read(|tail| {
-                (!tail.is_empty())
+            let (tool, forced) = (self.capture.tool, self.capture.tool_forced);
+            let (usage, called) = t.read(|tail| {
+                let usage = (!tail.is_empty())
                     .then(|| usage_in_json_tail(tail))
-                    .flatten()
+                    .flatten();
+                (usage, tool.then(|| t.tool_call(tail, forced)))
             });
-            if self.capture.tool {
-                (self.tool, tool_searched) = t.tool_call(self.capture.tool_forced);
+            self.usage = usage;
+            if let Some(called) = called {
+                (self.tool, tool_searched) = called;
             }
         }
         if end == End::Complete
@@ -618,7 +619,10 @@ mod tests {
             }
             t.push(Bytes::from(format!(r#""}},{ending}}}],"usage":{{}}}}"#)));
             assert!(t.partial);
-            (t.tool_call(false), t.tool_call(true))
+            (
+                t.read(|tail| t.tool_call(tail, false)),
+                t.read(|tail| t.tool_call(tail, true)),
+            )
         };
         // It answered, unless the request forced a call (vLLM says "stop" for those too).
         let (auto, forced) = long(r#""finish_reason":"stop""#);
@@ -633,18 +637,28 @@ mod tests {
         whole.push(Bytes::from_static(
             br#"{"choices":[{"message":{"content":"x","tool_calls":[]},"finish_reason":"stop"}]}"#,
         ));
-        assert_eq!(whole.tool_call(true), (None, true), "searched whole");
+        assert_eq!(
+            whole.read(|tail| whole.tool_call(tail, true)),
+            (None, true),
+            "searched whole"
+        );
         // A call whose name this cannot read is a call, not an answer.
         let mut unread = JsonTail::default();
         unread.push(Bytes::from_static(
             br#"{"choices":[{"message":{"tool_calls":[{"function":{"name":42}}]},"finish_reason":"tool_calls"}]}"#,
         ));
-        assert_eq!(unread.tool_call(false), (None, false));
+        assert_eq!(
+            unread.read(|tail| unread.tool_call(tail, false)),
+            (None, false)
+        );
         let mut named = JsonTail::default();
         named.push(Bytes::from_static(
             br#"{"content":[{"type":"tool_use","name":"edit","input":{}}],"stop_reason":"tool_use"}"#,
         ));
-        assert_eq!(named.tool_call(false), (Some("edit".into()), false));
+        assert_eq!(
+            named.read(|tail| named.tool_call(tail, false)),
+            (Some("edit".into()), false)
+        );
     }
 
     #[test]

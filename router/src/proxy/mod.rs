@@ -27,7 +27,7 @@ use tracing::Instrument;
 
 use crate::config::RouterConfig;
 use crate::error::ApiError;
-use crate::net::body::{Body, BoxError};
+use crate::net::body::Body;
 use crate::net::headers::{self, DP_RANK, is_hop_by_hop, nominated};
 use crate::observe::metrics::Metrics;
 use crate::policies::Policy;
@@ -385,9 +385,7 @@ pub fn forward<'a, H: Hold>(
                     .map(crate::config::duration),
                 finish,
             );
-            let body: Body = relay
-                .map_err(|e| -> BoxError { Box::new(e) })
-                .boxed_unsync();
+            let body: Body = relay.boxed_unsync();
             return Ok(Response::from_parts(parts, body));
         }
         Err(last_error)

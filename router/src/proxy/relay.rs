@@ -649,32 +649,20 @@ mod tests {
             (None, false),
             "not known"
         );
-        let mut whole = JsonTail::default();
-        whole.push(Bytes::from_static(
-            br#"{"choices":[{"message":{"content":"x","tool_calls":[]},"finish_reason":"stop"}]}"#,
-        ));
-        assert_eq!(
-            whole.read(|tail| whole.tool_call(tail, true)),
-            (None, true),
-            "searched whole"
-        );
+        // Bodies in one chunk, searched whole.
+        let whole = |body: &'static [u8], forced| {
+            let mut t = JsonTail::default();
+            t.push(Bytes::from_static(body));
+            t.read(|tail| t.tool_call(tail, forced))
+        };
+        let answer =
+            br#"{"choices":[{"message":{"content":"x","tool_calls":[]},"finish_reason":"stop"}]}"#;
+        assert_eq!(whole(answer, true), (None, true), "searched whole");
         // A call whose name this cannot read is a call, not an answer.
-        let mut unread = JsonTail::default();
-        unread.push(Bytes::from_static(
-            br#"{"choices":[{"message":{"tool_calls":[{"function":{"name":42}}]},"finish_reason":"tool_calls"}]}"#,
-        ));
-        assert_eq!(
-            unread.read(|tail| unread.tool_call(tail, false)),
-            (None, false)
-        );
-        let mut named = JsonTail::default();
-        named.push(Bytes::from_static(
-            br#"{"content":[{"type":"tool_use","name":"edit","input":{}}],"stop_reason":"tool_use"}"#,
-        ));
-        assert_eq!(
-            named.read(|tail| named.tool_call(tail, false)),
-            (Some("edit".into()), false)
-        );
+        let unread = br#"{"choices":[{"message":{"tool_calls":[{"function":{"name":42}}]},"finish_reason":"tool_calls"}]}"#;
+        assert_eq!(whole(unread, false), (None, false));
+        let named = br#"{"content":[{"type":"tool_use","name":"edit","input":{}}],"stop_reason":"tool_use"}"#;
+        assert_eq!(whole(named, false), (Some("edit".into()), false));
     }
 
     #[test]

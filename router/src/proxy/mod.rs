@@ -84,12 +84,8 @@ pub struct Ended<'a> {
     pub complete: bool,
     /// What the backend reported, when it did.
     pub usage: Option<TokenUsage>,
-    /// The response's first tool call, when [`Outbound::capture_tool`] asked for it and one
-    /// was read.
-    pub tool: Option<String>,
-    /// [`Outbound::capture_tool`] asked for it and the whole response was searched: without
-    /// `tool`, it called none.
-    pub tool_searched: bool,
+    /// Its tool calls, when [`Outbound::capture_tool`] asked for them.
+    pub tool: relay::ToolRead,
     /// The target that served it (its id, `url@rank`).
     pub target: &'a str,
     pub ending: crate::observe::access::Ending,
@@ -427,7 +423,6 @@ impl<H: Hold> Finish for Completion<H> {
                 complete: end == End::Complete && self.status.is_success(),
                 usage,
                 tool: tapped.tool,
-                tool_searched: tapped.tool_searched,
                 target: &target.id,
                 ending: match end {
                     End::Complete => Ending::Complete,

@@ -35,12 +35,22 @@ pub struct Tapped {
     pub usage: Option<TokenUsage>,
     /// The Responses API response's id, when asked for (see `super::stored`).
     pub response_id: Option<String>,
-    /// The first tool call's name, when asked for (see `super::tool_call`).
-    pub tool: Option<String>,
-    /// Tools were asked for and the response is known to call none when `tool` is `None`:
-    /// every event of a stream was searched, or a JSON body was searched whole or ends with a
-    /// reason that is not a tool call (one whose start is gone says so only that way).
-    pub tool_searched: bool,
+    /// Its tool calls, when asked for (see `super::tool_call`).
+    pub tool: ToolRead,
+}
+
+/// What the relay read of a response's tool calls ([`Capture::tool`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ToolRead {
+    /// Not asked for, not run to its end, or not told: a JSON body whose start is gone and
+    /// whose ending does not say it answered.
+    #[default]
+    Unknown,
+    /// Its first tool call named this tool.
+    Named(String),
+    /// It called none: every event of a stream was searched, or a JSON body was searched whole
+    /// or ends with a reason that is not a tool call.
+    None,
 }
 
 /// What the relay looks for beyond usage.
@@ -116,20 +126,20 @@ impl JsonTail {
         }
     }
 
-    /// The first tool call's name in `tail` (the kept bytes, [`Self::read`]), and whether the
-    /// body is known to call none when there is no name: searched whole, unless its ending says
-    /// a tool was called (a name this could not read); with its start gone, only if its ending
-    /// says it answered and the request did not force a call (`forced`).
-    fn tool_call(&self, tail: &[u8], forced: bool) -> (Option<String>, bool) {
+    /// What `tail` (the kept bytes, [`Self::read`]) says of the body's tool calls: its first
+    /// call's name, else none when searched whole, unless its ending says a tool was called (a
+    /// name this could not read); with its start gone, none only if its ending says it answered
+    /// and the request did not force a call (`forced`).
+    fn tool_call(&self, tail: &[u8], forced: bool) -> ToolRead {
         if let Some(name) = tool_in_json(tail) {
-            return (Some(name), false);
+            return ToolRead::Named(name);
         }
-        let searched = match ending_in_json_tail(tail) {
-            Some(Ending::Tool) => false,
-            Some(Ending::Answer) if !forced => true,
-            _ => !self.partial,
-        };
-        (None, searched)
+        match ending_in_json_tail(tail) {
+            Some(Ending::Tool) => ToolRead::Unknown,
+            Some(Ending::Answer) if !forced => ToolRead::None,
+            _ if !self.partial => ToolRead::None,
+            _ => ToolRead::Unknown,
+        }
     }
 
     /// `f` of the kept bytes, in one slice.
@@ -314,20 +324,28 @@ impl<F: Finish> Relay<F> {
     }
 
     fn end(&mut self, end: End) {
-        let mut tool_searched = self.capture.tool && end == End::Complete;
+        let searched = self.capture.tool && end == End::Complete;
+        let mut tool = match self.tool.take() {
+            Some(name) => ToolRead::Named(name),
+            None if searched => ToolRead::None,
+            None => ToolRead::Unknown,
+        };
         if let Tap::Json(t) = &self.tap
             && end == End::Complete
         {
-            let (tool, forced) = (self.capture.tool, self.capture.tool_forced);
+            let forced = self.capture.tool_forced;
             let (usage, called) = t.read(|tail| {
                 let usage = (!tail.is_empty())
                     .then(|| usage_in_json_tail(tail))
                     .flatten();
-                (usage, tool.then(|| t.tool_call(tail, forced)))
+                (usage, searched.then(|| t.tool_call(tail, forced)))
             });
             self.usage = usage;
-            if let Some(called) = called {
-                (self.tool, tool_searched) = called;
+            // A name read from the events before the stream turned out not to be SSE stands.
+            if let Some(called) = called
+                && !matches!(tool, ToolRead::Named(_))
+            {
+                tool = called;
             }
         }
         if end == End::Complete
@@ -342,8 +360,7 @@ impl<F: Finish> Relay<F> {
                 Tapped {
                     usage: self.usage,
                     response_id: self.response_id.take(),
-                    tool: self.tool.take(),
-                    tool_searched,
+                    tool,
                 },
             );
         }
@@ -642,11 +659,11 @@ mod tests {
         };
         // It answered, unless the request forced a call (vLLM says "stop" for those too).
         let (auto, forced) = long(r#""finish_reason":"stop""#);
-        assert_eq!((auto, forced), ((None, true), (None, false)));
-        assert_eq!(long(r#""finish_reason":"tool_calls""#).0, (None, false));
+        assert_eq!((auto, forced), (ToolRead::None, ToolRead::Unknown));
+        assert_eq!(long(r#""finish_reason":"tool_calls""#).0, ToolRead::Unknown);
         assert_eq!(
             long(r#""finish_reason":null"#).0,
-            (None, false),
+            ToolRead::Unknown,
             "not known"
         );
         // Bodies in one chunk, searched whole.
@@ -657,12 +674,12 @@ mod tests {
         };
         let answer =
             br#"{"choices":[{"message":{"content":"x","tool_calls":[]},"finish_reason":"stop"}]}"#;
-        assert_eq!(whole(answer, true), (None, true), "searched whole");
+        assert_eq!(whole(answer, true), ToolRead::None, "searched whole");
         // A call whose name this cannot read is a call, not an answer.
         let unread = br#"{"choices":[{"message":{"tool_calls":[{"function":{"name":42}}]},"finish_reason":"tool_calls"}]}"#;
-        assert_eq!(whole(unread, false), (None, false));
+        assert_eq!(whole(unread, false), ToolRead::Unknown);
         let named = br#"{"content":[{"type":"tool_use","name":"edit","input":{}}],"stop_reason":"tool_use"}"#;
-        assert_eq!(whole(named, false), (Some("edit".into()), false));
+        assert_eq!(whole(named, false), ToolRead::Named("edit".into()));
     }
 
     #[test]

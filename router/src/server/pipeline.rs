@@ -24,6 +24,7 @@ use crate::observe::access::Access;
 use crate::policies::RequestInfo;
 use crate::program::identity::Identity;
 use crate::program::scheduler::ToolCall;
+use crate::proxy::relay::ToolRead;
 use crate::proxy::request::{self, Outgoing, Peeked};
 use crate::proxy::{self, Outbound};
 use crate::state::RouterState;
@@ -294,7 +295,6 @@ impl proxy::Hold for Held {
             complete,
             usage,
             ref tool,
-            tool_searched,
             ..
         } = ended;
         if let Some(a) = self.access.take() {
@@ -310,10 +310,10 @@ impl proxy::Hold for Held {
                     completion_tokens: u.completion_tokens,
                     cached_tokens: u.cached_tokens(),
                 }),
-                match (tool.as_deref(), tool_searched) {
-                    (Some(name), _) => ToolCall::Named(name),
-                    (None, true) => ToolCall::None,
-                    (None, false) => ToolCall::Unknown,
+                match tool {
+                    ToolRead::Named(name) => ToolCall::Named(name),
+                    ToolRead::None => ToolCall::None,
+                    ToolRead::Unknown => ToolCall::Unknown,
                 },
             );
         }

@@ -190,18 +190,36 @@ pub fn peek(body: &[u8]) -> Result<Peeked, ApiError> {
     })
 }
 
-/// Whether a `tool_choice` makes the model call a tool: anything but `"auto"`, `"none"`, `null`
-/// and Anthropic's `{"type": "auto"}` / `{"type": "none"}`.
+/// Whether a `tool_choice` makes the model call a tool: anything but `"auto"`, `"none"`, `null`,
+/// Anthropic's `{"type": "auto"}` / `{"type": "none"}` and OpenAI's `allowed_tools` in mode
+/// `auto` (the Responses API's flat shape, and chat completions' nested one).
 fn forces_tool(raw: &RawValue) -> bool {
     #[derive(serde::Deserialize)]
     struct Typed<'a> {
         #[serde(borrow, default, rename = "type")]
         kind: Option<&'a str>,
+        #[serde(borrow, default)]
+        mode: Option<&'a str>,
+        #[serde(borrow, default)]
+        allowed_tools: Option<Mode<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Mode<'a> {
+        #[serde(borrow, default)]
+        mode: Option<&'a str>,
     }
     match raw.get().trim() {
         "null" | r#""auto""# | r#""none""# => false,
-        v if v.starts_with('{') => serde_json::from_str::<Typed<'_>>(v)
-            .map_or(true, |t| !matches!(t.kind, Some("auto" | "none"))),
+        v if v.starts_with('{') => {
+            serde_json::from_str::<Typed<'_>>(v).map_or(true, |t| match t.kind {
+                Some("auto" | "none") => false,
+                Some("allowed_tools") => {
+                    let mode = t.mode.or(t.allowed_tools.and_then(|a| a.mode));
+                    mode != Some("auto")
+                }
+                _ => true,
+            })
+        }
         _ => true,
     }
 }
@@ -405,6 +423,8 @@ mod tests {
             r#"{"type":"function","name":"f"}"#,
             r#"{"type":"any"}"#,
             r#"{"type":"tool","name":"f"}"#,
+            r#"{"type":"allowed_tools","mode":"required","tools":[]}"#,
+            r#"{"type":"allowed_tools","allowed_tools":{"mode":"required","tools":[]}}"#,
             // Not read as a word this knows: taken as forcing (the answer is then unknown).
             r#""\u0061uto""#,
         ] {
@@ -416,6 +436,8 @@ mod tests {
             "null",
             r#"{"type":"auto"}"#,
             r#"{"type":"none"}"#,
+            r#"{"type":"allowed_tools","mode":"auto","tools":[{"type":"function","name":"f"}]}"#,
+            r#"{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[]}}"#,
         ] {
             assert!(!forces(choice), "{choice}");
         }

@@ -170,6 +170,8 @@ pub struct Relay<F: Finish> {
     head: Option<Bytes>,
     response_id: Option<String>,
     tool: Option<String>,
+    /// An event said the response ended in a tool call whose name no event let us read.
+    tool_unnamed: bool,
     finish: Option<F>,
     deadline: Option<tokio::time::Instant>,
     /// Armed only once the body has to wait (most short bodies never do).
@@ -228,6 +230,7 @@ impl<F: Finish> Relay<F> {
             head: None,
             response_id: None,
             tool: None,
+            tool_unnamed: false,
             finish: Some(finish),
             deadline,
             timer: None,
@@ -327,7 +330,7 @@ impl<F: Finish> Relay<F> {
         let searched = self.capture.tool && end == End::Complete;
         let mut tool = match self.tool.take() {
             Some(name) => ToolRead::Named(name),
-            None if searched => ToolRead::None,
+            None if searched && !self.tool_unnamed => ToolRead::None,
             None => ToolRead::Unknown,
         };
         if let Tap::Json(t) = &self.tap
@@ -399,6 +402,10 @@ impl<F: Finish> Relay<F> {
                     }
                     if self.capture.tool && self.tool.is_none() {
                         self.tool = tool_in_json(event);
+                        // The last chunk's `finish_reason` (a Messages `stop_reason`) still
+                        // says a call was made when its name was too long to read.
+                        self.tool_unnamed |=
+                            self.tool.is_none() && ending_in_json_tail(event) == Some(Ending::Tool);
                     }
                     let is_usage_chunk = if super::sse::names_usage(event) {
                         match sse_usage(event) {

@@ -4,6 +4,13 @@
 
 use super::*;
 
+/// A tool name longer than the relay reads (`tool_call::MAX_NAME_BYTES`).
+const LONG_TOOL: &str = concat!(
+    "a_tool_name_far_longer_than_any_real_one_________________________________________________",
+    "________________________________________________________________________________________",
+    "________________________________________________________________________________________",
+);
+
 /// A Program request whose response calls `tool` (vllm-sim calls the tool it is told to).
 fn calling(program: &str, tool: Option<&str>, stream: bool) -> String {
     let mut body: Value =
@@ -121,14 +128,25 @@ async fn an_answer_without_a_tool_ends_a_session_header_program() {
         "{:?}",
         ended().await
     );
+    // A streamed call whose name is too long to read: its last chunk's `finish_reason` says it
+    // was a call, so the turn is not an answer; the next one is.
+    turn("agent-4", Some("bash"), true).await;
+    turn("agent-4", Some(LONG_TOOL), true).await;
     turn("chat", None, false).await;
+    assert_eq!(ended().await, (3.0, Some(3)), "a call is not an answer");
+    turn("agent-4", None, true).await;
+    assert!(
+        eventually(5.0, || async { ended().await == (4.0, Some(4)) }).await,
+        "{:?}",
+        ended().await
+    );
     turn("chat", None, false).await;
     assert_eq!(
         ended().await,
-        (3.0, Some(3)),
+        (4.0, Some(4)),
         "a chat's answers end nothing"
     );
     // The agent's person answers: live again.
     turn("agent-1", Some("bash"), false).await;
-    assert_eq!(ended().await.1, Some(2));
+    assert_eq!(ended().await.1, Some(3));
 }

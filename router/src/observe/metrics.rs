@@ -3,28 +3,33 @@
 //! Owns the registry and metric handles. Labels are bounded: `route` (a fixed set), `worker` (the
 //! configured targets; removed when a target is removed), `outcome`/`error`/`class` (enums).
 
+use std::sync::Arc;
+
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use super::sharded::{Family, ShardedCounter, ShardedHistogram};
 
 /// All router metrics.
 pub struct Metrics {
     pub registry: Registry,
-    pub requests: IntCounterVec,
-    pub request_duration: HistogramVec,
+    /// Written on every request: per thread ([`super::sharded`]).
+    requests: Arc<Family<ShardedCounter>>,
+    request_duration: Arc<Family<ShardedHistogram>>,
     pub request_errors: IntCounterVec,
     pub retries: IntCounterVec,
-    pub upstream_responses: IntCounterVec,
+    upstream_responses: Arc<Family<ShardedCounter>>,
+    /// Set from each target's count of requests in flight when scraped.
     pub running: IntGaugeVec,
     pub worker_health: IntGaugeVec,
     pub cb_state: IntGaugeVec,
-    pub cb_outcomes: IntCounterVec,
+    cb_outcomes: Arc<Family<ShardedCounter>>,
     pub active_workers: IntGauge,
-    pub tokens: IntCounterVec,
-    pub ttfb: Histogram,
+    tokens: Arc<Family<ShardedCounter>>,
+    pub ttfb: Arc<ShardedHistogram>,
     /// Generation requests (chat, completions, messages, responses), received to finished.
-    pub generate_duration: Histogram,
+    pub generate_duration: Arc<ShardedHistogram>,
     pub config_reloads: IntCounterVec,
     /// The cap on requests in progress (`limits.max_concurrent_requests`), read at scrape time.
     pub concurrency_limit: IntGauge,
@@ -64,8 +69,8 @@ pub const ROUTES: [&str; 12] = [
 /// Per-route handles, resolved once.
 #[derive(Clone)]
 pub struct RouteMetrics {
-    pub requests: IntCounter,
-    pub duration: Histogram,
+    pub requests: Arc<ShardedCounter>,
+    pub duration: Arc<ShardedHistogram>,
     pub retries: IntCounter,
 }
 
@@ -103,18 +108,20 @@ impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         Ok(Metrics {
-            requests: register(&registry, IntCounterVec::new(
-                Opts::new("vllm_router_requests_total", "Requests received, by route."),
-                &["route"]
-            )?)?,
-            request_duration: register(&registry, HistogramVec::new(
-                HistogramOpts::new(
-                    "vllm_router_request_duration_seconds",
-                    "Time from request received to response finished, by route."
-                )
-                .buckets(DURATION_BUCKETS.to_vec()),
-                &["route"]
-            )?)?,
+            requests: Family::new(
+                "vllm_router_requests_total",
+                "Requests received, by route.",
+                &["route"],
+                ShardedCounter::default,
+            )?
+            .register(&registry)?,
+            request_duration: Family::new(
+                "vllm_router_request_duration_seconds",
+                "Time from request received to response finished, by route.",
+                &["route"],
+                || ShardedHistogram::new(DURATION_BUCKETS),
+            )?
+            .register(&registry)?,
             request_errors: register(&registry, IntCounterVec::new(
                 Opts::new(
                     "vllm_router_request_errors_total",
@@ -129,13 +136,13 @@ impl Metrics {
                 ),
                 &["route"]
             )?)?,
-            upstream_responses: register(&registry, IntCounterVec::new(
-                Opts::new(
-                    "vllm_router_upstream_responses_total",
-                    "Upstream responses by worker and status class."
-                ),
-                &["worker", "class"]
-            )?)?,
+            upstream_responses: Family::new(
+                "vllm_router_upstream_responses_total",
+                "Upstream responses by worker and status class.",
+                &["worker", "class"],
+                ShardedCounter::default,
+            )?
+            .register(&registry)?,
             running: register(&registry, IntGaugeVec::new(
                 Opts::new(
                     "vllm_router_running_requests",
@@ -157,38 +164,40 @@ impl Metrics {
                 ),
                 &["worker"]
             )?)?,
-            cb_outcomes: register(&registry, IntCounterVec::new(
-                Opts::new(
-                    "vllm_router_cb_outcomes_total",
-                    "Outcomes recorded by each worker's circuit breaker."
-                ),
-                &["worker", "outcome"]
-            )?)?,
+            cb_outcomes: Family::new(
+                "vllm_router_cb_outcomes_total",
+                "Outcomes recorded by each worker's circuit breaker.",
+                &["worker", "outcome"],
+                ShardedCounter::default,
+            )?
+            .register(&registry)?,
             active_workers: register(&registry, IntGauge::new(
                 "vllm_router_active_workers",
                 "Configured targets."
             )?)?,
-            tokens: register(&registry, IntCounterVec::new(
-                Opts::new(
-                    "vllm_router_tokens_total",
-                    "Tokens reported in upstream usage, by worker and kind."
-                ),
-                &["worker", "kind"]
-            )?)?,
-            generate_duration: register(&registry, Histogram::with_opts(
-                HistogramOpts::new(
-                    "vllm_router_generate_duration_seconds",
-                    "Time from a generation request received to its response finished."
-                )
-                .buckets(GENERATE_BUCKETS.to_vec())
-            )?)?,
-            ttfb: register(&registry, Histogram::with_opts(
-                HistogramOpts::new(
-                    "vllm_router_upstream_header_seconds",
-                    "Time from dispatch to upstream response headers (time to first byte)."
-                )
-                .buckets(DURATION_BUCKETS.to_vec())
-            )?)?,
+            tokens: Family::new(
+                "vllm_router_tokens_total",
+                "Tokens reported in upstream usage, by worker and kind.",
+                &["worker", "kind"],
+                ShardedCounter::default,
+            )?
+            .register(&registry)?,
+            generate_duration: Family::new(
+                "vllm_router_generate_duration_seconds",
+                "Time from a generation request received to its response finished.",
+                &[],
+                || ShardedHistogram::new(GENERATE_BUCKETS),
+            )?
+            .register(&registry)?
+            .with_values(&[]),
+            ttfb: Family::new(
+                "vllm_router_upstream_header_seconds",
+                "Time from dispatch to upstream response headers (time to first byte).",
+                &[],
+                || ShardedHistogram::new(DURATION_BUCKETS),
+            )?
+            .register(&registry)?
+            .with_values(&[]),
             config_reloads: register(&registry, with_zeros(IntCounterVec::new(
                 Opts::new(
                     "vllm_router_config_reloads_total",
@@ -253,8 +262,8 @@ impl Metrics {
                 (
                     *r,
                     RouteMetrics {
-                        requests: self.requests.with_label_values(&[r]),
-                        duration: self.request_duration.with_label_values(&[r]),
+                        requests: self.requests.with_values(&[r]),
+                        duration: self.request_duration.with_values(&[r]),
                         retries: self.retries.with_label_values(&[r]),
                     },
                 )
@@ -279,15 +288,13 @@ impl Metrics {
         let _ = self.worker_health.remove_label_values(&[worker]);
         let _ = self.cb_state.remove_label_values(&[worker]);
         for outcome in ["success", "failure"] {
-            let _ = self.cb_outcomes.remove_label_values(&[worker, outcome]);
+            self.cb_outcomes.remove(&[worker, outcome]);
         }
         for class in ["2xx", "4xx", "5xx", "other"] {
-            let _ = self
-                .upstream_responses
-                .remove_label_values(&[worker, class]);
+            self.upstream_responses.remove(&[worker, class]);
         }
         for kind in ["prompt", "cached", "completion"] {
-            let _ = self.tokens.remove_label_values(&[worker, kind]);
+            self.tokens.remove(&[worker, kind]);
         }
     }
 
@@ -307,15 +314,15 @@ pub struct TargetMetrics {
     pub running: IntGauge,
     pub health: IntGauge,
     pub cb_state: IntGauge,
-    pub cb_success: IntCounter,
-    pub cb_failure: IntCounter,
-    pub class_2xx: IntCounter,
-    pub class_4xx: IntCounter,
-    pub class_5xx: IntCounter,
-    pub class_other: IntCounter,
-    pub prompt_tokens: IntCounter,
-    pub cached_tokens: IntCounter,
-    pub completion_tokens: IntCounter,
+    pub cb_success: Arc<ShardedCounter>,
+    pub cb_failure: Arc<ShardedCounter>,
+    pub class_2xx: Arc<ShardedCounter>,
+    pub class_4xx: Arc<ShardedCounter>,
+    pub class_5xx: Arc<ShardedCounter>,
+    pub class_other: Arc<ShardedCounter>,
+    pub prompt_tokens: Arc<ShardedCounter>,
+    pub cached_tokens: Arc<ShardedCounter>,
+    pub completion_tokens: Arc<ShardedCounter>,
 }
 
 impl TargetMetrics {
@@ -324,15 +331,15 @@ impl TargetMetrics {
             running: m.running.with_label_values(&[worker]),
             health: m.worker_health.with_label_values(&[worker]),
             cb_state: m.cb_state.with_label_values(&[worker]),
-            cb_success: m.cb_outcomes.with_label_values(&[worker, "success"]),
-            cb_failure: m.cb_outcomes.with_label_values(&[worker, "failure"]),
-            class_2xx: m.upstream_responses.with_label_values(&[worker, "2xx"]),
-            class_4xx: m.upstream_responses.with_label_values(&[worker, "4xx"]),
-            class_5xx: m.upstream_responses.with_label_values(&[worker, "5xx"]),
-            class_other: m.upstream_responses.with_label_values(&[worker, "other"]),
-            prompt_tokens: m.tokens.with_label_values(&[worker, "prompt"]),
-            cached_tokens: m.tokens.with_label_values(&[worker, "cached"]),
-            completion_tokens: m.tokens.with_label_values(&[worker, "completion"]),
+            cb_success: m.cb_outcomes.with_values(&[worker, "success"]),
+            cb_failure: m.cb_outcomes.with_values(&[worker, "failure"]),
+            class_2xx: m.upstream_responses.with_values(&[worker, "2xx"]),
+            class_4xx: m.upstream_responses.with_values(&[worker, "4xx"]),
+            class_5xx: m.upstream_responses.with_values(&[worker, "5xx"]),
+            class_other: m.upstream_responses.with_values(&[worker, "other"]),
+            prompt_tokens: m.tokens.with_values(&[worker, "prompt"]),
+            cached_tokens: m.tokens.with_values(&[worker, "cached"]),
+            completion_tokens: m.tokens.with_values(&[worker, "completion"]),
         }
     }
 

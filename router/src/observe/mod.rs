@@ -6,5 +6,6 @@ pub mod log;
 pub mod log_writer;
 pub mod metrics;
 pub mod scrape;
+pub mod sharded;
 pub mod summary;
 pub mod trace;

@@ -324,7 +324,7 @@ pub fn forward<'a, H: Hold>(
                 }
                 Ok(Ok(sent)) => sent,
             };
-            fw.metrics.ttfb.observe(sent.elapsed().as_secs_f64());
+            fw.metrics.ttfb.observe(sent.elapsed());
             let status = resp.status();
             target.metrics.status(status.as_u16());
             if status == StatusCode::SERVICE_UNAVAILABLE && attempt < cfg.retry.max_retries {
@@ -452,10 +452,10 @@ impl<H: Hold> Finish for Completion<H> {
             target.metrics.cached_tokens.inc_by(u.cached_tokens());
             target.metrics.completion_tokens.inc_by(u.completion_tokens);
         }
-        let seconds = ended.saturating_duration_since(self.received).as_secs_f64();
-        self.fw.metrics.route(self.route).duration.observe(seconds);
+        let took = ended.saturating_duration_since(self.received);
+        self.fw.metrics.route(self.route).duration.observe(took);
         if self.generation {
-            self.fw.metrics.generate_duration.observe(seconds);
+            self.fw.metrics.generate_duration.observe(took);
         }
         tracing::debug!(target_id = %target.id, status = self.status.as_u16(), ?end, ?usage, "request finished");
     }

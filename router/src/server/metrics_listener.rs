@@ -89,7 +89,13 @@ fn answer(st: &RouterState, req: &Request<Incoming>) -> Response<Body> {
         .into_response();
     }
     let m = &st.metrics;
-    let limiter = st.applied.load().limiter.clone();
+    let applied = st.applied.load();
+    for t in &applied.targets.targets {
+        t.metrics
+            .running
+            .set(i64::try_from(t.in_flight()).unwrap_or(i64::MAX));
+    }
+    let limiter = applied.limiter.clone();
     let (max, busy, waiting) = limiter
         .map(|l| (l.max(), l.in_progress(), l.waiting()))
         .unwrap_or_default();

@@ -333,7 +333,7 @@ async fn handle(
                     .metrics
                     .route(route)
                     .duration
-                    .observe(received.elapsed().as_secs_f64());
+                    .observe(received.elapsed());
                 // Each API's clients read errors in that API's shape.
                 if route == "/v1/messages" {
                     e.into_anthropic_response()

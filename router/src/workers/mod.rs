@@ -144,7 +144,6 @@ impl TargetState {
     /// Counts a request in flight until the guard drops.
     pub fn begin(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.metrics.running.inc();
         InFlight {
             target: self.clone(),
         }
@@ -198,7 +197,6 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.target.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.target.metrics.running.dec();
     }
 }
 

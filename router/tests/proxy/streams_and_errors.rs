@@ -77,6 +77,13 @@ async fn client_cancel_reaches_the_backend() {
         sim_metric(&c, &s, "vllm:num_requests_running", &[]).await,
         1.0
     );
+    let running = || async {
+        let text = get(&c, &format!("http://{}/metrics", r.metrics_addr))
+            .await
+            .text();
+        metric_in(&text, "vllm_router_running_requests", &[])
+    };
+    assert_eq!(running().await, 1.0, "the stream is in flight");
     drop(b);
     let ok = eventually(3.0, || async {
         sim_metric(
@@ -91,6 +98,7 @@ async fn client_cancel_reaches_the_backend() {
     .await;
     assert!(ok, "the simulator saw the abort");
     assert_eq!(r.state.applied.load().targets.targets[0].in_flight(), 0);
+    assert_eq!(running().await, 0.0);
 }
 
 #[tokio::test]

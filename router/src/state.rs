@@ -87,7 +87,7 @@ pub struct RouterState {
     pub peer_connections: Arc<crate::limit::Connections>,
     stop: watch::Sender<bool>,
     generation: AtomicU64,
-    next_request: AtomicU64,
+    request_ids: RequestIds,
     /// `pr-<random>-`: ids stay unique across replicas and restarts (vLLM uses the id as its
     /// request key, and two in flight with the same id break engines before vLLM 0.12).
     request_prefix: String,
@@ -183,7 +183,7 @@ impl RouterState {
             claims: Default::default(),
             stop,
             generation: AtomicU64::new(1),
-            next_request: AtomicU64::new(1),
+            request_ids: RequestIds::new(),
             request_prefix: format!("pr-{:016x}-", rand::random::<u64>()),
         }))
     }
@@ -333,10 +333,7 @@ impl RouterState {
 
     /// A fresh request id: the replica's prefix and a counter in hex, as a header value.
     pub fn request_id(&self) -> http::HeaderValue {
-        request_id(
-            &self.request_prefix,
-            self.next_request.fetch_add(1, Ordering::Relaxed),
-        )
+        request_id(&self.request_prefix, self.request_ids.next())
     }
 
     /// Reloads from new file content: parse, merge the start-up flags, validate, apply. On error
@@ -662,6 +659,48 @@ impl RouterState {
 
 /// `prefix` and `n` in lower-case hex, written without the formatting machinery (it runs for
 /// every request without an id of its own).
+/// Request numbers, unique within one router state: each thread takes a block of the state's
+/// counter and numbers from it, so I/O threads do not write one shared counter per request.
+struct RequestIds {
+    /// Tells states apart in a thread's block (tests run several routers on one thread).
+    key: u64,
+    next_block: AtomicU64,
+}
+
+/// Numbers a thread takes from its state's counter at a time.
+const ID_BLOCK: u64 = 256;
+
+static NEXT_STATE_KEY: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's block: its state's key, the next number, the end of the block.
+    static ID_BLOCK_OF_THREAD: std::cell::Cell<(u64, u64, u64)> =
+        const { std::cell::Cell::new((0, 0, 0)) };
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        RequestIds {
+            key: NEXT_STATE_KEY.fetch_add(1, Ordering::Relaxed),
+            next_block: AtomicU64::new(1),
+        }
+    }
+
+    fn next(&self) -> u64 {
+        ID_BLOCK_OF_THREAD.with(|b| {
+            let (key, next, end) = b.get();
+            let (next, end) = if key == self.key && next < end {
+                (next, end)
+            } else {
+                let start = self.next_block.fetch_add(ID_BLOCK, Ordering::Relaxed);
+                (start, start.saturating_add(ID_BLOCK))
+            };
+            b.set((self.key, next + 1, end));
+            next
+        })
+    }
+}
+
 fn request_id(prefix: &str, n: u64) -> http::HeaderValue {
     let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
     // Exactly as long as the id: `Bytes` then owns the vector's buffer with no header of its own.
@@ -677,6 +716,48 @@ fn request_id(prefix: &str, n: u64) -> http::HeaderValue {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
+    use super::{ID_BLOCK, RequestIds};
+
+    #[test]
+    fn request_numbers_are_unique_per_state_across_threads_and_states_sharing_one() {
+        let (a, b) = (RequestIds::new(), RequestIds::new());
+        // Each state numbers from its own counter, even when a thread serves both.
+        assert_eq!((a.next(), b.next(), a.next()), (1, 1, 1 + ID_BLOCK));
+        let per_thread = 3 * ID_BLOCK as usize + 7;
+        let seen: Vec<(Vec<u64>, Vec<u64>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|k| {
+                    let (a, b) = (&a, &b);
+                    s.spawn(move || {
+                        // Two routers on one thread: alternating on some, in runs on others.
+                        let mut ids = (Vec::new(), Vec::new());
+                        for i in 0..per_thread {
+                            if k % 2 == 0 || i % 100 < 50 {
+                                ids.0.push(a.next());
+                            }
+                            ids.1.push(b.next());
+                        }
+                        ids
+                    })
+                })
+                .collect();
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        });
+        assert_eq!(seen.len(), 4);
+        for first in [true, false] {
+            let ids: Vec<u64> = seen
+                .iter()
+                .flat_map(|(a, b)| if first { a } else { b })
+                .copied()
+                .collect();
+            let unique: HashSet<u64> = ids.iter().copied().collect();
+            assert_eq!(unique.len(), ids.len(), "no number twice in one state");
+            assert!(!unique.contains(&0), "numbers start at 1");
+        }
+    }
+
     #[test]
     fn request_ids_are_the_prefix_and_the_counter_in_hex() {
         for n in [0, 1, 15, 16, 255, 4096, 0xdead_beef, u64::MAX] {

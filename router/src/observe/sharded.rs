@@ -3,7 +3,7 @@
 //! series moves its lines between cores on each update (docs/benchmarks.md, router overhead).
 //!
 //! Owns [`ShardedCounter`], [`ShardedHistogram`] and [`Family`], the collector that exposes a
-//! set of them, one per label value, as one Prometheus metric family.
+//! set of them, one per set of label values, as one Prometheus metric family.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -88,8 +88,8 @@ pub struct HistogramSnapshot {
 }
 
 impl ShardedHistogram {
-    /// `bounds`: increasing, finite, at most [`MAX_BOUNDS`] (the router's own constants; checked
-    /// by its tests, as a Prometheus histogram checks them at creation).
+    /// `bounds`: increasing, finite, at most [`MAX_BOUNDS`] (the router's own constants; debug
+    /// builds assert it, so every test that builds the router's metrics checks them).
     pub fn new(bounds: &'static [f64]) -> Self {
         debug_assert!(bounds.len() <= MAX_BOUNDS && bounds.is_sorted_by(|a, b| a < b));
         ShardedHistogram {

@@ -102,7 +102,9 @@ pub(super) async fn serve<H: Send + 'static>(
     let opened = tokio::time::Instant::now();
     let activity = Arc::new(Activity::default());
     let seen = activity.clone();
-    let st = state.clone();
+    // A handle of this connection's own: each request clones it, not the state's shared count,
+    // which every I/O thread would write twice a request.
+    let st = Arc::new(state.clone());
     let svc = service_fn(move |req| {
         if idle.is_some() {
             let ms = u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX);

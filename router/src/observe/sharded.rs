@@ -269,13 +269,22 @@ impl<S: Series + 'static> Collector for Registered<S> {
                 m
             })
             .collect();
-        let mut mf = proto::MetricFamily::default();
-        mf.set_name(f.desc.fq_name.clone());
-        mf.set_help(f.desc.help.clone());
-        mf.set_field_type(S::TYPE);
-        mf.set_metric(metrics);
-        vec![mf]
+        vec![family_of(&f.desc, S::TYPE, metrics)]
     }
+}
+
+/// A collected family: `desc`'s name and help, `kind`, `metrics`.
+pub(super) fn family_of(
+    desc: &Desc,
+    kind: proto::MetricType,
+    metrics: Vec<proto::Metric>,
+) -> proto::MetricFamily {
+    let mut family = proto::MetricFamily::default();
+    family.set_name(desc.fq_name.clone());
+    family.set_help(desc.help.clone());
+    family.set_field_type(kind);
+    family.set_metric(metrics);
+    family
 }
 
 #[cfg(test)]

@@ -120,12 +120,11 @@ impl Collector for SummaryVec {
                 m
             })
             .collect();
-        let mut family = MetricFamily::default();
-        family.set_name(self.desc.fq_name.clone());
-        family.set_help(self.desc.help.clone());
-        family.set_field_type(MetricType::SUMMARY);
-        family.set_metric(metrics);
-        vec![family]
+        vec![super::sharded::family_of(
+            &self.desc,
+            MetricType::SUMMARY,
+            metrics,
+        )]
     }
 }
 

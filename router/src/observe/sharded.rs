@@ -331,7 +331,10 @@ mod tests {
 
     #[test]
     fn a_family_renders_as_the_prometheus_types_do() {
-        use prometheus::{Encoder, HistogramOpts, HistogramVec, Registry, TextEncoder};
+        use prometheus::{
+            Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+            TextEncoder,
+        };
         let text = |r: &Registry| {
             let mut buf = Vec::new();
             TextEncoder::new()
@@ -363,6 +366,34 @@ mod tests {
         }
         family.remove(&["/c", "x"]);
         vec.remove_label_values(&["/c", "x"]).expect("removed");
+        // A counter family beside it, with a series of no label and one of two.
+        let counted = Family::new("n_total", "counted.", &["worker", "kind"], || {
+            ShardedCounter::default()
+        })
+        .expect("family")
+        .register(&ours)
+        .expect("register");
+        let counter =
+            IntCounterVec::new(Opts::new("n_total", "counted."), &["worker", "kind"]).expect("vec");
+        theirs
+            .register(Box::new(counter.clone()))
+            .expect("register");
+        for (worker, kind, n) in [
+            ("w2", "prompt", 7),
+            ("w1", "prompt", 3),
+            ("w1", "cached", 0),
+        ] {
+            counted.with_values(&[worker, kind]).inc_by(n);
+            counter.with_label_values(&[worker, kind]).inc_by(n);
+        }
+        let plain = Family::new("p_total", "plain.", &[], ShardedCounter::default)
+            .expect("family")
+            .register(&ours)
+            .expect("register");
+        let one = IntCounter::new("p_total", "plain.").expect("counter");
+        theirs.register(Box::new(one.clone())).expect("register");
+        plain.with_values(&[]).inc();
+        one.inc();
         assert_eq!(text(&ours), text(&theirs));
         assert!(!text(&ours).contains("/c"), "a removed series is gone");
         assert!(

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sse::{ErrorEvent, SseSplitter, sse_usage, usage_only_chunk};
-use super::tool_call::{Ending, ending_in_json_tail, tool_in_json};
+use super::tool_call::{Call, Ending, ending_in_json_tail, tool_call_in_json, tool_in_json};
 use super::usage::{TokenUsage, usage_in_json_tail};
 use crate::net::body::BoxError;
 use bytes::{Bytes, BytesMut};
@@ -401,11 +401,13 @@ impl<F: Finish> Relay<F> {
                         self.response_id = super::stored::id_in_event(event);
                     }
                     if self.capture.tool && self.tool.is_none() {
-                        self.tool = tool_in_json(event);
-                        // The last chunk's `finish_reason` (a Messages `stop_reason`) still
-                        // says a call was made when its name was too long to read.
-                        self.tool_unnamed |=
-                            self.tool.is_none() && ending_in_json_tail(event) == Some(Ending::Tool);
+                        match tool_call_in_json(event) {
+                            Call::Named(name) => self.tool = Some(name),
+                            // A call named too long to read: its later events still say it
+                            // is one (argument deltas, a Messages `stop_reason: tool_use`).
+                            Call::Unnamed => self.tool_unnamed = true,
+                            Call::None => {}
+                        }
                     }
                     let is_usage_chunk = if super::sse::names_usage(event) {
                         match sse_usage(event) {

@@ -1,7 +1,8 @@
 //! Which tool a response called: the name of its first tool call, for the tool-aware TTL
 //! (`tool_ttl_min_samples`).
 //!
-//! Owns [`tool_in_json`] and [`ending_in_json_tail`]. The first reads the shapes the three APIs write — a chat completion's
+//! Owns [`tool_in_json`] (and [`tool_call_in_json`], which tells a call it could not name from
+//! none) and [`ending_in_json_tail`]. The first reads the shapes the three APIs write — a chat completion's
 //! `"tool_calls": [{…, "function": {"name": …}}]`, a Messages API `{"type": "tool_use", …,
 //! "name": …}` block and a Responses API `{"type": "function_call", …, "name": …}` item — in a
 //! JSON body's kept tail or in one streamed event, without parsing the document: the first
@@ -29,6 +30,27 @@ static FINDERS: LazyLock<([Finder<'static>; 3], Finder<'static>)> =
 
 /// The name of the first tool call in `json` (a body's tail, or one SSE event).
 pub fn tool_in_json(json: &[u8]) -> Option<String> {
+    match tool_call_in_json(json) {
+        Call::Named(name) => Some(name),
+        Call::Unnamed | Call::None => None,
+    }
+}
+
+/// What one piece of JSON says of a tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// Its first tool call names this tool.
+    Named(String),
+    /// A tool call whose name is not there or cannot be read (cut off, not a string, too long):
+    /// in a stream, the event after the one that named it, or the call of a name too long.
+    Unnamed,
+    /// No tool call.
+    None,
+}
+
+/// The first tool call in `json`, as [`tool_in_json`] reads it, telling a call it could not name
+/// from no call.
+pub fn tool_call_in_json(json: &[u8]) -> Call {
     let (markers, name) = &*FINDERS;
     let find = |k: usize, from: usize| markers[k].find(&json[from..]).map(|i| from + i);
     // Each marker's next place at or after `from`, searched again only once passed: one pass
@@ -41,15 +63,19 @@ pub fn tool_in_json(json: &[u8]) -> Option<String> {
                 *at = find(k, from);
             }
         }
-        let (k, at) = (0..MARKERS.len())
+        let Some((k, at)) = (0..MARKERS.len())
             .filter_map(|k| next[k].map(|at| (k, at)))
-            .min_by_key(|(_, at)| *at)?;
+            .min_by_key(|(_, at)| *at)
+        else {
+            return Call::None;
+        };
         let rest = &json[at + MARKERS[k].len()..];
         if !no_call(rest) {
-            let key = name.find(rest)?;
-            let after = skip_ws(&rest[key + 6..]);
-            let after = skip_ws(after.strip_prefix(b":")?);
-            return string_value(after);
+            let named = name.find(rest).and_then(|key| {
+                let after = skip_ws(&rest[key + 6..]);
+                string_value(skip_ws(after.strip_prefix(b":")?))
+            });
+            return named.map_or(Call::Unnamed, Call::Named);
         }
         // `"tool_calls": []`, `"function_call": null` (vLLM writes both when no tool is
         // called): look further.
@@ -249,5 +275,35 @@ mod tests {
             "x".repeat(MAX_NAME_BYTES + 1)
         );
         assert_eq!(tool_in_json(long.as_bytes()), None);
+        assert_eq!(tool_call_in_json(long.as_bytes()), Call::Unnamed);
+    }
+
+    #[test]
+    fn a_call_without_a_readable_name_is_told_from_no_call() {
+        for event in [
+            // A streamed call's later deltas, and the Messages API's ending of a call.
+            &br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"p\":1}"}}]}}]}"#[..],
+            br#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null}}"#,
+            br#"{"tool_calls":[{"function":{"name":42}}]}"#,
+            br#"{"tool_calls":[{"function":{"name":"read_fi"#,
+        ] {
+            assert_eq!(
+                tool_call_in_json(event),
+                Call::Unnamed,
+                "{}",
+                String::from_utf8_lossy(event)
+            );
+        }
+        for event in [
+            &br#"{"choices":[{"delta":{"content":"the tool_calls key"},"finish_reason":null}]}"#[..],
+            br#"{"choices":[{"message":{"content":"x","function_call":null,"tool_calls":[]}}]}"#,
+            br#"{"type":"response.function_call_arguments.delta","delta":"{"}"#,
+        ] {
+            assert_eq!(tool_call_in_json(event), Call::None);
+        }
+        assert_eq!(
+            tool_call_in_json(br#"{"type":"tool_use","id":"t","name":"edit"}"#),
+            Call::Named("edit".into())
+        );
     }
 }

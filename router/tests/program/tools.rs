@@ -128,8 +128,8 @@ async fn an_answer_without_a_tool_ends_a_session_header_program() {
         "{:?}",
         ended().await
     );
-    // A streamed call whose name is too long to read: its last chunk's `finish_reason` says it
-    // was a call, so the turn is not an answer; the next one is.
+    // A streamed call whose name is too long to read is still a call, so the turn is not an
+    // answer; the next one is.
     turn("agent-4", Some("bash"), true).await;
     turn("agent-4", Some(LONG_TOOL), true).await;
     turn("chat", None, false).await;

@@ -7,23 +7,21 @@
 //! the route's request counter, three duration histograms (upstream header, route duration,
 //! generation duration), the target's status-class, breaker-outcome and three token counters,
 //! and (shared only: the router now reads it from the target's in-flight count when scraped)
-//! its running-requests gauge up and down — timed around the updates. Prints nanoseconds per request, less the
-//! clock's own cost, per thread count: the median of 9 batches, so a stall of the machine lands in one batch. No
-//! network. `cargo run --release -p program-router --example metric_contention -- 2`
-//! (the argument: the most threads; docs/benchmarks.md, "Router overhead").
+//! its running-requests gauge up and down — timed around the updates. Prints nanoseconds per
+//! request, less the clock's own cost, per thread count: the median of 9 batches, so a stall of
+//! the machine lands in one batch. No network.
+//! `cargo run --release -p program-router --example metric_contention -- 2` (the argument: the
+//! most threads; docs/benchmarks.md, "Router overhead").
 #![forbid(unsafe_code)]
 
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use program_router::observe::metrics::DURATION_BUCKETS as BOUNDS;
 use program_router::observe::sharded::{ShardedCounter, ShardedHistogram};
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge};
 
-const BOUNDS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0,
-    90.0, 120.0, 180.0, 240.0,
-];
 const BATCHES: usize = 9;
 const REQUESTS: u32 = 200_000;
 

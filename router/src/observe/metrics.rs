@@ -74,7 +74,8 @@ pub struct RouteMetrics {
     pub retries: IntCounter,
 }
 
-const DURATION_BUCKETS: &[f64] = &[
+/// The request and upstream-header histograms' bucket bounds, in seconds.
+pub const DURATION_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0,
     90.0, 120.0, 180.0, 240.0,
 ];

@@ -170,7 +170,7 @@ pub struct Relay<F: Finish> {
     head: Option<Bytes>,
     response_id: Option<String>,
     tool: Option<String>,
-    /// An event said the response ended in a tool call whose name no event let us read.
+    /// An event carried a tool call whose name could not be read (none was read before it).
     tool_unnamed: bool,
     finish: Option<F>,
     deadline: Option<tokio::time::Instant>,

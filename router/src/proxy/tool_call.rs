@@ -2,8 +2,8 @@
 //! (`tool_ttl_min_samples`).
 //!
 //! Owns [`tool_in_json`] (and [`tool_call_in_json`], which tells a call it could not name from
-//! none) and [`ending_in_json_tail`]. The first reads the shapes the three APIs write — a chat completion's
-//! `"tool_calls": [{…, "function": {"name": …}}]`, a Messages API `{"type": "tool_use", …,
+//! none) and [`ending_in_json_tail`]. The first reads the shapes the three APIs write — a chat
+//! completion's `"tool_calls": [{…, "function": {"name": …}}]`, a Messages API `{"type": "tool_use", …,
 //! "name": …}` block and a Responses API `{"type": "function_call", …, "name": …}` item — in a
 //! JSON body's kept tail or in one streamed event, without parsing the document: the first
 //! `"name"` key after the first marker that is not a key of `null` or `[]` (vLLM writes

@@ -1,17 +1,18 @@
 //! Which tool a response called: the name of its first tool call, for the tool-aware TTL
 //! (`tool_ttl_min_samples`).
 //!
-//! Owns [`tool_in_json`] (and [`tool_call_in_json`], which tells a call it could not name from
-//! none) and [`ending_in_json_tail`]. The first reads the shapes the three APIs write — a chat
-//! completion's `"tool_calls": [{…, "function": {"name": …}}]`, a Messages API `{"type": "tool_use", …,
-//! "name": …}` block and a Responses API `{"type": "function_call", …, "name": …}` item — in a
-//! JSON body's kept tail or in one streamed event, without parsing the document: the first
-//! `"name"` key after the first marker that is not a key of `null` or `[]` (vLLM writes
-//! `"function_call": null, "tool_calls": []` when nothing was called), its string unescaped. A name it cannot read
-//! (cut off, not a plain string, longer than [`MAX_NAME_BYTES`]) is no name: the response
-//! then counts as calling none. The scheduler keeps a shorter prefix of it. The second reads
-//! why a JSON body ended (`finish_reason`, a Messages `stop_reason`) from its last bytes, for a
-//! body too long for its start to be kept.
+//! Owns [`tool_in_json`], [`tool_call_in_json`] and [`ending_in_json_tail`]. The first reads
+//! the shapes the three APIs write — a chat completion's `"tool_calls": [{…, "function":
+//! {"name": …}}]`, a Messages API `{"type": "tool_use", …, "name": …}` block and a Responses API
+//! `{"type": "function_call", …, "name": …}` item — in a JSON body's kept tail or in one
+//! streamed event, without parsing the document: the first `"name"` key after the first marker
+//! that is not a key of `null` or `[]` (vLLM writes `"function_call": null, "tool_calls": []`
+//! when nothing was called), its string unescaped. A name it cannot read (absent, cut off, not a
+//! plain string, longer than [`MAX_NAME_BYTES`]) is no name; the second tells such a call from
+//! no call at all (the relay counts a stream's unnamed call as a call of an unknown tool). The
+//! scheduler keeps a shorter prefix of a name. The third reads why a JSON body ended
+//! (`finish_reason`, a Messages `stop_reason`) from its last bytes, for a body too long for its
+//! start to be kept.
 
 use std::sync::LazyLock;
 

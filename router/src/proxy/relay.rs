@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sse::{ErrorEvent, SseSplitter, sse_usage, usage_only_chunk};
-use super::tool_call::{Call, Ending, ending_in_json_tail, tool_call_in_json, tool_in_json};
+use super::tool_call::{Call, Ending, ending_in_json_tail, tool_call_in_json};
 use super::usage::{TokenUsage, usage_in_json_tail};
 use crate::net::body::BoxError;
 use bytes::{Bytes, BytesMut};
@@ -127,12 +127,15 @@ impl JsonTail {
     }
 
     /// What `tail` (the kept bytes, [`Self::read`]) says of the body's tool calls: its first
-    /// call's name, else none when searched whole, unless its ending says a tool was called (a
-    /// name this could not read); with its start gone, none only if its ending says it answered
-    /// and the request did not force a call (`forced`).
+    /// call's name; a call whose name cannot be read, or an ending that says a tool was called,
+    /// is a call of an unknown tool; else none when searched whole, and with its start gone,
+    /// none only if its ending says it answered and the request did not force a call
+    /// (`forced`: vLLM ends a forced call with `stop`).
     fn tool_call(&self, tail: &[u8], forced: bool) -> ToolRead {
-        if let Some(name) = tool_in_json(tail) {
-            return ToolRead::Named(name);
+        match tool_call_in_json(tail) {
+            Call::Named(name) => return ToolRead::Named(name),
+            Call::Unnamed => return ToolRead::Unknown,
+            Call::None => {}
         }
         match ending_in_json_tail(tail) {
             Some(Ending::Tool) => ToolRead::Unknown,
@@ -687,6 +690,9 @@ mod tests {
         // A call whose name this cannot read is a call, not an answer.
         let unread = br#"{"choices":[{"message":{"tool_calls":[{"function":{"name":42}}]},"finish_reason":"tool_calls"}]}"#;
         assert_eq!(whole(unread, false), ToolRead::Unknown);
+        // A forced call ends with `stop`: its unreadable name still makes it a call.
+        let forced = br#"{"choices":[{"message":{"tool_calls":[{"function":{"name":42}}]},"finish_reason":"stop"}]}"#;
+        assert_eq!(whole(forced, true), ToolRead::Unknown);
         let named = br#"{"content":[{"type":"tool_use","name":"edit","input":{}}],"stop_reason":"tool_use"}"#;
         assert_eq!(whole(named, false), ToolRead::Named("edit".into()));
     }

@@ -27,6 +27,8 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use crate::observe::sharded::Padded;
+
 /// The sending half of one upstream connection.
 pub type Sender = SendRequest<Full<Bytes>>;
 
@@ -79,9 +81,10 @@ fn slots() -> usize {
     *SLOTS.get_or_init(|| 1)
 }
 
-/// The idle connections of one backend, one stack per I/O shard.
+/// The idle connections of one backend, one stack per I/O shard, each on cache lines of its own
+/// (a shard locks its stack twice a request; unpadded, two shards' locks shared a line).
 pub struct ConnPool {
-    idle: Box<[Mutex<Vec<Idle>>]>,
+    idle: Box<[Padded<Mutex<Vec<Idle>>>]>,
 }
 
 /// The proxy's connection pools, one per backend address, following the applied targets: a
@@ -121,7 +124,9 @@ impl Pools {
 impl Default for ConnPool {
     fn default() -> Self {
         ConnPool {
-            idle: (0..slots()).map(|_| Mutex::new(Vec::new())).collect(),
+            idle: (0..slots())
+                .map(|_| Padded(Mutex::new(Vec::new())))
+                .collect(),
         }
     }
 }
@@ -129,7 +134,7 @@ impl Default for ConnPool {
 impl ConnPool {
     /// This thread's stack.
     fn stack(&self) -> &Mutex<Vec<Idle>> {
-        &self.idle[SHARD.with(Cell::get) % self.idle.len()]
+        &self.idle[SHARD.with(Cell::get) % self.idle.len()].0
     }
 
     /// An idle connection younger than [`IDLE_TIMEOUT`] at `now`.
@@ -229,6 +234,16 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+
+    #[test]
+    fn each_shards_stack_lies_on_cache_lines_of_its_own() {
+        let pool = ConnPool {
+            idle: (0..3).map(|_| Padded(Mutex::new(Vec::new()))).collect(),
+        };
+        let at = |i: usize| std::ptr::from_ref(&pool.idle[i].0) as usize;
+        assert!(at(1) - at(0) >= 128 && at(2) - at(1) >= 128);
+        assert_eq!(at(0) % 128, 0);
+    }
 
     /// A loopback HTTP/1.1 server counting connections and requests; `keep_alive: false` closes
     /// every connection after its first response (a backend that drops idle connections).

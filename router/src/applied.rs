@@ -1,13 +1,14 @@
 //! One applied configuration: the validated config with everything built from it (targets,
 //! policy, the features' runtimes, keys, limiter, peers), swapped whole on reload.
 //!
-//! Owns what a request reads of the configuration in force and the publishing of backend
-//! observations to the features that subscribe to them; building the next one from the
-//! previous is `crate::state`'s reload.
+//! Owns what a request reads of the configuration in force (through a [`Handle`] of its
+//! thread's own) and the publishing of backend observations to the features that subscribe to
+//! them; building the next one from the previous is `crate::state`'s reload.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 
 use crate::config::RouterConfig;
@@ -41,6 +42,29 @@ pub struct Applied {
     pub limiter: Option<Arc<crate::limit::Limiter>>,
     /// The other router replicas Program requests are forwarded to, when `peers` is set.
     pub peers: Option<Arc<crate::peers::Peers>>,
+}
+
+/// A request's hold on the configuration it runs under: a reference to a thread's own handle,
+/// so that taking and dropping it writes a count only that thread writes, where cloning the
+/// snapshot itself would write one count that every I/O thread shares twice a request.
+pub type Handle = Arc<Arc<Applied>>;
+
+thread_local! {
+    static HANDLE_OF_THREAD: std::cell::RefCell<Option<Handle>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The configuration in force in `current`, through this thread's handle
+/// ([`crate::observe::sharded::handle_here`]): kept alive by the thread until its next call
+/// after a reload ([`refresh_here`]).
+pub fn here(current: &ArcSwap<Applied>) -> Handle {
+    crate::observe::sharded::handle_here(&HANDLE_OF_THREAD, &current.load())
+}
+
+/// Points this thread's handle at the configuration in force, so that a thread without requests
+/// does not keep a replaced configuration alive (each I/O thread calls it on every reload).
+pub fn refresh_here(current: &ArcSwap<Applied>) {
+    drop(here(current));
 }
 
 /// The limiter for `config`: `prev`'s when the cap is unchanged (its places and waiters carry
@@ -177,4 +201,60 @@ pub fn program_targets(targets: &TargetSet) -> Vec<crate::program::runtime::Targ
         .iter()
         .map(|t| (t.id.clone(), t.spec.url.clone(), t.spec.dp_rank))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn applied(generation: u64) -> Arc<Applied> {
+        let config = RouterConfig::default();
+        let metrics = crate::observe::metrics::Metrics::new().expect("metrics");
+        let targets = TargetSet::build(&config, None, &metrics);
+        let policy = crate::policies::build(&config, &targets).into();
+        Arc::new(Applied {
+            authorization: None,
+            client_keys: None,
+            named_clients: false,
+            limiter: None,
+            peers: None,
+            config,
+            hash: String::new(),
+            targets,
+            policy,
+            loaded_at: SystemTime::now(),
+            generation,
+            program: None,
+            fair: None,
+        })
+    }
+
+    #[test]
+    fn a_thread_reuses_its_handle_until_a_reload_and_then_lets_the_old_configuration_go() {
+        let first = applied(1);
+        let old = Arc::downgrade(&first);
+        let current = ArcSwap::new(first);
+        let (a, b) = (here(&current), here(&current));
+        // One handle per thread and configuration: a request clones the thread's own.
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(a.generation, 1);
+        let other = std::thread::scope(|s| s.spawn(|| here(&current)).join().expect("thread"));
+        assert!(
+            !Arc::ptr_eq(&a, &other),
+            "another thread has a handle of its own"
+        );
+        assert!(Arc::ptr_eq(&*a, &*other), "on the same configuration");
+        drop((a, b, other));
+        current.store(applied(2));
+        assert!(
+            old.upgrade().is_some(),
+            "the thread's handle still holds it"
+        );
+        refresh_here(&current);
+        assert!(
+            old.upgrade().is_none(),
+            "refreshed: nothing holds the replaced one"
+        );
+        assert_eq!(here(&current).generation, 2);
+    }
 }

@@ -87,6 +87,9 @@ pub struct RouterState {
     pub peer_connections: Arc<crate::limit::Connections>,
     stop: watch::Sender<bool>,
     generation: AtomicU64,
+    /// The generation of each configuration applied, sent once it is in force (I/O threads
+    /// refresh their handle on it: [`crate::applied::refresh_here`]).
+    reloaded: watch::Sender<u64>,
     request_ids: RequestIds,
     /// `pr-<random>-`: ids stay unique across replicas and restarts (vLLM uses the id as its
     /// request key, and two in flight with the same id break engines before vLLM 0.12).
@@ -183,6 +186,7 @@ impl RouterState {
             claims: Default::default(),
             stop,
             generation: AtomicU64::new(1),
+            reloaded: watch::channel(1).0,
             request_ids: RequestIds::new(),
             request_prefix: format!("pr-{:016x}-", rand::random::<u64>()),
         }))
@@ -329,6 +333,16 @@ impl RouterState {
     /// Stops the background loops.
     pub fn stop(&self) {
         let _ = self.stop.send(true);
+    }
+
+    /// The configuration in force, through this thread's handle ([`crate::applied::here`]).
+    pub fn applied_here(&self) -> crate::applied::Handle {
+        crate::applied::here(&self.applied)
+    }
+
+    /// A receiver that changes after each reload applied.
+    pub fn reloads(&self) -> watch::Receiver<u64> {
+        self.reloaded.subscribe()
     }
 
     /// A fresh request id: the replica's prefix and a counter in hex, as a header value.
@@ -651,14 +665,13 @@ impl RouterState {
             program,
             fair,
         }));
+        self.reloaded.send_replace(generation);
         self.health_wake.notify_one();
         self.observe_wake.notify_one();
         Ok(true)
     }
 }
 
-/// `prefix` and `n` in lower-case hex, written without the formatting machinery (it runs for
-/// every request without an id of its own).
 /// Request numbers, unique within one router state: each thread takes a block of the state's
 /// counter and numbers from it, so I/O threads do not write one shared counter per request.
 struct RequestIds {
@@ -701,6 +714,8 @@ impl RequestIds {
     }
 }
 
+/// `prefix` and `n` in lower-case hex, written without the formatting machinery (it runs for
+/// every request without an id of its own).
 fn request_id(prefix: &str, n: u64) -> http::HeaderValue {
     let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
     // Exactly as long as the id: `Bytes` then owns the vector's buffer with no header of its own.

@@ -3,7 +3,9 @@
 //! series moves its lines between cores on each update (docs/benchmarks.md, router overhead).
 //!
 //! Owns [`ShardedCounter`], [`ShardedHistogram`] and [`Family`], the collector that exposes a
-//! set of them, one per set of label values, as one Prometheus metric family.
+//! set of them, one per set of label values, as one Prometheus metric family; and
+//! [`handle_here`], a thread's own reference to a shared `Arc` (the applied configuration,
+//! forwarding's state) that requests clone instead of the shared count.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -24,6 +26,27 @@ pub const MAX_BOUNDS: usize = 24;
 #[repr(align(128))]
 #[derive(Default)]
 pub struct Padded<T>(pub T);
+
+/// A thread's slot for [`handle_here`]: its handle on the latest value it was asked for.
+pub type HandleSlot<T> = std::thread::LocalKey<std::cell::RefCell<Option<Arc<Arc<T>>>>>;
+
+/// A handle on `shared` of this thread's own, kept in `slot`: cloning and dropping it writes a
+/// count no other thread writes, where a clone of `shared` writes the count every thread shares.
+/// The slot's handle is reused while it points at `shared`, else replaced (the old value is then
+/// held no longer by this thread).
+pub fn handle_here<T>(slot: &'static HandleSlot<T>, shared: &Arc<T>) -> Arc<Arc<T>> {
+    let (handle, replaced) = slot.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if let Some(h) = slot.as_ref().filter(|h| Arc::ptr_eq(&***h, shared)) {
+            return (h.clone(), None);
+        }
+        let h = Arc::new(shared.clone());
+        (h.clone(), slot.replace(h))
+    });
+    // Dropped outside the slot's borrow, in case dropping the old value ever asks for a handle.
+    drop(replaced);
+    handle
+}
 
 static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
 

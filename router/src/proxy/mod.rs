@@ -57,6 +57,20 @@ impl Forwarder {
             pools: Default::default(),
         }
     }
+
+    /// `fw` through this thread's handle, which a response holds until it ends
+    /// ([`crate::observe::sharded::handle_here`]; a router has one forwarder for its life).
+    fn here(fw: &Arc<Forwarder>) -> ForwarderHandle {
+        crate::observe::sharded::handle_here(&FORWARDER_OF_THREAD, fw)
+    }
+}
+
+/// A reference to a thread's own handle on the forwarder (see [`Forwarder::here`]).
+type ForwarderHandle = Arc<Arc<Forwarder>>;
+
+thread_local! {
+    static FORWARDER_OF_THREAD: std::cell::RefCell<Option<ForwarderHandle>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// The applied configuration as forwarding reads it (see `crate::applied::Applied::route`).
@@ -361,7 +375,7 @@ pub fn forward<'a, H: Hold>(
                 conn: Some((conn, pool)),
                 hold: out.hold.take(),
                 status,
-                fw: fw.clone(),
+                fw: Forwarder::here(fw),
                 route: out.route,
                 generation: out.generation,
                 received: out.received,
@@ -397,7 +411,7 @@ struct Completion<H: Hold> {
     conn: Option<(upstream::Sender, Arc<upstream::ConnPool>)>,
     hold: Option<H>,
     status: StatusCode,
-    fw: Arc<Forwarder>,
+    fw: ForwarderHandle,
     route: &'static str,
     generation: bool,
     received: Instant,

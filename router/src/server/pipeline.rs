@@ -134,7 +134,7 @@ fn proxied_route(method: &Method, path: &str) -> Result<bool, ApiError> {
 /// A request let in: its key checked, its place among the requests in progress taken, its body
 /// read within the router's budget.
 struct Admitted<'a> {
-    applied: Arc<Applied>,
+    applied: crate::applied::Handle,
     route: &'static str,
     request_id: &'a HeaderValue,
     received: Instant,
@@ -160,7 +160,7 @@ impl<'a> Admitted<'a> {
         received: Instant,
         access: Option<&Arc<Access>>,
     ) -> Result<Self, ApiError> {
-        let applied = state.applied.load_full();
+        let applied = state.applied_here();
         // A guard, not a clone: the directory's keys are read here only.
         let client = {
             let dir = state.client_dir.load();
@@ -512,8 +512,10 @@ impl<'a, 'b> Generation<'a, 'b> {
         // The decision names a target id: a reload while the request waited may have
         // re-ordered or changed the targets, so find it by id (the request's snapshot first,
         // then the newest configuration).
-        let (fresh, index) = resolve_target(state, applied.clone(), &target)?;
-        self.admitted.applied = fresh;
+        let (fresh, index) = resolve_target(state, applied, &target)?;
+        if let Some(fresh) = fresh {
+            self.admitted.applied = fresh;
+        }
         Ok((Some(index), ticket))
     }
 
@@ -654,21 +656,21 @@ async fn whole(mut body: Limited<Incoming>) -> Result<Bytes, crate::net::body::B
         .unwrap_or_default())
 }
 
-/// The applied configuration to forward under and the index of target `id` in it: the request's
-/// own snapshot when it still holds the target, else the newest one; 503 if neither does (the
-/// target was removed between the decision and now).
+/// The index of target `id` in the request's own configuration, or else the newest
+/// configuration (returned) and the index there; 503 if neither holds it (the target was
+/// removed between the decision and now).
 fn resolve_target(
     state: &Arc<RouterState>,
-    applied: Arc<crate::applied::Applied>,
+    applied: &Applied,
     id: &str,
-) -> Result<(Arc<crate::applied::Applied>, usize), ApiError> {
-    let find = |a: &crate::applied::Applied| a.targets.targets.iter().position(|t| t.id == id);
-    if let Some(i) = find(&applied) {
-        return Ok((applied, i));
+) -> Result<(Option<crate::applied::Handle>, usize), ApiError> {
+    let find = |a: &Applied| a.targets.targets.iter().position(|t| t.id == id);
+    if let Some(i) = find(applied) {
+        return Ok((None, i));
     }
-    let newest = state.applied.load_full();
+    let newest = state.applied_here();
     match find(&newest) {
-        Some(i) => Ok((newest, i)),
+        Some(i) => Ok((Some(newest), i)),
         None => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "reconfigured",

@@ -216,6 +216,8 @@ fn spawn_shard(
         .spawn(move || {
             crate::proxy::upstream::enter_shard(i);
             rt.block_on(async move {
+                // Ends with the runtime, after the drain.
+                tokio::spawn(refresh_on_reload(state.clone()));
                 match TcpListener::from_std(listener) {
                     Ok(l) => {
                         let stopped = async move {
@@ -233,6 +235,15 @@ fn spawn_shard(
             });
         })?;
     Ok(done_rx)
+}
+
+/// Points this thread's configuration handle at each configuration applied, so that an idle
+/// shard does not keep a replaced one alive (`crate::applied::here`).
+async fn refresh_on_reload(state: Arc<RouterState>) {
+    let mut reloads = state.reloads();
+    while reloads.changed().await.is_ok() {
+        crate::applied::refresh_here(&state.applied);
+    }
 }
 
 #[cfg(test)]

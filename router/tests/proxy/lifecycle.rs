@@ -345,6 +345,16 @@ async fn every_io_thread_setting_serves_concurrent_streams_and_drains() {
                 assert_eq!(resp.json()["usage"]["completion_tokens"], 5);
             }
         }
+        if io_threads == Some(3) {
+            // Each I/O thread that served keeps a handle on the configuration; a reload lets
+            // the replaced one go without waiting for a request on every thread.
+            let replaced = std::sync::Arc::downgrade(&r.state.applied.load_full());
+            let mut next = r.state.applied.load().config.clone();
+            next.policy.kind = PolicyKind::Random;
+            assert!(r.state.apply(next).expect("applied"));
+            let gone = eventually(5.0, || async { replaced.upgrade().is_none() }).await;
+            assert!(gone, "a replaced configuration outlived the reload");
+        }
         // A request in flight at shutdown finishes; then the port is closed.
         let url = r.url(CHAT);
         let inflight = tokio::spawn(async move { post(&client(), &url, &chat("drain", 30)).await });

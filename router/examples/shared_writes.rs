@@ -190,7 +190,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let thread_handles: Arc<dyn PerRequest> = Arc::new(ThreadHandles(
         Arc::new([1; 32]),
         Arc::new([1; 16]),
-        (0..stacks).map(|_| Padded(Mutex::new(Vec::new()))).collect(),
+        (0..stacks)
+            .map(|_| Padded(Mutex::new(Vec::new())))
+            .collect(),
     ));
     println!(
         "threads\tmetrics shared\tmetrics sharded\thandles shared\thandles per thread\t(ns a request; {ns} ns of private work between)"

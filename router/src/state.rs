@@ -44,7 +44,7 @@ pub struct RouterState {
     pub metrics: Arc<Metrics>,
     /// The peers feature's series.
     pub peer_metrics: crate::peers::metrics::PeerMetrics,
-    /// Forwarding's own state: route metrics, stored responses' homes, connection pools.
+    /// Forwarding's own state: route metrics, stored responses' homes.
     pub forwarder: Arc<crate::proxy::Forwarder>,
     pub program_metrics: ProgramMetrics,
     pub fair_metrics: FairMetrics,
@@ -129,9 +129,6 @@ impl RouterState {
         let fair_metrics = FairMetrics::new(&metrics.registry)?;
         let observe_wake = Arc::new(Notify::new());
         let targets = TargetSet::build(&config, None, &metrics);
-        forwarder
-            .pools
-            .follow(targets.backends.iter().map(|b| b.addr.as_str()));
         let policy: Arc<dyn Policy> = Arc::from(policies::build(&config, &targets));
         let program = program_runtime(&config, &targets, &program_metrics);
         let fair = fair_runtime(&config, &targets, &fair_metrics, &observe_wake);
@@ -586,9 +583,6 @@ impl RouterState {
             self.client_dir.store(d);
         }
         let targets = TargetSet::build(&config, Some(&prev.targets), &self.metrics);
-        self.forwarder
-            .pools
-            .follow(targets.backends.iter().map(|b| b.addr.as_str()));
         let same_ids = targets.targets.iter().map(|t| &t.id).eq(prev
             .targets
             .targets

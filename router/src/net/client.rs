@@ -1,5 +1,5 @@
 //! The pooled HTTP client of health checks, metric scrapes, peer calls and calibration; proxied
-//! requests use the proxy's own connection pools instead.
+//! requests use their backend's own idle connections instead (`crate::workers::idle`).
 
 use std::time::Duration;
 

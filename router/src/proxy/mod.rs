@@ -41,12 +41,10 @@ pub use usage::TokenUsage;
 /// Upper bound on a TCP connect to a backend.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What forwarding keeps for the router's life: its metrics, the homes of stored responses and
-/// the idle upstream connections of every backend.
+/// What forwarding keeps for the router's life: its metrics and the homes of stored responses.
 pub struct Forwarder {
     pub metrics: Arc<Metrics>,
     pub response_homes: stored::ResponseHomes,
-    pub pools: upstream::Pools,
 }
 
 impl Forwarder {
@@ -54,7 +52,6 @@ impl Forwarder {
         Forwarder {
             metrics,
             response_homes: Default::default(),
-            pools: Default::default(),
         }
     }
 
@@ -290,12 +287,13 @@ pub fn forward<'a, H: Hold>(
             let span = crate::observe::trace::attempt(&target.id, attempt);
             // Time to first byte counts from the attempt's start (one clock read fewer).
             let sent = now;
-            let pool = fw.pools.get(&target.backend.addr);
+            let idle = &target.backend.idle;
             // The request is built in place (a local would keep its slot in this future) and the
             // send wrapped in the span only when there is one: each wrapper copies the send.
             let send = tokio::time::timeout_at(
                 deadline,
-                pool.send(
+                upstream::send(
+                    idle,
                     &target.backend.addr,
                     CONNECT_TIMEOUT,
                     upstream_request(applied, target, &out, &span)?,
@@ -348,7 +346,7 @@ pub fn forward<'a, H: Hold>(
                 let drained =
                     tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect());
                 if let Ok(Ok(_)) = Box::pin(drained).await {
-                    pool.put(conn, Instant::now());
+                    idle.put(conn, Instant::now());
                 }
                 last_error = ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -372,7 +370,7 @@ pub fn forward<'a, H: Hold>(
             let finish = Completion {
                 span: crate::observe::trace::relay(),
                 guard,
-                conn: Some((conn, pool)),
+                conn: Some(conn),
                 hold: out.hold.take(),
                 status,
                 fw: Forwarder::here(fw),
@@ -407,8 +405,9 @@ struct Completion<H: Hold> {
     /// The relay's trace span (none without tracing), ended with the response.
     span: tracing::Span,
     guard: InFlight,
-    /// The upstream connection, returned to its backend's pool when the body was read to the end.
-    conn: Option<(upstream::Sender, Arc<upstream::ConnPool>)>,
+    /// The upstream connection, returned to its backend's idle ones when the body was read to
+    /// the end.
+    conn: Option<upstream::Sender>,
     hold: Option<H>,
     status: StatusCode,
     fw: ForwarderHandle,
@@ -452,8 +451,8 @@ impl<H: Hold> Finish for Completion<H> {
             self.fw.response_homes.insert(id, &target.spec.url);
         }
         let ended = Instant::now();
-        if let (End::Complete, Some((conn, pool))) = (end, self.conn.take()) {
-            pool.put(conn, ended);
+        if let (End::Complete, Some(conn)) = (end, self.conn.take()) {
+            target.backend.idle.put(conn, ended);
         }
         match end {
             End::Complete => target.record_outcome(!self.status.is_server_error()),

@@ -57,7 +57,7 @@ pub async fn bind(config: RouterConfig, flags: Flags) -> std::io::Result<Bound> 
         None => None,
     };
     // Before any backend's connection pool exists: one idle stack per I/O thread.
-    crate::proxy::upstream::size_for_shards(config.resolved_io_threads());
+    crate::workers::idle::size_for_shards(config.resolved_io_threads());
     let api = listen("API", &config.host, config.port).await?;
     let api_addr = api.local_addr()?;
     let metrics = listen_opt("metrics", &config.prometheus_host, config.prometheus_port).await?;

@@ -49,7 +49,7 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
 /// from start to end (the kernel wakes whichever shard is free; a shard that gets more than its
 /// share hands new connections to the least loaded one, see `shards`). A request never changes
 /// threads, and its upstream connection lives on the same shard (per-shard idle stacks in
-/// [`crate::proxy::upstream`]). Background work (health checks, scrapes, the Program
+/// [`crate::workers::idle`]). Background work (health checks, scrapes, the Program
 /// scheduler's timers, config reloads) stays on the main runtime. With 0, connections are
 /// served on the calling (shared, work-stealing) runtime.
 pub async fn serve_api(

@@ -214,7 +214,7 @@ fn spawn_shard(
     std::thread::Builder::new()
         .name(format!("router-io-{i}"))
         .spawn(move || {
-            crate::proxy::upstream::enter_shard(i);
+            crate::workers::idle::enter_shard(i);
             rt.block_on(async move {
                 // Ends with the runtime, after the drain.
                 tokio::spawn(refresh_on_reload(state.clone()));

@@ -1,11 +1,12 @@
 //! Targets (base URL + GLOBAL DP rank) and the backends (base URLs) behind them.
 //!
 //! Owns per-target runtime state — in-flight count, circuit breaker, metric handles — and
-//! per-backend health and observations. A [`TargetSet`] is an immutable snapshot swapped as a
+//! per-backend health, observations and idle connections ([`idle`]). A [`TargetSet`] is an immutable snapshot swapped as a
 //! whole on reload; state of targets that survive a reload is carried over.
 
 pub mod breaker;
 pub mod health;
+pub mod idle;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,8 @@ pub struct Backend {
     ok_streak: AtomicU32,
     fail_streak: AtomicU32,
     observation: Mutex<Option<Scrape>>,
+    /// Keep-alive connections to it that no request is using, per I/O shard.
+    pub idle: idle::IdleConnections,
 }
 
 impl Backend {
@@ -60,6 +63,7 @@ impl Backend {
             ok_streak: AtomicU32::new(0),
             fail_streak: AtomicU32::new(0),
             observation: Mutex::new(None),
+            idle: Default::default(),
         }
     }
 
@@ -329,6 +333,7 @@ mod tests {
             "a@0 survives with its state"
         );
         assert_eq!(second.targets[0].in_flight(), 1);
+        // The backend stays, and with it its idle connections.
         assert!(Arc::ptr_eq(&second.backends[0], &first.backends[0]));
         let text = String::from_utf8(m.render()).expect("utf8");
         assert!(

@@ -22,7 +22,7 @@ pub const MAX_BOUNDS: usize = 24;
 
 /// A value on cache lines of its own (128 bytes: adjacent-line prefetch pairs them), so that
 /// threads writing neighbouring values do not move one line between their cores: the shards
-/// here, the proxy's per-shard idle connection stacks.
+/// here, a backend's per-shard idle connection stacks (`crate::workers::idle`).
 #[repr(align(128))]
 #[derive(Default)]
 pub struct Padded<T>(pub T);

@@ -123,7 +123,7 @@ fn work(ns: u64, spins_per_ns: f64) -> u64 {
     x
 }
 
-/// Nanoseconds the metric updates of a request take, averaged over `threads` threads each
+/// Nanoseconds the writes of a request take, averaged over `threads` threads each
 /// running [`REQUESTS`] (timed around the updates alone; `None` times nothing, the clock's own
 /// cost, which the caller subtracts).
 fn batch(m: Option<Arc<dyn PerRequest>>, threads: usize, ns: u64, spins: f64) -> f64 {
@@ -181,6 +181,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::array::from_fn(|_| ShardedCounter::default()),
         std::array::from_fn(|_| ShardedHistogram::new(BOUNDS)),
     ));
+    // Empty: a thread's first return allocates its stack's buffer on its own pages (mimalloc's
+    // per-thread heaps), as a shard's does in the router.
     let stacks = 16;
     let handles: Arc<dyn PerRequest> = Arc::new(SharedHandles(
         Arc::new([1; 32]),

@@ -2,7 +2,7 @@
 //! I/O shard, each on cache lines of its own.
 //!
 //! Owns which idle connection a request may take (open, and younger than [`IDLE_TIMEOUT`]) and
-//! the bound on those kept ([`MAX_IDLE`] per stack). Connecting and sending are the proxy's
+//! the bound on those kept (1,024 per stack). Connecting and sending are the proxy's
 //! (`crate::proxy::upstream`); the relay returns a connection only once its response was read to
 //! the end. The stacks live in their [`super::Backend`], so they follow it across reloads: a
 //! backend that stays keeps its connections, one that leaves drops them.
@@ -27,7 +27,7 @@ use crate::observe::sharded::Padded;
 pub type Sender = SendRequest<Full<Bytes>>;
 
 /// Idle connections kept per stack; more are closed when returned.
-pub const MAX_IDLE: usize = 1024;
+const MAX_IDLE: usize = 1024;
 /// An idle connection older than this is closed instead of reused. Below vLLM's own idle
 /// keep-alive timeout (uvicorn's, 5 s): a connection the backend closes at the very moment a
 /// request is written to it loses that request, and since the backend may have read it the

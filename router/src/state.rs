@@ -86,10 +86,9 @@ pub struct RouterState {
     pub buffered: Arc<crate::limit::ByteBudget>,
     pub peer_connections: Arc<crate::limit::Connections>,
     stop: watch::Sender<bool>,
-    generation: AtomicU64,
-    /// The generation of each configuration applied, sent once it is in force (I/O threads
-    /// refresh their handle on it: [`crate::applied::refresh_here`]).
-    reloaded: watch::Sender<u64>,
+    /// The generation of the configuration in force, sent once it is (I/O threads refresh their
+    /// handle on it: [`crate::applied::refresh_here`]).
+    generation: watch::Sender<u64>,
     request_ids: RequestIds,
     /// `pr-<random>-`: ids stay unique across replicas and restarts (vLLM uses the id as its
     /// request key, and two in flight with the same id break engines before vLLM 0.12).
@@ -182,8 +181,7 @@ impl RouterState {
             client_dir: ArcSwapOption::new(client_dir),
             claims: Default::default(),
             stop,
-            generation: AtomicU64::new(1),
-            reloaded: watch::channel(1).0,
+            generation: watch::channel(1).0,
             request_ids: RequestIds::new(),
             request_prefix: format!("pr-{:016x}-", rand::random::<u64>()),
         }))
@@ -339,7 +337,7 @@ impl RouterState {
 
     /// A receiver that changes after each reload applied.
     pub fn reloads(&self) -> watch::Receiver<u64> {
-        self.reloaded.subscribe()
+        self.generation.subscribe()
     }
 
     /// A fresh request id: the replica's prefix and a counter in hex, as a header value.
@@ -519,7 +517,8 @@ impl RouterState {
         Ok(crate::peers::gossip::Adoption::Adopted)
     }
 
-    /// Applies a validated configuration; `Ok(false)` when it equals the applied one.
+    /// Applies a validated configuration; `Ok(false)` when it equals the applied one. One apply
+    /// at a time: `reload` and `adopt_members` hold the config writer's lock around it.
     pub fn apply(&self, config: RouterConfig) -> Result<bool, ConfigError> {
         let prev = self.applied.load_full();
         // Compared whole: the hash leaves the keys out, and a new key must still apply.
@@ -637,7 +636,8 @@ impl RouterState {
             }
             rt
         };
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        // Read here, sent once the configuration is in force (below).
+        let generation = *self.generation.borrow() + 1;
         self.applied.store(Arc::new(Applied {
             authorization: authorization(&config),
             client_keys: crate::auth::client_keys(&config),
@@ -659,7 +659,7 @@ impl RouterState {
             program,
             fair,
         }));
-        self.reloaded.send_replace(generation);
+        self.generation.send_replace(generation);
         self.health_wake.notify_one();
         self.observe_wake.notify_one();
         Ok(true)

@@ -287,14 +287,12 @@ pub fn forward<'a, H: Hold>(
             let span = crate::observe::trace::attempt(&target.id, attempt);
             // Time to first byte counts from the attempt's start (one clock read fewer).
             let sent = now;
-            let idle = &target.backend.idle;
             // The request is built in place (a local would keep its slot in this future) and the
             // send wrapped in the span only when there is one: each wrapper copies the send.
             let send = tokio::time::timeout_at(
                 deadline,
                 upstream::send(
-                    idle,
-                    &target.backend.addr,
+                    &target.backend,
                     CONNECT_TIMEOUT,
                     upstream_request(applied, target, &out, &span)?,
                     now,
@@ -346,7 +344,7 @@ pub fn forward<'a, H: Hold>(
                 let drained =
                     tokio::time::timeout(Duration::from_secs(1), resp.into_body().collect());
                 if let Ok(Ok(_)) = Box::pin(drained).await {
-                    idle.put(conn, Instant::now());
+                    target.backend.idle.put(conn, Instant::now());
                 }
                 last_error = ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,

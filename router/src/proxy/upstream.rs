@@ -21,7 +21,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::workers::idle::IdleConnections;
+use crate::workers::Backend;
 pub use crate::workers::idle::Sender;
 
 /// Why a request could not be sent.
@@ -35,21 +35,23 @@ pub enum SendError {
     Failed(#[from] hyper::Error),
 }
 
-/// Sends `req` (origin-form URI, `Host` set) to `addr`, on one of `idle`'s connections when it
-/// has one at `now` (the attempt's start). Returns the response head and the connection, to be
-/// returned to `idle` once the body was read to the end.
+/// Sends `req` (origin-form URI, `Host` set) to `backend`, on one of its idle connections when
+/// it has one at `now` (the attempt's start). Returns the response head and the connection, to
+/// be returned to the backend's idle ones once the body was read to the end.
 pub async fn send(
-    idle: &IdleConnections,
-    addr: &str,
+    backend: &Backend,
     connect_timeout: Duration,
     mut req: Request<Full<Bytes>>,
     now: Instant,
 ) -> Result<(Response<Incoming>, Sender), SendError> {
     loop {
-        let (mut sender, reused) = match idle.take(now) {
+        let (mut sender, reused) = match backend.idle.take(now) {
             Some(s) => (s, true),
             // Boxed: a new connection is the rare case, and its future is large.
-            None => (Box::pin(connect(addr, connect_timeout)).await?, false),
+            None => (
+                Box::pin(connect(&backend.addr, connect_timeout)).await?,
+                false,
+            ),
         };
         // A returned connection finished its response; the connection task may still be
         // settling into idle, which takes no more than a poll.
@@ -135,16 +137,10 @@ mod tests {
             .expect("request")
     }
 
-    async fn round_trip(pool: &IdleConnections, addr: &str, read_all: bool) -> Sender {
-        let (resp, sender) = send(
-            pool,
-            addr,
-            Duration::from_secs(1),
-            request(addr),
-            Instant::now(),
-        )
-        .await
-        .expect("send");
+    async fn round_trip(pool: &Backend, addr: &str, read_all: bool) -> Sender {
+        let (resp, sender) = send(pool, Duration::from_secs(1), request(addr), Instant::now())
+            .await
+            .expect("send");
         assert_eq!(resp.status(), http::StatusCode::OK);
         if read_all {
             let body = resp.into_body().collect().await.expect("body").to_bytes();
@@ -156,23 +152,23 @@ mod tests {
     #[tokio::test]
     async fn a_returned_connection_is_reused() {
         let (addr, conns, reqs) = server(true).await;
-        let pool = IdleConnections::default();
+        let pool = Backend::new(format!("http://{addr}"));
         for _ in 0..5 {
             let s = round_trip(&pool, &addr, true).await;
-            pool.put(s, Instant::now());
+            pool.idle.put(s, Instant::now());
         }
         assert_eq!(reqs.load(Ordering::SeqCst), 5);
         assert_eq!(conns.load(Ordering::SeqCst), 1, "one keep-alive connection");
-        assert_eq!(pool.len(), 1);
+        assert_eq!(pool.idle.len(), 1);
     }
 
     #[tokio::test]
     async fn connections_closed_by_the_backend_are_replaced_without_duplicates() {
         let (addr, conns, reqs) = server(false).await;
-        let pool = IdleConnections::default();
+        let pool = Backend::new(format!("http://{addr}"));
         for i in 1..=5 {
             let s = round_trip(&pool, &addr, true).await;
-            pool.put(s, Instant::now());
+            pool.idle.put(s, Instant::now());
             // Each request was received exactly once, whichever way the stale connection was
             // noticed (closed while idle, or refused the write and handed the request back).
             assert_eq!(reqs.load(Ordering::SeqCst), i);
@@ -183,27 +179,27 @@ mod tests {
     #[tokio::test]
     async fn connections_idle_past_the_timeout_are_not_reused() {
         let (addr, conns, reqs) = server(true).await;
-        let pool = IdleConnections::default();
+        let pool = Backend::new(format!("http://{addr}"));
         let s = round_trip(&pool, &addr, true).await;
         // Returned as if it had idled as long as the timeout already.
         let long_ago = Instant::now().checked_sub(IDLE_TIMEOUT).expect("uptime");
-        pool.put(s, long_ago);
+        pool.idle.put(s, long_ago);
         let s = round_trip(&pool, &addr, true).await;
-        pool.put(s, Instant::now());
+        pool.idle.put(s, Instant::now());
         assert_eq!(reqs.load(Ordering::SeqCst), 2);
         assert_eq!(
             conns.load(Ordering::SeqCst),
             2,
             "the old connection was not reused"
         );
-        assert_eq!(pool.len(), 1);
+        assert_eq!(pool.idle.len(), 1);
         const { assert!(IDLE_TIMEOUT.as_secs() < 5, "below vLLM's 5 s keep-alive") };
     }
 
     #[tokio::test]
     async fn connections_not_returned_are_not_reused() {
         let (addr, conns, _) = server(true).await;
-        let pool = IdleConnections::default();
+        let pool = Backend::new(format!("http://{addr}"));
         let held = round_trip(&pool, &addr, false).await;
         let s = round_trip(&pool, &addr, true).await;
         assert_eq!(
@@ -212,8 +208,8 @@ mod tests {
             "a busy connection is not shared"
         );
         drop(held);
-        pool.put(s, Instant::now());
-        assert_eq!(pool.len(), 1);
+        pool.idle.put(s, Instant::now());
+        assert_eq!(pool.idle.len(), 1);
     }
 
     #[tokio::test]
@@ -221,10 +217,9 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         drop(listener);
-        let pool = IdleConnections::default();
+        let pool = Backend::new(format!("http://{addr}"));
         let err = send(
             &pool,
-            &addr,
             Duration::from_secs(1),
             request(&addr),
             Instant::now(),

@@ -8,7 +8,9 @@
 #   scripts/ab-router.sh OLD_BINARY NEW_BINARY
 # (build the old one from a worktree into another CARGO_TARGET_DIR, e.g. `git worktree add
 # /tmp/old REV && cd /tmp/old && CARGO_TARGET_DIR=/tmp/old-target cargo build --release -p
-# program-router`).
+# program-router`). Both run at `--log-level warn` (no access lines) unless LOG_LEVEL_A /
+# LOG_LEVEL_B say otherwise (e.g. the same binary twice, `LOG_LEVEL_B=info`: what the access log
+# and the request span cost); LOG_FORMAT (text) is both routers' `--log-format`.
 set -euo pipefail
 [ $# = 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY" >&2; exit 2; }
 old_bin=$(realpath "$1"); new_bin=$(realpath "$2")
@@ -16,14 +18,14 @@ cd "$(dirname "$0")/.."
 command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)" >&2; exit 1; }
 target="${CARGO_TARGET_DIR:-target}"
 cargo build --release --locked -q -p vllm-sim
-declare -A bin=([A]=$old_bin [B]=$new_bin) port pid
+declare -A bin=([A]=$old_bin [B]=$new_bin) level=([A]=${LOG_LEVEL_A:-warn} [B]=${LOG_LEVEL_B:-warn}) port pid
 . scripts/bench-lib.sh
 lua=$(chat_lua)
 start_instant_sim
 for n in A B; do
   p=$(free_port); q=$(free_port)
   "${bin[$n]}" --port "$p" --prometheus-port "$q" --worker-urls "http://127.0.0.1:$sim_port" \
-    --policy round_robin --log-level warn >/dev/null 2>&1 & pid[$n]=$!; pids+=($!)
+    --policy round_robin --log-level "${level[$n]}" --log-format "${LOG_FORMAT:-text}" >/dev/null 2>&1 & pid[$n]=$!; pids+=($!)
   port[$n]=$p
   wait_up "http://127.0.0.1:$p/readiness"
   wrk -t1 -c64 -d2s -s "$lua" "http://127.0.0.1:$p/v1/chat/completions" >/dev/null
@@ -45,6 +47,6 @@ median() { sort -g | awk '{v[NR]=$1} END {printf "%.1f", (v[3]+v[4])/2}'; }
 for n in A B; do
   rps=$(echo "$results" | awk -v n="$n" '$1==n {print $2}' | median)
   cpu=$(echo "$results" | awk -v n="$n" '$1==n {print $3}' | median)
-  echo "$n (${bin[$n]}): median $rps req/s, $cpu us CPU per request"
+  echo "$n (${bin[$n]}, ${level[$n]}): median $rps req/s, $cpu us CPU per request"
 done
 rm -f "$lua"

@@ -131,9 +131,9 @@ impl Drop for Access {
         let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
         tracing::info!(
             target: "access",
-            request_id = %self.request_id,
-            method = %self.method,
-            path = %self.path,
+            request_id = self.request_id.as_str(),
+            method = self.method.as_str(),
+            path = self.path.as_str(),
             status = f.status,
             error = f.error,
             tenant = f.tenant.as_deref(),

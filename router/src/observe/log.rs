@@ -12,7 +12,8 @@ use tracing_subscriber::{EnvFilter, Layer, Registry, layer::SubscriberExt, reloa
 
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
-/// Installs the global subscriber: the log (stderr, JSON lines when `json`, else text) filtered
+/// Installs the global subscriber: the log (stderr, JSON lines when `json`, else text; shapes in
+/// `log_format`) filtered
 /// by `level`, and with `trace` the OpenTelemetry exporter, whose handle the caller shuts down at
 /// exit. An invalid filter falls back to `info` (the configuration was validated before, so only
 /// a defect gets there).
@@ -23,16 +24,15 @@ pub fn install(
 ) -> Result<Option<super::trace::Exporter>, String> {
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = reload::Layer::new(filter);
-    let log = if json {
-        tracing_subscriber::fmt::layer()
-            .json()
-            .with_writer(super::log_writer::Buffered)
-            .boxed()
+    let format = if json {
+        super::log_format::LineFormat::json()
     } else {
-        tracing_subscriber::fmt::layer()
-            .with_writer(super::log_writer::Buffered)
-            .boxed()
+        super::log_format::LineFormat::text(super::log_format::stderr_is_a_terminal())
     };
+    let log = tracing_subscriber::fmt::layer()
+        .event_format(format)
+        .fmt_fields(format.fields())
+        .with_writer(super::log_writer::Buffered);
     let registry = tracing_subscriber::registry().with(log.with_filter(filter));
     let (otel, exporter) = match trace {
         Some(settings) => {

@@ -73,33 +73,27 @@ impl Drop for FlushOnExit {
     }
 }
 
-/// One event's line, appended to the buffer when the formatter is done with it.
-pub struct Line {
-    buf: Vec<u8>,
-}
+/// Where one event's line goes: what it is handed is appended to the buffer as one piece (the
+/// log's layer formats the whole line first and hands it over in one write), or dropped whole
+/// and counted when the buffer is full.
+pub struct Line;
 
 impl Write for Line {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.buf.extend_from_slice(b);
+        if b.is_empty() {
+            return Ok(0);
+        }
+        let mut buf = BUFFER.lock().unwrap_or_else(|p| p.into_inner());
+        if buf.len() + b.len() > MAX_BUFFERED_BYTES {
+            drop(buf);
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+        } else {
+            buf.extend_from_slice(b);
+        }
         Ok(b.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
-    }
-}
-
-impl Drop for Line {
-    fn drop(&mut self) {
-        if self.buf.is_empty() {
-            return;
-        }
-        let mut b = BUFFER.lock().unwrap_or_else(|p| p.into_inner());
-        if b.len() + self.buf.len() > MAX_BUFFERED_BYTES {
-            drop(b);
-            DROPPED.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        b.extend_from_slice(&self.buf);
     }
 }
 
@@ -110,9 +104,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Buffered {
     type Writer = Line;
     fn make_writer(&'a self) -> Line {
         start_writer();
-        Line {
-            buf: Vec::with_capacity(512),
-        }
+        Line
     }
 }
 

@@ -248,7 +248,7 @@ async fn handle(
     // The request's trace span (when tracing is on), and under it the span of its log lines,
     // in which every span of the request path starts.
     let trace = crate::observe::trace::request(req.method(), route, path, req.headers());
-    let span = tracing::info_span!(parent: &trace, "request", id = ?request_id, method = %req.method(), path = %path);
+    let span = tracing::info_span!(parent: &trace, "request", id = request_id.to_str().unwrap_or("-"), method = req.method().as_str(), path = path);
     // Entered outside the log span, so that spans start under it at any log level.
     let traced = trace.clone();
     // A request from another replica gets this replica's name on its answer (`peers`). Only
@@ -325,9 +325,9 @@ async fn handle(
                     .with_label_values(&[route, e.code])
                     .inc();
                 if e.status.is_server_error() {
-                    tracing::warn!(status = e.status.as_u16(), code = e.code, message = %e.message, "request failed");
+                    tracing::warn!(status = e.status.as_u16(), code = e.code, detail = %e.message, "request failed");
                 } else {
-                    tracing::debug!(status = e.status.as_u16(), code = e.code, message = %e.message, "request refused");
+                    tracing::debug!(status = e.status.as_u16(), code = e.code, detail = %e.message, "request refused");
                 }
                 state
                     .metrics

@@ -1,6 +1,7 @@
 //! The access log of the binary: one JSON line per request when its response ends, with the
 //! tenant, Program, backend, queue wait, status, tokens and duration; none for probes and
-//! /status; no key in it; off after a reload that says `access_log: false`.
+//! /status; no key in it; off after a reload that says `access_log: false`. In text, piped (not a
+//! terminal): no colour, and a client's control characters escaped.
 
 use super::*;
 
@@ -122,4 +123,58 @@ async fn every_request_gets_one_access_line_when_its_response_ends() {
     );
     assert_eq!(lines.len(), 2, "one line per request: {lines:?}");
     assert!(!log.contains(key), "the log holds the client key");
+}
+
+#[tokio::test]
+async fn a_piped_text_log_has_no_escape_codes_and_a_client_cannot_break_a_line() {
+    let s = sim(&["--instant"]).await;
+    let api = free_port();
+    let args = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &api.to_string(),
+        "--worker-urls",
+        &s.base(),
+        "--enable-program-scheduling",
+        "--log-format",
+        "text",
+    ]
+    .map(String::from);
+    let child = start_binary(&args);
+    let c = client();
+    let url = format!("http://127.0.0.1:{api}{CHAT}");
+    // A Program id is the client's to choose: an escape sequence and a forged second line.
+    let forged = "agent\u{1b}[31m-7\n2026-01-01T00:00:00.000000Z  INFO access: request status=200";
+    let mut turn: serde_json::Value = serde_json::from_str(&chat("turn", 2)).expect("json");
+    turn["vllm_xargs"] = json!({"agentic_context": {"program_id": forged}});
+    let r = send(
+        &c,
+        "POST",
+        &url,
+        &turn.to_string(),
+        &[("x-request-id", "req-t")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let log = stop_binary(child);
+    assert!(
+        !log.contains('\u{1b}'),
+        "an escape character in the log:\n{log}"
+    );
+    // Lines that start as access lines (the forged one would, after a line break).
+    let access: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.split_once(' ')
+                .is_some_and(|(_, rest)| rest.starts_with(" INFO access: "))
+        })
+        .collect();
+    assert_eq!(access.len(), 1, "one access line, none forged:\n{log}");
+    let line = access[0];
+    assert!(line.contains("request_id=req-t"), "{line}");
+    assert!(
+        line.contains(r#"program="agent\u{1b}[31m-7\n2026"#),
+        "{line}"
+    );
 }

@@ -1,0 +1,507 @@
+//! How a log line is written, in the log's two shapes: JSON (`{"timestamp", "level", "fields",
+//! "target", "span", "spans"}`, one object per line) and text (`timestamp LEVEL span{..}: target:
+//! message key=value ...`). Both are written straight into the line, field by field, instead of
+//! through a map of values or a padded, coloured template: an access line per request made the
+//! formatter a cost of every request.
+//!
+//! What a client chose (a path, a request id, a tenant) can hold any character: JSON escapes
+//! it, text escapes control characters (no terminal escape sequence gets through), and a text
+//! value with a space, a quote or an `=` is quoted, so `key=value` pairs stay parseable. Colour
+//! only where stderr is a terminal.
+
+use std::cell::RefCell;
+use std::fmt::{self, Write as _};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// A line's shape; the event formatter, and (through [`LineFormat::fields`]) the span fields'.
+#[derive(Clone, Copy, Debug)]
+pub struct LineFormat {
+    json: bool,
+    ansi: bool,
+}
+
+impl LineFormat {
+    pub fn json() -> Self {
+        LineFormat {
+            json: true,
+            ansi: false,
+        }
+    }
+
+    /// Text, coloured (the level) when `ansi`.
+    pub fn text(ansi: bool) -> Self {
+        LineFormat { json: false, ansi }
+    }
+
+    /// How a span's fields are kept for its lines, in the same shape.
+    pub fn fields(self) -> SpanFields {
+        SpanFields { json: self.json }
+    }
+}
+
+/// Whether text lines may be coloured: stderr is a terminal and `NO_COLOR` is not set.
+pub fn stderr_is_a_terminal() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+/// A span's fields, formatted once when the span starts (JSON: `"k":v,...` without braces).
+#[derive(Clone, Copy, Debug)]
+pub struct SpanFields {
+    json: bool,
+}
+
+impl<'w> FormatFields<'w> for SpanFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        mut writer: Writer<'w>,
+        fields: R,
+    ) -> fmt::Result {
+        let mut v = Fields::new(&mut writer, self.json, false);
+        fields.record(&mut v);
+        v.result
+    }
+
+    fn add_fields(
+        &self,
+        current: &'w mut FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> fmt::Result {
+        let first = current.fields.is_empty();
+        let mut v = Fields::new(&mut current.fields, self.json, false);
+        v.first = first;
+        fields.record(&mut v);
+        v.result
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for LineFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        // Built in a buffer of this thread's (a `String`, whose pushes inline) and handed over
+        // in one piece; the writer behind `w` is reached through a `dyn` call per write.
+        thread_local! {
+            static LINE: RefCell<String> = const { RefCell::new(String::new()) };
+        }
+        LINE.with(|line| match line.try_borrow_mut() {
+            Ok(mut line) => {
+                line.clear();
+                self.line(&mut line, ctx, event)?;
+                w.write_str(&line)
+            }
+            Err(_) => {
+                let mut line = String::new();
+                self.line(&mut line, ctx, event)?;
+                w.write_str(&line)
+            }
+        })
+    }
+}
+
+impl LineFormat {
+    fn line<S, N>(
+        &self,
+        w: &mut String,
+        ctx: &FmtContext<'_, S, N>,
+        event: &Event<'_>,
+    ) -> fmt::Result
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'a> FormatFields<'a> + 'static,
+    {
+        let meta = event.metadata();
+        if self.json {
+            w.push_str("{\"timestamp\":\"");
+            timestamp(w)?;
+            w.push_str("\",\"level\":\"");
+            w.push_str(meta.level().as_str());
+            w.push_str("\",\"fields\":{");
+            let mut v = Fields::new(w, true, true);
+            event.record(&mut v);
+            v.result?;
+            w.push_str("},\"target\":");
+            json_str(w, meta.target())?;
+            if let Some(scope) = ctx.event_scope() {
+                // `"span"` is the innermost, `"spans"` all of them from the root.
+                let mut spans = String::new();
+                let mut leaf = 0..0;
+                for span in scope.from_root() {
+                    if !spans.is_empty() {
+                        spans.push(',');
+                    }
+                    let start = spans.len();
+                    spans.push('{');
+                    if let Some(f) = span.extensions().get::<FormattedFields<N>>()
+                        && !f.fields.is_empty()
+                    {
+                        spans.push_str(&f.fields);
+                        spans.push(',');
+                    }
+                    spans.push_str("\"name\":");
+                    json_str(&mut spans, span.name())?;
+                    spans.push('}');
+                    leaf = start..spans.len();
+                }
+                if !spans.is_empty() {
+                    w.push_str(",\"span\":");
+                    w.push_str(&spans[leaf]);
+                    w.push_str(",\"spans\":[");
+                    w.push_str(&spans);
+                    w.push(']');
+                }
+            }
+            w.push_str("}\n");
+        } else {
+            timestamp(w)?;
+            w.push(' ');
+            level(w, meta.level(), self.ansi)?;
+            w.push(' ');
+            if let Some(scope) = ctx.event_scope() {
+                let mut any = false;
+                for span in scope.from_root() {
+                    w.push_str(span.name());
+                    if let Some(f) = span.extensions().get::<FormattedFields<N>>()
+                        && !f.fields.is_empty()
+                    {
+                        w.push('{');
+                        w.push_str(&f.fields);
+                        w.push('}');
+                    }
+                    w.push(':');
+                    any = true;
+                }
+                if any {
+                    w.push(' ');
+                }
+            }
+            w.push_str(meta.target());
+            w.push_str(": ");
+            let mut v = Fields::new(w, false, true);
+            event.record(&mut v);
+            v.result?;
+            w.push('\n');
+        }
+        Ok(())
+    }
+}
+
+fn level(w: &mut impl fmt::Write, level: &Level, ansi: bool) -> fmt::Result {
+    let (name, colour) = match *level {
+        Level::TRACE => ("TRACE", "35"),
+        Level::DEBUG => ("DEBUG", "34"),
+        Level::INFO => (" INFO", "32"),
+        Level::WARN => (" WARN", "33"),
+        Level::ERROR => ("ERROR", "31"),
+    };
+    if ansi {
+        write!(w, "\x1b[{colour}m{name}\x1b[0m")
+    } else {
+        w.write_str(name)
+    }
+}
+
+/// Writes one event's or span's fields: JSON `"k":v` pairs, or text `k=v` pairs after the
+/// message. `event`: the message (a field named `message`) is the line's own, not a pair.
+struct Fields<'a, W: fmt::Write> {
+    w: &'a mut W,
+    json: bool,
+    event: bool,
+    first: bool,
+    message_seen: bool,
+    result: fmt::Result,
+}
+
+impl<'a, W: fmt::Write> Fields<'a, W> {
+    fn new(w: &'a mut W, json: bool, event: bool) -> Self {
+        Fields {
+            w,
+            json,
+            event,
+            first: true,
+            message_seen: false,
+            result: Ok(()),
+        }
+    }
+
+    /// Writes the key (and its separator). A second field named `message` (an explicit field
+    /// beside the format string's) is written as `message.1`: JSON keeps one value per key.
+    fn key(&mut self, field: &Field) -> fmt::Result {
+        let mut name = field.name();
+        if name == "message" {
+            if self.message_seen {
+                name = "message.1";
+            }
+            self.message_seen = true;
+        }
+        let first = std::mem::replace(&mut self.first, false);
+        if self.json {
+            if !first {
+                self.w.write_char(',')?;
+            }
+            json_str(self.w, name)?;
+            self.w.write_char(':')
+        } else {
+            if !first {
+                self.w.write_char(' ')?;
+            }
+            self.w.write_str(name)?;
+            self.w.write_char('=')
+        }
+    }
+
+    /// Whether this field is the text line's message (written bare, before the pairs).
+    fn text_message(&mut self, field: &Field) -> bool {
+        if self.json || !self.event || self.message_seen || field.name() != "message" {
+            return false;
+        }
+        self.message_seen = true;
+        self.first = false;
+        true
+    }
+
+    fn str(&mut self, field: &Field, value: &str) -> fmt::Result {
+        if self.text_message(field) {
+            return Escaped(self.w).write_str(value);
+        }
+        self.key(field)?;
+        if self.json {
+            json_str(self.w, value)
+        } else {
+            text_value(self.w, value)
+        }
+    }
+
+    fn raw(&mut self, field: &Field, value: fmt::Arguments<'_>) -> fmt::Result {
+        self.key(field)?;
+        self.w.write_fmt(value)
+    }
+
+    fn debug(&mut self, field: &Field, value: &dyn fmt::Debug) -> fmt::Result {
+        if self.text_message(field) {
+            return write!(Escaped(self.w), "{value:?}");
+        }
+        self.key(field)?;
+        if self.json {
+            self.w.write_char('"')?;
+            write!(JsonEscaped(self.w), "{value:?}")?;
+            self.w.write_char('"')
+        } else {
+            // Formatted once into a small buffer to see whether it needs quotes.
+            thread_local! {
+                static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
+            }
+            SCRATCH.with(|s| match s.try_borrow_mut() {
+                Ok(mut s) => {
+                    s.clear();
+                    write!(s, "{value:?}")?;
+                    text_value(self.w, &s)
+                }
+                Err(_) => text_value(self.w, &format!("{value:?}")),
+            })
+        }
+    }
+}
+
+impl<W: fmt::Write> Visit for Fields<'_, W> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if self.result.is_ok() {
+            self.result = self.str(field, value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if self.result.is_ok() {
+            self.result = self.debug(field, value);
+        }
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if self.result.is_ok() {
+            self.result = self.raw(field, format_args!("{value}"));
+        }
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        if self.result.is_ok() {
+            self.result = self.raw(field, format_args!("{value}"));
+        }
+    }
+
+    fn record_u128(&mut self, field: &Field, value: u128) {
+        if self.result.is_ok() {
+            self.result = self.raw(field, format_args!("{value}"));
+        }
+    }
+
+    fn record_i128(&mut self, field: &Field, value: i128) {
+        if self.result.is_ok() {
+            self.result = self.raw(field, format_args!("{value}"));
+        }
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        if self.result.is_ok() {
+            self.result = self.raw(field, format_args!("{value}"));
+        }
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        if self.result.is_ok() {
+            // JSON has no NaN or infinity; text writes what Rust prints.
+            self.result = if self.json && !value.is_finite() {
+                self.raw(field, format_args!("null"))
+            } else {
+                self.raw(field, format_args!("{value:?}"))
+            };
+        }
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        if self.result.is_ok() {
+            self.result = self.debug(field, &format_args!("{value}"));
+        }
+    }
+}
+
+/// A text value: bare when it has no space, quote, `=` or control character, else quoted
+/// with Rust's escapes (the quotes and backslashes escaped, control characters as `\u{..}`).
+fn text_value(w: &mut impl fmt::Write, value: &str) -> fmt::Result {
+    let plain = |b: &u8| !matches!(b, 0..=0x20 | b'"' | b'=' | b'\\' | 0x7f..);
+    let bare = !value.is_empty()
+        && (value.bytes().all(|b| plain(&b))
+            || !value
+                .chars()
+                .any(|c| c == ' ' || c == '"' || c == '=' || c == '\\' || c.is_control()));
+    if bare {
+        w.write_str(value)
+    } else {
+        write!(w, "{value:?}")
+    }
+}
+
+/// Writes what it is given with control characters escaped (`\u{1b}`): a text message.
+struct Escaped<'a, W: fmt::Write>(&'a mut W);
+
+impl<W: fmt::Write> fmt::Write for Escaped<'_, W> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let mut rest = s;
+        while let Some(i) = rest.find(|c: char| c.is_control()) {
+            self.0.write_str(&rest[..i])?;
+            let c = rest[i..].chars().next().unwrap_or('\0');
+            write!(self.0, "{}", c.escape_unicode())?;
+            rest = &rest[i + c.len_utf8()..];
+        }
+        self.0.write_str(rest)
+    }
+}
+
+/// The bytes a JSON string escapes: control characters, `"`, `\\` (and DEL).
+static JSON_ESCAPED: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        t[b] = true;
+        b += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t[0x7f] = true;
+    t
+};
+
+/// Writes what it is given as the inside of a JSON string.
+struct JsonEscaped<'a, W: fmt::Write>(&'a mut W);
+
+impl<W: fmt::Write> fmt::Write for JsonEscaped<'_, W> {
+    fn write_str(&mut self, mut s: &str) -> fmt::Result {
+        while let Some(i) = s.bytes().position(|b| JSON_ESCAPED[usize::from(b)]) {
+            self.0.write_str(&s[..i])?;
+            match s.as_bytes()[i] {
+                b'"' => self.0.write_str("\\\"")?,
+                b'\\' => self.0.write_str("\\\\")?,
+                b'\n' => self.0.write_str("\\n")?,
+                b'\r' => self.0.write_str("\\r")?,
+                b'\t' => self.0.write_str("\\t")?,
+                b => write!(self.0, "\\u{b:04x}")?,
+            }
+            // The byte escaped is ASCII, so the rest starts on a character boundary.
+            s = &s[i + 1..];
+        }
+        self.0.write_str(s)
+    }
+}
+
+fn json_str(w: &mut impl fmt::Write, s: &str) -> fmt::Result {
+    w.write_char('"')?;
+    JsonEscaped(w).write_str(s)?;
+    w.write_char('"')
+}
+
+/// Writes the time now as RFC 3339 in UTC with microseconds (`2026-12-07T08:26:22.394184Z`);
+/// the part up to the second is kept per thread and reused within the second.
+fn timestamp(w: &mut impl fmt::Write) -> fmt::Result {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    thread_local! {
+        static SECOND: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+    let secs = now.as_secs();
+    SECOND.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.0 != secs {
+            let prefix = &mut s.1;
+            prefix.clear();
+            second_prefix(prefix, secs)?;
+            s.0 = secs;
+        }
+        w.write_str(&s.1)
+    })?;
+    write!(w, "{:06}Z", now.subsec_micros())
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.` for `secs` since the Unix epoch (UTC, proleptic Gregorian).
+fn second_prefix(out: &mut impl fmt::Write, secs: u64) -> fmt::Result {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    write!(
+        out,
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// The calendar date of a day counted from 1970-01-01 (the days-to-civil conversion over
+/// 400-year eras of 146,097 days).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,196 @@
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+
+use super::*;
+
+/// Collects what the log writes.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Capture {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.lock().expect("capture").extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Capture {
+    type Writer = Capture;
+    fn make_writer(&'a self) -> Capture {
+        self.clone()
+    }
+}
+
+/// The lines `emit` logs at `trace` and up, in `format`.
+fn lines(format: LineFormat, emit: impl FnOnce()) -> Vec<String> {
+    let capture = Capture::default();
+    let layer = tracing_subscriber::fmt::layer()
+        .event_format(format)
+        .fmt_fields(format.fields())
+        .with_writer(capture.clone());
+    let subscriber = tracing_subscriber::registry()
+        .with(layer.with_filter(tracing_subscriber::filter::LevelFilter::TRACE));
+    tracing::subscriber::with_default(subscriber, emit);
+    let bytes = capture.0.lock().expect("capture").clone();
+    String::from_utf8(bytes)
+        .expect("utf-8")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+use tracing_subscriber::Layer as _;
+
+fn emit_request_lines() {
+    let span = tracing::info_span!("request", id = "r\"1", method = "POST", path = "/v1/a b");
+    let _in = span.enter();
+    tracing::warn!(
+        status = 503u64,
+        code = "no_healthy_target",
+        latency = 0.25f64,
+        nan = f64::NAN,
+        negative = -3i64,
+        retried = true,
+        shown = %"x=y",
+        debugged = ?Some(2),
+        message = "second message",
+        "request \u{1b}[31mfailed"
+    );
+}
+
+#[test]
+fn json_lines_are_objects_with_every_field_typed_and_the_span_named() {
+    let lines = lines(LineFormat::json(), emit_request_lines);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let v: serde_json::Value = serde_json::from_str(&lines[0]).expect("one JSON object");
+    assert_eq!(v["level"], "WARN");
+    assert_eq!(v["target"], module_path!());
+    let ts = v["timestamp"].as_str().expect("timestamp");
+    assert_eq!(ts.len(), "2026-12-07T08:26:22.394184Z".len(), "{ts}");
+    assert!(ts.ends_with('Z') && ts.as_bytes()[10] == b'T', "{ts}");
+    let f = &v["fields"];
+    assert_eq!(f["message"], "request \u{1b}[31mfailed");
+    assert_eq!(f["message.1"], "second message");
+    assert_eq!(f["status"], 503);
+    assert_eq!(f["code"], "no_healthy_target");
+    assert_eq!(f["latency"], 0.25);
+    assert!(f["nan"].is_null());
+    assert_eq!(f["negative"], -3);
+    assert_eq!(f["retried"], true);
+    assert_eq!(f["shown"], "x=y");
+    assert_eq!(f["debugged"], "Some(2)");
+    let span =
+        serde_json::json!({"id": "r\"1", "method": "POST", "path": "/v1/a b", "name": "request"});
+    assert_eq!(v["span"], span);
+    assert_eq!(v["spans"], serde_json::json!([span]));
+    // The escape character is escaped, not written.
+    assert!(!lines[0].contains('\u{1b}'), "{}", lines[0]);
+}
+
+#[test]
+fn json_lines_outside_spans_have_no_span_and_a_recorded_span_field_joins_the_rest() {
+    let lines = lines(LineFormat::json(), || {
+        tracing::info!("plain");
+        let span = tracing::info_span!("outer", a = 1u64, b = tracing::field::Empty);
+        span.record("b", "late");
+        let _o = span.enter();
+        let inner = tracing::info_span!("inner");
+        let _i = inner.enter();
+        tracing::info!(n = 2u64, "nested");
+    });
+    let plain: serde_json::Value = serde_json::from_str(&lines[0]).expect("JSON");
+    assert!(
+        plain.get("span").is_none() && plain.get("spans").is_none(),
+        "{plain}"
+    );
+    let nested: serde_json::Value = serde_json::from_str(&lines[1]).expect("JSON");
+    assert_eq!(nested["span"], serde_json::json!({"name": "inner"}));
+    assert_eq!(
+        nested["spans"],
+        serde_json::json!([{"a": 1, "b": "late", "name": "outer"}, {"name": "inner"}])
+    );
+}
+
+#[test]
+fn text_lines_quote_what_would_not_parse_and_escape_control_characters() {
+    let lines = lines(LineFormat::text(false), emit_request_lines);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    assert!(
+        !line.contains('\u{1b}'),
+        "no escape sequence gets through: {line}"
+    );
+    let (ts, rest) = line.split_once(' ').expect("timestamp");
+    assert!(ts.ends_with('Z'), "{ts}");
+    let expected = format!(
+        " WARN request{{id=\"r\\\"1\" method=POST path=\"/v1/a b\"}}: {}: request \\u{{1b}}[31mfailed \
+         status=503 code=no_healthy_target latency=0.25 nan=NaN negative=-3 retried=true \
+         shown=\"x=y\" debugged=Some(2) message.1=\"second message\"",
+        module_path!()
+    );
+    assert_eq!(rest, expected);
+}
+
+#[test]
+fn text_lines_are_coloured_only_when_asked() {
+    let plain = lines(LineFormat::text(false), || tracing::error!("x"));
+    let coloured = lines(LineFormat::text(true), || tracing::error!("x"));
+    assert!(plain[0].contains(" ERROR ") && !plain[0].contains('\u{1b}'));
+    assert!(
+        coloured[0].contains("\u{1b}[31mERROR\u{1b}[0m"),
+        "{}",
+        coloured[0]
+    );
+}
+
+#[test]
+fn an_empty_text_value_is_quoted() {
+    let lines = lines(LineFormat::text(false), || tracing::info!(v = "", "m"));
+    assert!(lines[0].ends_with(": m v=\"\""), "{}", lines[0]);
+}
+
+#[test]
+fn second_prefixes_match_known_dates() {
+    let at = |secs| {
+        let mut s = String::new();
+        second_prefix(&mut s, secs).expect("format");
+        s
+    };
+    assert_eq!(at(0), "1970-01-01T00:00:00.");
+    assert_eq!(at(951_782_400), "2000-02-29T00:00:00.");
+    assert_eq!(at(1_796_632_014), "2026-12-07T08:26:54.");
+    assert_eq!(at(4_102_444_799), "2099-12-31T23:59:59.");
+    assert_eq!(at(253_402_300_799), "9999-12-31T23:59:59.");
+}
+
+#[test]
+fn consecutive_days_are_consecutive_dates() {
+    let leap = |y: i64| (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let month_len = |y: i64, m: u32| match m {
+        2 if leap(y) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    let mut prev = civil_from_days(0);
+    assert_eq!(prev, (1970, 1, 1));
+    for day in 1..200_000 {
+        let next = civil_from_days(day);
+        let (y, m, d) = prev;
+        let expected = if d < month_len(y, m) {
+            (y, m, d + 1)
+        } else if m < 12 {
+            (y, m + 1, 1)
+        } else {
+            (y + 1, 1, 1)
+        };
+        assert_eq!(next, expected, "day {day}");
+        prev = next;
+    }
+}

@@ -125,9 +125,17 @@ impl Access {
     }
 }
 
+/// The status written for a request whose response never began: its client left (or the drain
+/// deadline cut it) while the router still held it (nginx's code for a client that closed).
+pub const CLIENT_CLOSED: u16 = 499;
+
 impl Drop for Access {
     fn drop(&mut self) {
         let f = self.fields.get_mut().unwrap_or_else(|p| p.into_inner());
+        if f.status == 0 {
+            f.status = CLIENT_CLOSED;
+            f.ending = Some(Ending::Abandoned);
+        }
         let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
         tracing::info!(
             target: "access",

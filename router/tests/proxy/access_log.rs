@@ -134,6 +134,10 @@ async fn a_piped_text_log_has_no_escape_codes_and_a_client_cannot_break_a_line()
         "127.0.0.1",
         "--port",
         &api.to_string(),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        &free_port().to_string(),
         "--worker-urls",
         &s.base(),
         "--enable-program-scheduling",
@@ -177,4 +181,65 @@ async fn a_piped_text_log_has_no_escape_codes_and_a_client_cannot_break_a_line()
         line.contains(r#"program="agent\u{1b}[31m-7\n2026"#),
         "{line}"
     );
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_before_its_answer_gets_an_abandoned_line() {
+    let s = sim(&[]).await; // real time: 1000 tokens take ~11 s
+    let api = free_port();
+    let args = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &api.to_string(),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        &free_port().to_string(),
+        "--worker-urls",
+        &s.base(),
+        "--log-format",
+        "json",
+    ]
+    .map(String::from);
+    let child = start_binary(&args);
+    let body = chat("long", 1000);
+    let head = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-request-id: req-gone\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", api))
+        .await
+        .expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut conn, head.as_bytes())
+        .await
+        .expect("send");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(conn);
+    let c = client();
+    let logged = eventually(5.0, || async {
+        // The line is written when the router lets the request go; a second request's line
+        // after it shows the log has moved on.
+        send(
+            &c,
+            "GET",
+            &format!("http://127.0.0.1:{api}/v1/models"),
+            "",
+            &[],
+        )
+        .await
+        .status
+            == 200
+    })
+    .await;
+    assert!(logged);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let log = stop_binary(child);
+    let gone = access_lines(&log)
+        .into_iter()
+        .find(|l| l["request_id"] == "req-gone")
+        .unwrap_or_else(|| panic!("no access line for the request:\n{log}"));
+    assert_eq!(gone["status"], 499, "{gone}");
+    assert_eq!(gone["end"], "abandoned", "{gone}");
+    assert!(gone["duration_ms"].as_f64() < Some(5_000.0), "{gone}");
 }

@@ -10,13 +10,19 @@ use std::sync::OnceLock;
 
 use tracing_subscriber::{EnvFilter, Layer, Registry, layer::SubscriberExt, reload};
 
+use super::log_format::LineFormat;
+use super::log_writer::Buffered;
+
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
 /// Installs the global subscriber: the log (stderr, JSON lines when `json`, else text; shapes in
-/// `log_format`) filtered
-/// by `level`, and with `trace` the OpenTelemetry exporter, whose handle the caller shuts down at
-/// exit. An invalid filter falls back to `info` (the configuration was validated before, so only
-/// a defect gets there).
+/// `log_format`) filtered by `level`, and with `trace` the OpenTelemetry exporter, whose handle
+/// the caller shuts down at exit. An invalid filter falls back to `info` (the configuration was
+/// validated before, so only a defect gets there).
+///
+/// Without `trace` the filter is the subscriber's own: a span or event it turns away is never
+/// built, and entering the request's span asks no per-layer filter. With `trace` it filters the
+/// log alone, as the exporter takes spans at any log level.
 pub fn install(
     level: &str,
     json: bool,
@@ -25,26 +31,45 @@ pub fn install(
     let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = reload::Layer::new(filter);
     let format = if json {
-        super::log_format::LineFormat::json()
+        LineFormat::json()
     } else {
-        super::log_format::LineFormat::text(super::log_format::stderr_is_a_terminal())
+        LineFormat::text(super::log_format::stderr_is_a_terminal())
     };
-    let log = tracing_subscriber::fmt::layer()
-        .event_format(format)
-        .fmt_fields(format.fields())
-        .with_writer(super::log_writer::Buffered);
-    let registry = tracing_subscriber::registry().with(log.with_filter(filter));
-    let (otel, exporter) = match trace {
+    let (installed, exporter) = match trace {
         Some(settings) => {
-            let (layer, exporter) = super::trace::layer(settings)?;
-            (Some(layer), Some(exporter))
+            let (otel, exporter) = super::trace::layer(settings)?;
+            let subscriber = tracing_subscriber::registry()
+                .with(log(format).with_filter(filter))
+                .with(otel);
+            (
+                tracing::subscriber::set_global_default(subscriber),
+                Some(exporter),
+            )
         }
-        None => (None, None),
+        None => {
+            let subscriber = tracing_subscriber::registry()
+                .with(filter)
+                .with(log(format));
+            (tracing::subscriber::set_global_default(subscriber), None)
+        }
     };
-    if tracing::subscriber::set_global_default(registry.with(otel)).is_ok() {
+    if installed.is_ok() {
         let _ = FILTER.set(handle);
     }
     Ok(exporter)
+}
+
+/// The log's layer: lines in `format`, to the buffered writer.
+fn log<S>(
+    format: LineFormat,
+) -> tracing_subscriber::fmt::Layer<S, super::log_format::SpanFields, LineFormat, Buffered>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_subscriber::fmt::layer()
+        .event_format(format)
+        .fmt_fields(format.fields())
+        .with_writer(Buffered)
 }
 
 /// Replaces the installed filter with `level` (a `tracing` filter the config validation

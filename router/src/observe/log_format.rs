@@ -380,9 +380,8 @@ impl<W: fmt::Write> Visit for Fields<'_, W> {
 /// A text value: bare when it has no space, quote, `=` or control character, else quoted
 /// with Rust's escapes (the quotes and backslashes escaped, control characters as `\u{..}`).
 fn text_value(w: &mut impl fmt::Write, value: &str) -> fmt::Result {
-    let plain = |b: &u8| !matches!(b, 0..=0x20 | b'"' | b'=' | b'\\' | 0x7f..);
     let bare = !value.is_empty()
-        && (value.bytes().all(|b| plain(&b))
+        && (value.bytes().all(|b| TEXT_PLAIN[usize::from(b)])
             || !value
                 .chars()
                 .any(|c| c == ' ' || c == '"' || c == '=' || c == '\\' || c.is_control()));
@@ -392,6 +391,18 @@ fn text_value(w: &mut impl fmt::Write, value: &str) -> fmt::Result {
         write!(w, "{value:?}")
     }
 }
+
+/// The bytes a text value may hold bare: printable ASCII but space, `"`, `=` and `\` (a value
+/// with any other byte is checked character by character).
+static TEXT_PLAIN: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0x21;
+    while b < 0x7f {
+        t[b] = !matches!(b as u8, b'"' | b'=' | b'\\');
+        b += 1;
+    }
+    t
+};
 
 /// Writes what it is given with control characters escaped (`\u{1b}`): a text message.
 struct Escaped<'a, W: fmt::Write>(&'a mut W);
@@ -409,7 +420,7 @@ impl<W: fmt::Write> fmt::Write for Escaped<'_, W> {
     }
 }
 
-/// The bytes a JSON string escapes: control characters, `"`, `\\` (and DEL).
+/// The bytes a JSON string escapes: control characters, `"`, `\` (and DEL).
 static JSON_ESCAPED: [bool; 256] = {
     let mut t = [false; 256];
     let mut b = 0;

@@ -194,3 +194,26 @@ fn consecutive_days_are_consecutive_dates() {
         prev = next;
     }
 }
+
+proptest::proptest! {
+    /// Whatever a client puts in a value, a JSON line parses and gives it back exactly, and a
+    /// text line stays one line with no control character in it.
+    #[test]
+    fn any_value_stays_in_its_line(value in "\\PC*|[\\x00-\\x1f\\x7f-\\u{9f}\"=\\\\ a-z\u{e9}\u{1f600}]{0,24}") {
+        let emit = || {
+            let span = tracing::info_span!("request", id = value.as_str());
+            let _in = span.enter();
+            tracing::info!(v = value.as_str(), d = %value, "{value}");
+        };
+        let json = lines(LineFormat::json(), emit);
+        proptest::prop_assert_eq!(json.len(), 1);
+        let v: serde_json::Value = serde_json::from_str(&json[0]).expect("one JSON object");
+        proptest::prop_assert_eq!(v["fields"]["message"].as_str(), Some(value.as_str()));
+        proptest::prop_assert_eq!(v["fields"]["v"].as_str(), Some(value.as_str()));
+        proptest::prop_assert_eq!(v["fields"]["d"].as_str(), Some(value.as_str()));
+        proptest::prop_assert_eq!(v["span"]["id"].as_str(), Some(value.as_str()));
+        let text = lines(LineFormat::text(false), emit);
+        proptest::prop_assert_eq!(text.len(), 1);
+        proptest::prop_assert!(!text[0].chars().any(char::is_control), "{}", text[0]);
+    }
+}

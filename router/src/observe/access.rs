@@ -127,7 +127,7 @@ impl Access {
 
 /// The status written for a request whose response never began: its client left (or the drain
 /// deadline cut it) while the router still held it (nginx's code for a client that closed).
-pub const CLIENT_CLOSED: u16 = 499;
+const CLIENT_CLOSED: u16 = 499;
 
 impl Drop for Access {
     fn drop(&mut self) {

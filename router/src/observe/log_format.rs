@@ -285,9 +285,14 @@ impl<'a, W: fmt::Write> Fields<'a, W> {
         }
     }
 
-    fn raw(&mut self, field: &Field, value: fmt::Arguments<'_>) -> fmt::Result {
-        self.key(field)?;
-        self.w.write_fmt(value)
+    /// A value written as it formats (a number, a boolean); the first error stops the rest.
+    fn raw(&mut self, field: &Field, value: fmt::Arguments<'_>) {
+        if self.result.is_ok() {
+            self.result = self.key(field);
+        }
+        if self.result.is_ok() {
+            self.result = self.w.write_fmt(value);
+        }
     }
 
     fn debug(&mut self, field: &Field, value: &dyn fmt::Debug) -> fmt::Result {
@@ -330,43 +335,31 @@ impl<W: fmt::Write> Visit for Fields<'_, W> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if self.result.is_ok() {
-            self.result = self.raw(field, format_args!("{value}"));
-        }
+        self.raw(field, format_args!("{value}"));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if self.result.is_ok() {
-            self.result = self.raw(field, format_args!("{value}"));
-        }
+        self.raw(field, format_args!("{value}"));
     }
 
     fn record_u128(&mut self, field: &Field, value: u128) {
-        if self.result.is_ok() {
-            self.result = self.raw(field, format_args!("{value}"));
-        }
+        self.raw(field, format_args!("{value}"));
     }
 
     fn record_i128(&mut self, field: &Field, value: i128) {
-        if self.result.is_ok() {
-            self.result = self.raw(field, format_args!("{value}"));
-        }
+        self.raw(field, format_args!("{value}"));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        if self.result.is_ok() {
-            self.result = self.raw(field, format_args!("{value}"));
-        }
+        self.raw(field, format_args!("{value}"));
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        if self.result.is_ok() {
-            // JSON has no NaN or infinity; text writes what Rust prints.
-            self.result = if self.json && !value.is_finite() {
-                self.raw(field, format_args!("null"))
-            } else {
-                self.raw(field, format_args!("{value:?}"))
-            };
+        // JSON has no NaN or infinity; text writes what Rust prints.
+        if self.json && !value.is_finite() {
+            self.raw(field, format_args!("null"));
+        } else {
+            self.raw(field, format_args!("{value:?}"));
         }
     }
 

@@ -125,27 +125,33 @@ async fn every_request_gets_one_access_line_when_its_response_ends() {
     assert!(!log.contains(key), "the log holds the client key");
 }
 
+/// The binary's flags: the API on `api`, metrics on a free port, one worker, then `more`.
+fn flags(api: u16, worker: &str, more: &[&str]) -> Vec<String> {
+    let (api, metrics) = (api.to_string(), free_port().to_string());
+    let base = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &api,
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        &metrics,
+        "--worker-urls",
+        worker,
+    ];
+    base.iter().chain(more).map(|a| a.to_string()).collect()
+}
+
 #[tokio::test]
 async fn a_piped_text_log_has_no_escape_codes_and_a_client_cannot_break_a_line() {
     let s = sim(&["--instant"]).await;
     let api = free_port();
-    let args = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &api.to_string(),
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        &free_port().to_string(),
-        "--worker-urls",
+    let child = start_binary(&flags(
+        api,
         &s.base(),
-        "--enable-program-scheduling",
-        "--log-format",
-        "text",
-    ]
-    .map(String::from);
-    let child = start_binary(&args);
+        &["--enable-program-scheduling", "--log-format", "text"],
+    ));
     let c = client();
     let url = format!("http://127.0.0.1:{api}{CHAT}");
     // A Program id is the client's to choose: an escape sequence and a forged second line.
@@ -187,22 +193,7 @@ async fn a_piped_text_log_has_no_escape_codes_and_a_client_cannot_break_a_line()
 async fn a_client_that_leaves_before_its_answer_gets_an_abandoned_line() {
     let s = sim(&[]).await; // real time: 1000 tokens take ~11 s
     let api = free_port();
-    let args = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &api.to_string(),
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        &free_port().to_string(),
-        "--worker-urls",
-        &s.base(),
-        "--log-format",
-        "json",
-    ]
-    .map(String::from);
-    let child = start_binary(&args);
+    let child = start_binary(&flags(api, &s.base(), &["--log-format", "json"]));
     let body = chat("long", 1000);
     let head = format!(
         "POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-request-id: req-gone\r\ncontent-length: {}\r\n\r\n{body}",

@@ -135,8 +135,8 @@ async fn main() -> ExitCode {
     };
     tracing::info!(
         addr = %bound.api_addr,
-        metrics = ?bound.metrics.as_ref().map(|m| m.1),
-        peer = ?bound.peer.as_ref().map(|m| m.1),
+        metrics = bound.metrics.as_ref().map(|m| m.1.to_string()),
+        peer = bound.peer.as_ref().map(|m| m.1.to_string()),
         targets = bound.state.applied.load().targets.targets.len(),
         policy = config.policy.kind.as_str(),
         hash = %bound.state.applied.load().hash,

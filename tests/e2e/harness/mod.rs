@@ -261,14 +261,25 @@ impl ControlPlane {
         }
     }
 
+    /// Waits up to 60 s for the CRD's `Established` condition. A CRD read before the API server
+    /// wrote its first status has no `.status.conditions`, and `kubectl wait` then fails at once
+    /// ("accessor error: <nil> ...") instead of waiting: that failure is retried.
     fn wait_established(&self, crd: &str) {
-        self.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            &format!("crd/{crd}"),
-        ])
-        .expect_ok(&format!("{crd} established"));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = self.kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                &format!("crd/{crd}"),
+            ]);
+            let unwritten = !out.ok && out.stderr.contains("accessor error");
+            if !unwritten || Instant::now() >= deadline {
+                out.expect_ok(&format!("{crd} established"));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Creates a namespace and waits for its default ServiceAccount (which the ServiceAccount

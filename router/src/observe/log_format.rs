@@ -99,7 +99,7 @@ where
         }
         LINE.with(|line| match line.try_borrow_mut() {
             Ok(mut line) => {
-                line.clear();
+                reuse(&mut line);
                 self.line(&mut line, ctx, event)?;
                 w.write_str(&line)
             }
@@ -196,6 +196,19 @@ impl LineFormat {
             w.push('\n');
         }
         Ok(())
+    }
+}
+
+/// Most of a buffer's capacity a thread keeps between lines: one long line (a large debug
+/// value) is not held for the thread's life.
+const KEEP_BYTES: usize = 16 * 1024;
+
+/// Empties a per-thread buffer for the next line, letting go of a long line's capacity.
+fn reuse(buf: &mut String) {
+    if buf.capacity() > KEEP_BYTES {
+        *buf = String::new();
+    } else {
+        buf.clear();
     }
 }
 
@@ -311,7 +324,7 @@ impl<'a, W: fmt::Write> Fields<'a, W> {
             }
             SCRATCH.with(|s| match s.try_borrow_mut() {
                 Ok(mut s) => {
-                    s.clear();
+                    reuse(&mut s);
                     write!(s, "{value:?}")?;
                     text_value(self.w, &s)
                 }

@@ -227,6 +227,13 @@ pub fn free_port() -> u16 {
 /// Starts the program-router binary with `args` (stdout and stderr piped) and waits for its
 /// `listening on` line; the caller kills it and reads its log from stderr.
 pub fn start_binary(args: &[String]) -> std::process::Child {
+    start_binary_at(args).0
+}
+
+/// [`start_binary`], and the base URL it listens on (from its `listening on` line): with
+/// `--port 0` the kernel picks a free port as the router binds it, where a port chosen before
+/// (`free_port`) can be taken in between by any connection another test opens.
+pub fn start_binary_at(args: &[String]) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_program-router"))
         .args(args)
@@ -237,8 +244,21 @@ pub fn start_binary(args: &[String]) -> std::process::Child {
     let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
     let mut first = String::new();
     out.read_line(&mut first).expect("listening line");
-    assert!(first.starts_with("listening on"), "{first}");
-    child
+    let Some(base) = first
+        .trim()
+        .strip_prefix("listening on ")
+        .map(str::to_string)
+    else {
+        // It did not start: what it said on stderr is the reason.
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut log = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut log);
+        }
+        panic!("program-router did not start ({first:?}); its log:\n{log}");
+    };
+    (child, base)
 }
 
 /// Stops `child` (SIGTERM, so that it drains and writes out its buffered log; SIGKILL after 10 s)

@@ -125,18 +125,17 @@ async fn every_request_gets_one_access_line_when_its_response_ends() {
     assert!(!log.contains(key), "the log holds the client key");
 }
 
-/// The binary's flags: the API on `api`, metrics on a free port, one worker, then `more`.
-fn flags(api: u16, worker: &str, more: &[&str]) -> Vec<String> {
-    let (api, metrics) = (api.to_string(), free_port().to_string());
+/// The binary's flags: the API and metrics on ports the kernel picks, one worker, then `more`.
+fn flags(worker: &str, more: &[&str]) -> Vec<String> {
     let base = [
         "--host",
         "127.0.0.1",
         "--port",
-        &api,
+        "0",
         "--prometheus-host",
         "127.0.0.1",
         "--prometheus-port",
-        &metrics,
+        "0",
         "--worker-urls",
         worker,
     ];
@@ -146,14 +145,12 @@ fn flags(api: u16, worker: &str, more: &[&str]) -> Vec<String> {
 #[tokio::test]
 async fn a_piped_text_log_has_no_escape_codes_and_a_client_cannot_break_a_line() {
     let s = sim(&["--instant"]).await;
-    let api = free_port();
-    let child = start_binary(&flags(
-        api,
+    let (child, base) = start_binary_at(&flags(
         &s.base(),
         &["--enable-program-scheduling", "--log-format", "text"],
     ));
     let c = client();
-    let url = format!("http://127.0.0.1:{api}{CHAT}");
+    let url = format!("{base}{CHAT}");
     // A Program id is the client's to choose: an escape sequence and a forged second line.
     let forged = "agent\u{1b}[31m-7\n2026-01-01T00:00:00.000000Z  INFO access: request status=200";
     let mut turn: serde_json::Value = serde_json::from_str(&chat("turn", 2)).expect("json");
@@ -192,16 +189,17 @@ async fn a_piped_text_log_has_no_escape_codes_and_a_client_cannot_break_a_line()
 #[tokio::test]
 async fn a_client_that_leaves_before_its_answer_gets_an_abandoned_line() {
     let s = sim(&[]).await; // real time: 1000 tokens take ~11 s
-    let api = free_port();
-    let child = start_binary(&flags(api, &s.base(), &["--log-format", "json"]));
+    let (child, base) = start_binary_at(&flags(&s.base(), &["--log-format", "json"]));
+    let api: std::net::SocketAddr = base
+        .trim_start_matches("http://")
+        .parse()
+        .expect("listening address");
     let body = chat("long", 1000);
     let head = format!(
         "POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-request-id: req-gone\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", api))
-        .await
-        .expect("connect");
+    let mut conn = tokio::net::TcpStream::connect(api).await.expect("connect");
     tokio::io::AsyncWriteExt::write_all(&mut conn, head.as_bytes())
         .await
         .expect("send");
@@ -211,15 +209,9 @@ async fn a_client_that_leaves_before_its_answer_gets_an_abandoned_line() {
     let logged = eventually(5.0, || async {
         // The line is written when the router lets the request go; a second request's line
         // after it shows the log has moved on.
-        send(
-            &c,
-            "GET",
-            &format!("http://127.0.0.1:{api}/v1/models"),
-            "",
-            &[],
-        )
-        .await
-        .status
+        send(&c, "GET", &format!("{base}/v1/models"), "", &[])
+            .await
+            .status
             == 200
     })
     .await;

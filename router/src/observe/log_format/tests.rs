@@ -217,3 +217,18 @@ proptest::proptest! {
         proptest::prop_assert!(!text[0].chars().any(char::is_control), "{}", text[0]);
     }
 }
+
+#[test]
+fn a_long_line_leaves_no_large_buffer_behind() {
+    let mut buf = String::with_capacity(KEEP_BYTES * 4);
+    buf.push_str("long");
+    reuse(&mut buf);
+    assert!(buf.is_empty() && buf.capacity() <= KEEP_BYTES);
+    let mut small = String::with_capacity(64);
+    small.push('x');
+    reuse(&mut small);
+    assert!(
+        small.is_empty() && small.capacity() >= 64,
+        "a small buffer is kept"
+    );
+}

@@ -22,7 +22,8 @@ static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 ///
 /// Without `trace` the filter is the subscriber's own: a span or event it turns away is never
 /// built, and entering the request's span asks no per-layer filter. With `trace` it filters the
-/// log alone, as the exporter takes spans at any log level.
+/// log alone, as the exporter takes spans at any log level, and the log never sees the exporter's
+/// spans (target `trace::TARGET`).
 pub fn install(
     level: &str,
     json: bool,
@@ -38,8 +39,11 @@ pub fn install(
     let (installed, exporter) = match trace {
         Some(settings) => {
             let (otel, exporter) = super::trace::layer(settings)?;
+            // The exporter's spans are not the log's: its lines never list them.
+            let not_traces =
+                tracing_subscriber::filter::filter_fn(|m| m.target() != super::trace::TARGET);
             let subscriber = tracing_subscriber::registry()
-                .with(log(format).with_filter(filter))
+                .with(log(format).with_filter(not_traces).with_filter(filter))
                 .with(otel);
             (
                 tracing::subscriber::set_global_default(subscriber),

@@ -142,7 +142,16 @@ async fn main() -> ExitCode {
         hash = %bound.state.applied.load().hash,
         "program-router listening"
     );
-    println!("listening on http://{}", bound.api_addr);
+    // One write, the API's line first: a reader that stops after that line (and closes the pipe)
+    // cannot make a later line fail; `--port 0` users learn every chosen port here.
+    let mut lines = format!("listening on http://{}\n", bound.api_addr);
+    if let Some((_, addr)) = &bound.metrics {
+        lines.push_str(&format!("metrics on http://{addr}\n"));
+    }
+    if let Some((_, addr)) = &bound.peer {
+        lines.push_str(&format!("peers on http://{addr}\n"));
+    }
+    print!("{lines}");
     let served = bound.serve(program_router::run::shutdown_signal()).await;
     // Spans still queued go to the collector before the process ends.
     if let Some(e) = exporter {

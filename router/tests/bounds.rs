@@ -329,18 +329,17 @@ async fn the_routers_log_holds_no_key_even_at_debug() {
     let peer_secret = "ps-3f9a1c7e5b2d8046aa71c3e9f5b2d804";
     let secret_file = dir.path().join("peer");
     std::fs::write(&secret_file, peer_secret).expect("secret");
-    let (api, metrics, peer) = (free_port(), free_port(), free_port());
     let args = [
         "--host",
         "127.0.0.1",
         "--prometheus-host",
         "127.0.0.1",
         "--port",
-        &api.to_string(),
+        "0",
         "--prometheus-port",
-        &metrics.to_string(),
+        "0",
         "--peer-port",
-        &peer.to_string(),
+        "0",
         "--peer-host",
         "127.0.0.1",
         "--peer-secret-file",
@@ -355,9 +354,9 @@ async fn the_routers_log_holds_no_key_even_at_debug() {
         "debug",
     ]
     .map(String::from);
-    let child = start_binary(&args);
+    let router = start_binary(&args);
     let c = client();
-    let url = |p: &str| format!("http://127.0.0.1:{api}{p}");
+    let url = |p: &str| format!("{}{p}", router.base);
     let chat = chat("hello", 2);
     for key in [client_key, worker_key, "wrong-key"] {
         let auth = format!("Bearer {key}");
@@ -378,7 +377,8 @@ async fn the_routers_log_holds_no_key_even_at_debug() {
         )
         .await;
     }
-    let peer_url = format!("http://127.0.0.1:{peer}/peers/usage");
+    let peer = router.peer.as_deref().expect("a peer listener");
+    let peer_url = format!("{peer}/peers/usage");
     send(
         &c,
         "GET",
@@ -388,7 +388,10 @@ async fn the_routers_log_holds_no_key_even_at_debug() {
     )
     .await;
     get(&c, &url("/status")).await;
-    let log = stop_binary(child);
+    // The metrics listener's port came back on stdout, beside the API's and the peers'.
+    let metrics = router.metrics.as_deref().expect("a metrics listener");
+    assert_eq!(get(&c, &format!("{metrics}/metrics")).await.status, 200);
+    let log = stop_binary(router.child);
     assert!(log.contains("program-router listening"), "{log}");
     for key in [worker_key, client_key, peer_secret] {
         assert!(!log.contains(key), "the log holds a key: {key}");

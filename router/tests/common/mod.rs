@@ -218,22 +218,23 @@ pub async fn closed_within(stream: &mut tokio::net::TcpStream, secs: f64) -> boo
     }
 }
 
-/// A free loopback port (bound then released: a router started just after takes it).
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("addr").port()
+/// A router binary started by [`start_binary`]: the process and the URLs of its listeners.
+pub struct Started {
+    pub child: std::process::Child,
+    /// The API listener, `http://ADDR`.
+    pub base: String,
+    /// The metrics listener, when it has one.
+    pub metrics: Option<String>,
+    /// The peer listener, when it has one.
+    pub peer: Option<String>,
 }
 
-/// Starts the program-router binary with `args` (stdout and stderr piped) and waits for its
-/// `listening on` line; the caller kills it and reads its log from stderr.
-pub fn start_binary(args: &[String]) -> std::process::Child {
-    start_binary_at(args).0
-}
-
-/// [`start_binary`], and the base URL it listens on (from its `listening on` line): with
-/// `--port 0` the kernel picks a free port as the router binds it, where a port chosen before
-/// (`free_port`) can be taken in between by any connection another test opens.
-pub fn start_binary_at(args: &[String]) -> (std::process::Child, String) {
+/// Starts the program-router binary with `args` (stdout and stderr piped) and reads the lines it
+/// prints once it listens (`listening on`, `metrics on`, `peers on`, in one write); the caller
+/// stops it with [`stop_binary`] and reads its log from stderr. Pass `--port 0` (and `0` for the
+/// other listeners): the kernel picks a free port as the router binds it, where a port chosen
+/// before and released can be taken in between by any connection another test opens.
+pub fn start_binary(args: &[String]) -> Started {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_program-router"))
         .args(args)
@@ -258,7 +259,20 @@ pub fn start_binary_at(args: &[String]) -> (std::process::Child, String) {
         }
         panic!("program-router did not start ({first:?}); its log:\n{log}");
     };
-    (child, base)
+    // The other lines came in the same write, so they are in the reader's buffer already.
+    let rest = String::from_utf8_lossy(out.buffer()).into_owned();
+    let line = |prefix: &str| {
+        rest.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(str::to_string)
+    };
+    let (metrics, peer) = (line("metrics on "), line("peers on "));
+    Started {
+        child,
+        base,
+        metrics,
+        peer,
+    }
 }
 
 /// Stops `child` (SIGTERM, so that it drains and writes out its buffered log; SIGKILL after 10 s)

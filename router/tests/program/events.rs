@@ -42,7 +42,6 @@ fn silent_worker() -> String {
 async fn the_spec_events_are_logged_and_a_silent_rank_falls_back_once() {
     let s = sim(&["--time-scale", "20"]).await;
     let silent = silent_worker();
-    let (api, metrics) = (free_port(), free_port());
     let ps = r#"{"metrics_interval_seconds": 0.2, "token_capacity_per_dp_rank": 8192}"#;
     let args = [
         "--host",
@@ -50,9 +49,9 @@ async fn the_spec_events_are_logged_and_a_silent_rank_falls_back_once() {
         "--prometheus-host",
         "127.0.0.1",
         "--port",
-        &api.to_string(),
+        "0",
         "--prometheus-port",
-        &metrics.to_string(),
+        "0",
         "--worker-urls",
         &s.base(),
         &silent,
@@ -65,9 +64,9 @@ async fn the_spec_events_are_logged_and_a_silent_rank_falls_back_once() {
         "json",
     ]
     .map(String::from);
-    let child = start_binary(&args);
+    let router = start_binary(&args);
     let c = client();
-    let url = format!("http://127.0.0.1:{api}{CHAT}");
+    let url = format!("{}{CHAT}", router.base);
     // Two turns of one Program with a tool call between them: one return interval.
     for turn in 0..2 {
         let reply = post(
@@ -79,7 +78,7 @@ async fn the_spec_events_are_logged_and_a_silent_rank_falls_back_once() {
         assert_eq!(reply.status, 200, "{}", reply.text());
         tokio::time::sleep(Duration::from_millis(900)).await;
     }
-    let log = stop_binary(child);
+    let log = stop_binary(router.child);
 
     let fallback = events(&log, "capacity_observation_fallback");
     assert_eq!(

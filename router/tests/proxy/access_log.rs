@@ -19,11 +19,10 @@ async fn every_request_gets_one_access_line_when_its_response_ends() {
     let s = sim(&["--instant"]).await;
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("router.json");
-    let api = free_port();
     let key = "ck-4f1d9a7c2e8b6035";
     let config = |access_log: bool| {
         json!({
-            "host": "127.0.0.1", "port": api, "prometheus_port": null,
+            "host": "127.0.0.1", "port": 0, "prometheus_port": null,
             "workers": [{"url": s.base()}], "log_format": "json",
             "client_api_keys": [key], "access_log": access_log,
             "program_scheduling": {}, "fairness": {},
@@ -35,9 +34,9 @@ async fn every_request_gets_one_access_line_when_its_response_ends() {
         std::fs::rename(&tmp, &path).expect("rename");
     };
     write(config(true));
-    let child = start_binary(&["--config".into(), path.display().to_string()]);
+    let router = start_binary(&["--config".into(), path.display().to_string()]);
     let c = client();
-    let url = format!("http://127.0.0.1:{api}{CHAT}");
+    let url = format!("{}{CHAT}", router.base);
     let auth = format!("Bearer {key}");
     let mut turn: serde_json::Value = serde_json::from_str(&chat("turn", 3)).expect("json");
     turn["vllm_xargs"] = json!({"agentic_context": {"program_id": "agent-7"}});
@@ -69,9 +68,7 @@ async fn every_request_gets_one_access_line_when_its_response_ends() {
     // Switched off by a reload: no line for what follows.
     write(config(false));
     let off = eventually(5.0, || async {
-        let st = get(&c, &format!("http://127.0.0.1:{api}/status"))
-            .await
-            .json();
+        let st = get(&c, &format!("{}/status", router.base)).await.json();
         st["last_reload_error"].is_null() && st["config"]["generation"].as_u64() > Some(1)
     })
     .await;
@@ -86,7 +83,7 @@ async fn every_request_gets_one_access_line_when_its_response_ends() {
     .await;
     assert_eq!(quiet.status, 200);
 
-    let log = stop_binary(child);
+    let log = stop_binary(router.child);
     let lines = access_lines(&log);
     let by_id = |id: &str| {
         lines
@@ -145,12 +142,12 @@ fn flags(worker: &str, more: &[&str]) -> Vec<String> {
 #[tokio::test]
 async fn a_piped_text_log_has_no_escape_codes_and_a_client_cannot_break_a_line() {
     let s = sim(&["--instant"]).await;
-    let (child, base) = start_binary_at(&flags(
+    let router = start_binary(&flags(
         &s.base(),
         &["--enable-program-scheduling", "--log-format", "text"],
     ));
     let c = client();
-    let url = format!("{base}{CHAT}");
+    let url = format!("{}{CHAT}", router.base);
     // A Program id is the client's to choose: an escape sequence and a forged second line.
     let forged = "agent\u{1b}[31m-7\n2026-01-01T00:00:00.000000Z  INFO access: request status=200";
     let mut turn: serde_json::Value = serde_json::from_str(&chat("turn", 2)).expect("json");
@@ -164,7 +161,7 @@ async fn a_piped_text_log_has_no_escape_codes_and_a_client_cannot_break_a_line()
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let log = stop_binary(child);
+    let log = stop_binary(router.child);
     assert!(
         !log.contains('\u{1b}'),
         "an escape character in the log:\n{log}"
@@ -189,8 +186,9 @@ async fn a_piped_text_log_has_no_escape_codes_and_a_client_cannot_break_a_line()
 #[tokio::test]
 async fn a_client_that_leaves_before_its_answer_gets_an_abandoned_line() {
     let s = sim(&[]).await; // real time: 1000 tokens take ~11 s
-    let (child, base) = start_binary_at(&flags(&s.base(), &["--log-format", "json"]));
-    let api: std::net::SocketAddr = base
+    let router = start_binary(&flags(&s.base(), &["--log-format", "json"]));
+    let api: std::net::SocketAddr = router
+        .base
         .trim_start_matches("http://")
         .parse()
         .expect("listening address");
@@ -209,7 +207,7 @@ async fn a_client_that_leaves_before_its_answer_gets_an_abandoned_line() {
     let logged = eventually(5.0, || async {
         // The line is written when the router lets the request go; a second request's line
         // after it shows the log has moved on.
-        send(&c, "GET", &format!("{base}/v1/models"), "", &[])
+        send(&c, "GET", &format!("{}/v1/models", router.base), "", &[])
             .await
             .status
             == 200
@@ -217,7 +215,7 @@ async fn a_client_that_leaves_before_its_answer_gets_an_abandoned_line() {
     .await;
     assert!(logged);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let log = stop_binary(child);
+    let log = stop_binary(router.child);
     let gone = access_lines(&log)
         .into_iter()
         .find(|l| l["request_id"] == "req-gone")

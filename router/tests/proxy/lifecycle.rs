@@ -415,9 +415,8 @@ async fn a_reloaded_log_level_applies_at_once_and_a_new_log_format_is_refused() 
     let s = sim(&["--instant"]).await;
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("router.json");
-    let api = free_port();
     let base = json!({
-        "host": "127.0.0.1", "port": api, "prometheus_port": null,
+        "host": "127.0.0.1", "port": 0, "prometheus_port": null,
         "workers": [{"url": s.base()}], "log_format": "json",
     });
     let write = |changes: serde_json::Value| {
@@ -431,15 +430,12 @@ async fn a_reloaded_log_level_applies_at_once_and_a_new_log_format_is_refused() 
         cfg
     };
     write(json!({"log_level": "warn"}));
-    let child = start_binary(&["--config".into(), path.display().to_string()]);
+    let router = start_binary(&["--config".into(), path.display().to_string()]);
     let c = client();
+    let status_url = format!("{}/status", router.base);
     let status = |c: &HttpClient| {
-        let c = c.clone();
-        async move {
-            get(&c, &format!("http://127.0.0.1:{api}/status"))
-                .await
-                .json()
-        }
+        let (c, url) = (c.clone(), status_url.clone());
+        async move { get(&c, &url).await.json() }
     };
     let applied = |policy: &'static str| {
         let c = c.clone();
@@ -466,7 +462,7 @@ async fn a_reloaded_log_level_applies_at_once_and_a_new_log_format_is_refused() 
     .await;
     assert!(refused, "{}", status(&c).await);
     assert_eq!(status(&c).await["config"]["policy"], "round_robin");
-    let log = stop_binary(child);
+    let log = stop_binary(router.child);
     assert_eq!(log.matches("configuration reloaded").count(), 1, "{log}");
     assert!(log.contains("configuration reload rejected"), "{log}");
 }

@@ -109,17 +109,19 @@ fn attribute(span: &Span, key: &str) -> Option<String> {
 #[tokio::test]
 async fn a_traced_request_continues_the_clients_trace_down_to_the_backend() {
     let collector = Collector::default();
-    let otlp = free_port();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a collector port");
+    let otlp = listener.local_addr().expect("addr").port();
     let server = tonic::transport::Server::builder()
         .add_service(TraceServiceServer::new(collector.clone()))
-        .serve(([127, 0, 0, 1], otlp).into());
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
     tokio::spawn(server);
     let (backend, heads) = recording_backend();
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("router.json");
-    let api = free_port();
     let config = json!({
-        "host": "127.0.0.1", "port": api, "prometheus_port": null,
+        "host": "127.0.0.1", "port": 0, "prometheus_port": null,
         "workers": [{"url": backend}], "log_format": "json",
         "program_scheduling": {},
         "enable_trace": true,
@@ -127,7 +129,7 @@ async fn a_traced_request_continues_the_clients_trace_down_to_the_backend() {
         "otel_sampling_ratio": 0.0,
     });
     std::fs::write(&path, config.to_string()).expect("config");
-    let child = start_binary(&["--config".into(), path.display().to_string()]);
+    let router = start_binary(&["--config".into(), path.display().to_string()]);
     let c = client();
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let client_span = "00f067aa0ba902b7";
@@ -137,7 +139,7 @@ async fn a_traced_request_continues_the_clients_trace_down_to_the_backend() {
     let r = send(
         &c,
         "POST",
-        &format!("http://127.0.0.1:{api}{CHAT}"),
+        &format!("{}{CHAT}", router.base),
         &turn.to_string(),
         &[("traceparent", &traceparent)],
     )
@@ -147,7 +149,7 @@ async fn a_traced_request_continues_the_clients_trace_down_to_the_backend() {
     let untraced = send(
         &c,
         "POST",
-        &format!("http://127.0.0.1:{api}{CHAT}"),
+        &format!("{}{CHAT}", router.base),
         &chat("x", 1),
         &[],
     )
@@ -166,7 +168,7 @@ async fn a_traced_request_continues_the_clients_trace_down_to_the_backend() {
         names.iter().all(|n| spans.iter().any(|s| s.name == *n))
     })
     .await;
-    let log = stop_binary(child);
+    let log = stop_binary(router.child);
     let spans = collector.0.lock().expect("spans").clone();
     assert!(
         complete,
@@ -239,4 +241,17 @@ async fn a_traced_request_continues_the_clients_trace_down_to_the_backend() {
         heads.iter().any(|h| h.contains(&want)),
         "no backend request carried {want}: {heads:?}"
     );
+    // The exporter's spans stay out of the log: its lines list the request's span only.
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let listed: Vec<String> = lines
+        .iter()
+        .filter_map(|l| l["spans"].as_array())
+        .flatten()
+        .filter_map(|s| s["name"].as_str().map(str::to_string))
+        .collect();
+    assert!(listed.iter().any(|n| n == "request"), "{log}");
+    assert!(listed.iter().all(|n| n == "request"), "{listed:?}");
 }

@@ -97,17 +97,17 @@ where
         thread_local! {
             static LINE: RefCell<String> = const { RefCell::new(String::new()) };
         }
+        let mut write = |line: &mut String| {
+            self.line(line, ctx, event)?;
+            w.write_str(line)
+        };
         LINE.with(|line| match line.try_borrow_mut() {
             Ok(mut line) => {
                 reuse(&mut line);
-                self.line(&mut line, ctx, event)?;
-                w.write_str(&line)
+                write(&mut line)
             }
-            Err(_) => {
-                let mut line = String::new();
-                self.line(&mut line, ctx, event)?;
-                w.write_str(&line)
-            }
+            // A log call made while this thread's line is being built: a line of its own.
+            Err(_) => write(&mut String::new()),
         })
     }
 }
@@ -387,7 +387,7 @@ impl<W: fmt::Write> Visit for Fields<'_, W> {
 /// with Rust's escapes (the quotes and backslashes escaped, control characters as `\u{..}`).
 fn text_value(w: &mut impl fmt::Write, value: &str) -> fmt::Result {
     let bare = !value.is_empty()
-        && (value.bytes().all(|b| TEXT_PLAIN[usize::from(b)])
+        && (find_marked(value.as_bytes(), &TEXT_NOT_PLAIN, text_not_plain_in).is_none()
             || !value
                 .chars()
                 .any(|c| c == ' ' || c == '"' || c == '=' || c == '\\' || c.is_control()));
@@ -398,17 +398,68 @@ fn text_value(w: &mut impl fmt::Write, value: &str) -> fmt::Result {
     }
 }
 
-/// The bytes a text value may hold bare: printable ASCII but space, `"`, `=` and `\` (a value
-/// with any other byte is checked character by character).
-static TEXT_PLAIN: [bool; 256] = {
-    let mut t = [false; 256];
+/// The bytes a text value may not hold bare: all but printable ASCII, and space, `"`, `=` and
+/// `\` (a value with any of them is checked character by character).
+static TEXT_NOT_PLAIN: [bool; 256] = {
+    let mut t = [true; 256];
     let mut b = 0x21;
     while b < 0x7f {
-        t[b] = !matches!(b as u8, b'"' | b'=' | b'\\');
+        t[b] = matches!(b as u8, b'"' | b'=' | b'\\');
         b += 1;
     }
     t
 };
+
+/// Eight `0x01` bytes; `ONES * b` is eight `b` bytes.
+const ONES: u64 = 0x0101_0101_0101_0101;
+/// The high bit of each of eight bytes.
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of each byte of `w` below `n` (`n` ≤ 128) is set in the result (and maybe of
+/// bytes above one that is): non-zero exactly when some byte is below `n`.
+const fn bytes_below(w: u64, n: u8) -> u64 {
+    w.wrapping_sub(ONES * n as u64) & !w & HIGH
+}
+
+/// Non-zero exactly when some byte of `w` is `b`.
+const fn bytes_equal(w: u64, b: u8) -> u64 {
+    bytes_below(w ^ (ONES * b as u64), 1)
+}
+
+/// Whether the word holds a byte [`JSON_ESCAPED`] marks.
+fn json_escaped_in(w: u64) -> bool {
+    bytes_below(w, 0x20) | bytes_equal(w, b'"') | bytes_equal(w, b'\\') | bytes_equal(w, 0x7f) != 0
+}
+
+/// Whether the word holds a byte [`TEXT_NOT_PLAIN`] marks.
+fn text_not_plain_in(w: u64) -> bool {
+    (w & HIGH)
+        | bytes_below(w, 0x21)
+        | bytes_equal(w, 0x7f)
+        | bytes_equal(w, b'"')
+        | bytes_equal(w, b'=')
+        | bytes_equal(w, b'\\')
+        != 0
+}
+
+/// The first byte of `s` that `table` marks. Eight bytes are looked at at once: `word_has`
+/// says whether a word (little-endian) holds a marked byte, and only such a word is searched
+/// byte by byte — log values are mostly long runs of bytes written as they are.
+fn find_marked(s: &[u8], table: &[bool; 256], word_has: impl Fn(u64) -> bool) -> Option<usize> {
+    let marked = |b: &u8| table[usize::from(*b)];
+    let mut words = s.chunks_exact(8);
+    let mut at = 0;
+    for word in &mut words {
+        let bytes: [u8; 8] = word.try_into().unwrap_or([0; 8]);
+        if word_has(u64::from_le_bytes(bytes))
+            && let Some(i) = word.iter().position(marked)
+        {
+            return Some(at + i);
+        }
+        at += 8;
+    }
+    words.remainder().iter().position(marked).map(|i| at + i)
+}
 
 /// Writes what it is given with control characters escaped (`\u{1b}`): a text message.
 struct Escaped<'a, W: fmt::Write>(&'a mut W);
@@ -445,7 +496,7 @@ struct JsonEscaped<'a, W: fmt::Write>(&'a mut W);
 
 impl<W: fmt::Write> fmt::Write for JsonEscaped<'_, W> {
     fn write_str(&mut self, mut s: &str) -> fmt::Result {
-        while let Some(i) = s.bytes().position(|b| JSON_ESCAPED[usize::from(b)]) {
+        while let Some(i) = find_marked(s.as_bytes(), &JSON_ESCAPED, json_escaped_in) {
             self.0.write_str(&s[..i])?;
             match s.as_bytes()[i] {
                 b'"' => self.0.write_str("\\\"")?,

@@ -232,3 +232,41 @@ fn a_long_line_leaves_no_large_buffer_behind() {
         "a small buffer is kept"
     );
 }
+
+/// [`find_marked`] with both tables and their word tests against a byte-by-byte search: each
+/// byte value at each place of a run longer than two words, after plain or non-ASCII bytes.
+#[test]
+fn the_word_search_finds_the_first_marked_byte_wherever_it_is() {
+    type WordHas = fn(u64) -> bool;
+    let searches: [(&[bool; 256], WordHas); 2] = [
+        (&JSON_ESCAPED, json_escaped_in),
+        (&TEXT_NOT_PLAIN, text_not_plain_in),
+    ];
+    for (table, word_has) in searches {
+        let naive = |s: &[u8]| s.iter().position(|b| table[usize::from(*b)]);
+        for background in [b'a', 0xc3, b'~', b'!'] {
+            for len in 0..=19 {
+                for at in 0..len {
+                    for b in 0..=255u8 {
+                        let mut s = vec![background; len];
+                        s[at] = b;
+                        assert_eq!(find_marked(&s, table, word_has), naive(&s), "{s:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn the_word_search_agrees_with_a_byte_by_byte_one(s in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+        for (table, word_has) in [
+            (&JSON_ESCAPED, json_escaped_in as fn(u64) -> bool),
+            (&TEXT_NOT_PLAIN, text_not_plain_in),
+        ] {
+            let naive = s.iter().position(|b| table[usize::from(*b)]);
+            proptest::prop_assert_eq!(find_marked(&s, table, word_has), naive);
+        }
+    }
+}

@@ -61,9 +61,14 @@ struct Cli {
     router_otel_sampling_ratio: f64,
     #[arg(long, value_enum, default_value = "json")]
     log_format: LogFormat,
-    /// Log filter (tracing `EnvFilter` syntax).
-    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    /// Log filter: `level` or `target=level`, comma-separated (`warn,program_operator=debug`).
+    #[arg(long, env = "RUST_LOG", default_value = "info", value_parser = log_level)]
     log_level: String,
+}
+
+/// A log filter the router's parser takes; a bad one stops the operator at start, named.
+fn log_level(s: &str) -> Result<String, String> {
+    program_router::observe::log_filter::parse(s).map(|_| s.to_string())
 }
 
 /// The router's subscriber: routers and operator write one JSON log shape.

@@ -15,6 +15,32 @@ fn a_router_image_without_a_version_is_refused() {
     }
 }
 
+#[test]
+fn a_log_filter_the_router_would_not_take_is_refused() {
+    for (flag, env) in [
+        (Some("program_operator[reconcile]=debug"), None),
+        (None, Some("info,kube=loud")),
+    ] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_program-operator"));
+        cmd.args(["--listen", "127.0.0.1:0"])
+            .env("KUBECONFIG", "/nonexistent")
+            .env_remove("RUST_LOG");
+        if let Some(f) = flag {
+            cmd.args(["--log-level", f]);
+        }
+        if let Some(e) = env {
+            cmd.env("RUST_LOG", e);
+        }
+        let out = cmd.output().expect("run program-operator");
+        assert!(!out.status.success(), "{flag:?} {env:?} refused");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--log-level") && err.contains("target=level"),
+            "{err}"
+        );
+    }
+}
+
 /// The operator logs in the routers' JSON shape (one subscriber for both): `timestamp`,
 /// `level`, `target` and `fields.message` on each stderr line.
 #[test]

@@ -200,6 +200,17 @@ fn bad_values_name_their_field() {
         ..Default::default()
     };
     assert_eq!(c.validate().expect_err("io").field, "io_threads");
+    // A filter by span or field (EnvFilter's, not taken) names the field.
+    let c = RouterConfig {
+        log_level: "program_router[request{id=1}]=debug".into(),
+        ..Default::default()
+    };
+    assert_eq!(c.validate().expect_err("span filter").field, "log_level");
+    let c = RouterConfig {
+        log_level: "warn,program_router=debug".into(),
+        ..Default::default()
+    };
+    assert!(c.validate().is_ok());
     for n in [None, Some(0), Some(1), Some(MAX_IO_THREADS)] {
         let c = RouterConfig {
             io_threads: n,

@@ -238,8 +238,8 @@ impl RouterConfig {
                 "the peer listener needs the peers' shared secret (--peer-secret-file)",
             ));
         }
-        tracing_subscriber::EnvFilter::try_new(&self.log_level)
-            .map_err(|e| ConfigError::new("log_level", e.to_string()))?;
+        crate::observe::log_filter::parse(&self.log_level)
+            .map_err(|e| ConfigError::new("log_level", e))?;
         if !(0.0..=1.0).contains(&self.otel_sampling_ratio) {
             return Err(ConfigError::new(
                 "otel_sampling_ratio",

@@ -8,12 +8,13 @@
 
 use std::sync::OnceLock;
 
-use tracing_subscriber::{EnvFilter, Layer, Registry, layer::SubscriberExt, reload};
+use tracing_subscriber::{Layer, layer::SubscriberExt};
 
+use super::log_filter::{self, LogFilter};
 use super::log_format::LineFormat;
 use super::log_writer::Buffered;
 
-static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
+static FILTER: OnceLock<LogFilter> = OnceLock::new();
 
 /// Installs the global subscriber: the log (stderr, JSON lines when `json`, else text; shapes in
 /// `log_format`) filtered by `level`, and with `trace` the OpenTelemetry exporter, whose handle
@@ -29,8 +30,11 @@ pub fn install(
     json: bool,
     trace: Option<&super::trace::Settings>,
 ) -> Result<Option<super::trace::Exporter>, String> {
-    let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let (filter, handle) = reload::Layer::new(filter);
+    let targets = log_filter::parse(level)
+        .or_else(|_| log_filter::parse("info"))
+        .map_err(|e| format!("log filter: {e}"))?;
+    let filter = LogFilter::new(targets);
+    let handle = filter.clone();
     let format = if json {
         LineFormat::json()
     } else {
@@ -82,6 +86,6 @@ pub fn set_level(level: &str) -> Result<(), String> {
     let Some(handle) = FILTER.get() else {
         return Ok(());
     };
-    let filter = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
-    handle.reload(filter).map_err(|e| e.to_string())
+    handle.set(log_filter::parse(level)?);
+    Ok(())
 }

@@ -63,9 +63,24 @@ impl<'w> FormatFields<'w> for SpanFields {
         mut writer: Writer<'w>,
         fields: R,
     ) -> fmt::Result {
-        let mut v = Fields::new(&mut writer, self.json, false);
-        fields.record(&mut v);
-        v.result
+        // A new span's fields: formatted in a buffer of this thread's and handed over whole, so
+        // the span's own string is allocated once at its size, not grown write by write.
+        thread_local! {
+            static SPAN: RefCell<String> = const { RefCell::new(String::new()) };
+        }
+        let mut format = |buf: &mut String| {
+            let mut v = Fields::new(buf, self.json, false);
+            fields.record(&mut v);
+            v.result?;
+            writer.write_str(buf)
+        };
+        SPAN.with(|buf| match buf.try_borrow_mut() {
+            Ok(mut buf) => {
+                reuse(&mut buf);
+                format(&mut buf)
+            }
+            Err(_) => format(&mut String::new()),
+        })
     }
 
     fn add_fields(

@@ -68,18 +68,11 @@ impl<'w> FormatFields<'w> for SpanFields {
         thread_local! {
             static SPAN: RefCell<String> = const { RefCell::new(String::new()) };
         }
-        let mut format = |buf: &mut String| {
+        with_buffer(&SPAN, |buf| {
             let mut v = Fields::new(buf, self.json, false);
             fields.record(&mut v);
             v.result?;
             writer.write_str(buf)
-        };
-        SPAN.with(|buf| match buf.try_borrow_mut() {
-            Ok(mut buf) => {
-                reuse(&mut buf);
-                format(&mut buf)
-            }
-            Err(_) => format(&mut String::new()),
         })
     }
 
@@ -112,17 +105,9 @@ where
         thread_local! {
             static LINE: RefCell<String> = const { RefCell::new(String::new()) };
         }
-        let mut write = |line: &mut String| {
+        with_buffer(&LINE, |line| {
             self.line(line, ctx, event)?;
             w.write_str(line)
-        };
-        LINE.with(|line| match line.try_borrow_mut() {
-            Ok(mut line) => {
-                reuse(&mut line);
-                write(&mut line)
-            }
-            // A log call made while this thread's line is being built: a line of its own.
-            Err(_) => write(&mut String::new()),
         })
     }
 }
@@ -217,6 +202,22 @@ impl LineFormat {
 /// Most of a buffer's capacity a thread keeps between lines: one long line (a large debug
 /// value) is not held for the thread's life.
 const KEEP_BYTES: usize = 16 * 1024;
+
+/// Runs `f` on the thread's buffer `key`, cleared, or on a new string should a log call made
+/// inside `f` (a value's `Debug` that logs) find the buffer in use; tracing drops such calls
+/// today, so that is a guard, not a path.
+fn with_buffer<R>(
+    key: &'static std::thread::LocalKey<RefCell<String>>,
+    f: impl FnOnce(&mut String) -> R,
+) -> R {
+    key.with(|buf| match buf.try_borrow_mut() {
+        Ok(mut buf) => {
+            reuse(&mut buf);
+            f(&mut buf)
+        }
+        Err(_) => f(&mut String::new()),
+    })
+}
 
 /// Empties a per-thread buffer for the next line, letting go of a long line's capacity.
 fn reuse(buf: &mut String) {
@@ -337,13 +338,9 @@ impl<'a, W: fmt::Write> Fields<'a, W> {
             thread_local! {
                 static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
             }
-            SCRATCH.with(|s| match s.try_borrow_mut() {
-                Ok(mut s) => {
-                    reuse(&mut s);
-                    write!(s, "{value:?}")?;
-                    text_value(self.w, &s)
-                }
-                Err(_) => text_value(self.w, &format!("{value:?}")),
+            with_buffer(&SCRATCH, |s| {
+                write!(s, "{value:?}")?;
+                text_value(self.w, s)
             })
         }
     }

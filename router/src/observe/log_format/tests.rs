@@ -270,3 +270,37 @@ proptest::proptest! {
         }
     }
 }
+
+/// A value whose `Debug` logs, formatted while the thread's buffers are in use.
+struct Loud;
+
+impl std::fmt::Debug for Loud {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        tracing::info!(depth = 2, "inner line");
+        f.write_str("loud value")
+    }
+}
+
+#[test]
+fn a_value_that_logs_while_its_line_is_built_leaves_the_line_whole() {
+    for format in [LineFormat::json(), LineFormat::text(false)] {
+        let lines = lines(format, || {
+            let span = tracing::info_span!("request", v = ?Loud);
+            let _in = span.enter();
+            tracing::info!(v = ?Loud, "outer line");
+        });
+        // tracing drops an event made while another is being dispatched on the same thread;
+        // were one let through, `with_buffer` gives it a string of its own.
+        let outer: Vec<&String> = lines.iter().filter(|l| l.contains("outer line")).collect();
+        assert_eq!(outer.len(), 1, "{lines:?}");
+        // The event's field and the span's (in JSON the span is also in `spans`).
+        let shown = if format.json { 3 } else { 2 };
+        assert_eq!(outer[0].matches("loud value").count(), shown, "{lines:?}");
+        assert!(outer[0].contains("loud value"), "{lines:?}");
+        if format.json {
+            for l in &lines {
+                serde_json::from_str::<serde_json::Value>(l).expect("each line whole");
+            }
+        }
+    }
+}

@@ -67,15 +67,9 @@ impl LogFilter {
         self.current().would_enable(meta.target(), meta.level())
     }
 
+    /// The most verbose level any directive enables (`Targets`' own answer).
     fn max_level(&self) -> Option<LevelFilter> {
-        let targets = self.current();
-        // The most verbose level any directive (or the default) enables.
-        let most = targets
-            .iter()
-            .map(|(_, level)| level)
-            .chain(targets.default_level())
-            .max();
-        Some(most.unwrap_or(LevelFilter::OFF))
+        Filter::<()>::max_level_hint(&*self.current())
     }
 }
 

@@ -1,6 +1,6 @@
 //! What a request's log span costs at `info` when several I/O threads enter it, with the log's
 //! filter the router installs (`observe::log_filter`) against `EnvFilter` behind
-//! `reload::Layer` (the router's filter until 2026-12-07).
+//! `reload::Layer` (the filter the router had before `log_filter`).
 //!
 //! Each thread runs "requests": the router's `request` span made with its three fields, entered
 //! and left six times (a proxied request's polls, each after a stretch of private work,

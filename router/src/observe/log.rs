@@ -18,8 +18,8 @@ static FILTER: OnceLock<LogFilter> = OnceLock::new();
 
 /// Installs the global subscriber: the log (stderr, JSON lines when `json`, else text; shapes in
 /// `log_format`) filtered by `level`, and with `trace` the OpenTelemetry exporter, whose handle
-/// the caller shuts down at exit. An invalid filter falls back to `info` (the configuration was
-/// validated before, so only a defect gets there).
+/// the caller shuts down at exit. An invalid `level` is an error (the router's configuration and
+/// the operator's flag were checked with the same parser before, so only a defect gets there).
 ///
 /// Without `trace` the filter is the subscriber's own: a span or event it turns away is never
 /// built, and entering the request's span asks no per-layer filter. With `trace` it filters the
@@ -30,10 +30,7 @@ pub fn install(
     json: bool,
     trace: Option<&super::trace::Settings>,
 ) -> Result<Option<super::trace::Exporter>, String> {
-    let targets = log_filter::parse(level)
-        .or_else(|_| log_filter::parse("info"))
-        .map_err(|e| format!("log filter: {e}"))?;
-    let filter = LogFilter::new(targets);
+    let filter = LogFilter::new(log_filter::parse(level).map_err(|e| format!("log_level: {e}"))?);
     let handle = filter.clone();
     let format = if json {
         LineFormat::json()

@@ -16,9 +16,18 @@ pub const SIM_ROLE: &str = "PROGRAM_ROUTER_CHAOS_SIM";
 pub struct Proc {
     pub child: Child,
     pub base: String,
+    /// The metrics listener's base URL, when the process printed `metrics on <url>`.
+    pub metrics: Option<String>,
+    /// The peer listener's base URL, when the process printed `peers on <url>`.
+    pub peer: Option<String>,
 }
 
 impl Proc {
+    /// The `/metrics` URL of a router started with a metrics listener.
+    pub fn metrics_url(&self) -> String {
+        let base = self.metrics.as_deref().expect("a metrics listener");
+        format!("{base}/metrics")
+    }
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
@@ -53,7 +62,7 @@ impl Drop for Proc {
 }
 
 /// Starts `cmd` with stderr to a file in `dir` and reads the `listening on <url>` line it prints
-/// on stdout first.
+/// on stdout first, and the router's `metrics on` / `peers on` lines written with it.
 fn start(mut cmd: Command, dir: &Path, name: &str) -> Proc {
     let log = dir.join(format!("{name}.log"));
     let err = std::fs::File::create(&log).expect("log file");
@@ -70,9 +79,22 @@ fn start(mut cmd: Command, dir: &Path, name: &str) -> Proc {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("{name}: {first:?}; log: {}", log.display()))
         .to_string();
+    // The router writes all its listener lines at once: the rest are in the reader's buffer.
+    let rest = String::from_utf8_lossy(out.buffer()).into_owned();
+    let line = |prefix: &str| {
+        rest.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(str::to_string)
+    };
+    let (metrics, peer) = (line("metrics on "), line("peers on "));
     // Keep reading stdout so the child never blocks on a full pipe.
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    Proc { child, base }
+    Proc {
+        child,
+        base,
+        metrics,
+        peer,
+    }
 }
 
 /// A vllm-sim server with `flags`, in a process of its own.
@@ -133,19 +155,14 @@ pub fn router(dir: &Path, name: &str, config: &Path, extra: &[&str]) -> Proc {
     start(cmd, dir, name)
 }
 
-/// A free loopback port.
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("addr").port()
-}
-
-/// A config for `workers` on loopback with fixed ports (API, metrics).
-pub fn config(workers: &[&Proc], port: u16, metrics_port: u16) -> RouterConfig {
+/// A config for `workers` on loopback, its listeners (API, metrics) on ports the kernel picks:
+/// the router prints them ([`Proc::base`], [`Proc::metrics`]).
+pub fn config(workers: &[&Proc]) -> RouterConfig {
     let mut c = RouterConfig {
         host: "127.0.0.1".into(),
-        port,
+        port: 0,
         prometheus_host: "127.0.0.1".into(),
-        prometheus_port: Some(metrics_port),
+        prometheus_port: Some(0),
         workers: workers
             .iter()
             .map(|w| program_router::config::WorkerConfig {

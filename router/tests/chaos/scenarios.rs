@@ -41,8 +41,7 @@ pub async fn sigterm_drains_200_streams(dir: &Path) -> Report {
         procs::sim(dir, "sim-a", &sim_flags),
         procs::sim(dir, "sim-b", &sim_flags),
     );
-    let (port, mport) = (procs::free_port(), procs::free_port());
-    let mut cfg = procs::config(&[&a, &b], port, mport);
+    let mut cfg = procs::config(&[&a, &b]);
     cfg.program_scheduling = Some(program_config(3000));
     cfg.fairness = Some(FairnessConfig {
         classes: vec![PriorityClass {
@@ -75,7 +74,7 @@ pub async fn sigterm_drains_200_streams(dir: &Path) -> Report {
     // SIGTERM once the 200 streams are connected and requests wait in both places (or after
     // 10 s, whatever is held then). A client still connecting as the listener closes is the
     // other race, the one a shutdown delay covers (the operator sets 5 s; here it is 0).
-    let metrics_url = format!("http://127.0.0.1:{mport}/metrics");
+    let metrics_url = router.metrics_url();
     let (mut pooled, mut queued, mut open) = (0.0, 0.0, 0.0);
     let until = Instant::now() + Duration::from_secs(10);
     while Instant::now() < until {
@@ -126,8 +125,7 @@ const BURST_LEAD_MS: u64 = 3;
 /// (never accepted, safe to retry); none is reset after its connection was accepted.
 pub async fn sigterm_while_connecting(dir: &Path) -> Report {
     let a = procs::sim(dir, "sim-a", &["--time-scale", "20"]);
-    let (port, mport) = (procs::free_port(), procs::free_port());
-    let cfg = procs::config(&[&a], port, mport);
+    let cfg = procs::config(&[&a]);
     let file = procs::write_config(dir, "router", &cfg);
     let mut router = procs::router(dir, "router", &file, &[]);
     // No idle connection is kept: every request opens its own.
@@ -217,8 +215,7 @@ pub async fn sim_killed_midstream(dir: &Path) -> Report {
         procs::sim(dir, "sim-a", &sim_flags),
         procs::sim(dir, "sim-b", &sim_flags),
     );
-    let (port, mport) = (procs::free_port(), procs::free_port());
-    let mut cfg = procs::config(&[&a, &b], port, mport);
+    let mut cfg = procs::config(&[&a, &b]);
     cfg.program_scheduling = Some(program_config(200_000));
     cfg.health.interval_secs = 0.5;
     let file = procs::write_config(dir, "router", &cfg);
@@ -304,8 +301,7 @@ pub async fn stalled_backends(dir: &Path) -> Report {
             "--instant",
         ],
     );
-    let (port, mport) = (procs::free_port(), procs::free_port());
-    let mut cfg = procs::config(&[&stall], port, mport);
+    let mut cfg = procs::config(&[&stall]);
     cfg.limits.upstream_idle_timeout_secs = Some(1.0);
     cfg.limits.request_timeout_secs = 3.0;
     cfg.circuit_breaker.enabled = false;
@@ -440,12 +436,11 @@ fn garbage_backend() -> (String, std::sync::Arc<std::sync::atomic::AtomicBool>) 
 /// then nothing. Every request completes or gets an error; the router keeps serving.
 pub async fn garbage_backend_answers(dir: &Path) -> Report {
     let (base, stop) = garbage_backend();
-    let (port, mport) = (procs::free_port(), procs::free_port());
     let mut cfg = RouterConfig {
         host: "127.0.0.1".into(),
-        port,
+        port: 0,
         prometheus_host: "127.0.0.1".into(),
-        prometheus_port: Some(mport),
+        prometheus_port: Some(0),
         workers: vec![program_router::config::WorkerConfig {
             url: base,
             dp_rank: None,
@@ -496,8 +491,7 @@ pub async fn garbage_backend_answers(dir: &Path) -> Report {
 /// every request is served, valid files apply, invalid ones are refused and counted.
 pub async fn reload_storm(dir: &Path) -> Report {
     let sim = procs::sim(dir, "sim", &["--time-scale", "20"]);
-    let (port, mport) = (procs::free_port(), procs::free_port());
-    let mut cfg = procs::config(&[&sim], port, mport);
+    let mut cfg = procs::config(&[&sim]);
     cfg.program_scheduling = Some(program_config(200_000));
     let file = procs::write_config(dir, "router", &cfg);
     let router = procs::router(dir, "router", &file, &[]);
@@ -550,7 +544,7 @@ pub async fn reload_storm(dir: &Path) -> Report {
     let tally = client::run_load(&c, &url, load, 24, Duration::from_secs(30)).await;
     let _ = storm.join();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let m = client::get_text(&c, &format!("http://127.0.0.1:{mport}/metrics")).await;
+    let m = client::get_text(&c, &router.metrics_url()).await;
     let ok = program_router::observe::scrape::sum(
         &m,
         "vllm_router_config_reloads_total",
@@ -587,34 +581,52 @@ pub async fn router_replica_killed(dir: &Path) -> Report {
     let sim = procs::sim(dir, "sim", &["--time-scale", "2", "-d", "2"]);
     let secret = dir.join("peer-secret");
     std::fs::write(&secret, "chaos-peer-secret-0123456789abcdef0123456789").expect("secret");
-    let ports: Vec<(u16, u16, u16)> = (0..2)
-        .map(|_| (procs::free_port(), procs::free_port(), procs::free_port()))
-        .collect();
-    let members: Vec<PeerMember> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, (_, _, peer))| PeerMember {
-            name: format!("r{i}"),
-            url: format!("http://127.0.0.1:{peer}"),
-        })
-        .collect();
+    // Each replica's listeners on ports the kernel picks; the member list, which names the
+    // peer listeners, follows as a hot reload once both have printed theirs.
     let mut routers: Vec<Proc> = Vec::new();
-    for (i, (port, mport, peer)) in ports.iter().enumerate() {
-        let mut cfg = procs::config(&[&sim], *port, *mport);
+    let mut configs = Vec::new();
+    for i in 0..2 {
+        let mut cfg = procs::config(&[&sim]);
         cfg.policy.kind = PolicyKind::CacheAware;
         cfg.program_scheduling = Some(program_config(200_000));
         cfg.peer_host = "127.0.0.1".into();
-        cfg.peer_port = Some(*peer);
+        cfg.peer_port = Some(0);
         cfg.peer_secret_file = Some(secret.display().to_string());
         cfg.peers = Some(PeersConfig {
             self_name: Some(format!("r{i}")),
-            members: members.clone(),
             ..Default::default()
         });
         let file = procs::write_config(dir, &format!("router-{i}"), &cfg);
         routers.push(procs::router(dir, &format!("router-{i}"), &file, &[]));
+        configs.push(cfg);
+    }
+    let members: Vec<PeerMember> = routers
+        .iter()
+        .enumerate()
+        .map(|(i, r)| PeerMember {
+            name: format!("r{i}"),
+            url: r.peer.clone().expect("a peer listener"),
+        })
+        .collect();
+    for (i, cfg) in configs.iter_mut().enumerate() {
+        if let Some(p) = cfg.peers.as_mut() {
+            p.members = members.clone();
+        }
+        procs::write_config(dir, &format!("router-{i}"), cfg);
     }
     let c = client::client();
+    for r in &routers {
+        let until = Instant::now() + Duration::from_secs(15);
+        loop {
+            let status = client::get_text(&c, &format!("{}/status", r.base)).await;
+            let st: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
+            if st["peers"]["members"] == serde_json::json!(["r0", "r1"]) {
+                break;
+            }
+            assert!(Instant::now() < until, "member list not applied: {status}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let survivor = format!("{}{CHAT}", routers[1].base);
     let programs: Vec<String> = (0..30).map(|i| format!("p{i}")).collect();
     // Long streams through the survivor; about half are forwarded to their owner, r0.
@@ -633,7 +645,7 @@ pub async fn router_replica_killed(dir: &Path) -> Report {
         .collect();
     let after = client::run_load(&c, &survivor, load, 30, Duration::from_secs(30)).await;
     let recovered = killed.elapsed();
-    let m = client::get_text(&c, &format!("http://127.0.0.1:{}/metrics", ports[1].1)).await;
+    let m = client::get_text(&c, &routers[1].metrics_url()).await;
     let forwarded = client::metric(&m, "program_router_peer_forwards_total");
     let notes = vec![
         format!(

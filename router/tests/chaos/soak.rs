@@ -47,8 +47,7 @@ pub async fn soak(dir: &Path) -> Report {
     let sims: Vec<_> = (0..2)
         .map(|i| procs::sim(dir, &format!("sim-{i}"), &["--instant", "-d", "2"]))
         .collect();
-    let (port, mport) = (procs::free_port(), procs::free_port());
-    let mut cfg = procs::config(&sims.iter().collect::<Vec<_>>(), port, mport);
+    let mut cfg = procs::config(&sims.iter().collect::<Vec<_>>());
     // SOAK_FEATURES=program,fairness (the default) turns features on; a subset tells which one
     // holds memory.
     let features = std::env::var("SOAK_FEATURES").unwrap_or_else(|_| "program,fairness".into());
@@ -148,7 +147,7 @@ pub async fn soak(dir: &Path) -> Report {
     }
     sampler.abort();
     let peak = peak.lock().map(|p| p.max(at_end)).unwrap_or(at_end);
-    let m = client::get_text(&c, &format!("http://127.0.0.1:{mport}/metrics")).await;
+    let m = client::get_text(&c, &router.metrics_url()).await;
     let held = client::metric(&m, "vllm_router_agent_aware_rank_active_programs");
     let within = peak < CEILING_MIB;
     // A clean exit, which also lets a heap profiler write its profile.

@@ -9,6 +9,8 @@
 //! value with a space, a quote or an `=` is quoted, so `key=value` pairs stay parseable. Colour
 //! only where stderr is a terminal.
 
+mod number;
+
 use std::cell::RefCell;
 use std::fmt::{self, Write as _};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -278,6 +280,13 @@ impl<'a, W: fmt::Write> Fields<'a, W> {
         }
         let first = std::mem::replace(&mut self.first, false);
         if self.json {
+            // Field names are the code's own and rarely need escaping: written as they are
+            // when they do not.
+            if !name.bytes().any(|b| JSON_ESCAPED[usize::from(b)]) {
+                self.w.write_str(if first { "\"" } else { ",\"" })?;
+                self.w.write_str(name)?;
+                return self.w.write_str("\":");
+            }
             if !first {
                 self.w.write_char(',')?;
             }
@@ -324,6 +333,16 @@ impl<'a, W: fmt::Write> Fields<'a, W> {
         }
     }
 
+    /// A number written by `write`; the first error stops the rest.
+    fn number(&mut self, field: &Field, write: impl FnOnce(&mut W) -> fmt::Result) {
+        if self.result.is_ok() {
+            self.result = self.key(field);
+        }
+        if self.result.is_ok() {
+            self.result = write(self.w);
+        }
+    }
+
     fn debug(&mut self, field: &Field, value: &dyn fmt::Debug) -> fmt::Result {
         if self.text_message(field) {
             return write!(Escaped(self.w), "{value:?}");
@@ -360,11 +379,11 @@ impl<W: fmt::Write> Visit for Fields<'_, W> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.raw(field, format_args!("{value}"));
+        self.number(field, |w| number::write_u64(w, value));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.raw(field, format_args!("{value}"));
+        self.number(field, |w| number::write_i64(w, value));
     }
 
     fn record_u128(&mut self, field: &Field, value: u128) {
@@ -384,7 +403,7 @@ impl<W: fmt::Write> Visit for Fields<'_, W> {
         if self.json && !value.is_finite() {
             self.raw(field, format_args!("null"));
         } else {
-            self.raw(field, format_args!("{value:?}"));
+            self.number(field, |w| number::write_f64(w, value));
         }
     }
 

@@ -94,6 +94,23 @@ fn json_lines_are_objects_with_every_field_typed_and_the_span_named() {
 }
 
 #[test]
+fn json_keys_that_need_escaping_are_escaped() {
+    let lines = lines(LineFormat::json(), || {
+        tracing::info!(
+            "odd \"key\"" = 1u64,
+            "back\\slash" = 2.5f64,
+            plain = 3i64,
+            "x"
+        );
+    });
+    let v: serde_json::Value = serde_json::from_str(&lines[0]).expect("one JSON object");
+    let f = &v["fields"];
+    assert_eq!(f["odd \"key\""], 1, "{}", lines[0]);
+    assert_eq!(f["back\\slash"], 2.5, "{}", lines[0]);
+    assert_eq!(f["plain"], 3, "{}", lines[0]);
+}
+
+#[test]
 fn json_lines_outside_spans_have_no_span_and_a_recorded_span_field_joins_the_rest() {
     let lines = lines(LineFormat::json(), || {
         tracing::info!("plain");

@@ -160,6 +160,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .build()?;
             let local = tokio::task::LocalSet::new();
             local.block_on(&rt, async move {
+                // As the router's I/O threads: its timers would wake the driver otherwise.
+                tokio::task::spawn_local(program_router::net::timer_floor::keep_a_timer_pending());
                 let l = TcpListener::from_std(l)?;
                 loop {
                     let (s, _) = l.accept().await?;

@@ -1,6 +1,6 @@
 //! The wire, shared by every layer: TCP settings, closing a listener (`listen`), the body type of
-//! every response, which headers cross the router, and the pooled client of health checks and
-//! scrapes.
+//! every response, which headers cross the router, the pooled client of health checks and
+//! scrapes, and the timer that keeps request timers from waking an I/O runtime (`timer_floor`).
 //!
 //! Owns TCP keep-alive here: a peer that vanished without closing (its node died, a NAT forgot
 //! the flow) otherwise holds a connection until a timeout far above it: a client's generation
@@ -12,6 +12,7 @@ pub mod body;
 pub mod client;
 pub mod headers;
 pub mod listen;
+pub mod timer_floor;
 
 use std::time::Duration;
 

@@ -216,8 +216,9 @@ fn spawn_shard(
         .spawn(move || {
             crate::workers::idle::enter_shard(i);
             rt.block_on(async move {
-                // Ends with the runtime, after the drain.
+                // Both end with the runtime, after the drain.
                 tokio::spawn(refresh_on_reload(state.clone()));
+                tokio::spawn(crate::net::timer_floor::keep_a_timer_pending());
                 match TcpListener::from_std(listener) {
                     Ok(l) => {
                         let stopped = async move {

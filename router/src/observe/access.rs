@@ -9,6 +9,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::log_context::RequestLog;
+
 /// Longest client-chosen field value logged (longer ones are cut on a character boundary).
 pub const MAX_FIELD: usize = 256;
 
@@ -50,13 +52,13 @@ struct Fields {
 /// One request's access-log record; the line is written when the last handle drops.
 pub struct Access {
     received: Instant,
-    request_id: String,
-    method: String,
-    path: String,
+    /// Its id, method and path, as its other log lines name it.
+    request: Arc<RequestLog>,
     fields: Mutex<Fields>,
 }
 
-fn cut(s: &str) -> String {
+/// `s`, cut on a character boundary at [`MAX_FIELD`] bytes.
+pub(super) fn cut(s: &str) -> String {
     if s.len() <= MAX_FIELD {
         return s.to_string();
     }
@@ -76,12 +78,10 @@ pub fn enabled() -> bool {
 }
 
 impl Access {
-    pub fn new(received: Instant, request_id: &str, method: &str, path: &str) -> Arc<Self> {
+    pub fn new(received: Instant, request: Arc<RequestLog>) -> Arc<Self> {
         Arc::new(Access {
             received,
-            request_id: cut(request_id),
-            method: cut(method),
-            path: cut(path),
+            request,
             fields: Mutex::new(Fields::default()),
         })
     }
@@ -139,9 +139,9 @@ impl Drop for Access {
         let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
         tracing::info!(
             target: "access",
-            request_id = self.request_id.as_str(),
-            method = self.method.as_str(),
-            path = self.path.as_str(),
+            request_id = self.request.id.as_str(),
+            method = self.request.method.as_str(),
+            path = self.request.path.as_str(),
             status = f.status,
             error = f.error,
             tenant = f.tenant.as_deref(),

@@ -16,6 +16,8 @@ use std::fmt::{self, Write as _};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
+
+use super::log_context;
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
@@ -137,10 +139,25 @@ impl LineFormat {
             v.result?;
             w.push_str("},\"target\":");
             json_str(w, meta.target())?;
+            // `"span"` is the innermost, `"spans"` all of them from the root: the request the
+            // line was written in, then tracing's spans.
+            let mut spans = String::new();
+            let mut leaf = 0..0;
+            log_context::with_current(|r| match r {
+                Some(r) => {
+                    spans.push_str("{\"id\":");
+                    json_str(&mut spans, &r.id)?;
+                    spans.push_str(",\"method\":");
+                    json_str(&mut spans, &r.method)?;
+                    spans.push_str(",\"path\":");
+                    json_str(&mut spans, &r.path)?;
+                    spans.push_str(",\"name\":\"request\"}");
+                    leaf = 0..spans.len();
+                    Ok(())
+                }
+                None => Ok(()),
+            })?;
             if let Some(scope) = ctx.event_scope() {
-                // `"span"` is the innermost, `"spans"` all of them from the root.
-                let mut spans = String::new();
-                let mut leaf = 0..0;
                 for span in scope.from_root() {
                     if !spans.is_empty() {
                         spans.push(',');
@@ -158,13 +175,13 @@ impl LineFormat {
                     spans.push('}');
                     leaf = start..spans.len();
                 }
-                if !spans.is_empty() {
-                    w.push_str(",\"span\":");
-                    w.push_str(&spans[leaf]);
-                    w.push_str(",\"spans\":[");
-                    w.push_str(&spans);
-                    w.push(']');
-                }
+            }
+            if !spans.is_empty() {
+                w.push_str(",\"span\":");
+                w.push_str(&spans[leaf]);
+                w.push_str(",\"spans\":[");
+                w.push_str(&spans);
+                w.push(']');
             }
             w.push_str("}\n");
         } else {
@@ -172,8 +189,20 @@ impl LineFormat {
             w.push(' ');
             level(w, meta.level(), self.ansi)?;
             w.push(' ');
+            let mut any = log_context::with_current(|r| match r {
+                Some(r) => {
+                    w.push_str("request{id=");
+                    text_value(w, &r.id)?;
+                    w.push_str(" method=");
+                    text_value(w, &r.method)?;
+                    w.push_str(" path=");
+                    text_value(w, &r.path)?;
+                    w.push_str("}:");
+                    Ok::<_, fmt::Error>(true)
+                }
+                None => Ok(false),
+            })?;
             if let Some(scope) = ctx.event_scope() {
-                let mut any = false;
                 for span in scope.from_root() {
                     w.push_str(span.name());
                     if let Some(f) = span.extensions().get::<FormattedFields<N>>()
@@ -186,9 +215,9 @@ impl LineFormat {
                     w.push(':');
                     any = true;
                 }
-                if any {
-                    w.push(' ');
-                }
+            }
+            if any {
+                w.push(' ');
             }
             w.push_str(meta.target());
             w.push_str(": ");

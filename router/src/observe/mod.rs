@@ -3,6 +3,7 @@
 pub mod access;
 pub mod backlog;
 pub mod log;
+pub mod log_context;
 pub mod log_filter;
 pub mod log_format;
 pub mod log_writer;

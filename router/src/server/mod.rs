@@ -245,11 +245,14 @@ async fn handle(
         .unwrap_or_else(|| state.request_id());
     let path = req.uri().path();
     let route = route_label(req.method(), path);
-    // The request's trace span (when tracing is on), and under it the span of its log lines,
-    // in which every span of the request path starts.
+    // The request's trace span (when tracing is on), in which every span of the request path
+    // starts, and what its log lines say about it.
     let trace = crate::observe::trace::request(req.method(), route, path, req.headers());
-    let span = tracing::info_span!(parent: &trace, "request", id = request_id.to_str().unwrap_or("-"), method = req.method().as_str(), path = path);
-    // Entered outside the log span, so that spans start under it at any log level.
+    let logged_as = crate::observe::log_context::RequestLog::new(
+        request_id.to_str().unwrap_or("-"),
+        req.method().as_str(),
+        path,
+    );
     let traced = trace.clone();
     // A request from another replica gets this replica's name on its answer (`peers`). Only
     // the peer listener lets the marker through (`plane::admit`): no lookup on the API one.
@@ -267,16 +270,12 @@ async fn handle(
     }
     // The access log's record of this request (written when the response body is gone); not
     // for the probes and /status, which the kubelet and the operator call every few seconds.
+    // It shares the request's log context, which exists only when `info` lines may be written.
     let probe = matches!(route, "/health" | "/readiness" | "/status");
-    let logged = !probe && crate::observe::access::enabled();
-    let access = (logged && state.applied.load().config.access_log).then(|| {
-        crate::observe::access::Access::new(
-            received,
-            request_id.to_str().unwrap_or("-"),
-            req.method().as_str(),
-            path,
-        )
-    });
+    let access = logged_as
+        .as_ref()
+        .filter(|_| !probe && state.applied.load().config.access_log)
+        .map(|r| crate::observe::access::Access::new(received, r.clone()));
     let answer = async move {
         state.metrics.route(route).requests.inc();
         // Boxed: hyper moves the request future by value, which then carries a pointer instead
@@ -367,12 +366,14 @@ async fn handle(
             resp
         }
     };
-    // Without a subscriber for either span (no tracing, log level above `info`), the spans
-    // would only be entered and left at every poll.
-    if span.is_none() && traced.is_none() {
-        answer.await
-    } else {
-        answer.instrument(span).instrument(traced).await
+    // Each wrapper only where it does something: the trace span without tracing would only be
+    // entered and left at every poll, and either wrapper moves the whole future once more.
+    use crate::observe::log_context::in_request;
+    match (logged_as, traced.is_none()) {
+        (None, true) => answer.await,
+        (Some(r), true) => in_request(r, answer).await,
+        (None, false) => answer.instrument(traced).await,
+        (Some(r), false) => in_request(r, answer).instrument(traced).await,
     }
 }
 

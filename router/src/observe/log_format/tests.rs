@@ -47,9 +47,24 @@ fn lines(format: LineFormat, emit: impl FnOnce()) -> Vec<String> {
 
 use tracing_subscriber::Layer as _;
 
+/// Runs `f` as the router runs a request's future: with its `RequestLog` lent to the thread.
+fn in_request(id: &str, path: &str, f: impl FnOnce()) {
+    use futures_util::FutureExt;
+    let request = Arc::new(crate::observe::log_context::RequestLog {
+        id: id.into(),
+        method: "POST".into(),
+        path: path.into(),
+    });
+    crate::observe::log_context::in_request(request, async { f() })
+        .now_or_never()
+        .expect("ready");
+}
+
 fn emit_request_lines() {
-    let span = tracing::info_span!("request", id = "r\"1", method = "POST", path = "/v1/a b");
-    let _in = span.enter();
+    in_request("r\"1", "/v1/a b", emit_warning);
+}
+
+fn emit_warning() {
     tracing::warn!(
         status = 503u64,
         code = "no_healthy_target",
@@ -61,6 +76,40 @@ fn emit_request_lines() {
         debugged = ?Some(2),
         message = "second message",
         "request \u{1b}[31mfailed"
+    );
+}
+
+#[test]
+fn a_span_inside_a_request_is_listed_after_it_and_no_request_outside() {
+    let lines = lines(LineFormat::json(), || {
+        in_request("r2", "/v1/x", || {
+            let inner = tracing::info_span!("inner", k = 1u64);
+            let _i = inner.enter();
+            tracing::info!("nested");
+        });
+        tracing::info!("after");
+    });
+    let nested: serde_json::Value = serde_json::from_str(&lines[0]).expect("JSON");
+    let request =
+        serde_json::json!({"id": "r2", "method": "POST", "path": "/v1/x", "name": "request"});
+    assert_eq!(nested["span"], serde_json::json!({"k": 1, "name": "inner"}));
+    assert_eq!(
+        nested["spans"],
+        serde_json::json!([request, {"k": 1, "name": "inner"}])
+    );
+    let after: serde_json::Value = serde_json::from_str(&lines[1]).expect("JSON");
+    assert!(after.get("spans").is_none(), "{after}");
+    let text = self::lines(LineFormat::text(false), || {
+        in_request("r3", "/v1/y", || {
+            let inner = tracing::info_span!("inner");
+            let _i = inner.enter();
+            tracing::info!("nested");
+        })
+    });
+    assert!(
+        text[0].contains(" INFO request{id=r3 method=POST path=/v1/y}:inner: "),
+        "{}",
+        text[0]
     );
 }
 

@@ -16,12 +16,12 @@ use std::fmt::{self, Write as _};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
-
-use super::log_context;
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
+
+use super::log_context;
 
 /// A line's shape; the event formatter, and (through [`LineFormat::fields`]) the span fields'.
 #[derive(Clone, Copy, Debug)]

@@ -80,13 +80,7 @@ fn start(mut cmd: Command, dir: &Path, name: &str) -> Proc {
         .unwrap_or_else(|| panic!("{name}: {first:?}; log: {}", log.display()))
         .to_string();
     // The router writes all its listener lines at once: the rest are in the reader's buffer.
-    let rest = String::from_utf8_lossy(out.buffer()).into_owned();
-    let line = |prefix: &str| {
-        rest.lines()
-            .find_map(|l| l.strip_prefix(prefix))
-            .map(str::to_string)
-    };
-    let (metrics, peer) = (line("metrics on "), line("peers on "));
+    let (metrics, peer) = testkit::listener_lines(out.buffer());
     // Keep reading stdout so the child never blocks on a full pipe.
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     Proc {

@@ -260,13 +260,7 @@ pub fn start_binary(args: &[String]) -> Started {
         panic!("program-router did not start ({first:?}); its log:\n{log}");
     };
     // The other lines came in the same write, so they are in the reader's buffer already.
-    let rest = String::from_utf8_lossy(out.buffer()).into_owned();
-    let line = |prefix: &str| {
-        rest.lines()
-            .find_map(|l| l.strip_prefix(prefix))
-            .map(str::to_string)
-    };
-    let (metrics, peer) = (line("metrics on "), line("peers on "));
+    let (metrics, peer) = testkit::listener_lines(out.buffer());
     Started {
         child,
         base,

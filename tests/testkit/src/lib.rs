@@ -17,6 +17,18 @@ pub fn client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
+/// The program-router's `metrics on <url>` and `peers on <url>` lines, from what a reader of its
+/// stdout buffered past `listening on <url>`: it prints all three in one write.
+pub fn listener_lines(buffered: &[u8]) -> (Option<String>, Option<String>) {
+    let rest = String::from_utf8_lossy(buffered);
+    let line = |prefix: &str| {
+        rest.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(str::to_string)
+    };
+    (line("metrics on "), line("peers on "))
+}
+
 pub struct Reply {
     pub status: u16,
     pub headers: http::HeaderMap,

@@ -5,9 +5,9 @@
 //! once) whenever a timer is set to expire before the earliest one pending when the driver last
 //! parked, even from the driver's own thread while it runs tasks (tokio-rs/tokio#5207). Every
 //! request sets several (hyper's header read, the body read, the request deadline, the
-//! upstream's timeouts), each a second or more away, and with nothing else pending each one was
-//! the earliest: about one wake in three requests under load. With a timer always pending at
-//! most [`FLOOR`] away, none of them is.
+//! upstream's timeouts), each a second or more away, and with nothing else pending each one
+//! could be the earliest (what that cost: docs/benchmarks.md, router overhead). With a timer
+//! always pending at most [`FLOOR`] away, none of them is.
 
 use std::time::Duration;
 

@@ -2,11 +2,10 @@
 //! `request` span (`observe::log_format`).
 //!
 //! Not a tracing span: a span is built in tracing's registry, its fields formatted by the log
-//! layer, and entered and left through every layer on each poll of the request — 3.8k of the
-//! router's 53k instructions a request at `info` (callgrind), for lines most requests never
-//! write. Here the request's future holds the three values and lends them to its thread while
-//! it is polled, and a line formats them only when it is written. Built only when something
-//! records `info` or finer, as the span was.
+//! layer, and entered and left through every layer on each poll of the request, for lines most
+//! requests never write (its cost: docs/router.md, log lines). Here the request's future holds
+//! the three values and lends them to its thread while it is polled, and a line formats them
+//! only when it is written. Built only when something records `info` or finer, as the span was.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -26,13 +25,16 @@ impl RequestLog {
     /// The request's context, when a line at `info` or finer may be written (see
     /// [`super::access::enabled`]); its access-log record shares it.
     pub fn new(id: &str, method: &str, path: &str) -> Option<Arc<Self>> {
-        super::access::enabled().then(|| {
-            Arc::new(RequestLog {
-                id: cut(id),
-                method: cut(method),
-                path: cut(path),
-            })
-        })
+        super::access::enabled().then(|| Arc::new(Self::cut(id, method, path)))
+    }
+
+    /// The three values, each cut at [`super::access::MAX_FIELD`] bytes.
+    fn cut(id: &str, method: &str, path: &str) -> Self {
+        RequestLog {
+            id: cut(id),
+            method: cut(method),
+            path: cut(path),
+        }
     }
 }
 
@@ -82,6 +84,7 @@ pub async fn in_request<F: Future>(request: Arc<RequestLog>, fut: F) -> F::Outpu
 
 #[cfg(test)]
 mod tests {
+    use super::super::access::MAX_FIELD;
     use super::*;
 
     fn request(id: &str) -> Arc<RequestLog> {
@@ -94,6 +97,15 @@ mod tests {
 
     fn current_id() -> Option<String> {
         with_current(|r| r.map(|r| r.id.clone()))
+    }
+
+    #[test]
+    fn client_chosen_values_are_cut_as_in_the_access_log() {
+        let long = "é".repeat(MAX_FIELD);
+        let r = RequestLog::cut(&long, "POST", &format!("/v1/{long}"));
+        assert!(r.id.len() <= MAX_FIELD && r.id.starts_with('é'));
+        assert!(r.path.len() <= MAX_FIELD && r.path.starts_with("/v1/é"));
+        assert_eq!(r.method, "POST");
     }
 
     #[tokio::test]

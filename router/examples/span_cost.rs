@@ -1,8 +1,10 @@
-//! What a request's log span costs at `info` when several I/O threads enter it, with the log's
-//! filter the router installs (`observe::log_filter`) against `EnvFilter` behind
-//! `reload::Layer` (the filter the router had before `log_filter`).
+//! What a span entered on each poll of a request costs at `info` when several I/O threads enter
+//! theirs, with the log's filter the router installs (`observe::log_filter`) against `EnvFilter`
+//! behind `reload::Layer` (the filter the router had before `log_filter`). The router builds such
+//! spans only with tracing on (`observe::trace`); its log lines name their request without one
+//! (`observe::log_context`).
 //!
-//! Each thread runs "requests": the router's `request` span made with its three fields, entered
+//! Each thread runs "requests": a `request` span made with three fields (id, method, path), entered
 //! and left six times (a proxied request's polls, each after a stretch of private work,
 //! `WORK_NS`, default 300 ns), then closed. Prints nanoseconds per request, less the work, per
 //! thread count: the median of 9 batches. Nothing is logged (no event fires), so this is the

@@ -22,7 +22,7 @@ static FILTER: OnceLock<LogFilter> = OnceLock::new();
 /// the operator's flag were checked with the same parser before, so only a defect gets there).
 ///
 /// Without `trace` the filter is the subscriber's own: a span or event it turns away is never
-/// built, and entering the request's span asks no per-layer filter. With `trace` it filters the
+/// built, and entering a span asks no per-layer filter. With `trace` it filters the
 /// log alone, as the exporter takes spans at any log level, and the log never sees the exporter's
 /// spans (target `trace::TARGET`).
 pub fn install(

@@ -354,15 +354,10 @@ impl<'a, W: fmt::Write> Fields<'a, W> {
 
     /// A value written as it formats (a number, a boolean); the first error stops the rest.
     fn raw(&mut self, field: &Field, value: fmt::Arguments<'_>) {
-        if self.result.is_ok() {
-            self.result = self.key(field);
-        }
-        if self.result.is_ok() {
-            self.result = self.w.write_fmt(value);
-        }
+        self.number(field, |w| w.write_fmt(value));
     }
 
-    /// A number written by `write`; the first error stops the rest.
+    /// A value (a number) written by `write`, bare; the first error stops the rest.
     fn number(&mut self, field: &Field, write: impl FnOnce(&mut W) -> fmt::Result) {
         if self.result.is_ok() {
             self.result = self.key(field);

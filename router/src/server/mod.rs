@@ -354,7 +354,7 @@ async fn handle(
                     .insert(crate::peers::gossip::REVISION.clone(), r);
             }
         }
-        // The access record and the request's span last as long as the response body.
+        // The access record and the request's trace span last as long as the response body.
         if access.is_some() || !trace.is_none() {
             resp.map(|b| {
                 http_body_util::BodyExt::boxed_unsync(crate::net::body::Holding::new(

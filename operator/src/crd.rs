@@ -508,6 +508,10 @@ pub struct ProgramSchedulingParams {
     /// default 3, above 1 and at most 1000000.
     #[x_kube(validation = kube::core::Rule::new("self > 1.0 && self <= 1000000.0").message("kindSizeTierRatio must be above 1 and at most 1000000"))]
     pub kind_size_tier_ratio: Option<f64>,
+    /// Extension, for `resumeOrder: mru` and within each `kind_size` tier: work in progress
+    /// that has completed more turns resumes first, latest arrival first among equals
+    /// (default false: latest arrival first).
+    pub resume_most_turns_first: Option<bool>,
     /// How much free KV a rank needs before a Program moves to it: the source rank's free
     /// capacity plus this multiple of the Program's context (≥ 0; default 3.0). Higher moves
     /// less. No effect with `globalQueue: false`.

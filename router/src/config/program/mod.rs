@@ -324,6 +324,11 @@ pub struct ProgramSchedulingConfig {
     /// Smaller first shortens the mean wait where KV bounds the batch, and lengthens the large
     /// ones' tail. 0 = by arrival (the spec). Not applied under `resume_order: fcfs`.
     pub new_program_demand_aging_seconds: f64,
+    /// Extension, for `resume_order: mru` and within each `kind_size` tier: work in progress
+    /// that has completed more turns resumes first, the latest arrival first among equals: a
+    /// session far along holds the most KV, which finishing it gives back. false = the spec's
+    /// `mru`.
+    pub resume_most_turns_first: bool,
     /// Extension, for `resume_order: kind_size`: the factor between two tiers of Program size.
     /// A kind's tier is its mean size over the fleet's, rounded on a log scale of this base, so
     /// kinds within √ratio of the fleet's mean share its tier (as `mru` within it).
@@ -396,6 +401,7 @@ impl Default for ProgramSchedulingConfig {
             hold_free_admission_by_kind: true,
             growth_reserve_min_rounds: 2.5,
             new_program_demand_aging_seconds: 0.0,
+            resume_most_turns_first: false,
             // Chosen on the tuning half (docs/generalization.md, "Smaller kinds first").
             kind_size_tier_ratio: 3.0,
             prefill_cost_model: PrefillCostModel::default(),

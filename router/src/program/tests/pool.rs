@@ -231,6 +231,34 @@ fn resume_order_priority_then_work_in_progress_then_new_programs_fcfs() {
 }
 
 #[test]
+fn most_turns_first_resumes_the_program_furthest_along() {
+    // "long" has completed two turns and "short" one when both come back behind "a": `mru`
+    // resumes the latest arrival, `resume_most_turns_first` the one with more turns done.
+    for (most_turns, want) in [(false, [6, 5]), (true, [5, 6])] {
+        let c = ProgramSchedulingConfig {
+            resume_most_turns_first: most_turns,
+            max_active_programs_per_target: 1,
+            ..cfg()
+        };
+        let mut s = sched(c, 1);
+        assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "long", 10))), [1]);
+        assert!(dispatched(&s.on_complete(1.0, 1, usage(10, 1))).is_empty());
+        assert_eq!(dispatched(&s.on_arrival(1.5, arrival(2, "long", 10))), [2]);
+        assert!(dispatched(&s.on_complete(2.0, 2, usage(10, 1))).is_empty());
+        assert_eq!(dispatched(&s.on_arrival(2.5, arrival(3, "short", 10))), [3]);
+        assert!(dispatched(&s.on_complete(3.0, 3, usage(10, 1))).is_empty());
+        assert_eq!(dispatched(&s.on_arrival(3.5, arrival(4, "a", 10))), [4]);
+        assert!(dispatched(&s.on_arrival(4.0, arrival(5, "long", 10))).is_empty());
+        assert!(dispatched(&s.on_arrival(5.0, arrival(6, "short", 10))).is_empty());
+        let first = dispatched(&s.on_complete(6.0, 4, usage(10, 1)));
+        assert_eq!(first, [want[0]], "most turns first: {most_turns}");
+        let second = dispatched(&s.on_complete(7.0, want[0], usage(10, 1)));
+        assert_eq!(second, [want[1]], "most turns first: {most_turns}");
+        s.check_invariants().expect("ledger");
+    }
+}
+
+#[test]
 fn forced_requests_resume_oldest_first() {
     let c = ProgramSchedulingConfig {
         max_active_programs_per_target: 1,

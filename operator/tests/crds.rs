@@ -1,4 +1,5 @@
-//! `crds/` is generated: this fails when it no longer matches the types (run crdgen).
+//! `crds/` and the chart's copy are generated: this fails when either no longer matches the
+//! types (run crdgen).
 
 #[test]
 fn crds_directory_is_current() {
@@ -11,6 +12,21 @@ fn crds_directory_is_current() {
     assert!(
         committed == generated,
         "crds/programscheduling.yaml is stale: run `cargo run -p program-operator --bin crdgen > crds/programscheduling.yaml`"
+    );
+}
+
+/// Helm installs the chart's own copy: a stale one makes the API server prune new fields.
+#[test]
+fn the_charts_crd_is_the_generated_one() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/program-scheduling/crds/programscheduling.yaml"
+    );
+    let committed = std::fs::read_to_string(path).expect("the chart's CRD exists");
+    let generated = program_operator::crd_yaml().expect("crd renders");
+    assert!(
+        committed == generated,
+        "charts/program-scheduling/crds/programscheduling.yaml is stale: copy crds/programscheduling.yaml there"
     );
 }
 

@@ -523,10 +523,12 @@ mod tests {
 
     #[test]
     fn a_mistyped_program_scheduling_field_is_named_by_its_path() {
-        let doc = br#"{"program_scheduling": {"hold_free_admission_by_kind": "yes"}}"#;
-        let e = parse_config(doc).expect_err("a string for a bool");
-        assert_eq!(e.field, "program_scheduling.hold_free_admission_by_kind");
-        assert!(e.message.contains("expected a boolean"), "{e}");
+        for field in ["hold_free_admission_by_kind", "resume_most_turns_first"] {
+            let doc = format!(r#"{{"program_scheduling": {{"{field}": "yes"}}}}"#);
+            let e = parse_config(doc.as_bytes()).expect_err("a string for a bool");
+            assert_eq!(e.field, format!("program_scheduling.{field}"));
+            assert!(e.message.contains("expected a boolean"), "{e}");
+        }
     }
 
     #[test]

@@ -165,7 +165,7 @@ impl Scheduler {
         // resumes before new root Programs (LIFO over new Programs starves the oldest under
         // sustained load). `mru` orders work in progress by latest arrival; `last_use` by its
         // KV's last use (a subagent shares its parent's prompt, just used), the likeliest still
-        // cached first; `resume_most_turns_first` puts `mru`'s by completed turns first. New
+        // cached first; `resume_most_turns_first` orders `mru`'s by completed turns first. New
         // Programs follow by arrival, which `new_program_demand_aging_seconds` ages by the KV
         // each asks for. `kind_size` puts both in tiers by their kind's size first.
         let p = self.program(slot);

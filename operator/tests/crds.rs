@@ -1,32 +1,28 @@
 //! `crds/` and the chart's copy are generated: this fails when either no longer matches the
 //! types (run crdgen).
 
+/// Fails unless `path` (from the repository root) holds the CRD the types generate.
+fn assert_is_generated(path: &str, fix: &str) {
+    let full = format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"));
+    let committed = std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let generated = program_operator::crd_yaml().expect("crd renders");
+    assert!(committed == generated, "{path} is stale: {fix}");
+}
+
 #[test]
 fn crds_directory_is_current() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../crds/programscheduling.yaml"
-    );
-    let committed = std::fs::read_to_string(path).expect("crds/programscheduling.yaml exists");
-    let generated = program_operator::crd_yaml().expect("crd renders");
-    assert!(
-        committed == generated,
-        "crds/programscheduling.yaml is stale: run `cargo run -p program-operator --bin crdgen > crds/programscheduling.yaml`"
+    assert_is_generated(
+        "crds/programscheduling.yaml",
+        "run `cargo run -p program-operator --bin crdgen > crds/programscheduling.yaml`",
     );
 }
 
 /// Helm installs the chart's own copy: a stale one makes the API server prune new fields.
 #[test]
 fn the_charts_crd_is_the_generated_one() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../charts/program-scheduling/crds/programscheduling.yaml"
-    );
-    let committed = std::fs::read_to_string(path).expect("the chart's CRD exists");
-    let generated = program_operator::crd_yaml().expect("crd renders");
-    assert!(
-        committed == generated,
-        "charts/program-scheduling/crds/programscheduling.yaml is stale: copy crds/programscheduling.yaml there"
+    assert_is_generated(
+        "charts/program-scheduling/crds/programscheduling.yaml",
+        "copy crds/programscheduling.yaml there",
     );
 }
 

@@ -179,6 +179,15 @@ fn a_demand_larger_than_the_rank_runs_at_its_force_deadline() {
     assert_eq!(dispatched(&ev), [1]);
 }
 
+/// `program`'s request `ticket` arrives and runs at once, completes, and the Program pauses.
+fn run_and_pause(s: &mut Scheduler, (arrive, done): (f64, f64), ticket: Ticket, program: &str) {
+    assert_eq!(
+        dispatched(&s.on_arrival(arrive, arrival(ticket, program, 10))),
+        [ticket]
+    );
+    assert!(dispatched(&s.on_complete(done, ticket, usage(10, 1))).is_empty());
+}
+
 #[test]
 fn resume_order_priority_then_work_in_progress_then_new_programs_fcfs() {
     for (order, want) in [
@@ -199,10 +208,8 @@ fn resume_order_priority_then_work_in_progress_then_new_programs_fcfs() {
         };
         let mut s = sched(c, 1);
         // r1 and r2 run once and pause (no TTL before the statistics window fills).
-        assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "r1", 10))), [1]);
-        assert!(dispatched(&s.on_complete(1.0, 1, usage(10, 1))).is_empty());
-        assert_eq!(dispatched(&s.on_arrival(1.5, arrival(2, "r2", 10))), [2]);
-        assert!(dispatched(&s.on_complete(2.0, 2, usage(10, 1))).is_empty());
+        run_and_pause(&mut s, (0.0, 1.0), 1, "r1");
+        run_and_pause(&mut s, (1.5, 2.0), 2, "r2");
         // "a" takes the only slot; everything after it waits.
         assert_eq!(dispatched(&s.on_arrival(3.0, arrival(3, "a", 10))), [3]);
         s.on_arrival(4.0, arrival(4, "n1", 10));
@@ -241,12 +248,9 @@ fn most_turns_first_resumes_the_program_furthest_along() {
             ..cfg()
         };
         let mut s = sched(c, 1);
-        assert_eq!(dispatched(&s.on_arrival(0.0, arrival(1, "long", 10))), [1]);
-        assert!(dispatched(&s.on_complete(1.0, 1, usage(10, 1))).is_empty());
-        assert_eq!(dispatched(&s.on_arrival(1.5, arrival(2, "long", 10))), [2]);
-        assert!(dispatched(&s.on_complete(2.0, 2, usage(10, 1))).is_empty());
-        assert_eq!(dispatched(&s.on_arrival(2.5, arrival(3, "short", 10))), [3]);
-        assert!(dispatched(&s.on_complete(3.0, 3, usage(10, 1))).is_empty());
+        run_and_pause(&mut s, (0.0, 1.0), 1, "long");
+        run_and_pause(&mut s, (1.5, 2.0), 2, "long");
+        run_and_pause(&mut s, (2.5, 3.0), 3, "short");
         assert_eq!(dispatched(&s.on_arrival(3.5, arrival(4, "a", 10))), [4]);
         assert!(dispatched(&s.on_arrival(4.0, arrival(5, "long", 10))).is_empty());
         assert!(dispatched(&s.on_arrival(5.0, arrival(6, "short", 10))).is_empty());

@@ -4,9 +4,9 @@
 //!
 //! Only a callsite's first use and a reload ask it (the answer is cached in the callsite as
 //! always or never). Entering and leaving a span ask it nothing: with tracing on, a request's
-//! spans are entered on every poll, and `EnvFilter` behind `reload::Layer` took two shared read locks each time (one
-//! for the reload, one for its table of spans matched by field), a write to shared memory per
-//! poll of every request on every I/O thread. Filters by span or field value
+//! spans are entered on every poll, and `EnvFilter` behind `reload::Layer` took two shared read
+//! locks each time (one for the reload, one for its table of spans matched by field), a write
+//! to shared memory per poll of every request on every I/O thread. Filters by span or field value
 //! (`target[span{field=value}]=level`), which only that table served, are refused.
 
 use std::str::FromStr;

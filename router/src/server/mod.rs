@@ -119,7 +119,10 @@ async fn accept_loop(
         let stopped = async move {
             shutdown.await;
             if crate::net::listen::refuse_new_handshakes(listening) {
-                tokio::time::sleep(crate::net::listen::HANDSHAKE_GRACE).await;
+                match listening.local_addr() {
+                    Ok(a) => crate::net::listen::handshakes_completed(a.port()).await,
+                    Err(_) => tokio::time::sleep(crate::net::listen::HANDSHAKE_GRACE).await,
+                }
             }
         };
         tokio::pin!(stopped);
@@ -177,7 +180,7 @@ async fn accept_loop(
         );
     }
     if let Some(h) = handoff.as_mut() {
-        for (stream, live) in h.close() {
+        for (stream, live) in h.close().await {
             serve(stream, Some(live));
         }
     }

@@ -102,11 +102,12 @@ impl Handoff {
     }
 
     /// Stops taking connections from other shards (they serve their own from now on) and
-    /// returns those handed over but not yet picked up.
-    pub(super) fn close(&mut self) -> Vec<(TcpStream, Live)> {
+    /// returns those handed over but not yet picked up — including one whose send was under way
+    /// as the channel closed, which `recv` waits for and `try_recv` can miss.
+    pub(super) async fn close(&mut self) -> Vec<(TcpStream, Live)> {
         self.rx.close();
         let mut left = Vec::new();
-        while let Ok(std) = self.rx.try_recv() {
+        while let Some(std) = self.rx.recv().await {
             match TcpStream::from_std(std) {
                 Ok(s) => left.push((s, self.live())),
                 Err(_) => {
@@ -286,8 +287,13 @@ mod tests {
         let d = zero.place(accept().await).expect("kept");
         assert_eq!(counts(&zero), [2, 1]);
         drop(live_c);
+        // A connection handed over but not picked up is served by the shard that closes.
+        assert!(zero.place(accept().await).is_none(), "handed over");
+        let left = one.close().await;
+        assert_eq!(left.len(), 1, "the handed-over connection is returned");
+        assert_eq!(counts(&zero), [2, 1]);
+        drop(left);
         // A draining shard takes nothing more: the accepting shard serves it itself.
-        assert!(one.close().is_empty());
         let e = zero
             .place(accept().await)
             .expect("served here when shard 1 is closed");

@@ -115,8 +115,18 @@ fn main() -> ExitCode {
             {
                 if p.path().extension().is_some_and(|e| e == "log") {
                     let log = std::fs::read_to_string(p.path()).unwrap_or_default();
-                    let tail: Vec<&str> = log.lines().rev().take(15).collect();
-                    eprintln!("--- {} (last lines)", p.path().display());
+                    // The access lines are one per request; the others tell how it stopped.
+                    let access = log.lines().filter(|l| l.contains(" access: ")).count();
+                    let tail: Vec<&str> = log
+                        .lines()
+                        .filter(|l| !l.contains(" access: "))
+                        .rev()
+                        .take(25)
+                        .collect();
+                    eprintln!(
+                        "--- {} (last lines but the {access} access lines)",
+                        p.path().display()
+                    );
                     for l in tail.iter().rev() {
                         eprintln!("{l}");
                     }

@@ -143,7 +143,14 @@ pub async fn sigterm_while_connecting(dir: &Path) -> Report {
                 let mut t = Tally::default();
                 let req = chat(None, &format!("t{}", i % 4), 200, 4);
                 while Instant::now() < stop_at {
-                    let o = client::send(&c, &url, &req, Duration::from_secs(20)).await;
+                    let o = match client::send(&c, &url, &req, Duration::from_secs(20)).await {
+                        // When, against the signal's time in the notes.
+                        client::Outcome::Lost(w) => client::Outcome::Lost(format!(
+                            "{w} (a looping client, {:.3} s into the load)",
+                            started.elapsed().as_secs_f64()
+                        )),
+                        o => o,
+                    };
                     let refused = matches!(o, client::Outcome::NotAccepted(_));
                     t.add(o);
                     if refused {
@@ -180,7 +187,7 @@ pub async fn sigterm_while_connecting(dir: &Path) -> Report {
         }
     }
     let mut notes = vec![format!(
-        "SIGTERM {:.1} s into the load, {BURST_LEAD_MS} ms after a burst of 200 connections",
+        "SIGTERM {:.3} s into the load, {BURST_LEAD_MS} ms after a burst of 200 connections",
         (signalled - started).as_secs_f64()
     )];
     let mut took = Duration::ZERO;

@@ -100,6 +100,10 @@ pub(crate) enum Cmd {
         /// here (then in wall seconds of the time-scaled simulators).
         #[arg(long, default_value = "{}")]
         program_config: String,
+        /// `pr-program-b`'s Program scheduling fields over --program-config (same units), for an
+        /// A/B of ours' settings in one run.
+        #[arg(long, default_value = "{}")]
+        program_config_b: String,
         /// The simulators' step-time model (as `progbench matrix --engine`): the spec's
         /// reference coefficients or another deployment's. The calibration runs against the
         /// same profile, so both routers get its cost models; --pressure sizes the KV from the

@@ -183,6 +183,7 @@ pub(crate) async fn demo(html: Option<PathBuf>) -> Result<bool, String> {
                 bin_dir: dir.clone(),
                 vllm_router: vllm_router.clone(),
                 program_config: serde_json::json!({}),
+                program_config_b: serde_json::json!({}),
                 calibration: Some(calibration.clone()),
                 member_skew_secs: 0.0,
                 member_skew_seed: 1,

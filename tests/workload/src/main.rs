@@ -183,6 +183,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         limit_secs,
         rounds,
         program_config,
+        program_config_b,
         engine: profile,
         member_skew_secs,
         member_skew_seed,
@@ -243,6 +244,16 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
     let vllm_router = vllm_router.or_else(progbench::compare::venv_vllm_router);
     let program_config: serde_json::Value =
         serde_json::from_str(&program_config).map_err(|e| format!("--program-config: {e}"))?;
+    let program_config_b: serde_json::Value =
+        serde_json::from_str(&program_config_b).map_err(|e| format!("--program-config-b: {e}"))?;
+    for (flag, v) in [
+        ("--program-config", &program_config),
+        ("--program-config-b", &program_config_b),
+    ] {
+        if !v.is_object() {
+            return Err(format!("{flag} must be a JSON object (got {v})"));
+        }
+    }
     let calibration = if variants.iter().any(|v| v.schedules_programs()) {
         eprintln!("calibrating the cost models against a simulator (program-router calibrate) ...");
         let c = progbench::compare::calibrate(&bin_dir, time_scale, profile).await?;
@@ -265,6 +276,7 @@ async fn compare(cmd: Cmd) -> Result<bool, String> {
         bin_dir,
         vllm_router,
         program_config,
+        program_config_b,
         calibration,
         member_skew_secs,
         member_skew_seed,

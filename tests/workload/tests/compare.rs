@@ -50,6 +50,7 @@ async fn program_router_variants_serve_identical_work() {
         bin_dir: dir,
         vllm_router: vllm_router.clone(),
         program_config: serde_json::json!({}),
+        program_config_b: serde_json::json!({}),
         calibration: Some(calibration.clone()),
         member_skew_secs: 60.0,
         member_skew_seed: 1,

@@ -62,6 +62,10 @@ pub enum Variant {
     /// what Program scheduling's placement wins without pressure, so excess above that one is
     /// the stricter reading.
     PrHashUnboundedKv,
+    /// program-router, full Program scheduling with `--program-config-b`'s fields over
+    /// `--program-config`'s: an A/B of two settings of ours in one run, paired round by round
+    /// with `pr-program` (`scripts/compare-pool.py --ours pr-program-b`). Not in the default set.
+    PrProgramB,
     /// A bound, not a competitor: `pr-program` with clients that know each coming tool gap
     /// (each request's `kv_retention_ttl_seconds` is [`crate::clients::clairvoyant_ttl`], plus
     /// the trips' slack) on simulators told when a Program ends (`--end-hint`: its own blocks
@@ -125,6 +129,8 @@ pub struct Setup {
     pub bin_dir: PathBuf,
     pub vllm_router: Option<PathBuf>,
     pub program_config: serde_json::Value,
+    /// `pr-program-b`'s fields over `program_config` (top-level keys replace).
+    pub program_config_b: serde_json::Value,
     /// The cost models both routers get ([`calibrate`]); `None` leaves the routers' defaults,
     /// which are in the workload's seconds and so `time_scale` times too slow for the
     /// simulators.
@@ -353,6 +359,20 @@ pub async fn run_variant(turns: &[Turn], v: Variant, s: &Setup) -> RunResult {
     r
 }
 
+/// The Program scheduling JSON `v` starts from, in workload seconds: `--program-config`, and
+/// for `pr-program-b` its `--program-config-b` fields over it.
+fn program_config_of(s: &Setup, v: Variant) -> serde_json::Value {
+    let mut ps = s.program_config.clone();
+    if v == Variant::PrProgramB
+        && let (Some(base), Some(b)) = (ps.as_object_mut(), s.program_config_b.as_object())
+    {
+        for (k, value) in b {
+            base.insert(k.clone(), value.clone());
+        }
+    }
+    ps
+}
+
 async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> Result<(), String> {
     let mut procs = Procs(Vec::new());
     let mut sims = Vec::new();
@@ -369,7 +389,7 @@ async fn run_inner(turns: &[Turn], v: Variant, s: &Setup, r: &mut RunResult) -> 
     }
     let capacity_tokens = num_gpu_blocks * block_size;
     let capacity = capacity_tokens as u64;
-    let mut ps = s.program_config.clone();
+    let mut ps = program_config_of(s, v);
     if ps.get("token_capacity_per_dp_rank").is_none() {
         ps["token_capacity_per_dp_rank"] = serde_json::json!(capacity);
     }

@@ -330,6 +330,7 @@ fn every_simulator_of_a_run_gets_the_engine_profiles_timing() {
         bin_dir: std::path::PathBuf::new(),
         vllm_router: None,
         program_config: serde_json::json!({}),
+        program_config_b: serde_json::json!({}),
         calibration: None,
         member_skew_secs: 0.0,
         member_skew_seed: 1,
@@ -355,4 +356,35 @@ fn every_simulator_of_a_run_gets_the_engine_profiles_timing() {
             .find(|f| f.0 == "prefill-linear-seconds-per-1k-tokens")
     );
     assert!(!slow.iter().any(|f| f.0 == "end-hint"));
+}
+
+#[test]
+fn only_pr_program_b_takes_the_b_fields_over_the_shared_config() {
+    let setup = Setup {
+        servers: 1,
+        dp: 1,
+        num_gpu_blocks: 1000,
+        max_model_len: 32768,
+        time_scale: 20.0,
+        limit: std::time::Duration::from_secs(1),
+        bin_dir: std::path::PathBuf::new(),
+        vllm_router: None,
+        program_config: serde_json::json!({"kv_retention_ttl_seconds_max": 30, "global_queue": false}),
+        program_config_b: serde_json::json!({"resume_most_turns_first": true, "global_queue": true}),
+        calibration: None,
+        member_skew_secs: 0.0,
+        member_skew_seed: 1,
+        engine: EngineProfile::Reference,
+    };
+    assert_eq!(
+        program_config_of(&setup, Variant::PrProgramB),
+        serde_json::json!({"kv_retention_ttl_seconds_max": 30, "global_queue": true, "resume_most_turns_first": true})
+    );
+    for v in [
+        Variant::PrProgram,
+        Variant::VrProgram,
+        Variant::PrClairvoyant,
+    ] {
+        assert_eq!(program_config_of(&setup, v), setup.program_config, "{v:?}");
+    }
 }

@@ -318,9 +318,9 @@ fn the_pooling_script_reads_compare_json_across_files() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn every_simulator_of_a_run_gets_the_engine_profiles_timing() {
-    let setup = |engine| Setup {
+/// A setup of two servers × two ranks that starts nothing (for what is derived from it).
+fn setup(engine: EngineProfile) -> Setup {
+    Setup {
         servers: 2,
         dp: 2,
         num_gpu_blocks: 1000,
@@ -335,7 +335,11 @@ fn every_simulator_of_a_run_gets_the_engine_profiles_timing() {
         member_skew_secs: 0.0,
         member_skew_seed: 1,
         engine,
-    };
+    }
+}
+
+#[test]
+fn every_simulator_of_a_run_gets_the_engine_profiles_timing() {
     let fast = EngineProfile::FastPrefill;
     let flags = sim_flags(&setup(fast), Variant::PrClairvoyant, 1234);
     for (flag, value) in fast.sim_flags() {
@@ -361,20 +365,9 @@ fn every_simulator_of_a_run_gets_the_engine_profiles_timing() {
 #[test]
 fn only_pr_program_b_takes_the_b_fields_over_the_shared_config() {
     let setup = Setup {
-        servers: 1,
-        dp: 1,
-        num_gpu_blocks: 1000,
-        max_model_len: 32768,
-        time_scale: 20.0,
-        limit: std::time::Duration::from_secs(1),
-        bin_dir: std::path::PathBuf::new(),
-        vllm_router: None,
         program_config: serde_json::json!({"kv_retention_ttl_seconds_max": 30, "global_queue": false}),
         program_config_b: serde_json::json!({"resume_most_turns_first": true, "global_queue": true}),
-        calibration: None,
-        member_skew_secs: 0.0,
-        member_skew_seed: 1,
-        engine: EngineProfile::Reference,
+        ..setup(EngineProfile::Reference)
     };
     assert_eq!(
         program_config_of(&setup, Variant::PrProgramB),

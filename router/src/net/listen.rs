@@ -4,15 +4,16 @@
 //! `accept`: the client sent its request and gets a reset. So a listener stops in three steps:
 //! the kernel stops starting handshakes (a socket filter drops new SYNs; such a client
 //! retransmits and is refused once the socket is closed, before it has sent anything), the
-//! handshakes under way complete and are served ([`handshakes_completed`] waits until the kernel
-//! lists none for the listener's port), and only then is the accept queue drained and the socket
+//! handshakes under way complete and are served ([`handshakes_completed`] waits at least 100 ms
+//! and until the kernel lists none for the listener's port), and only then is the accept queue drained and the socket
 //! closed.
 
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-/// How long a stopping listener waits for handshakes under way (SYN-ACK sent, ACK not yet back)
-/// where the kernel's socket table cannot be read: a round trip, with room for a loaded machine.
+/// The least a stopping listener waits for handshakes under way (SYN-ACK sent, ACK not yet
+/// back), and all it waits where the kernel's socket table cannot be read: a round trip, with
+/// room for a loaded machine.
 pub const HANDSHAKE_GRACE: Duration = Duration::from_millis(100);
 
 /// The most a stopping listener waits for handshakes it sees under way: a client that vanished
@@ -75,18 +76,18 @@ pub fn refuse_new_handshakes(listener: &impl AsFd) -> bool {
 
 /// Resolves once no handshake is under way on the listener at `port` (after
 /// [`refuse_new_handshakes`], none starts): those under way when it stopped have completed and
-/// wait in the accept queue. Waits at most [`HANDSHAKE_GRACE_MAX`]; where the socket table cannot
-/// be read, a fixed [`HANDSHAKE_GRACE`]. On a loaded machine the kernel can finish a loopback
-/// handshake later than any fixed grace (a CI run saw a reset past 100 ms).
+/// wait in the accept queue. Waits [`HANDSHAKE_GRACE`] first (all it does where the socket table
+/// cannot be read, and a floor where a sandbox's table does not list handshakes), then while the
+/// kernel lists one, up to [`HANDSHAKE_GRACE_MAX`] in all. On a loaded machine the kernel can
+/// finish a loopback handshake later than any fixed grace.
 pub async fn handshakes_completed(port: u16) {
     let started = tokio::time::Instant::now();
-    // A SYN that passed the filter just before it was attached gets its row first.
-    tokio::time::sleep(HANDSHAKE_POLL).await;
+    tokio::time::sleep(HANDSHAKE_GRACE).await;
     let mut waited_for = 0;
     loop {
         // procfs is read from memory: the read does not block on a device.
         match handshakes_under_way(port) {
-            Some(0) => {
+            None | Some(0) => {
                 if waited_for > 0 {
                     tracing::info!(
                         port,
@@ -108,10 +109,6 @@ pub async fn handshakes_completed(port: u16) {
             Some(n) => {
                 waited_for = waited_for.max(n);
                 tokio::time::sleep(HANDSHAKE_POLL).await;
-            }
-            None => {
-                tokio::time::sleep_until(started + HANDSHAKE_GRACE).await;
-                return;
             }
         }
     }

@@ -5,8 +5,8 @@
 //! the kernel stops starting handshakes (a socket filter drops new SYNs; such a client
 //! retransmits and is refused once the socket is closed, before it has sent anything), the
 //! handshakes under way complete and are served ([`handshakes_completed`] waits at least 100 ms
-//! and until the kernel lists none for the listener's port), and only then is the accept queue drained and the socket
-//! closed.
+//! and until the kernel lists none for the listener's port), and only then is the accept queue
+//! drained and the socket closed.
 
 use std::os::fd::AsFd;
 use std::time::Duration;

@@ -204,3 +204,10 @@ fn a_pressure_with_a_kv_size_or_on_no_ranks_is_refused_by_name() {
     refused(&["--pressure", "heavy", "--dp", "0"], &["--dp"]);
     refused(&["--pressure", "heavy", "--servers", "0"], &["--servers"]);
 }
+
+#[test]
+fn program_configs_that_are_not_json_objects_are_refused_by_name() {
+    for flag in ["--program-config", "--program-config-b"] {
+        refused_by_name(flag, &["[1]", "true", "{"], "pr-program,pr-program-b");
+    }
+}

@@ -365,13 +365,17 @@ fn every_simulator_of_a_run_gets_the_engine_profiles_timing() {
 #[test]
 fn only_pr_program_b_takes_the_b_fields_over_the_shared_config() {
     let setup = Setup {
-        program_config: serde_json::json!({"kv_retention_ttl_seconds_max": 30, "global_queue": false}),
-        program_config_b: serde_json::json!({"resume_most_turns_first": true, "global_queue": true}),
+        program_config: serde_json::json!({"kv_retention_ttl_seconds_max": 30, "global_queue": 0}),
+        program_config_b: serde_json::json!({"resume_most_turns_first": 1, "global_queue": 1}),
         ..setup(EngineProfile::Reference)
     };
     assert_eq!(
         program_config_of(&setup, Variant::PrProgramB),
-        serde_json::json!({"kv_retention_ttl_seconds_max": 30, "global_queue": true, "resume_most_turns_first": true})
+        serde_json::json!({
+            "kv_retention_ttl_seconds_max": 30,
+            "global_queue": 1,
+            "resume_most_turns_first": 1,
+        })
     );
     for v in [
         Variant::PrProgram,

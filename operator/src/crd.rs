@@ -509,9 +509,14 @@ pub struct ProgramSchedulingParams {
     #[x_kube(validation = kube::core::Rule::new("self > 1.0 && self <= 1000000.0").message("kindSizeTierRatio must be above 1 and at most 1000000"))]
     pub kind_size_tier_ratio: Option<f64>,
     /// Extension, for `resumeOrder: mru` and within each `kind_size` tier: work in progress
-    /// that has completed more turns resumes first, latest arrival first among equals
-    /// (default false: latest arrival first).
+    /// that has completed more turns resumes first, latest arrival first among equals, while
+    /// the rank's queue is long (default true; false: latest arrival first).
     pub resume_most_turns_first: Option<bool>,
+    /// Extension, for `resumeMostTurnsFirst`: it orders a request only while its rank's queue
+    /// asks for at least this many times the rank's KV capacity; default 1.5, 0 = always, at
+    /// most 1000.
+    #[x_kube(validation = kube::core::Rule::new("self >= 0.0 && self <= 1000.0").message("resumeMostTurnsFirstMinQueuedRatio must be at least 0 and at most 1000"))]
+    pub resume_most_turns_first_min_queued_ratio: Option<f64>,
     /// How much free KV a rank needs before a Program moves to it: the source rank's free
     /// capacity plus this multiple of the Program's context (≥ 0; default 3.0). Higher moves
     /// less. No effect with `globalQueue: false`.

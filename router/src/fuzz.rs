@@ -312,6 +312,7 @@ pub fn scheduler(data: &[u8]) {
                     token_capacity_per_dp_rank: Some((word(c, 1) + 1) << (word(c, 2) % 16)),
                     max_retained_requests: (word(c, 3) % 64) as u32,
                     hash_virtual_nodes: (word(c, 2) % 200) as u32 + 1,
+                    resume_most_turns_first_min_queued_ratio: (word(c, 3) % 4) as f64 / 2.0,
                     ..cfg.clone()
                 };
                 s.reconfigure(now, &tuned).unwrap_or_default()

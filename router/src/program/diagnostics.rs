@@ -130,6 +130,8 @@ pub struct RankDiagnostics {
     pub router_paused_acting_programs: u32,
     pub router_in_flight_requests: u32,
     pub router_queued_requests: usize,
+    /// The KV the queued requests ask for, summed (ours): `resume_most_turns_first`'s gate.
+    pub router_queued_demand_tokens: u64,
     /// Programs with at least one retained request.
     pub router_queued_programs: u32,
     /// Bound Programs whose last request said no further request follows (ours): kept for a
@@ -528,6 +530,7 @@ pub fn snapshot(
                 }),
                 router_in_flight_requests: in_flight,
                 router_queued_requests: r.queue.len(),
+                router_queued_demand_tokens: r.queued_demand,
                 router_finished_programs: r.finished,
                 router_queued_programs: programs.iter().filter(|(_, p)| p.retained > 0).count()
                     as u32,

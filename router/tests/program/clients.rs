@@ -184,6 +184,10 @@ async fn diagnostics_cover_the_peers_fields() {
         d["token_estimate_coefficient"]
     );
     assert_eq!(rank["router_queued_programs"], 1);
+    assert!(
+        rank["router_queued_demand_tokens"].as_u64().expect("ours") > 0,
+        "{rank}"
+    );
     assert_eq!(rank["rolling"]["request_samples"], 1);
     assert_eq!(rank["rolling"]["avg_completion_tokens"], 4.0);
     assert!(rank["rolling"]["avg_e2e_seconds"].as_f64().expect("e2e") > 0.0);

@@ -326,9 +326,13 @@ pub struct ProgramSchedulingConfig {
     pub new_program_demand_aging_seconds: f64,
     /// Extension, for `resume_order: mru` and within each `kind_size` tier: work in progress
     /// that has completed more turns resumes first, the latest arrival first among equals: a
-    /// session far along holds the most KV, which finishing it gives back. false = the spec's
-    /// `mru`.
+    /// session far along holds the most KV, which finishing it gives back (while the rank's
+    /// queue is long: `resume_most_turns_first_min_queued_ratio`). false = the spec's `mru`.
     pub resume_most_turns_first: bool,
+    /// Extension, for `resume_most_turns_first`: it orders a request only while the KV its
+    /// rank's queue asks for (the queued requests' demand) is at least this many times the
+    /// rank's capacity when the request arrives; shorter queues keep `mru`. 0 = always.
+    pub resume_most_turns_first_min_queued_ratio: f64,
     /// Extension, for `resume_order: kind_size`: the factor between two tiers of Program size.
     /// A kind's tier is its mean size over the fleet's, rounded on a log scale of this base, so
     /// kinds within √ratio of the fleet's mean share its tier (as `mru` within it).
@@ -402,6 +406,7 @@ impl Default for ProgramSchedulingConfig {
             growth_reserve_min_rounds: 2.5,
             new_program_demand_aging_seconds: 0.0,
             resume_most_turns_first: false,
+            resume_most_turns_first_min_queued_ratio: 0.0,
             // Chosen on the tuning half (docs/generalization.md, "Smaller kinds first").
             kind_size_tier_ratio: 3.0,
             prefill_cost_model: PrefillCostModel::default(),

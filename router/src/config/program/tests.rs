@@ -146,6 +146,14 @@ fn invalid_values_name_the_field() {
             r#"{"new_program_demand_aging_seconds":1e9}"#,
             "new_program_demand_aging_seconds",
         ),
+        (
+            r#"{"resume_most_turns_first_min_queued_ratio":-0.5}"#,
+            "resume_most_turns_first_min_queued_ratio",
+        ),
+        (
+            r#"{"resume_most_turns_first_min_queued_ratio":1001}"#,
+            "resume_most_turns_first_min_queued_ratio",
+        ),
         (r#"{"queue_backfill_depth":1025}"#, "queue_backfill_depth"),
         (r#"{"kind_size_tier_ratio":1}"#, "kind_size_tier_ratio"),
         (r#"{"kind_size_tier_ratio":2e6}"#, "kind_size_tier_ratio"),

@@ -31,6 +31,8 @@ impl ProgramSchedulingConfig {
         const MAX_DEMAND_AGING_SECONDS: f64 = 86_400.0;
         // Tiers are kinds' sizes over the fleet's: at a million to one every kind is the fleet's.
         const MAX_KIND_SIZE_TIER_RATIO: f64 = 1e6;
+        // Queues a thousand ranks deep: the queue timeout ends them long before.
+        const MAX_QUEUED_RATIO: f64 = 1_000.0;
         finite_min(
             "cross_rank_headroom_ratio",
             self.cross_rank_headroom_ratio,
@@ -165,6 +167,18 @@ impl ProgramSchedulingConfig {
             return Err(err(
                 "new_program_demand_aging_seconds",
                 format!("must be at most {MAX_DEMAND_AGING_SECONDS}"),
+            ));
+        }
+        finite_min(
+            "resume_most_turns_first_min_queued_ratio",
+            self.resume_most_turns_first_min_queued_ratio,
+            0.0,
+            false,
+        )?;
+        if self.resume_most_turns_first_min_queued_ratio > MAX_QUEUED_RATIO {
+            return Err(err(
+                "resume_most_turns_first_min_queued_ratio",
+                format!("must be at most {MAX_QUEUED_RATIO}"),
             ));
         }
         if !(self.kind_size_tier_ratio.is_finite()

@@ -52,6 +52,17 @@ impl Scheduler {
         us(now + aging).max(0)
     }
 
+    /// Whether `rank`'s queue asks for at least `resume_most_turns_first_min_queued_ratio` × its
+    /// capacity (always at 0; never while the capacity is unknown).
+    pub(super) fn queue_is_long(&self, rank: Rank) -> bool {
+        let ratio = self.cfg.resume_most_turns_first_min_queued_ratio;
+        ratio <= 0.0
+            || self
+                .capacity(rank)
+                .0
+                .is_some_and(|cap| self.ranks[rank].queued_demand as f64 >= ratio * cap as f64)
+    }
+
     /// A later completion of the Program in `slot` found its `tokens`-long shared prefix cached
     /// again: fresh evidence that the prefix is resident. When the rank's floor counts the same
     /// prefix (the same lead key), or counts none any more, the floor and the Program's discount

@@ -165,7 +165,8 @@ impl Scheduler {
         // resumes before new root Programs (LIFO over new Programs starves the oldest under
         // sustained load). `mru` orders work in progress by latest arrival; `last_use` by its
         // KV's last use (a subagent shares its parent's prompt, just used), the likeliest still
-        // cached first; `resume_most_turns_first` orders `mru`'s by completed turns first. New
+        // cached first; `resume_most_turns_first` orders `mru`'s by completed turns first (where
+        // the rank's queue asks for `..._min_queued_ratio` × its capacity). New
         // Programs follow by arrival, which `new_program_demand_aging_seconds` ages by the KV
         // each asks for. `kind_size` puts both in tiers by their kind's size first.
         let p = self.program(slot);
@@ -173,7 +174,7 @@ impl Scheduler {
             || a.identity.parent_program_id.is_some() && a.identity.blocks_parent;
         let order = match self.cfg.resume_order {
             ResumeOrder::Mru | ResumeOrder::KindSize if started => {
-                let turns = if self.cfg.resume_most_turns_first {
+                let turns = if self.cfg.resume_most_turns_first && self.queue_is_long(rank) {
                     // Weighs above 2^40 arrivals (a year at 30k a second); capped so the
                     // shift cannot overflow.
                     i64::from(p.returns.min(1 << 20)) << 40

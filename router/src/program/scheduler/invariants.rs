@@ -42,12 +42,22 @@ impl Scheduler {
                     r.finished
                 ));
             }
-            let queued = self.retained.values().filter(|x| x.rank == i).count();
+            let (queued, demand) = self
+                .retained
+                .values()
+                .filter(|x| x.rank == i)
+                .fold((0usize, 0u64), |(n, d), x| (n + 1, d + x.demand));
             if queued != r.queue.len() || queued != r.by_arrival.len() {
                 return Err(format!(
                     "rank {i}: queue {} and arrival index {} vs retained {queued}",
                     r.queue.len(),
                     r.by_arrival.len()
+                ));
+            }
+            if demand != r.queued_demand {
+                return Err(format!(
+                    "rank {i}: queued demand {} but its requests ask for {demand}",
+                    r.queued_demand
                 ));
             }
             for (arrival, t) in &r.by_arrival {

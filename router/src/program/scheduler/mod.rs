@@ -419,6 +419,8 @@ pub(crate) struct RankState {
     /// The same requests by arrival (ticket by the scheduler's arrival count): the
     /// longest-waiting first, so `reserved_share` need not scan the queue.
     pub by_arrival: BTreeMap<u64, Ticket>,
+    /// The KV the queued requests ask for (their `demand`s summed).
+    pub queued_demand: u64,
     pub observation: Option<(f64, Observation)>,
     pub intervals: Window,
     pub growth: Window,
@@ -462,6 +464,7 @@ impl RankState {
             active_programs: 0,
             queue: BTreeSet::new(),
             by_arrival: BTreeMap::new(),
+            queued_demand: 0,
             observation: None,
             intervals: Window::new(window),
             growth: Window::new(window),
@@ -482,13 +485,17 @@ impl RankState {
 
     /// Queues retained request `r` here: in queue order and in the arrival index.
     fn enqueue(&mut self, r: &Retained) {
-        self.queue.insert(r.key);
+        if self.queue.insert(r.key) {
+            self.queued_demand = self.queued_demand.saturating_add(r.demand);
+        }
         self.by_arrival.insert(r.arrival, r.key.ticket);
     }
 
     /// Takes retained request `r` out of this rank's queue and arrival index.
     fn dequeue(&mut self, r: &Retained) {
-        self.queue.remove(&r.key);
+        if self.queue.remove(&r.key) {
+            self.queued_demand = self.queued_demand.saturating_sub(r.demand);
+        }
         self.by_arrival.remove(&r.arrival);
     }
 }

@@ -240,10 +240,12 @@ fn resume_order_priority_then_work_in_progress_then_new_programs_fcfs() {
 #[test]
 fn most_turns_first_resumes_the_program_furthest_along() {
     // "long" has completed two turns and "short" one when both come back behind "a": `mru`
-    // resumes the latest arrival, `resume_most_turns_first` the one with more turns done.
+    // resumes the latest arrival, `resume_most_turns_first` the one with more turns done (here
+    // whatever the queue's length; the gate is the next test's).
     for (most_turns, want) in [(false, [6, 5]), (true, [5, 6])] {
         let c = ProgramSchedulingConfig {
             resume_most_turns_first: most_turns,
+            resume_most_turns_first_min_queued_ratio: 0.0,
             max_active_programs_per_target: 1,
             ..cfg()
         };
@@ -259,6 +261,43 @@ fn most_turns_first_resumes_the_program_furthest_along() {
         let second = dispatched(&s.on_complete(7.0, want[0], usage(10, 1)));
         assert_eq!(second, [want[1]], "most turns first: {most_turns}");
         s.check_invariants().expect("ledger");
+    }
+}
+
+#[test]
+fn most_turns_first_waits_for_a_queue_that_asks_for_the_set_share_of_capacity() {
+    // As above, with a gate of 1 token in 1,000: a request arriving to an empty queue keeps
+    // `mru`'s key, one arriving behind any queued demand is ordered by turns. "new" (a new
+    // Program, which sorts after work in progress) fills the queue first where asked.
+    for (ratio, new_first, want) in [
+        (0.001, false, [6, 5]),
+        (0.001, true, [5, 6]),
+        (1_000.0, true, [6, 5]),
+    ] {
+        let c = ProgramSchedulingConfig {
+            resume_most_turns_first: true,
+            resume_most_turns_first_min_queued_ratio: ratio,
+            token_capacity_per_dp_rank: Some(1_000),
+            max_active_programs_per_target: 1,
+            ..cfg()
+        };
+        let case = format!("ratio {ratio}, new Program queued first: {new_first}");
+        let mut s = sched(c, 1);
+        run_and_pause(&mut s, (0.0, 1.0), 1, "long");
+        run_and_pause(&mut s, (1.5, 2.0), 2, "long");
+        run_and_pause(&mut s, (2.5, 3.0), 3, "short");
+        assert_eq!(dispatched(&s.on_arrival(3.5, arrival(4, "a", 10))), [4]);
+        if new_first {
+            assert!(dispatched(&s.on_arrival(3.7, arrival(7, "new", 10))).is_empty());
+        }
+        assert!(dispatched(&s.on_arrival(4.0, arrival(5, "long", 10))).is_empty());
+        assert!(dispatched(&s.on_arrival(5.0, arrival(6, "short", 10))).is_empty());
+        s.check_invariants().expect("queued demand");
+        let first = dispatched(&s.on_complete(6.0, 4, usage(10, 1)));
+        assert_eq!(first, [want[0]], "{case}");
+        let second = dispatched(&s.on_complete(7.0, want[0], usage(10, 1)));
+        assert_eq!(second, [want[1]], "{case}");
+        s.check_invariants().expect("queued demand");
     }
 }
 

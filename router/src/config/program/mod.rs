@@ -405,8 +405,10 @@ impl Default for ProgramSchedulingConfig {
             hold_free_admission_by_kind: true,
             growth_reserve_min_rounds: 2.5,
             new_program_demand_aging_seconds: 0.0,
-            resume_most_turns_first: false,
-            resume_most_turns_first_min_queued_ratio: 0.0,
+            // Chosen on the tuning half (docs/generalization.md, "Most turns first under long
+            // queues").
+            resume_most_turns_first: true,
+            resume_most_turns_first_min_queued_ratio: 1.5,
             // Chosen on the tuning half (docs/generalization.md, "Smaller kinds first").
             kind_size_tier_ratio: 3.0,
             prefill_cost_model: PrefillCostModel::default(),
